@@ -1,0 +1,44 @@
+"""Chat-template tokenization with loss masks: labels cover assistant tokens only, end of turn included."""
+from typing import Dict, List, Optional, Sequence
+
+from transformers import PreTrainedTokenizerBase
+
+IGNORE_INDEX = -100
+
+
+def assistant_spans(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Dict[str, str]]) -> List[tuple]:
+    """Character spans of each assistant turn in the rendered conversation, end-of-turn token included.
+
+    Rendering message prefixes finds where each turn starts and ends, so any template whose renders
+    are prefix-consistent works, whatever its markup.
+    """
+    spans = []
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        start = len(tokenizer.apply_chat_template(list(messages[:i]), tokenize=False, add_generation_prompt=True))
+        rendered = tokenizer.apply_chat_template(list(messages[: i + 1]), tokenize=False)
+        eos = tokenizer.eos_token or ""
+        end = rendered.rfind(eos, start) + len(eos) if eos and eos in rendered[start:] else len(rendered.rstrip())
+        spans.append((start, end))
+    return spans
+
+
+def tokenize_conversation(
+    tokenizer: PreTrainedTokenizerBase, messages: Sequence[Dict[str, str]], max_length: int
+) -> Optional[Dict[str, List[int]]]:
+    """`input_ids` and `labels` for one conversation, truncated to `max_length` tokens from the right.
+
+    Returns None when truncation leaves no assistant token to learn from.
+    """
+    text = tokenizer.apply_chat_template(list(messages), tokenize=False)
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True,
+                        truncation=True, max_length=max_length)
+    spans = assistant_spans(tokenizer, messages)
+    labels = [
+        token if any(s <= start and end <= e for s, e in spans) else IGNORE_INDEX
+        for token, (start, end) in zip(encoded["input_ids"], encoded["offset_mapping"])
+    ]
+    if all(label == IGNORE_INDEX for label in labels):
+        return None
+    return {"input_ids": encoded["input_ids"], "labels": labels}

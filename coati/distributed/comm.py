@@ -1,0 +1,30 @@
+"""Small collective helpers that also work when no process group is set up (a plain `python` run)."""
+import os
+
+import torch.distributed as dist
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    return dist.get_rank() if is_distributed() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def is_rank_0() -> bool:
+    return rank() == 0
+
+
+def is_local_rank_0() -> bool:
+    """True on one process per node: the one that prints launch-time errors."""
+    return int(os.environ.get("LOCAL_RANK", "0")) == 0
+
+
+def barrier() -> None:
+    if is_distributed():
+        dist.barrier()

@@ -1,0 +1,410 @@
+"""The two training loops every coati trainer stands on: `SLTrainer` (supervised) and `OLTrainer` (on-policy).
+
+A trainer subclass holds only its algorithm: `SLTrainer` subclasses say what one micro-batch's loss
+and metrics are; `OLTrainer` subclasses say how to make one experience and learn from one batch.
+Accumulation, clipping, logging, checkpoints, resume, progress bars and callbacks live here.
+"""
+import json
+import math
+from abc import ABC, abstractmethod
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+from colossalai.accelerator import get_accelerator
+from colossalai.booster import Booster
+from colossalai.booster.plugin import HybridParallelPlugin, Plugin
+from colossalai.cluster import DistCoordinator
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from coati.distributed.comm import is_distributed, is_rank_0
+from coati.distributed.plugins import trainer_clips_gradients
+from coati.trainer.callbacks.base import Callback, fire
+from coati.utils.accumulative_meter import AccumulativeMeanMeter, all_reduce_meter
+from coati.utils.ckpt_io import load_checkpoint, save_checkpoint
+from coati.utils.errors import CoatiUsageError
+from coati.utils.metrics_logger import MetricsLogger
+
+Batch = Dict[str, Any]
+
+
+@dataclass
+class BatchResult:
+    """One micro-batch's contribution: `loss` is the SUM of per-item losses (graph attached); the
+    loop divides it by the item count of the whole accumulated step across ranks. `metrics` maps a
+    name to (total, count) for the meter, so logged values are exact means over the log window."""
+
+    loss: torch.Tensor
+    metrics: Dict[str, Tuple[float, float]] = field(default_factory=dict)
+
+
+def move_to_device(batch: Any, device: torch.device) -> Any:
+    """Tensors of a (nested) batch moved to `device`; anything else unchanged."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: move_to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_to_device(v, device) for v in batch)
+    return batch
+
+
+class _TrainerCore:
+    """What both loops share: callbacks around `fit`, the meter, and the metrics logger."""
+
+    def __init__(self, callbacks: Sequence[Callback], coordinator: Optional[DistCoordinator]) -> None:
+        self.callbacks = list(callbacks)
+        self.coordinator = coordinator or DistCoordinator()
+        self.meter = AccumulativeMeanMeter()
+        self.metrics_logger: Optional[MetricsLogger] = None
+
+    def _open_logger(self, log_dir: Optional[str], use_wandb: bool, metrics_logger: Optional[MetricsLogger]) -> None:
+        self.metrics_logger = metrics_logger or MetricsLogger(log_dir=log_dir, use_wandb=use_wandb,
+                                                              run_name=type(self).__name__)
+
+    def _record(self, metrics: Dict[str, Tuple[float, float]], meter: Optional[AccumulativeMeanMeter] = None) -> None:
+        meter = meter or self.meter
+        for name, (total, count) in metrics.items():
+            meter.add(name, total, count)
+
+    def _flush_metrics(self, step: int, prefix: str = "train/", extra: Optional[Dict[str, float]] = None) -> Dict[str, float]:
+        """Reduce the meter across ranks (once), log it at `step`, fire `on_log`, reset the meter."""
+        reduced = all_reduce_meter(self.meter)
+        self.meter = AccumulativeMeanMeter()
+        metrics = {f"{prefix}{k}": v for k, v in reduced.items()}
+        metrics.update(extra or {})
+        self.metrics_logger.log(metrics, step)
+        fire(self.callbacks, "on_log", step, metrics)
+        return metrics
+
+    def _should_stop(self) -> bool:
+        return any(cb.stop_training for cb in self.callbacks)
+
+    def _run_fit(self, body) -> None:
+        """Fire `on_fit_start`, run `body`, and always fire `on_fit_end` and close the logger."""
+        fire(self.callbacks, "on_fit_start")
+        try:
+            body()
+        finally:
+            fire(self.callbacks, "on_fit_end")
+            if self.metrics_logger is not None:
+                self.metrics_logger.close()
+
+
+class SLTrainer(_TrainerCore, ABC):
+    """Supervised loop: epochs of optimizer steps, each made of `accumulation_steps` micro-batches.
+
+    - The last group of an epoch may be partial; it still makes an optimizer step, and losses are
+      normalised by the item count of the step's own micro-batches over all ranks (`_count_items`),
+      so a partial group weighs each item the same as a full one.
+    - `log_interval` and `save_interval` count optimizer steps. Metrics are reduced across ranks
+      once per logged step. A final checkpoint is written at the end when `save_dir` is set.
+    - `load_checkpoint(path)` resumes mid-epoch: the next optimizer step sees the next unseen batch.
+    - Hooks fired (see `Callback`): on_fit_start/end, on_learn_epoch_start/end(epoch),
+      on_learn_batch_start/end(batches) per optimizer step, on_log(step, metrics),
+      on_evaluate(epoch, results), on_checkpoint_saved(path).
+
+    Subclasses implement `_compute_batch(batch) -> BatchResult` and may override `_count_items`
+    and `_eval_results`.
+    """
+
+    def __init__(
+        self,
+        booster: Booster,
+        max_epochs: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        plugin: Plugin,
+        start_epoch: int = 0,
+        *,
+        lr_scheduler: Optional[Any] = None,
+        accumulation_steps: int = 1,
+        log_interval: int = 10,
+        save_interval: int = 0,
+        save_dir: Optional[str] = None,
+        keep_last: int = 0,
+        output_dir: Optional[str] = None,
+        grad_clip: float = 0.0,
+        coordinator: Optional[DistCoordinator] = None,
+        callbacks: Sequence[Callback] = (),
+    ) -> None:
+        super().__init__(callbacks, coordinator)
+        if accumulation_steps < 1 or log_interval < 1 or save_interval < 0:
+            raise CoatiUsageError("accumulation_steps and log_interval must be >= 1, save_interval >= 0")
+        if isinstance(plugin, HybridParallelPlugin) and plugin.pp_size > 1:
+            raise CoatiUsageError("--pp > 1 (pipeline parallelism) is not supported by supervised trainers yet; "
+                                  "use --tp/--sp with --zero_stage for the 3d plugin")
+        self.booster, self.plugin, self.model, self.optimizer = booster, plugin, model, optimizer
+        self.lr_scheduler = lr_scheduler
+        self.max_epochs, self.start_epoch = max_epochs, start_epoch
+        self.accumulation_steps, self.log_interval = accumulation_steps, log_interval
+        self.save_interval, self.save_dir, self.keep_last = save_interval, save_dir, keep_last
+        self.output_dir = Path(output_dir) if output_dir else None
+        self.grad_clip = grad_clip if trainer_clips_gradients(plugin) else 0.0
+        self.device = get_accelerator().get_current_device()
+        self.step = 0
+        self._resume_sample_index = 0
+        self._last_saved_step: Optional[int] = None
+        self.train_dataloader: Optional[DataLoader] = None
+        self.eval_dataloader: Optional[DataLoader] = None
+
+    # ---- what a subclass supplies -------------------------------------------------------------
+    @abstractmethod
+    def _compute_batch(self, batch: Batch) -> BatchResult:
+        """Forward one micro-batch (already on the device) and return its summed loss and metrics."""
+
+    def _count_items(self, batch: Batch) -> int:
+        """How many items the loss of `batch` sums over; the default is its number of rows."""
+        return self._rows(batch)
+
+    def _eval_results(self, metrics: Dict[str, float]) -> Dict[str, float]:
+        """Derived evaluation numbers (e.g. perplexity) from the reduced means; default unchanged."""
+        return metrics
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def fit(
+        self,
+        train_dataloader: DataLoader,
+        eval_dataloader: Optional[DataLoader] = None,
+        log_dir: Optional[str] = None,
+        use_wandb: bool = False,
+        metrics_logger: Optional[MetricsLogger] = None,
+    ) -> None:
+        self._before_fit(train_dataloader, eval_dataloader, log_dir, use_wandb, metrics_logger)
+        self._run_fit(self._epochs)
+
+    def _before_fit(self, train_dataloader, eval_dataloader, log_dir, use_wandb, metrics_logger) -> None:
+        self.train_dataloader, self.eval_dataloader = train_dataloader, eval_dataloader
+        self._open_logger(log_dir, use_wandb, metrics_logger)
+        self._set_start_index(self._resume_sample_index)
+
+    def _epochs(self) -> None:
+        for epoch in range(self.start_epoch, self.max_epochs):
+            self._train(epoch)
+            self._eval(epoch)
+            if self._should_stop():
+                break
+        if self.save_dir and self._last_saved_step != self.step:
+            self._save(epoch=self.max_epochs, sample_index=0)
+
+    def _set_start_index(self, index: int) -> None:
+        sampler = getattr(self.train_dataloader, "sampler", None)
+        if hasattr(sampler, "set_start_index"):
+            sampler.set_start_index(index)
+        elif index:
+            raise CoatiUsageError("resuming mid-epoch needs a StatefulDistributedSampler in the train dataloader")
+
+    def _train(self, epoch: int) -> None:
+        sampler = getattr(self.train_dataloader, "sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+        samples_seen = self._resume_sample_index if epoch == self.start_epoch else 0
+        num_steps = math.ceil(len(self.train_dataloader) / self.accumulation_steps)
+        self.model.train()
+        fire(self.callbacks, "on_learn_epoch_start", epoch)
+        bar = tqdm(total=num_steps, desc=f"Epoch {epoch}", disable=not is_rank_0(), dynamic_ncols=True)
+        for index, batches in enumerate(self._groups(self.train_dataloader), start=1):
+            fire(self.callbacks, "on_learn_batch_start")
+            self._optimizer_step(batches)
+            samples_seen += sum(self._rows(b) for b in batches)
+            fire(self.callbacks, "on_learn_batch_end", batches)
+            bar.update()
+            if self.step % self.log_interval == 0:
+                logged = self._flush_metrics(self.step, extra={"train/lr": self._current_lr(), "train/epoch": epoch})
+                bar.set_postfix({k.split("/", 1)[1]: f"{v:.4g}" for k, v in logged.items() if k.endswith("loss")})
+            if self.save_interval and self.step % self.save_interval == 0:
+                finished = index == num_steps
+                self._save(epoch + 1 if finished else epoch, 0 if finished else samples_seen)
+            if self._should_stop():
+                break
+        bar.close()
+        if self.meter.names():
+            self._flush_metrics(self.step, extra={"train/lr": self._current_lr(), "train/epoch": epoch})
+        self._resume_sample_index = 0
+        self._set_start_index(0)
+        fire(self.callbacks, "on_learn_epoch_end", epoch)
+
+    def _groups(self, dataloader: Iterable[Batch]) -> Iterator[List[Batch]]:
+        """Consecutive groups of `accumulation_steps` micro-batches; the last one may be shorter."""
+        group: List[Batch] = []
+        for batch in dataloader:
+            group.append(batch)
+            if len(group) == self.accumulation_steps:
+                yield group
+                group = []
+        if group:
+            yield group
+
+    @staticmethod
+    def _rows(batch: Batch) -> int:
+        return int(next(v for v in batch.values() if isinstance(v, torch.Tensor)).size(0))
+
+    def _optimizer_step(self, batches: List[Batch]) -> None:
+        batches = [move_to_device(b, self.device) for b in batches]
+        normalizer = self._loss_normalizer(batches)
+        for i, batch in enumerate(batches):
+            with self._no_sync(last=i == len(batches) - 1):
+                result = self._compute_batch(batch)
+                self.booster.backward(result.loss / normalizer, self.optimizer)
+            self._record(result.metrics)
+        if self.grad_clip > 0:
+            self.optimizer.clip_grad_by_norm(self.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        self.step += 1
+
+    def _loss_normalizer(self, batches: List[Batch]) -> float:
+        """Items in this optimizer step over all ranks, divided by the world size.
+
+        Plugins average gradients over ranks, so dividing each rank's summed loss by this gives the
+        gradient of the mean loss over every item of the step, however items are spread.
+        """
+        local = float(sum(self._count_items(b) for b in batches))
+        if not is_distributed():
+            return max(local, 1.0)
+        total = torch.tensor([local], dtype=torch.float64,
+                             device=self.device if dist.get_backend() == "nccl" else "cpu")
+        dist.all_reduce(total)
+        return max(total.item() / dist.get_world_size(), 1e-8)
+
+    def _no_sync(self, last: bool):
+        if last or not self.plugin.support_no_sync():
+            return nullcontext()
+        if isinstance(self.plugin, HybridParallelPlugin) and self.plugin.zero_stage == 2:
+            return nullcontext()
+        return self.booster.no_sync(self.model, self.optimizer)
+
+    def _current_lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def _eval(self, epoch: int) -> None:
+        if self.eval_dataloader is None:
+            return
+        self.model.eval()
+        saved_meter, self.meter = self.meter, AccumulativeMeanMeter()
+        with torch.no_grad():
+            for batch in tqdm(self.eval_dataloader, desc=f"Eval {epoch}", disable=not is_rank_0(), leave=False):
+                self._record(self._compute_batch(move_to_device(batch, self.device)).metrics)
+        results = self._eval_results(all_reduce_meter(self.meter))
+        self.meter = saved_meter
+        self.metrics_logger.log({f"eval/{k}": v for k, v in results.items()}, self.step)
+        self._write_eval_results(epoch, results)
+        fire(self.callbacks, "on_evaluate", epoch, results)
+        self.model.train()
+
+    def _write_eval_results(self, epoch: int, results: Dict[str, float]) -> None:
+        """`eval_result_epoch{N}.json` and `.txt` in `output_dir`; nothing is written when it is unset."""
+        if self.output_dir is None or not self.coordinator.is_master():
+            return
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        record = {"epoch": epoch, "step": self.step, **results}
+        (self.output_dir / f"eval_result_epoch{epoch}.json").write_text(json.dumps(record, indent=2))
+        lines = [f"epoch {epoch}, optimizer step {self.step}"] + [f"{k}: {v:.6g}" for k, v in results.items()]
+        (self.output_dir / f"eval_result_epoch{epoch}.txt").write_text("\n".join(lines) + "\n")
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    def _save(self, epoch: int, sample_index: int) -> None:
+        path = save_checkpoint(self.save_dir, self.booster, self.model, self.optimizer, self.lr_scheduler,
+                               epoch=epoch, step=self.step, batch_size=self._batch_size(),
+                               coordinator=self.coordinator, sample_start_index=sample_index,
+                               keep_last=self.keep_last)
+        self._last_saved_step = self.step
+        self.coordinator.print_on_master(f"saved checkpoint {path}")
+        fire(self.callbacks, "on_checkpoint_saved", str(path))
+
+    def _batch_size(self) -> int:
+        return int(getattr(self.train_dataloader, "batch_size", 0) or 0)
+
+    def load_checkpoint(self, path: str) -> None:
+        """Restore model, optimizer, scheduler and RNG from `path`; `fit` then continues where it stopped."""
+        self.start_epoch, self.step, self._resume_sample_index = load_checkpoint(
+            path, self.booster, self.model, self.optimizer, self.lr_scheduler
+        )
+        self._last_saved_step = self.step
+
+
+class OLTrainer(_TrainerCore, ABC):
+    """On-policy loop: each episode collects experience into `data_buffer`, then learns from it.
+
+    Hooks fired in order (see `Callback`): on_fit_start; per episode on_episode_start, then per
+    collect step on_make_experience_start/end(experience), then per update step
+    on_learn_epoch_start, on_learn_batch_start/end(experience) per batch, on_learn_epoch_end; then
+    on_episode_end; on_fit_end even when training raises. Metrics recorded with `_record` are
+    reduced and logged once per episode.
+
+    Subclasses implement `_make_experience(collect_step)` and `_learn_step(experience)`, and may
+    override `_update_batches()` (default: the buffered experiences, in order).
+    """
+
+    def __init__(
+        self,
+        actor_booster: Booster,
+        critic_booster: Optional[Booster] = None,
+        data_buffer: Optional[list] = None,
+        callbacks: Sequence[Callback] = (),
+        *,
+        start_episode: int = 0,
+        coordinator: Optional[DistCoordinator] = None,
+    ) -> None:
+        super().__init__(callbacks, coordinator)
+        self.actor_booster, self.critic_booster = actor_booster, critic_booster
+        self.data_buffer = data_buffer if data_buffer is not None else []
+        self.start_episode = start_episode
+        self.episode = start_episode
+
+    @abstractmethod
+    def _make_experience(self, collect_step: int) -> Any:
+        """Generate and score one batch of experience."""
+
+    @abstractmethod
+    def _learn_step(self, experience: Any) -> None:
+        """One training step on one batch of experience; record metrics with `self._record`."""
+
+    def _update_batches(self) -> Iterable[Any]:
+        return list(self.data_buffer)
+
+    def fit(
+        self,
+        num_episodes: int,
+        num_collect_steps: int,
+        num_update_steps: int,
+        log_dir: Optional[str] = None,
+        use_wandb: bool = False,
+        metrics_logger: Optional[MetricsLogger] = None,
+    ) -> None:
+        self._open_logger(log_dir, use_wandb, metrics_logger)
+        self._run_fit(lambda: self._episodes(num_episodes, num_collect_steps, num_update_steps))
+
+    def _episodes(self, num_episodes: int, num_collect_steps: int, num_update_steps: int) -> None:
+        for episode in tqdm(range(self.start_episode, num_episodes), desc="Episodes", disable=not is_rank_0()):
+            self.episode = episode
+            fire(self.callbacks, "on_episode_start", episode)
+            for collect_step in range(num_collect_steps):
+                self._collect(collect_step)
+            for update_step in range(num_update_steps):
+                self._update(update_step)
+            self.data_buffer.clear()
+            self._flush_metrics(episode + 1)
+            fire(self.callbacks, "on_episode_end", episode)
+            if self._should_stop():
+                break
+
+    def _collect(self, collect_step: int) -> None:
+        fire(self.callbacks, "on_make_experience_start")
+        experience = self._make_experience(collect_step)
+        fire(self.callbacks, "on_make_experience_end", experience)
+        self.data_buffer.append(experience)
+
+    def _update(self, update_step: int) -> None:
+        fire(self.callbacks, "on_learn_epoch_start", update_step)
+        for experience in self._update_batches():
+            fire(self.callbacks, "on_learn_batch_start")
+            self._learn_step(experience)
+            fire(self.callbacks, "on_learn_batch_end", experience)
+        fire(self.callbacks, "on_learn_epoch_end", update_step)

@@ -1,0 +1,111 @@
+"""The set-up every supervised script shares, from parsed flags to a finished, exported run.
+
+A script picks its model loader, collator and trainer class; everything else (process group,
+plugin, data, optimizer, scheduler, resume, logging, export) happens here, once.
+"""
+import argparse
+import math
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional, Type
+
+import torch
+from colossalai.booster.plugin import Plugin
+from colossalai.cluster import DistCoordinator
+from torch.utils.data import DataLoader, Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase, get_scheduler
+
+from coati.dataset.prepare import load_prepared
+from coati.dataset.sampler import StatefulDistributedSampler
+from coati.distributed import build_booster, check_plugin_available, init_distributed
+from coati.trainer.base import SLTrainer
+from coati.trainer.callbacks import PerformanceEvaluator
+from coati.utils.ckpt_io import latest_checkpoint, save_hf_model
+from coati.utils.errors import CoatiUsageError
+from coati.utils.metrics_logger import MetricsLogger
+
+
+def _require_dir(path: str, what: str) -> str:
+    if not Path(path).is_dir():
+        raise CoatiUsageError(f"{what} {path} does not exist or is not a directory")
+    return path
+
+
+def load_tokenizer(args: argparse.Namespace) -> PreTrainedTokenizerBase:
+    path = _require_dir(args.tokenizer_dir or args.pretrain, "tokenizer directory")
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=args.trust_remote_code)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_causal_lm(args: argparse.Namespace) -> torch.nn.Module:
+    path = _require_dir(args.pretrain, "--pretrain model directory")
+    return AutoModelForCausalLM.from_pretrained(path, trust_remote_code=args.trust_remote_code)
+
+
+def build_dataloader(plugin: Plugin, dataset: Dataset, batch_size: int, collator: Callable, shuffle: bool, seed: int) -> DataLoader:
+    """The plugin's distributed dataloader with a resumable sampler; a rank never sees an empty epoch."""
+    return plugin.prepare_dataloader(dataset, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=False,
+                                     collate_fn=collator, distributed_sampler_cls=StatefulDistributedSampler)
+
+
+def build_optimizer(model: torch.nn.Module, args: argparse.Namespace) -> torch.optim.Optimizer:
+    """AdamW; colossalai's HybridAdam where CUDA is there (it has no CPU kernel)."""
+    if torch.cuda.is_available():
+        from colossalai.nn.optimizer import HybridAdam
+
+        return HybridAdam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    return torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+
+
+def resolve_checkpoint(args: argparse.Namespace) -> Optional[str]:
+    """The checkpoint to resume from: `--checkpoint_path`, or the newest complete one for 'latest'."""
+    if args.checkpoint_path != "latest":
+        return args.checkpoint_path
+    if not args.save_dir:
+        raise CoatiUsageError("--checkpoint_path latest needs --save_dir")
+    found = latest_checkpoint(args.save_dir)
+    return str(found) if found else None
+
+
+def run_supervised(
+    args: argparse.Namespace,
+    trainer_cls: Type[SLTrainer],
+    collator_factory: Callable[[PreTrainedTokenizerBase], Callable],
+    model_loader: Callable[[argparse.Namespace], torch.nn.Module] = load_causal_lm,
+    trainer_kwargs: Optional[Dict[str, Any]] = None,
+) -> SLTrainer:
+    """Train `trainer_cls` as the flags say, then export the model to `--output_dir/model`."""
+    check_plugin_available(args.plugin)
+    init_distributed(args.seed)
+    setup = build_booster(args)
+    coordinator = DistCoordinator()
+    tokenizer = load_tokenizer(args)
+    collator = collator_factory(tokenizer)
+    train_loader = build_dataloader(setup.plugin, load_prepared(args.dataset), args.batch_size, collator, True, args.seed)
+    eval_loader = (build_dataloader(setup.plugin, load_prepared(args.eval_dataset), args.batch_size, collator, False, args.seed)
+                   if args.eval_dataset else None)
+    model = model_loader(args)
+    optimizer = build_optimizer(model, args)
+    total_steps = math.ceil(len(train_loader) / args.accumulation_steps) * args.max_epochs
+    scheduler = get_scheduler(args.lr_scheduler, optimizer, num_warmup_steps=args.warmup_steps,
+                              num_training_steps=max(total_steps, 1))
+    model, optimizer, scheduler, _ = setup.boost(model, optimizer, scheduler)
+    trainer = trainer_cls(
+        setup.booster, args.max_epochs, model, optimizer, setup.plugin,
+        lr_scheduler=scheduler, accumulation_steps=args.accumulation_steps, log_interval=args.log_interval,
+        save_interval=args.save_interval, save_dir=args.save_dir, keep_last=args.keep_last,
+        output_dir=args.output_dir, grad_clip=args.grad_clip, coordinator=coordinator,
+        callbacks=[PerformanceEvaluator(ignore_steps=1, print_fn=coordinator.print_on_master)],
+        **(trainer_kwargs or {}),
+    )
+    checkpoint = resolve_checkpoint(args)
+    if checkpoint:
+        trainer.load_checkpoint(checkpoint)
+        coordinator.print_on_master(f"resumed from {checkpoint} at epoch {trainer.start_epoch}, step {trainer.step}")
+    logger = MetricsLogger(args.log_dir, args.use_wandb, args.wandb_project, trainer_cls.__name__, vars(args))
+    trainer.fit(train_loader, eval_loader, metrics_logger=logger)
+    if args.output_dir:
+        path = save_hf_model(Path(args.output_dir) / "model", setup.booster, model, tokenizer, coordinator)
+        coordinator.print_on_master(f"saved HF model to {path}")
+    return trainer

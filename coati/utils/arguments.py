@@ -1,0 +1,44 @@
+"""The one argument builder every training script shares: same flags, same defaults, everywhere."""
+import argparse
+
+from coati.distributed.plugins import add_plugin_args
+
+
+def training_parser(description: str) -> argparse.ArgumentParser:
+    """Flags common to all training scripts; a script adds only its algorithm's own flags."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    model = parser.add_argument_group("model")
+    model.add_argument("--pretrain", required=True, help="model directory loadable with from_pretrained")
+    model.add_argument("--tokenizer_dir", default=None, help="tokenizer directory (default: --pretrain)")
+    model.add_argument("--trust_remote_code", action="store_true", help="allow custom modelling code shipped with the model")
+
+    data = parser.add_argument_group("data")
+    data.add_argument("--dataset", nargs="+", required=True, help="prepared dataset directories (prepare_dataset.py)")
+    data.add_argument("--eval_dataset", nargs="*", default=None, help="prepared evaluation dataset directories")
+
+    optim = parser.add_argument_group("optimisation")
+    optim.add_argument("--max_epochs", type=int, default=1)
+    optim.add_argument("--batch_size", type=int, default=4, help="micro-batch size per rank")
+    optim.add_argument("--accumulation_steps", type=int, default=1, help="micro-batches per optimizer step")
+    optim.add_argument("--lr", type=float, default=5e-5)
+    optim.add_argument("--weight_decay", type=float, default=0.0)
+    optim.add_argument("--lr_scheduler", default="cosine", choices=("cosine", "linear", "constant_with_warmup"))
+    optim.add_argument("--warmup_steps", type=int, default=0, help="learning-rate warm-up, in optimizer steps")
+    optim.add_argument("--seed", type=int, default=42)
+
+    ckpt = parser.add_argument_group("checkpoints")
+    ckpt.add_argument("--save_dir", default=None, help="where checkpoints epoch-{e}_step-{s} are written")
+    ckpt.add_argument("--save_interval", type=int, default=0, help="save every N optimizer steps (0: only at the end)")
+    ckpt.add_argument("--keep_last", type=int, default=0, help="keep only the N newest checkpoints (0: keep all)")
+    ckpt.add_argument("--checkpoint_path", default=None,
+                      help="resume from this checkpoint directory, or 'latest' for the newest complete one in --save_dir")
+    ckpt.add_argument("--output_dir", default=None, help="final HF-format model and evaluation results")
+
+    log = parser.add_argument_group("logging")
+    log.add_argument("--log_dir", default=None, help="TensorBoard events and metrics.jsonl")
+    log.add_argument("--log_interval", type=int, default=10, help="log every N optimizer steps")
+    log.add_argument("--use_wandb", action="store_true", help="also log to Weights & Biases (WANDB_MODE=offline works)")
+    log.add_argument("--wandb_project", default="coati")
+
+    add_plugin_args(parser)
+    return parser

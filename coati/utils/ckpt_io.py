@@ -1,0 +1,233 @@
+"""Checkpoints through the booster, marked complete only after every rank finished writing.
+
+Layout of `save_dir/epoch-{e}_step-{s}/`::
+
+    modeling/                 model shards written by the booster (safetensors unless embeddings are tied)
+    optimizer/ | optimizer.bin  optimizer states (sharded on GPU; one file on CPU, where colossalai
+                                cannot load sharded optimizer states)
+    lr_scheduler.pt           scheduler state
+    running_states.json       epoch, optimizer step, samples seen, world size (master only)
+    rng_state_rank{r}.pt      every rank's torch/CUDA/numpy/python RNG states
+    COMPLETE                  written last, after a barrier: without it the checkpoint is ignored
+"""
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import numpy as np
+import torch
+from colossalai.booster import Booster
+from colossalai.cluster import DistCoordinator
+
+from coati.distributed.comm import barrier, rank, world_size
+from coati.utils.errors import CoatiUsageError
+
+COMPLETE_MARKER = "COMPLETE"
+RUNNING_STATE_FILE = "running_states.json"
+_NAME = re.compile(r"^epoch-(\d+)_step-(\d+)$")
+PathLike = Union[str, os.PathLike]
+
+
+def checkpoint_name(epoch: int, step: int) -> str:
+    return f"epoch-{epoch}_step-{step}"
+
+
+def is_complete(path: PathLike) -> bool:
+    return (Path(path) / COMPLETE_MARKER).is_file()
+
+
+def list_checkpoints(save_dir: PathLike, complete_only: bool = True) -> List[Path]:
+    """Checkpoint directories under `save_dir`, oldest first (by optimizer step, then epoch)."""
+    root = Path(save_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _NAME.match(child.name)
+        if match and child.is_dir() and (is_complete(child) or not complete_only):
+            found.append((int(match.group(2)), int(match.group(1)), child))
+    return [path for _, _, path in sorted(found)]
+
+
+def latest_checkpoint(save_dir: PathLike) -> Optional[Path]:
+    """The newest complete checkpoint under `save_dir`, or None."""
+    checkpoints = list_checkpoints(save_dir)
+    return checkpoints[-1] if checkpoints else None
+
+
+def _rng_states() -> Dict[str, Any]:
+    np_state = np.random.get_state()
+    states = {
+        "python": random.getstate(),
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state()
+    return states
+
+
+def _set_rng_states(states: Dict[str, Any]) -> None:
+    python_state = states["python"]
+    random.setstate((python_state[0], tuple(python_state[1]), python_state[2]))
+    name, keys, *rest = states["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state(states["cuda"])
+
+
+def _write_json_atomic(path: Path, data: Dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _shard_optimizer() -> bool:
+    return torch.cuda.is_available()
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return model.unwrap() if hasattr(model, "unwrap") else model
+
+
+def _use_safetensors(model: torch.nn.Module) -> bool:
+    """Safetensors, except for tied input/output embeddings, which colossalai's sharded safetensors
+    writer rejects as shared memory; those models are written as torch shards instead."""
+    config = getattr(_unwrap(model), "config", None)
+    return not getattr(config, "tie_word_embeddings", False)
+
+
+def save_checkpoint(
+    save_dir: PathLike,
+    booster: Booster,
+    model: torch.nn.Module,
+    optimizer: Optional[torch.optim.Optimizer],
+    lr_scheduler: Optional[Any],
+    epoch: int,
+    step: int,
+    batch_size: int,
+    coordinator: DistCoordinator,
+    sample_start_index: Optional[int] = None,
+    keep_last: int = 0,
+    extra_state: Optional[Dict[str, Any]] = None,
+) -> Path:
+    """Write a checkpoint on every rank (a collective) and return its directory once it is complete.
+
+    `epoch` is the epoch to resume in and `step` the number of optimizer steps taken so far.
+    `sample_start_index` is how many samples of `epoch` this rank has consumed (default
+    `step * batch_size`, ColossalChat's convention). `keep_last` > 0 deletes older complete
+    checkpoints, and any incomplete ones older than the new one, after the new one is complete.
+    """
+    path = Path(save_dir) / checkpoint_name(epoch, step)
+    if coordinator.is_master():
+        (path / COMPLETE_MARKER).unlink(missing_ok=True)
+        path.mkdir(parents=True, exist_ok=True)
+    barrier()
+    booster.save_model(model, str(path / "modeling"), shard=True, use_safetensors=_use_safetensors(model))
+    if optimizer is not None:
+        shard = _shard_optimizer()
+        booster.save_optimizer(optimizer, str(path / ("optimizer" if shard else "optimizer.bin")), shard=shard)
+    if lr_scheduler is not None:
+        booster.save_lr_scheduler(lr_scheduler, str(path / "lr_scheduler.pt"))
+    torch.save(_rng_states(), path / f"rng_state_rank{rank()}.pt")
+    if coordinator.is_master():
+        samples = step * batch_size if sample_start_index is None else sample_start_index
+        state = {
+            "epoch": epoch,
+            "step": step,
+            "sample_start_index": samples,
+            "global_samples_in_epoch": samples * world_size(),
+            "batch_size": batch_size,
+            "world_size": world_size(),
+            **(extra_state or {}),
+        }
+        _write_json_atomic(path / RUNNING_STATE_FILE, state)
+    os.sync()
+    barrier()
+    if coordinator.is_master():
+        _write_json_atomic(path / COMPLETE_MARKER, {"epoch": epoch, "step": step})
+        if keep_last > 0:
+            _prune(Path(save_dir), keep_last, newest=path)
+    barrier()
+    return path
+
+
+def _prune(save_dir: Path, keep_last: int, newest: Path) -> None:
+    doomed = list_checkpoints(save_dir)[:-keep_last]
+    doomed += [p for p in list_checkpoints(save_dir, complete_only=False)
+               if not is_complete(p) and _step_of(p) < _step_of(newest)]
+    for old in doomed:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _step_of(path: Path) -> Tuple[int, int]:
+    match = _NAME.match(path.name)
+    return int(match.group(2)), int(match.group(1))
+
+
+def read_running_state(load_dir: PathLike) -> Dict[str, Any]:
+    """The running state of a complete checkpoint; a clear error for a missing or incomplete one."""
+    path = Path(load_dir)
+    if not path.is_dir():
+        raise CoatiUsageError(f"checkpoint {path} does not exist")
+    if not is_complete(path):
+        latest = latest_checkpoint(path.parent)
+        hint = f"; the newest complete one is {latest}" if latest else ""
+        raise CoatiUsageError(
+            f"checkpoint {path} is incomplete (no {COMPLETE_MARKER} marker: it was interrupted while being "
+            f"written) and cannot be resumed from{hint}"
+        )
+    with open(path / RUNNING_STATE_FILE) as f:
+        return json.load(f)
+
+
+def load_checkpoint(
+    load_dir: PathLike,
+    booster: Booster,
+    model: torch.nn.Module,
+    optimizer: Optional[torch.optim.Optimizer],
+    lr_scheduler: Optional[Any],
+) -> Tuple[int, int, int]:
+    """Restore model, optimizer, scheduler and this rank's RNG; return (epoch, step, sample_start_index).
+
+    `sample_start_index` is per rank for the current world size: the same number that was saved
+    when the world size is unchanged.
+    """
+    state = read_running_state(load_dir)
+    path = Path(load_dir)
+    booster.load_model(model, str(path / "modeling"))
+    if optimizer is not None:
+        sharded = path / "optimizer"
+        booster.load_optimizer(optimizer, str(sharded if sharded.exists() else path / "optimizer.bin"))
+    if lr_scheduler is not None and (path / "lr_scheduler.pt").exists():
+        booster.load_lr_scheduler(lr_scheduler, str(path / "lr_scheduler.pt"))
+    rng_file = path / f"rng_state_rank{rank()}.pt"
+    if state["world_size"] == world_size() and rng_file.exists():
+        _set_rng_states(torch.load(rng_file, weights_only=True))
+    barrier()
+    return state["epoch"], state["step"], state["global_samples_in_epoch"] // world_size()
+
+
+def save_hf_model(
+    save_dir: PathLike, booster: Booster, model: torch.nn.Module, tokenizer: Any, coordinator: DistCoordinator
+) -> Path:
+    """Export the model (safetensors, with its config) and tokenizer so `from_pretrained(save_dir)` loads them."""
+    path = Path(save_dir)
+    booster.save_model(model, str(path), shard=True, use_safetensors=_use_safetensors(model))
+    if coordinator.is_master():
+        unwrapped = _unwrap(model)
+        unwrapped.config.save_pretrained(path)
+        if getattr(unwrapped, "generation_config", None) is not None:
+            unwrapped.generation_config.save_pretrained(path)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(path)
+    barrier()
+    return path

@@ -1,0 +1,83 @@
+"""One metrics sink for a run: TensorBoard, Weights & Biases and a JSONL file, written by rank 0 only."""
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from coati.distributed.comm import is_rank_0
+
+JSONL_NAME = "metrics.jsonl"
+_SECRET_HINTS = ("key", "token", "secret", "password")
+
+
+def _public_config(config: Dict[str, Any]) -> Dict[str, Any]:
+    """The run config without values whose name suggests a secret (they never reach a log)."""
+    return {k: v for k, v in config.items() if not any(h in k.lower() for h in _SECRET_HINTS)}
+
+
+class MetricsLogger:
+    """Logs `{name: float}` per step to the sinks that are configured; a no-op on ranks other than 0.
+
+    Values are written at full precision. With `log_dir` unset only W&B (if asked) is written.
+    W&B honours `WANDB_MODE=offline` and writes its files under `log_dir` when given.
+    """
+
+    def __init__(
+        self,
+        log_dir: Optional[str] = None,
+        use_wandb: bool = False,
+        wandb_project: str = "coati",
+        run_name: Optional[str] = None,
+        config: Optional[Dict[str, Any]] = None,
+    ) -> None:
+        self.active = is_rank_0()
+        self.log_dir = Path(log_dir) if log_dir else None
+        self._tb = None
+        self._jsonl = None
+        self._wandb_run = None
+        if not self.active:
+            return
+        if self.log_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            self._tb = SummaryWriter(log_dir=str(self.log_dir / "tensorboard"))
+            self._jsonl = open(self.log_dir / JSONL_NAME, "a")
+        if use_wandb:
+            import wandb
+
+            wandb_dir = str(self.log_dir) if self.log_dir is not None else None
+            self._wandb_run = wandb.init(project=wandb_project, name=run_name, dir=wandb_dir,
+                                         config=_public_config(config or {}))
+
+    def log(self, metrics: Dict[str, float], step: int) -> None:
+        if not self.active or not metrics:
+            return
+        if self._tb is not None:
+            for name, value in metrics.items():
+                self._tb.add_scalar(name, value, global_step=step)
+            self._tb.flush()
+        if self._jsonl is not None:
+            record = {"step": step, "time": time.time(), **{k: _finite_or_str(v) for k, v in metrics.items()}}
+            self._jsonl.write(json.dumps(record) + "\n")
+            self._jsonl.flush()
+            os.fsync(self._jsonl.fileno())
+        if self._wandb_run is not None:
+            self._wandb_run.log(dict(metrics), step=step)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+        if self._jsonl is not None:
+            self._jsonl.close()
+        if self._wandb_run is not None:
+            self._wandb_run.finish()
+        self._tb = self._jsonl = self._wandb_run = None
+
+
+def _finite_or_str(value: float) -> Any:
+    """JSON has no NaN/inf: write those as strings so the line stays valid JSON."""
+    value = float(value)
+    return value if math.isfinite(value) else str(value)
