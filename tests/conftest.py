@@ -1,0 +1,46 @@
+"""Shared fixtures: locally built tiny model and data, a world-of-one process group, a torchrun helper."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO / "examples" / "training_scripts"
+
+
+@pytest.fixture(scope="session")
+def tiny_assets(tmp_path_factory):
+    """A tiny model directory and prepared SFT train/eval datasets, built once per session."""
+    from transformers import AutoTokenizer
+
+    from coati.dataset.demo_data import generate_problems, sft_records, tokenizer_corpus, write_jsonl
+    from coati.dataset.prepare import prepare_sft
+    from coati.models.tiny import write_tiny_model
+
+    root = tmp_path_factory.mktemp("assets")
+    model_dir = write_tiny_model(root / "model", tokenizer_corpus(400))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    paths = {"model": model_dir}
+    for split, n in (("train", 96), ("eval", 32)):
+        raw = write_jsonl(sft_records(generate_problems(n, split)), root / f"sft_{split}.jsonl")
+        prepare_sft([raw], tokenizer, 128, root / f"sft_{split}")
+        paths[f"sft_{split}"] = root / f"sft_{split}"
+    return paths
+
+
+@pytest.fixture(scope="session")
+def world_of_one():
+    """colossalai's process group with one CPU rank, for trainer tests that run in this process."""
+    from coati.distributed import init_distributed
+
+    init_distributed(seed=0)
+    yield
+
+
+def torchrun(script: Path, nproc: int, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Launch `script` with real torchrun processes and capture its output."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script), *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)

@@ -1,0 +1,50 @@
+"""The metrics logger's sinks, and the performance callback's counting."""
+import json
+
+import torch
+
+from coati.trainer.callbacks import PerformanceEvaluator, count_samples_and_tokens
+from coati.utils import MetricsLogger
+
+
+def test_jsonl_and_tensorboard_full_precision(tmp_path):
+    logger = MetricsLogger(log_dir=str(tmp_path))
+    logger.log({"train/loss": 0.123456789012345, "train/bad": float("nan")}, step=3)
+    logger.close()
+    record = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert record["step"] == 3 and record["train/loss"] == 0.123456789012345 and record["train/bad"] == "nan"
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_wandb_offline_run_is_written_without_secrets(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    logger = MetricsLogger(log_dir=str(tmp_path), use_wandb=True, config={"plugin_choice": "ddp", "wandb_api_key": "s3cret"})
+    logger.log({"train/loss": 1.5}, step=1)
+    logger.close()
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert runs, "an offline W&B run directory is written under log_dir"
+    run_file = next(runs[0].glob("run-*.wandb")).read_bytes()
+    assert b"train/loss" in run_file and b"plugin_choice" in run_file and b"wandb_api_key" not in run_file
+    assert not any(b"s3cret" in f.read_bytes() for f in (tmp_path / "wandb").rglob("*") if f.is_file())
+
+
+def test_counts_samples_and_tokens_of_dict_and_preference_batches():
+    batch = {"input_ids": torch.zeros(2, 4), "attention_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])}
+    assert count_samples_and_tokens(batch) == (2, 5)
+    pair = {"chosen_attention_mask": torch.ones(3, 2), "rejected_attention_mask": torch.ones(3, 4)}
+    assert count_samples_and_tokens([batch, pair]) == (5, 5 + 6 + 12)
+
+
+def test_performance_evaluator_reports_rates_after_warmup():
+    evaluator = PerformanceEvaluator(ignore_steps=1)
+    batch = {"attention_mask": torch.ones(4, 8)}
+    evaluator.on_fit_start()
+    for _ in range(3):
+        evaluator.on_learn_batch_start()
+        evaluator.on_learn_batch_end(batch)
+    evaluator.on_fit_end()
+    summary = evaluator.summary()
+    assert evaluator.learn.samples == 8 and evaluator.learn.tokens == 64      # the first call is warm-up
+    assert summary["learn/tokens_per_s"] == summary["learn/samples_per_s"] * 8
+    assert "make_experience/seconds" not in summary

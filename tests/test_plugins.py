@@ -1,0 +1,56 @@
+"""Plugin selection: CUDA-only plugins are refused on a CPU machine with one line and exit status 2."""
+import argparse
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from coati.distributed.plugins import CUDA_ONLY, PLUGINS, add_plugin_args, build_booster, check_plugin_available
+from coati.utils import CoatiUsageError
+from conftest import REPO, SCRIPTS
+
+needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+
+
+def _args(*argv):
+    parser = argparse.ArgumentParser()
+    add_plugin_args(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_every_plugin_is_offered():
+    assert set(PLUGINS) == {"ddp", "zero2", "zero2_cpu", "gemini", "gemini_auto", "3d"}
+    assert CUDA_ONLY == set(PLUGINS) - {"ddp"}
+
+
+@needs_no_cuda
+@pytest.mark.parametrize("name", sorted(CUDA_ONLY))
+def test_cuda_only_plugins_are_refused_on_cpu(name):
+    with pytest.raises(CoatiUsageError, match=f"--plugin {name} needs CUDA GPUs .* use --plugin ddp"):
+        check_plugin_available(name)
+
+
+@needs_no_cuda
+def test_gemini_on_cpu_exits_2_with_one_line_before_loading_anything(tmp_path):
+    missing = tmp_path / "no_such_model"           # never looked at: the plugin is refused first
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "train_sft.py"), "--pretrain", str(missing), "--dataset", str(tmp_path),
+         "--plugin", "gemini"],
+        capture_output=True, text=True, cwd=REPO, env={"PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore"},
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: --plugin gemini needs CUDA GPUs and this machine has none; use --plugin ddp to train on the CPU")
+    assert "Traceback" not in result.stderr
+
+
+def test_parallel_sizes_only_apply_to_3d(world_of_one):
+    with pytest.raises(CoatiUsageError, match="apply to --plugin 3d only"):
+        build_booster(_args("--plugin", "ddp", "--tp", "2"))
+
+
+def test_ddp_booster_clips_in_the_trainer_and_uses_fp32_on_cpu(world_of_one):
+    setup = build_booster(_args("--plugin", "ddp", "--mixed_precision", "fp32", "--grad_clip", "0.5"))
+    assert setup.trainer_clips_grad and setup.grad_clip == 0.5
+    assert setup.precision == "fp32"

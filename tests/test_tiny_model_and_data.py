@@ -1,0 +1,57 @@
+"""The locally built tokenizer/model load through from_pretrained; labels mask all but assistant tokens."""
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from coati.dataset import IGNORE_INDEX, SupervisedCollator, tokenize_conversation
+from coati.dataset.demo_data import _is_held_out, generate_problems, preference_records, prompt_records
+from coati.models.tiny import END_OF_TURN
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_assets):
+    return AutoTokenizer.from_pretrained(tiny_assets["model"])
+
+
+def test_tokenizer_eos_is_the_end_of_turn_token(tokenizer, tiny_assets):
+    assert tokenizer.eos_token == END_OF_TURN
+    model = AutoModelForCausalLM.from_pretrained(tiny_assets["model"])
+    assert model.generation_config.eos_token_id == tokenizer.convert_tokens_to_ids(END_OF_TURN)
+    assert model.config.vocab_size == len(tokenizer)
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    assert rendered == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_digits_are_single_tokens_and_text_round_trips(tokenizer):
+    ids = tokenizer("Ann has 12 apples.", add_special_tokens=False)["input_ids"]
+    assert tokenizer.decode(ids) == "Ann has 12 apples."
+    assert "1" in tokenizer.convert_ids_to_tokens(ids) and "2" in tokenizer.convert_ids_to_tokens(ids)
+
+
+def test_labels_cover_assistant_tokens_and_end_of_turn_only(tokenizer):
+    messages = [{"role": "user", "content": "Ann has 2 pens."}, {"role": "assistant", "content": "2 + 1 = 3. #### 3"}]
+    encoded = tokenize_conversation(tokenizer, messages, max_length=128)
+    labelled = [t for t, l in zip(encoded["input_ids"], encoded["labels"]) if l != IGNORE_INDEX]
+    assert tokenizer.decode(labelled) == "2 + 1 = 3. #### 3" + END_OF_TURN
+    assert tokenize_conversation(tokenizer, messages, max_length=8) is None   # the response would be cut away
+
+
+def test_collator_pads_to_the_longest_in_batch(tokenizer):
+    rows = [{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}, {"input_ids": [5], "labels": [5]}]
+    batch = SupervisedCollator(tokenizer.pad_token_id)(rows)
+    assert batch["input_ids"].shape == (2, 3)
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert batch["labels"].tolist() == [[-100, 6, 7], [5, -100, -100]]
+
+
+def test_task_splits_are_disjoint_and_answers_verifiable():
+    train, held_out = generate_problems(200, "train"), generate_problems(50, "eval")
+    for problem in train + held_out:
+        left = problem.solution.split("=")[0]
+        assert eval(left) == problem.answer and problem.solution.endswith(f"#### {problem.answer}")
+    assert not {p.question for p in train} & {p.question for p in held_out}
+    for pref in preference_records(held_out):
+        assert pref["chosen"][0]["content"] != pref["rejected"][0]["content"]
+    assert prompt_records(held_out[:1])[0]["gt_answer"] == str(held_out[0].answer)
+    assert all(not _is_held_out(*map(int, p.solution.split(" = ")[0].split(" ")[::2]), p.solution.split(" ")[1])
+               for p in train)

@@ -1,0 +1,134 @@
+"""SLTrainer's loop (accumulation, step counting, hooks) and OLTrainer's hook order, in one process."""
+import pytest
+import torch
+from colossalai.booster import Booster
+from colossalai.booster.plugin import TorchDDPPlugin
+
+from coati.trainer import BatchResult, Callback, OLTrainer, SLTrainer
+from coati.trainer.runner import build_dataloader
+
+
+class Recorder(Callback):
+    """Records every hook call as (name, argument)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattribute__(self, name):
+        if name.startswith("on_"):
+            return lambda *args: self.calls.append((name, *args))
+        return super().__getattribute__(name)
+
+
+class SquaredError(SLTrainer):
+    """loss_i = (w . x_i - y_i)^2, summed; one item per row."""
+
+    def _compute_batch(self, batch):
+        err = self.model(batch["x"]).squeeze(-1) - batch["y"]
+        loss = (err ** 2).sum()
+        return BatchResult(loss, {"loss": (loss.item(), len(err))})
+
+
+def _linear_trainer(rows, batch_size, accumulation_steps, lr, callbacks=(), **kwargs):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1, bias=False)
+    w0 = model.weight.detach().clone()
+    plugin = TorchDDPPlugin()
+    booster = Booster(plugin=plugin)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    model, optimizer, *_ = booster.boost(model, optimizer)
+    loader = build_dataloader(plugin, rows, batch_size, torch.utils.data.default_collate, shuffle=False, seed=0)
+    trainer = SquaredError(booster, 1, model, optimizer, plugin, accumulation_steps=accumulation_steps,
+                           log_interval=1, callbacks=callbacks, **kwargs)
+    return trainer, loader, w0
+
+
+def _rows(n):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(n, 2, generator=g)
+    y = torch.randn(n, generator=g)
+    return [{"x": x[i], "y": y[i]} for i in range(n)], x, y
+
+
+def _sgd_on_mean(w, x, y, lr):
+    """One SGD step on the mean squared error over the rows given."""
+    err = x @ w.T - y[:, None]
+    grad = 2 * (err * x).mean(0, keepdim=True)
+    return w - lr * grad
+
+
+def test_accumulation_counts_steps_and_keeps_partial_last_group(world_of_one):
+    rows, x, y = _rows(5)              # micro-batches of 2: [0,1] [2,3] [4]; accumulation 2 -> steps {0..3}, {4}
+    recorder = Recorder()
+    trainer, loader, w0 = _linear_trainer(rows, batch_size=2, accumulation_steps=2, lr=0.1, callbacks=[recorder])
+    trainer.fit(loader)
+    assert trainer.step == 2
+    expected = _sgd_on_mean(_sgd_on_mean(w0, x[:4], y[:4], 0.1), x[4:], y[4:], 0.1)
+    assert torch.allclose(trainer.model.unwrap().weight.detach(), expected, atol=1e-6)
+    step_sizes = [len(args[0]) for name, *args in recorder.calls if name == "on_learn_batch_end"]
+    assert step_sizes == [2, 1]
+
+
+def test_sl_hooks_fire_in_documented_order(world_of_one):
+    rows, _, _ = _rows(4)
+    recorder = Recorder()
+    trainer, loader, _ = _linear_trainer(rows, batch_size=2, accumulation_steps=1, lr=0.1, callbacks=[recorder])
+    trainer.fit(loader)
+    names = [c[0] for c in recorder.calls]
+    assert names == ["on_fit_start", "on_learn_epoch_start",
+                     "on_learn_batch_start", "on_learn_batch_end", "on_log",
+                     "on_learn_batch_start", "on_learn_batch_end", "on_log",
+                     "on_learn_epoch_end", "on_fit_end"]
+    logged = [c[2] for c in recorder.calls if c[0] == "on_log"]
+    assert all("train/loss" in m and "train/lr" in m for m in logged)
+
+
+def test_callback_can_stop_training(world_of_one):
+    class StopAfterFirstStep(Callback):
+        def on_learn_batch_end(self, batches):
+            self.stop_training = True
+
+    rows, _, _ = _rows(8)
+    trainer, loader, _ = _linear_trainer(rows, batch_size=2, accumulation_steps=1, lr=0.1,
+                                         callbacks=[StopAfterFirstStep()])
+    trainer.fit(loader)
+    assert trainer.step == 1
+
+
+class ToyOL(OLTrainer):
+    def __init__(self, callbacks, fail_at_episode=None):
+        super().__init__(actor_booster=None, callbacks=callbacks)
+        self.fail_at_episode = fail_at_episode
+
+    def _make_experience(self, collect_step):
+        if self.episode == self.fail_at_episode:
+            raise RuntimeError("generation failed")
+        return {"collect_step": collect_step}
+
+    def _learn_step(self, experience):
+        self._record({"reward": (1.0, 1)})
+
+
+def test_ol_hooks_fire_in_order():
+    recorder = Recorder()
+    ToyOL([recorder]).fit(num_episodes=1, num_collect_steps=2, num_update_steps=1)
+    assert recorder.calls == [
+        ("on_fit_start",), ("on_episode_start", 0),
+        ("on_make_experience_start",), ("on_make_experience_end", {"collect_step": 0}),
+        ("on_make_experience_start",), ("on_make_experience_end", {"collect_step": 1}),
+        ("on_learn_epoch_start", 0),
+        ("on_learn_batch_start",), ("on_learn_batch_end", {"collect_step": 0}),
+        ("on_learn_batch_start",), ("on_learn_batch_end", {"collect_step": 1}),
+        ("on_learn_epoch_end", 0),
+        ("on_log", 1, {"train/reward": 1.0}),
+        ("on_episode_end", 0), ("on_fit_end",),
+    ]
+
+
+def test_on_fit_end_fires_when_training_raises():
+    recorder = Recorder()
+    with pytest.raises(RuntimeError, match="generation failed"):
+        ToyOL([recorder], fail_at_episode=1).fit(num_episodes=3, num_collect_steps=1, num_update_steps=1)
+    names = [c[0] for c in recorder.calls]
+    assert names[-3:] == ["on_episode_start", "on_make_experience_start", "on_fit_end"]
+    assert names.count("on_episode_end") == 1
