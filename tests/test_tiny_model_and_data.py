@@ -17,7 +17,7 @@ def test_tokenizer_eos_is_the_end_of_turn_token(tokenizer, tiny_assets):
     assert tokenizer.eos_token == END_OF_TURN
     model = AutoModelForCausalLM.from_pretrained(tiny_assets["model"])
     assert model.generation_config.eos_token_id == tokenizer.convert_tokens_to_ids(END_OF_TURN)
-    assert model.config.vocab_size == len(tokenizer)
+    assert model.config.vocab_size >= len(tokenizer) and model.config.vocab_size % 64 == 0
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     assert rendered == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 

@@ -16,6 +16,7 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+VOCAB_MULTIPLE = 64
 MODEL_SIZES: Dict[str, Dict[str, int]] = {
     "tiny": dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
     "small": dict(hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2),
@@ -40,10 +41,14 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int = 384) -> PreTrainedT
 
 def build_tiny_llama(tokenizer: PreTrainedTokenizerFast, size: str = "tiny", seed: int = 0,
                      max_position_embeddings: int = 512) -> LlamaForCausalLM:
-    """A randomly initialised Llama sized by `MODEL_SIZES[size]`, its vocabulary matching `tokenizer`."""
+    """A randomly initialised Llama sized by `MODEL_SIZES[size]`, its vocabulary covering `tokenizer`.
+
+    The embedding rows are rounded up to a multiple of 64, as real checkpoints do, so tensor-parallel
+    sharding needs no padded vocabulary."""
     if size not in MODEL_SIZES:
         raise ValueError(f"unknown model size {size!r}; choose one of {', '.join(MODEL_SIZES)}")
-    config = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=max_position_embeddings,
+    vocab_size = -(-len(tokenizer) // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+    config = LlamaConfig(vocab_size=vocab_size, max_position_embeddings=max_position_embeddings,
                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                          bos_token_id=None, tie_word_embeddings=False, **MODEL_SIZES[size])
     torch.manual_seed(seed)
