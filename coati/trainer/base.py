@@ -66,10 +66,10 @@ class _TrainerCore:
         self.metrics_logger = metrics_logger or MetricsLogger(log_dir=log_dir, use_wandb=use_wandb,
                                                               run_name=type(self).__name__)
 
-    def _record(self, metrics: Dict[str, Tuple[float, float]], meter: Optional[AccumulativeMeanMeter] = None) -> None:
-        meter = meter or self.meter
+    def _record(self, metrics: Dict[str, Tuple[float, float]]) -> None:
+        """Add a batch's (total, count) metrics to the meter of the current log window."""
         for name, (total, count) in metrics.items():
-            meter.add(name, total, count)
+            self.meter.add(name, total, count)
 
     def _flush_metrics(self, step: int, prefix: str = "train/", extra: Optional[Dict[str, float]] = None) -> Dict[str, float]:
         """Reduce the meter across ranks (once), log it at `step`, fire `on_log`, reset the meter."""
