@@ -12,11 +12,11 @@ SCRIPTS = REPO / "examples" / "training_scripts"
 
 @pytest.fixture(scope="session")
 def tiny_assets(tmp_path_factory):
-    """A tiny model directory and prepared SFT train/eval datasets, built once per session."""
+    """A tiny model directory and prepared SFT and preference train/eval datasets, built once per session."""
     from transformers import AutoTokenizer
 
-    from coati.dataset.demo_data import generate_problems, sft_records, tokenizer_corpus, write_jsonl
-    from coati.dataset.prepare import prepare_sft
+    from coati.dataset.demo_data import generate_problems, preference_records, sft_records, tokenizer_corpus, write_jsonl
+    from coati.dataset.prepare import prepare_preference, prepare_sft
     from coati.models.tiny import write_tiny_model
 
     root = tmp_path_factory.mktemp("assets")
@@ -27,6 +27,9 @@ def tiny_assets(tmp_path_factory):
         raw = write_jsonl(sft_records(generate_problems(n, split)), root / f"sft_{split}.jsonl")
         prepare_sft([raw], tokenizer, 128, root / f"sft_{split}")
         paths[f"sft_{split}"] = root / f"sft_{split}"
+        raw = write_jsonl(preference_records(generate_problems(n, split)), root / f"pref_{split}.jsonl")
+        prepare_preference([raw], tokenizer, 128, root / f"pref_{split}")
+        paths[f"pref_{split}"] = root / f"pref_{split}"
     return paths
 
 

@@ -1,9 +1,9 @@
-from .collators import SupervisedCollator, pad_sequences
-from .prepare import load_prepared, load_raw, prepare_sft
+from .collators import PreferenceCollator, SupervisedCollator, pad_sequences
+from .prepare import load_prepared, load_raw, prepare_preference, prepare_sft
 from .sampler import StatefulDistributedSampler
-from .tokenization import IGNORE_INDEX, tokenize_conversation
+from .tokenization import IGNORE_INDEX, tokenize_conversation, tokenize_preference
 
 __all__ = [
-    "SupervisedCollator", "pad_sequences", "load_prepared", "load_raw", "prepare_sft",
-    "StatefulDistributedSampler", "IGNORE_INDEX", "tokenize_conversation",
+    "PreferenceCollator", "SupervisedCollator", "pad_sequences", "load_prepared", "load_raw", "prepare_preference",
+    "prepare_sft", "StatefulDistributedSampler", "IGNORE_INDEX", "tokenize_conversation", "tokenize_preference",
 ]

@@ -1,13 +1,13 @@
 """Raw JSONL (or any local dataset `datasets.load_dataset` reads) -> tokenized arrow datasets on disk."""
 from pathlib import Path
-from typing import Dict, List, Sequence, Union
+from typing import Callable, Dict, Optional, Sequence, Union
 
 from datasets import Dataset, concatenate_datasets, load_dataset, load_from_disk
 from transformers import PreTrainedTokenizerBase
 
 from coati.utils.errors import CoatiUsageError
 
-from .tokenization import tokenize_conversation
+from .tokenization import tokenize_conversation, tokenize_preference
 
 
 def load_raw(data_files: Sequence[Union[str, Path]]) -> Dataset:
@@ -18,20 +18,34 @@ def load_raw(data_files: Sequence[Union[str, Path]]) -> Dataset:
     return load_dataset("json", data_files=[str(f) for f in data_files], split="train")
 
 
+def _prepare(data_files: Sequence[Union[str, Path]], encode: Callable[[Dict], Optional[Dict]],
+             fields: Sequence[str], out_dir: Union[str, Path]) -> Dict[str, int]:
+    """Map `encode` over the raw rows, drop rows it returns None for, save; returns the counts."""
+    raw = load_raw(data_files)
+    empty = {field: [] for field in fields}
+    tokenized = raw.map(lambda row: encode(row) or empty, remove_columns=raw.column_names, desc="tokenizing")
+    kept = tokenized.filter(lambda row: len(row[fields[0]]) > 0)
+    kept.save_to_disk(str(out_dir))
+    return {"rows": len(raw), "kept": len(kept), "dropped": len(raw) - len(kept)}
+
+
 def prepare_sft(
     data_files: Sequence[Union[str, Path]], tokenizer: PreTrainedTokenizerBase, max_length: int, out_dir: Union[str, Path]
 ) -> Dict[str, int]:
     """Tokenize `messages` conversations with the chat template and save them; returns counts."""
-    raw = load_raw(data_files)
+    return _prepare(data_files, lambda row: tokenize_conversation(tokenizer, row["messages"], max_length),
+                    ("input_ids", "labels"), out_dir)
 
-    def encode(row: Dict) -> Dict[str, List[int]]:
-        encoded = tokenize_conversation(tokenizer, row["messages"], max_length)
-        return encoded or {"input_ids": [], "labels": []}
 
-    tokenized = raw.map(encode, remove_columns=raw.column_names, desc="tokenizing")
-    kept = tokenized.filter(lambda row: len(row["input_ids"]) > 0)
-    kept.save_to_disk(str(out_dir))
-    return {"rows": len(raw), "kept": len(kept), "dropped": len(raw) - len(kept)}
+def prepare_preference(
+    data_files: Sequence[Union[str, Path]], tokenizer: PreTrainedTokenizerBase, max_length: int, out_dir: Union[str, Path]
+) -> Dict[str, int]:
+    """Tokenize `context` + `chosen` / `rejected` message lists and save them; returns counts."""
+    return _prepare(
+        data_files,
+        lambda row: tokenize_preference(tokenizer, row["context"], row["chosen"], row["rejected"], max_length),
+        ("chosen_input_ids", "chosen_labels", "rejected_input_ids", "rejected_labels"), out_dir,
+    )
 
 
 def load_prepared(paths: Sequence[Union[str, Path]]) -> Dataset:

@@ -42,3 +42,21 @@ def tokenize_conversation(
     if all(label == IGNORE_INDEX for label in labels):
         return None
     return {"input_ids": encoded["input_ids"], "labels": labels}
+
+
+def tokenize_preference(
+    tokenizer: PreTrainedTokenizerBase,
+    context: Sequence[Dict[str, str]],
+    chosen: Sequence[Dict[str, str]],
+    rejected: Sequence[Dict[str, str]],
+    max_length: int,
+) -> Optional[Dict[str, List[int]]]:
+    """`chosen_*` and `rejected_*` input_ids/labels for context+chosen and context+rejected.
+
+    Returns None when truncation leaves either side without a response token.
+    """
+    sides = {name: tokenize_conversation(tokenizer, list(context) + list(turns), max_length)
+             for name, turns in (("chosen", chosen), ("rejected", rejected))}
+    if any(encoded is None for encoded in sides.values()):
+        return None
+    return {f"{name}_{field}": values for name, encoded in sides.items() for field, values in encoded.items()}

@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from coati.dataset.prepare import load_prepared
 from coati.dataset.sampler import StatefulDistributedSampler
 from coati.distributed import build_booster, check_plugin_available, init_distributed
+from coati.models.reward_model import load_reward_model
 from coati.trainer.base import SLTrainer
 from coati.trainer.callbacks import PerformanceEvaluator
 from coati.utils.ckpt_io import latest_checkpoint, save_hf_model
@@ -38,9 +39,14 @@ def load_tokenizer(args: argparse.Namespace) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def load_causal_lm(args: argparse.Namespace) -> torch.nn.Module:
+def load_causal_lm(args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module:
     path = _require_dir(args.pretrain, "--pretrain model directory")
     return AutoModelForCausalLM.from_pretrained(path, trust_remote_code=args.trust_remote_code)
+
+
+def load_reward_model_from_args(args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module:
+    path = _require_dir(args.pretrain, "--pretrain model directory")
+    return load_reward_model(path, tokenizer.pad_token_id, trust_remote_code=args.trust_remote_code)
 
 
 def build_dataloader(plugin: Plugin, dataset: Dataset, batch_size: int, collator: Callable, shuffle: bool, seed: int) -> DataLoader:
@@ -72,7 +78,7 @@ def run_supervised(
     args: argparse.Namespace,
     trainer_cls: Type[SLTrainer],
     collator_factory: Callable[[PreTrainedTokenizerBase], Callable],
-    model_loader: Callable[[argparse.Namespace], torch.nn.Module] = load_causal_lm,
+    model_loader: Optional[Callable[[argparse.Namespace, PreTrainedTokenizerBase], torch.nn.Module]] = None,
     trainer_kwargs: Optional[Dict[str, Any]] = None,
 ) -> SLTrainer:
     """Train `trainer_cls` as the flags say, then export the model to `--output_dir/model`."""
@@ -85,14 +91,14 @@ def run_supervised(
     train_loader = build_dataloader(setup.plugin, load_prepared(args.dataset), args.batch_size, collator, True, args.seed)
     eval_loader = (build_dataloader(setup.plugin, load_prepared(args.eval_dataset), args.batch_size, collator, False, args.seed)
                    if args.eval_dataset else None)
-    model = model_loader(args)
+    model = (model_loader or load_causal_lm)(args, tokenizer)
     optimizer = build_optimizer(model, args)
     total_steps = math.ceil(len(train_loader) / args.accumulation_steps) * args.max_epochs
     scheduler = get_scheduler(args.lr_scheduler, optimizer, num_warmup_steps=args.warmup_steps,
                               num_training_steps=max(total_steps, 1))
     model, optimizer, scheduler, _ = setup.boost(model, optimizer, scheduler)
     trainer = trainer_cls(
-        setup.booster, args.max_epochs, model, optimizer, setup.plugin,
+        booster=setup.booster, max_epochs=args.max_epochs, model=model, optimizer=optimizer, plugin=setup.plugin,
         lr_scheduler=scheduler, accumulation_steps=args.accumulation_steps, log_interval=args.log_interval,
         save_interval=args.save_interval, save_dir=args.save_dir, keep_last=args.keep_last,
         output_dir=args.output_dir, grad_clip=args.grad_clip, coordinator=coordinator,

@@ -1,0 +1,23 @@
+"""Reward models: a causal-LM backbone with a scalar head, stored as HF `*ForSequenceClassification` (one label).
+
+Stored that way, `from_pretrained` loads the backbone and its head, and any causal-LM checkpoint starts
+one (the head is then new). The reward of a sequence is read at its last non-pad token.
+"""
+import torch
+from transformers import AutoModelForSequenceClassification, PreTrainedModel
+
+from coati.utils.errors import CoatiUsageError
+
+
+def load_reward_model(path: str, pad_token_id: int, trust_remote_code: bool = False) -> PreTrainedModel:
+    """A reward model from `path`: an earlier reward model, or a causal LM to start one from."""
+    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, trust_remote_code=trust_remote_code)
+    if model.config.num_labels != 1:
+        raise CoatiUsageError(f"{path} holds a classifier with {model.config.num_labels} labels, not a reward model")
+    model.config.pad_token_id = pad_token_id
+    return model
+
+
+def sequence_rewards(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """One scalar reward per row, in float32."""
+    return model(input_ids=input_ids, attention_mask=attention_mask).logits.squeeze(-1).float()
