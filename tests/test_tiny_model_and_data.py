@@ -1,6 +1,5 @@
 """The locally built tokenizer/model load through from_pretrained; labels mask all but assistant tokens."""
 import pytest
-import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from coati.dataset import IGNORE_INDEX, SupervisedCollator, tokenize_conversation
