@@ -36,7 +36,7 @@ def tiny_assets(tmp_path_factory):
 @pytest.fixture(scope="session")
 def world_of_one():
     """colossalai's process group with one CPU rank, for trainer tests that run in this process."""
-    from coati.distributed import init_distributed
+    from coati.distributed.launch import init_distributed
 
     init_distributed(seed=0)
     yield

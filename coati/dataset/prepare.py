@@ -1,6 +1,12 @@
-"""Raw JSONL (or any local dataset `datasets.load_dataset` reads) -> tokenized arrow datasets on disk."""
+"""Raw data -> validated, tokenized arrow datasets on disk (`save_to_disk`), so training never re-tokenizes.
+
+Inputs are JSONL files, folders of them, or any local dataset folder `datasets.load_dataset` reads
+(parquet, csv, arrow...). Rows are validated first (`coati.dataset.validation`). Conversations longer
+than `max_length` tokens are cut from the right; a row whose response would be cut away entirely is
+dropped and counted.
+"""
 from pathlib import Path
-from typing import Callable, Dict, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from datasets import Dataset, concatenate_datasets, load_dataset, load_from_disk
 from transformers import PreTrainedTokenizerBase
@@ -8,47 +14,88 @@ from transformers import PreTrainedTokenizerBase
 from coati.utils.errors import CoatiUsageError
 
 from .tokenization import tokenize_conversation, tokenize_preference
+from .validation import VALIDATORS, DataValidationError, load_validated
+
+PathLike = Union[str, Path]
+JSONL_SUFFIXES = (".jsonl", ".json")
 
 
-def load_raw(data_files: Sequence[Union[str, Path]]) -> Dataset:
-    """JSON-lines files through `datasets.load_dataset("json", ...)`; a missing file is a usage error."""
-    missing = [str(f) for f in data_files if not Path(f).is_file()]
-    if missing:
-        raise CoatiUsageError(f"data file not found: {', '.join(missing)}")
-    return load_dataset("json", data_files=[str(f) for f in data_files], split="train")
+def _jsonl_files(path: Path) -> List[Path]:
+    if path.is_file():
+        return [path]
+    return sorted(p for p in path.iterdir() if p.suffix in JSONL_SUFFIXES) if path.is_dir() else []
 
 
-def _prepare(data_files: Sequence[Union[str, Path]], encode: Callable[[Dict], Optional[Dict]],
-             fields: Sequence[str], out_dir: Union[str, Path]) -> Dict[str, int]:
-    """Map `encode` over the raw rows, drop rows it returns None for, save; returns the counts."""
-    raw = load_raw(data_files)
-    empty = {field: [] for field in fields}
-    tokenized = raw.map(lambda row: encode(row) or empty, remove_columns=raw.column_names, desc="tokenizing")
-    kept = tokenized.filter(lambda row: len(row[fields[0]]) > 0)
-    kept.save_to_disk(str(out_dir))
-    return {"rows": len(raw), "kept": len(kept), "dropped": len(raw) - len(kept)}
+def _load_other(path: Path, data_type: str, skip_invalid: bool) -> Tuple[List[Dict], int]:
+    """A local dataset folder through `datasets.load_dataset`, validated row by row."""
+    validate, rows, skipped = VALIDATORS[data_type], [], 0
+    for index, row in enumerate(load_dataset(str(path), split="train")):
+        try:
+            rows.append(validate(row, f"{path} row {index}"))
+        except DataValidationError:
+            if not skip_invalid:
+                raise
+            skipped += 1
+    return rows, skipped
 
 
-def prepare_sft(
-    data_files: Sequence[Union[str, Path]], tokenizer: PreTrainedTokenizerBase, max_length: int, out_dir: Union[str, Path]
-) -> Dict[str, int]:
-    """Tokenize `messages` conversations with the chat template and save them; returns counts."""
-    return _prepare(data_files, lambda row: tokenize_conversation(tokenizer, row["messages"], max_length),
-                    ("input_ids", "labels"), out_dir)
+def load_rows(inputs: Sequence[PathLike], data_type: str, skip_invalid: bool = False) -> Tuple[List[Dict], int]:
+    """Validated, normalised rows of every input; returns (rows, number skipped)."""
+    rows, skipped = [], 0
+    for raw in inputs:
+        path = Path(raw)
+        if not path.exists():
+            raise CoatiUsageError(f"data input not found: {path}")
+        files = _jsonl_files(path)
+        found, bad = load_validated(files, data_type, skip_invalid) if files else _load_other(path, data_type, skip_invalid)
+        rows += found
+        skipped += bad
+    return rows, skipped
 
 
-def prepare_preference(
-    data_files: Sequence[Union[str, Path]], tokenizer: PreTrainedTokenizerBase, max_length: int, out_dir: Union[str, Path]
-) -> Dict[str, int]:
-    """Tokenize `context` + `chosen` / `rejected` message lists and save them; returns counts."""
-    return _prepare(
-        data_files,
-        lambda row: tokenize_preference(tokenizer, row["context"], row["chosen"], row["rejected"], max_length),
-        ("chosen_input_ids", "chosen_labels", "rejected_input_ids", "rejected_labels"), out_dir,
-    )
+def _prepare(rows: List[Dict], encode: Callable[[Dict], Optional[Dict]], out_dir: PathLike) -> Dict[str, int]:
+    """Encode each row, drop those `encode` returns None for (cut away by truncation), save; returns counts."""
+    if not rows:
+        raise CoatiUsageError("no usable rows in the input data")
+    encoded = [e for e in (encode(row) for row in rows) if e is not None]
+    Dataset.from_list(encoded).save_to_disk(str(out_dir))
+    return {"rows": len(rows), "kept": len(encoded), "dropped": len(rows) - len(encoded)}
 
 
-def load_prepared(paths: Sequence[Union[str, Path]]) -> Dataset:
+def encoder(data_type: str, tokenizer: PreTrainedTokenizerBase, max_length: int) -> Callable[[Dict], Optional[Dict]]:
+    """The function that tokenizes one validated row of `data_type`."""
+    if data_type == "sft":
+        return lambda row: tokenize_conversation(tokenizer, row["messages"], max_length)
+    if data_type == "preference":
+        return lambda row: tokenize_preference(tokenizer, row["context"], row["chosen"], row["rejected"], max_length)
+    return lambda row: tokenize_prompt(tokenizer, row, max_length)
+
+
+def tokenize_prompt(tokenizer: PreTrainedTokenizerBase, row: Dict, max_length: int) -> Optional[Dict]:
+    """The prompt rendered with the generation prompt, left-truncated to `max_length`; other fields kept."""
+    ids = tokenizer.apply_chat_template(row["messages"], tokenize=True, add_generation_prompt=True)
+    extra = {k: v for k, v in row.items() if k != "messages"}
+    return {"input_ids": ids[-max_length:], **extra}
+
+
+def prepare_dataset(inputs: Sequence[PathLike], data_type: str, tokenizer: PreTrainedTokenizerBase, max_length: int,
+                    out_dir: PathLike, skip_invalid: bool = False) -> Dict[str, int]:
+    """Validate, tokenize and save; returns rows read, kept, dropped by truncation, and skipped as invalid."""
+    rows, skipped = load_rows(inputs, data_type, skip_invalid)
+    return {**_prepare(rows, encoder(data_type, tokenizer, max_length), out_dir), "skipped": skipped}
+
+
+def prepare_sft(data_files: Sequence[PathLike], tokenizer: PreTrainedTokenizerBase, max_length: int,
+                out_dir: PathLike) -> Dict[str, int]:
+    return prepare_dataset(data_files, "sft", tokenizer, max_length, out_dir)
+
+
+def prepare_preference(data_files: Sequence[PathLike], tokenizer: PreTrainedTokenizerBase, max_length: int,
+                       out_dir: PathLike) -> Dict[str, int]:
+    return prepare_dataset(data_files, "preference", tokenizer, max_length, out_dir)
+
+
+def load_prepared(paths: Sequence[PathLike]) -> Dataset:
     """Prepared datasets written by `save_to_disk`, concatenated."""
     missing = [str(p) for p in paths if not Path(p).is_dir()]
     if missing:

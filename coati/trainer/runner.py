@@ -16,7 +16,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from coati.dataset.prepare import load_prepared
 from coati.dataset.sampler import StatefulDistributedSampler
-from coati.distributed import build_booster, check_plugin_available, init_distributed
+from coati.distributed.launch import init_distributed
+from coati.distributed.plugins import build_booster, check_plugin_available
 from coati.models.reward_model import load_reward_model
 from coati.trainer.base import SLTrainer
 from coati.trainer.callbacks import PerformanceEvaluator

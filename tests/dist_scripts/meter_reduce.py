@@ -1,7 +1,8 @@
 """Run under torchrun: every rank fills a meter differently; rank 0 prints the reduced means as JSON."""
 import json
 
-from coati.distributed import init_distributed, rank
+from coati.distributed import rank
+from coati.distributed.launch import init_distributed
 from coati.utils import AccumulativeMeanMeter, all_reduce_meter
 
 init_distributed()

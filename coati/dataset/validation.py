@@ -1,0 +1,141 @@
+"""Reading and checking raw data rows: one clear error naming file, line and field for each bad row.
+
+Accepted shapes (ColossalChat's and OpenAI/HF's):
+- sft: `messages` = [{role|from, content|value}, ...]: an optional system turn, then user/assistant
+  turns alternating, ending with a non-empty assistant turn.
+- preference: `context` + `chosen` + `rejected` message lists, or `prompt`/`chosen`/`rejected` strings.
+- prompt: `messages` ending with a user turn, or a `prompt` string; every other field (e.g.
+  `gt_answer`) is carried through unchanged for the reward function.
+"""
+import json
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Tuple
+
+from coati.utils.errors import CoatiUsageError
+
+ROLE_ALIASES = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant", "system": "system"}
+Row = Dict[str, Any]
+
+
+class DataValidationError(CoatiUsageError):
+    """A raw row that cannot be used; the message names the file, the line and the field."""
+
+    def __init__(self, where: str, field: str, problem: str) -> None:
+        super().__init__(f"{where}: field '{field}': {problem}")
+
+
+def jsonl_lines(path: Path) -> Iterator[Tuple[str, str]]:
+    """(`file:line`, text) for each non-blank line."""
+    with open(path) as f:
+        for number, line in enumerate(f, start=1):
+            if line.strip():
+                yield f"{path}:{number}", line
+
+
+def parse_json(text: str, where: str) -> Any:
+    try:
+        return json.loads(text.strip())
+    except json.JSONDecodeError as error:
+        raise DataValidationError(where, "<line>", f"invalid JSON ({error.msg} at column {error.colno})") from None
+
+
+def _require(row: Any, field: str, where: str) -> Any:
+    if not isinstance(row, dict):
+        raise DataValidationError(where, "<row>", "expected a JSON object")
+    if field not in row:
+        raise DataValidationError(where, field, "missing")
+    return row[field]
+
+
+def normalize_messages(messages: Any, where: str, field: str) -> List[Dict[str, str]]:
+    """Messages with `role`/`content` keys, from either key style; roles and contents checked."""
+    if not isinstance(messages, list) or not messages:
+        raise DataValidationError(where, field, "expected a non-empty list of messages")
+    normalized = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise DataValidationError(where, f"{field}[{i}]", "expected an object with role and content")
+        role = ROLE_ALIASES.get(str(message.get("role", message.get("from", ""))).lower())
+        content = message.get("content", message.get("value"))
+        if role is None:
+            raise DataValidationError(where, f"{field}[{i}].role", f"unknown role {message.get('role', message.get('from'))!r}")
+        if not isinstance(content, str):
+            raise DataValidationError(where, f"{field}[{i}].content", "missing or not a string")
+        normalized.append({"role": role, "content": content})
+    return normalized
+
+
+def check_turn_order(messages: List[Dict[str, str]], where: str, field: str, last_role: str) -> None:
+    """Optional system turn, then user/assistant alternating from user, ending with `last_role`."""
+    turns = messages[1:] if messages[0]["role"] == "system" else messages
+    for i, message in enumerate(turns):
+        expected = "user" if i % 2 == 0 else "assistant"
+        if message["role"] != expected:
+            raise DataValidationError(where, field, f"wrong role order: turn {i + 1} is {message['role']}, expected {expected}")
+    if not turns or turns[-1]["role"] != last_role:
+        raise DataValidationError(where, field, f"must end with a {last_role} turn")
+    for i, message in enumerate(turns):
+        if message["role"] == "assistant" and not message["content"].strip():
+            raise DataValidationError(where, field, f"assistant turn {i + 1} is empty")
+
+
+def validate_sft(row: Any, where: str) -> Row:
+    messages = normalize_messages(_require(row, "messages", where), where, "messages")
+    check_turn_order(messages, where, "messages", last_role="assistant")
+    return {"messages": messages}
+
+
+def _response(row: Row, field: str, where: str) -> List[Dict[str, str]]:
+    value = _require(row, field, where)
+    turns = [{"role": "assistant", "content": value}] if isinstance(value, str) else normalize_messages(value, where, field)
+    if any(t["role"] != "assistant" for t in turns):
+        raise DataValidationError(where, field, "must hold assistant turns only")
+    if not "".join(t["content"] for t in turns).strip():
+        raise DataValidationError(where, field, "empty response")
+    return turns
+
+
+def validate_preference(row: Any, where: str) -> Row:
+    if isinstance(row, dict) and "context" not in row and isinstance(row.get("prompt"), str):
+        context = [{"role": "user", "content": row["prompt"]}]
+    else:
+        context = normalize_messages(_require(row, "context", where), where, "context")
+    check_turn_order(context, where, "context", last_role="user")
+    return {"context": context, "chosen": _response(row, "chosen", where), "rejected": _response(row, "rejected", where)}
+
+
+def validate_prompt(row: Any, where: str) -> Row:
+    if isinstance(row, dict) and "messages" not in row and isinstance(row.get("prompt"), str):
+        messages = [{"role": "user", "content": row["prompt"]}]
+    else:
+        messages = normalize_messages(_require(row, "messages", where), where, "messages")
+    check_turn_order(messages, where, "messages", last_role="user")
+    extra = {k: v for k, v in row.items() if k not in ("messages", "prompt")}
+    return {"messages": messages, **extra}
+
+
+VALIDATORS: Dict[str, Callable[[Any, str], Row]] = {
+    "sft": validate_sft,
+    "preference": validate_preference,
+    "prompt": validate_prompt,
+}
+
+
+def load_validated(paths: List[Path], data_type: str, skip_invalid: bool = False) -> Tuple[List[Row], int]:
+    """Every row of the JSONL `paths`, validated and normalised; returns (rows, number skipped).
+
+    Without `skip_invalid` the first bad row raises `DataValidationError`.
+    """
+    validate = VALIDATORS[data_type]
+    rows, skipped = [], 0
+    for path in paths:
+        if not path.is_file():
+            raise CoatiUsageError(f"data file not found: {path}")
+        for where, text in jsonl_lines(path):
+            try:
+                rows.append(validate(parse_json(text, where), where))
+            except DataValidationError:
+                if not skip_invalid:
+                    raise
+                skipped += 1
+    return rows, skipped

@@ -1,0 +1,90 @@
+"""prepare_dataset.py: accepted shapes, one-line errors with file/line/field and exit 2, skip counts."""
+import json
+import subprocess
+import sys
+
+import pytest
+from datasets import Dataset, load_from_disk
+
+from conftest import REPO
+
+SCRIPT = REPO / "examples" / "data_preparation_scripts" / "prepare_dataset.py"
+GOOD_SFT = {"messages": [{"role": "user", "content": "1 + 1?"}, {"role": "assistant", "content": "2"}]}
+
+
+def _write(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def _prepare(tiny_assets, data_type, inputs, out, *extra):
+    cmd = [sys.executable, str(SCRIPT), "--type", data_type, "--data_input_dirs", *map(str, inputs),
+           "--tokenizer_dir", str(tiny_assets["model"]), "--data_output_dirs", str(out), "--max_length", "64", *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env={"PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore"})
+
+
+BAD_ROWS = [
+    ('{"messages": [', "field '<line>': invalid JSON (Expecting value at column 15)"),
+    ({"conversation": []}, "field 'messages': missing"),
+    ({"messages": [{"role": "assistant", "content": "hi"}]}, "field 'messages': wrong role order: turn 1 is assistant, expected user"),
+    ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "  "}]},
+     "field 'messages': assistant turn 2 is empty"),
+    ({"messages": [{"role": "robot", "content": "q"}]}, "field 'messages[0].role': unknown role 'robot'"),
+]
+
+
+@pytest.mark.parametrize("bad,message", BAD_ROWS)
+def test_bad_row_gives_one_line_with_file_line_and_field(tiny_assets, tmp_path, bad, message):
+    raw = _write(tmp_path / "raw.jsonl", [GOOD_SFT, GOOD_SFT, bad])
+    result = _prepare(tiny_assets, "sft", [raw], tmp_path / "out")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == f"error: {raw}:3: {message}"
+    assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
+
+
+def test_missing_input_file_exits_2(tiny_assets, tmp_path):
+    result = _prepare(tiny_assets, "sft", [tmp_path / "nope.jsonl"], tmp_path / "out")
+    assert result.returncode == 2 and result.stderr.strip().endswith(f"data input not found: {tmp_path / 'nope.jsonl'}")
+
+
+def test_skip_invalid_counts_bad_rows_and_keeps_reading(tiny_assets, tmp_path):
+    raw = _write(tmp_path / "raw.jsonl", [GOOD_SFT, '{"broken', GOOD_SFT, {"messages": []}, GOOD_SFT])
+    result = _prepare(tiny_assets, "sft", [raw], tmp_path / "out", "--skip_invalid")
+    assert result.returncode == 0, result.stderr
+    assert "3 of 3 valid rows kept, 0 dropped by truncation, 2 invalid rows skipped" in result.stdout
+    assert len(load_from_disk(str(tmp_path / "out"))) == 3
+
+
+def test_colossalchat_keys_and_plain_string_preferences(tiny_assets, tmp_path):
+    sft = _write(tmp_path / "sft.jsonl", [{"messages": [{"from": "human", "content": "q"}, {"from": "assistant", "content": "a"}]}])
+    assert _prepare(tiny_assets, "sft", [sft], tmp_path / "sft").returncode == 0
+    pref = _write(tmp_path / "pref.jsonl", [{"prompt": "2 + 2?", "chosen": "4", "rejected": "5"}])
+    result = _prepare(tiny_assets, "preference", [pref], tmp_path / "pref")
+    assert result.returncode == 0, result.stderr
+    row = load_from_disk(str(tmp_path / "pref"))[0]
+    assert row["chosen_input_ids"] != row["rejected_input_ids"]
+
+
+def test_prompt_rows_carry_ground_truth_fields(tiny_assets, tmp_path):
+    raw = _write(tmp_path / "p.jsonl", [{"prompt": "3 + 4?", "gt_answer": "7"},
+                                       {"messages": [{"role": "user", "content": "1 + 1?"}], "gt_answer": "2"}])
+    assert _prepare(tiny_assets, "prompt", [raw], tmp_path / "out").returncode == 0
+    rows = load_from_disk(str(tmp_path / "out"))
+    assert rows["gt_answer"] == ["7", "2"]
+    assert all(ids for ids in rows["input_ids"])
+
+
+def test_responses_cut_away_by_truncation_are_dropped_and_counted(tiny_assets, tmp_path):
+    long_question = {"messages": [{"role": "user", "content": "word " * 200}, {"role": "assistant", "content": "a"}]}
+    raw = _write(tmp_path / "raw.jsonl", [GOOD_SFT, long_question])
+    result = _prepare(tiny_assets, "sft", [raw], tmp_path / "out")
+    assert result.returncode == 0 and "1 of 2 valid rows kept, 1 dropped by truncation" in result.stdout
+
+
+def test_local_dataset_folder_goes_through_load_dataset(tiny_assets, tmp_path):
+    folder = tmp_path / "parquet"
+    folder.mkdir()
+    Dataset.from_list([GOOD_SFT, GOOD_SFT]).to_parquet(str(folder / "train.parquet"))
+    result = _prepare(tiny_assets, "sft", [folder], tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    assert len(load_from_disk(str(tmp_path / "out"))) == 2
