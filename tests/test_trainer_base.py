@@ -132,3 +132,15 @@ def test_on_fit_end_fires_when_training_raises():
     names = [c[0] for c in recorder.calls]
     assert names[-3:] == ["on_episode_start", "on_make_experience_start", "on_fit_end"]
     assert names.count("on_episode_end") == 1
+
+
+def test_max_steps_stops_at_that_optimizer_step_and_checkpoints_the_position(world_of_one, tmp_path):
+    rows, _, _ = _rows(12)               # 6 micro-batches of 2 per epoch, 2 epochs
+    trainer, loader, _ = _linear_trainer(rows, batch_size=2, accumulation_steps=1, lr=0.1,
+                                         max_steps=4, save_dir=str(tmp_path))
+    trainer.max_epochs = 2
+    trainer.fit(loader)
+    assert trainer.step == 4
+    assert [p.name for p in sorted(tmp_path.iterdir())] == ["epoch-0_step-4"]
+    state = (tmp_path / "epoch-0_step-4" / "running_states.json").read_text()
+    assert '"sample_start_index": 8' in state

@@ -103,6 +103,8 @@ class SLTrainer(_TrainerCore, ABC):
       so a partial group weighs each item the same as a full one.
     - `log_interval` and `save_interval` count optimizer steps. Metrics are reduced across ranks
       once per logged step. A final checkpoint is written at the end when `save_dir` is set.
+    - `max_steps` > 0 ends training after that many optimizer steps (counted from the start of the
+      run, resumed runs included); the checkpoint written there can be resumed with a larger limit.
     - `load_checkpoint(path)` resumes mid-epoch: the next optimizer step sees the next unseen batch.
     - Hooks fired (see `Callback`): on_fit_start/end, on_learn_epoch_start/end(epoch),
       on_learn_batch_start/end(batches) per optimizer step, on_log(step, metrics),
@@ -129,6 +131,7 @@ class SLTrainer(_TrainerCore, ABC):
         keep_last: int = 0,
         output_dir: Optional[str] = None,
         grad_clip: float = 0.0,
+        max_steps: int = 0,
         coordinator: Optional[DistCoordinator] = None,
         callbacks: Sequence[Callback] = (),
     ) -> None:
@@ -145,6 +148,7 @@ class SLTrainer(_TrainerCore, ABC):
         self.save_interval, self.save_dir, self.keep_last = save_interval, save_dir, keep_last
         self.output_dir = Path(output_dir) if output_dir else None
         self.grad_clip = grad_clip if trainer_clips_gradients(plugin) else 0.0
+        self.max_steps = max_steps
         self.device = get_accelerator().get_current_device()
         self.step = 0
         self._resume_sample_index = 0
@@ -184,6 +188,8 @@ class SLTrainer(_TrainerCore, ABC):
 
     def _epochs(self) -> None:
         for epoch in range(self.start_epoch, self.max_epochs):
+            if self._reached_max_steps():
+                break
             self._train(epoch)
             self._eval(epoch)
             if self._should_stop():
@@ -206,7 +212,8 @@ class SLTrainer(_TrainerCore, ABC):
         num_steps = math.ceil(len(self.train_dataloader) / self.accumulation_steps)
         self.model.train()
         fire(self.callbacks, "on_learn_epoch_start", epoch)
-        bar = tqdm(total=num_steps, desc=f"Epoch {epoch}", disable=not is_rank_0(), dynamic_ncols=True)
+        bar_total = min(num_steps, self.max_steps - self.step) if self.max_steps else num_steps
+        bar = tqdm(total=bar_total, desc=f"Epoch {epoch}", disable=not is_rank_0(), dynamic_ncols=True)
         for index, batches in enumerate(self._groups(self.train_dataloader), start=1):
             fire(self.callbacks, "on_learn_batch_start")
             self._optimizer_step(batches)
@@ -216,10 +223,11 @@ class SLTrainer(_TrainerCore, ABC):
             if self.step % self.log_interval == 0:
                 logged = self._flush_metrics(self.step, extra={"train/lr": self._current_lr(), "train/epoch": epoch})
                 bar.set_postfix({k.split("/", 1)[1]: f"{v:.4g}" for k, v in logged.items() if k.endswith("loss")})
-            if self.save_interval and self.step % self.save_interval == 0:
+            at_interval = self.save_interval and self.step % self.save_interval == 0
+            if at_interval or (self.save_dir and self._reached_max_steps()):
                 finished = index == num_steps
                 self._save(epoch + 1 if finished else epoch, 0 if finished else samples_seen)
-            if self._should_stop():
+            if self._should_stop() or self._reached_max_steps():
                 break
         bar.close()
         if self.meter.names():
@@ -227,6 +235,9 @@ class SLTrainer(_TrainerCore, ABC):
         self._resume_sample_index = 0
         self._set_start_index(0)
         fire(self.callbacks, "on_learn_epoch_end", epoch)
+
+    def _reached_max_steps(self) -> bool:
+        return 0 < self.max_steps <= self.step
 
     def _groups(self, dataloader: Iterable[Batch]) -> Iterator[List[Batch]]:
         """Consecutive groups of `accumulation_steps` micro-batches; the last one may be shorter."""

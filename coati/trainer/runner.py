@@ -93,8 +93,12 @@ def run_supervised(
     eval_loader = (build_dataloader(setup.plugin, load_prepared(args.eval_dataset), args.batch_size, collator, False, args.seed)
                    if args.eval_dataset else None)
     model = (model_loader or load_causal_lm)(args, tokenizer)
+    if args.grad_checkpoint:
+        model.gradient_checkpointing_enable()
     optimizer = build_optimizer(model, args)
     total_steps = math.ceil(len(train_loader) / args.accumulation_steps) * args.max_epochs
+    if args.max_steps:
+        total_steps = min(total_steps, args.max_steps)
     scheduler = get_scheduler(args.lr_scheduler, optimizer, num_warmup_steps=args.warmup_steps,
                               num_training_steps=max(total_steps, 1))
     model, optimizer, scheduler, _ = setup.boost(model, optimizer, scheduler)
@@ -102,7 +106,7 @@ def run_supervised(
         booster=setup.booster, max_epochs=args.max_epochs, model=model, optimizer=optimizer, plugin=setup.plugin,
         lr_scheduler=scheduler, accumulation_steps=args.accumulation_steps, log_interval=args.log_interval,
         save_interval=args.save_interval, save_dir=args.save_dir, keep_last=args.keep_last,
-        output_dir=args.output_dir, grad_clip=args.grad_clip, coordinator=coordinator,
+        output_dir=args.output_dir, grad_clip=args.grad_clip, max_steps=args.max_steps, coordinator=coordinator,
         callbacks=[PerformanceEvaluator(ignore_steps=1, print_fn=coordinator.print_on_master)],
         **(trainer_kwargs or {}),
     )

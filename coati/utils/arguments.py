@@ -11,6 +11,7 @@ def training_parser(description: str) -> argparse.ArgumentParser:
     model.add_argument("--pretrain", required=True, help="model directory loadable with from_pretrained")
     model.add_argument("--tokenizer_dir", default=None, help="tokenizer directory (default: --pretrain)")
     model.add_argument("--trust_remote_code", action="store_true", help="allow custom modelling code shipped with the model")
+    model.add_argument("--grad_checkpoint", action="store_true", help="recompute activations in backward to save memory")
 
     data = parser.add_argument_group("data")
     data.add_argument("--dataset", nargs="+", required=True, help="prepared dataset directories (prepare_dataset.py)")
@@ -18,6 +19,7 @@ def training_parser(description: str) -> argparse.ArgumentParser:
 
     optim = parser.add_argument_group("optimisation")
     optim.add_argument("--max_epochs", type=int, default=1)
+    optim.add_argument("--max_steps", type=int, default=0, help="stop after this many optimizer steps (0: no limit)")
     optim.add_argument("--batch_size", type=int, default=4, help="micro-batch size per rank")
     optim.add_argument("--accumulation_steps", type=int, default=1, help="micro-batches per optimizer step")
     optim.add_argument("--lr", type=float, default=5e-5)
