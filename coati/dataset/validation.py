@@ -95,21 +95,22 @@ def _response(row: Row, field: str, where: str) -> List[Dict[str, str]]:
     return turns
 
 
+def _prompt_turns(row: Any, field: str, where: str) -> List[Dict[str, str]]:
+    """The conversation so far: message list `field` ending with a user turn, or a plain `prompt` string."""
+    if isinstance(row, dict) and field not in row and isinstance(row.get("prompt"), str):
+        return [{"role": "user", "content": row["prompt"]}]
+    messages = normalize_messages(_require(row, field, where), where, field)
+    check_turn_order(messages, where, field, last_role="user")
+    return messages
+
+
 def validate_preference(row: Any, where: str) -> Row:
-    if isinstance(row, dict) and "context" not in row and isinstance(row.get("prompt"), str):
-        context = [{"role": "user", "content": row["prompt"]}]
-    else:
-        context = normalize_messages(_require(row, "context", where), where, "context")
-    check_turn_order(context, where, "context", last_role="user")
+    context = _prompt_turns(row, "context", where)
     return {"context": context, "chosen": _response(row, "chosen", where), "rejected": _response(row, "rejected", where)}
 
 
 def validate_prompt(row: Any, where: str) -> Row:
-    if isinstance(row, dict) and "messages" not in row and isinstance(row.get("prompt"), str):
-        messages = [{"role": "user", "content": row["prompt"]}]
-    else:
-        messages = normalize_messages(_require(row, "messages", where), where, "messages")
-    check_turn_order(messages, where, "messages", last_role="user")
+    messages = _prompt_turns(row, "messages", where)
     extra = {k: v for k, v in row.items() if k not in ("messages", "prompt")}
     return {"messages": messages, **extra}
 
