@@ -5,16 +5,18 @@ Inputs are JSONL files, folders of them, or any local dataset folder `datasets.l
 than `max_length` tokens are cut from the right; a row whose response would be cut away entirely is
 dropped and counted.
 """
+import functools
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from datasets import Dataset, concatenate_datasets, load_dataset, load_from_disk
+from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from coati.utils.errors import CoatiUsageError
 
 from .tokenization import tokenize_conversation, tokenize_preference
-from .validation import VALIDATORS, DataValidationError, load_validated
+from .validation import jsonl_entries, validate_rows
 
 PathLike = Union[str, Path]
 JSONL_SUFFIXES = (".jsonl", ".json")
@@ -26,17 +28,10 @@ def _jsonl_files(path: Path) -> List[Path]:
     return sorted(p for p in path.iterdir() if p.suffix in JSONL_SUFFIXES) if path.is_dir() else []
 
 
-def _load_other(path: Path, data_type: str, skip_invalid: bool) -> Tuple[List[Dict], int]:
-    """A local dataset folder through `datasets.load_dataset`, validated row by row."""
-    validate, rows, skipped = VALIDATORS[data_type], [], 0
+def _dataset_entries(path: Path) -> Iterator[Tuple[str, Callable[[], Dict]]]:
+    """(`folder row N`, reader) for every row of a local dataset folder read by `datasets.load_dataset`."""
     for index, row in enumerate(load_dataset(str(path), split="train")):
-        try:
-            rows.append(validate(row, f"{path} row {index}"))
-        except DataValidationError:
-            if not skip_invalid:
-                raise
-            skipped += 1
-    return rows, skipped
+        yield f"{path} row {index}", functools.partial(dict, row)
 
 
 def load_rows(inputs: Sequence[PathLike], data_type: str, skip_invalid: bool = False) -> Tuple[List[Dict], int]:
@@ -47,7 +42,8 @@ def load_rows(inputs: Sequence[PathLike], data_type: str, skip_invalid: bool = F
         if not path.exists():
             raise CoatiUsageError(f"data input not found: {path}")
         files = _jsonl_files(path)
-        found, bad = load_validated(files, data_type, skip_invalid) if files else _load_other(path, data_type, skip_invalid)
+        entries = jsonl_entries(files) if files else _dataset_entries(path)
+        found, bad = validate_rows(entries, data_type, skip_invalid)
         rows += found
         skipped += bad
     return rows, skipped
@@ -57,7 +53,7 @@ def _prepare(rows: List[Dict], encode: Callable[[Dict], Optional[Dict]], out_dir
     """Encode each row, drop those `encode` returns None for (cut away by truncation), save; returns counts."""
     if not rows:
         raise CoatiUsageError("no usable rows in the input data")
-    encoded = [e for e in (encode(row) for row in rows) if e is not None]
+    encoded = [e for e in (encode(row) for row in tqdm(rows, desc="tokenizing")) if e is not None]
     Dataset.from_list(encoded).save_to_disk(str(out_dir))
     return {"rows": len(rows), "kept": len(encoded), "dropped": len(rows) - len(encoded)}
 

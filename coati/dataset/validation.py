@@ -7,9 +7,10 @@ Accepted shapes (ColossalChat's and OpenAI/HF's):
 - prompt: `messages` ending with a user turn, or a `prompt` string; every other field (e.g.
   `gt_answer`) is carried through unchanged for the reward function.
 """
+import functools
 import json
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Tuple
 
 from coati.utils.errors import CoatiUsageError
 
@@ -122,21 +123,24 @@ VALIDATORS: Dict[str, Callable[[Any, str], Row]] = {
 }
 
 
-def load_validated(paths: List[Path], data_type: str, skip_invalid: bool = False) -> Tuple[List[Row], int]:
-    """Every row of the JSONL `paths`, validated and normalised; returns (rows, number skipped).
-
-    Without `skip_invalid` the first bad row raises `DataValidationError`.
-    """
+def validate_rows(entries: Iterable[Tuple[str, Callable[[], Any]]], data_type: str,
+                  skip_invalid: bool = False) -> Tuple[List[Row], int]:
+    """Validated, normalised rows of `entries`, pairs of (where, read) with `read()` giving the raw row;
+    returns (rows, number skipped). Without `skip_invalid` the first bad row raises `DataValidationError`."""
     validate = VALIDATORS[data_type]
     rows, skipped = [], 0
-    for path in paths:
-        if not path.is_file():
-            raise CoatiUsageError(f"data file not found: {path}")
-        for where, text in jsonl_lines(path):
-            try:
-                rows.append(validate(parse_json(text, where), where))
-            except DataValidationError:
-                if not skip_invalid:
-                    raise
-                skipped += 1
+    for where, read in entries:
+        try:
+            rows.append(validate(read(), where))
+        except DataValidationError:
+            if not skip_invalid:
+                raise
+            skipped += 1
     return rows, skipped
+
+
+def jsonl_entries(paths: Iterable[Path]) -> Iterator[Tuple[str, Callable[[], Any]]]:
+    """(`file:line`, parser) for every non-blank line of the JSONL `paths`, for `validate_rows`."""
+    for path in paths:
+        for where, text in jsonl_lines(path):
+            yield where, functools.partial(parse_json, text, where)
