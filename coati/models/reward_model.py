@@ -6,14 +6,10 @@ one (the head is then new). The reward of a sequence is read at its last non-pad
 import torch
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
-from coati.utils.errors import CoatiUsageError
-
 
 def load_reward_model(path: str, pad_token_id: int, trust_remote_code: bool = False) -> PreTrainedModel:
     """A reward model from `path`: an earlier reward model, or a causal LM to start one from."""
     model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, trust_remote_code=trust_remote_code)
-    if model.config.num_labels != 1:
-        raise CoatiUsageError(f"{path} holds a classifier with {model.config.num_labels} labels, not a reward model")
     model.config.pad_token_id = pad_token_id
     return model
 
