@@ -1,9 +1,31 @@
 """Chat-template tokenization with loss masks: labels cover assistant tokens only, end of turn included."""
+import json
+from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from transformers import PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from coati.utils.errors import CoatiUsageError
 
 IGNORE_INDEX = -100
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False, template_config: Optional[str] = None) -> PreTrainedTokenizerBase:
+    """The tokenizer in `path` (EOS standing in for a missing pad token), with the chat template and
+    optional end-of-turn token of the JSON `template_config` when given."""
+    if not Path(path).is_dir():
+        raise CoatiUsageError(f"tokenizer directory {path} does not exist or is not a directory")
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    if template_config:
+        config = json.loads(Path(template_config).read_text())
+        if "chat_template" not in config:
+            raise CoatiUsageError(f"{template_config}: field 'chat_template' is missing")
+        tokenizer.chat_template = config["chat_template"]
+        if config.get("end_of_turn_token"):
+            tokenizer.eos_token = config["end_of_turn_token"]
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 def assistant_spans(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Dict[str, str]]) -> List[tuple]:

@@ -12,10 +12,11 @@ import torch
 from colossalai.booster.plugin import Plugin
 from colossalai.cluster import DistCoordinator
 from torch.utils.data import DataLoader, Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase, get_scheduler
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase, get_scheduler
 
 from coati.dataset.prepare import load_prepared
 from coati.dataset.sampler import StatefulDistributedSampler
+from coati.dataset.tokenization import load_tokenizer
 from coati.distributed.launch import init_distributed
 from coati.distributed.plugins import build_booster, check_plugin_available
 from coati.models.reward_model import load_reward_model
@@ -30,14 +31,6 @@ def _require_dir(path: str, what: str) -> str:
     if not Path(path).is_dir():
         raise CoatiUsageError(f"{what} {path} does not exist or is not a directory")
     return path
-
-
-def load_tokenizer(args: argparse.Namespace) -> PreTrainedTokenizerBase:
-    path = _require_dir(args.tokenizer_dir or args.pretrain, "tokenizer directory")
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=args.trust_remote_code)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
 
 
 def load_causal_lm(args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module:
@@ -87,7 +80,7 @@ def run_supervised(
     init_distributed(args.seed)
     setup = build_booster(args)
     coordinator = DistCoordinator()
-    tokenizer = load_tokenizer(args)
+    tokenizer = load_tokenizer(args.tokenizer_dir or args.pretrain, args.trust_remote_code)
     collator = collator_factory(tokenizer)
     train_loader = build_dataloader(setup.plugin, load_prepared(args.dataset), args.batch_size, collator, True, args.seed)
     eval_loader = (build_dataloader(setup.plugin, load_prepared(args.eval_dataset), args.batch_size, collator, False, args.seed)
