@@ -42,8 +42,34 @@ def world_of_one():
     yield
 
 
+TORCHRUN_ENV = {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+
+
+def torchrun_cmd(script: Path, nproc: int, *args: str) -> list:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script), *args]
+
+
 def torchrun(script: Path, nproc: int, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     """Launch `script` with real torchrun processes and capture its output."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script), *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+    return subprocess.run(torchrun_cmd(script, nproc, *args), capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **TORCHRUN_ENV}, cwd=REPO)
+
+
+def start_torchrun(script: Path, nproc: int, *args: str, log: Path) -> subprocess.Popen:
+    """Start `script` under torchrun in the background, output to `log`."""
+    with open(log, "w") as out:
+        return subprocess.Popen(torchrun_cmd(script, nproc, *args), stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, **TORCHRUN_ENV}, cwd=REPO)
+
+
+def kill_run(proc: subprocess.Popen) -> int:
+    """SIGKILL torchrun and every worker, as a crash would (torchrun puts workers in sessions of their own,
+    so killing its process group is not enough); returns torchrun's exit status."""
+    import psutil
+
+    workers = psutil.Process(proc.pid).children(recursive=True)
+    proc.kill()
+    for worker in workers:
+        worker.kill()
+    psutil.wait_procs(workers, timeout=60)
+    return proc.wait()

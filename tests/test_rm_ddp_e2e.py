@@ -1,10 +1,13 @@
 """train_rm.py under two torchrun processes: metrics, evaluation results, checkpoint and HF export."""
 import json
+import time
+from pathlib import Path
 
 import pytest
 from transformers import AutoModelForSequenceClassification
 
-from conftest import SCRIPTS, torchrun
+from coati.utils.ckpt_io import latest_checkpoint
+from conftest import SCRIPTS, kill_run, start_torchrun, torchrun
 
 
 @pytest.mark.slow
@@ -28,3 +31,43 @@ def test_reward_model_script_trains_and_exports(tiny_assets, tmp_path, loss_fn):
     assert (tmp_path / "ckpt" / "epoch-1_step-6" / "COMPLETE").is_file()
     model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "model")
     assert model.config.num_labels == 1
+
+
+def _rm_args(assets, out: Path) -> list:
+    # 96 pairs over 2 ranks, micro-batch 4: 12 optimizer steps an epoch, 72 in all
+    return ["--pretrain", str(assets["model"]), "--dataset", str(assets["pref_train"]), "--plugin", "ddp",
+            "--batch_size", "4", "--max_epochs", "6", "--lr", "1e-3", "--log_interval", "1", "--save_interval", "3",
+            "--save_dir", str(out / "ckpt"), "--log_dir", str(out / "logs")]
+
+
+def _train_records(log_dir: Path) -> list:
+    records = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k != "time"} for r in records if "train/loss" in r]
+
+
+@pytest.mark.slow
+def test_killed_reward_model_run_resumes_with_the_same_metrics(tiny_assets, tmp_path):
+    full = tmp_path / "full"
+    assert torchrun(SCRIPTS / "train_rm.py", 2, *_rm_args(tiny_assets, full)).returncode == 0
+    expected = _train_records(full / "logs")
+    assert [r["step"] for r in expected] == list(range(1, 73))
+
+    run = tmp_path / "killed"
+    run.mkdir()
+    proc = start_torchrun(SCRIPTS / "train_rm.py", 2, *_rm_args(tiny_assets, run), log=run / "first.log")
+    deadline = time.monotonic() + 300
+    while latest_checkpoint(run / "ckpt") is None and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert kill_run(proc) != 0, "the run finished before it could be killed"
+    killed_at = latest_checkpoint(run / "ckpt")
+    assert killed_at is not None and killed_at.name != "epoch-6_step-72"
+
+    result = torchrun(SCRIPTS / "train_rm.py", 2, *_rm_args(tiny_assets, run), "--checkpoint_path", "latest")
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert f"resumed from {killed_at}" in result.stdout + result.stderr
+    resumed = _train_records(run / "logs")
+    assert [r["step"] for r in resumed] == list(range(1, 73))     # steps logged after the checkpoint by the killed run are gone
+    for got, want in zip(resumed, expected):
+        assert got.keys() == want.keys()
+        for name, value in want.items():
+            assert got[name] == pytest.approx(value, rel=1e-5, abs=1e-7), (got["step"], name)

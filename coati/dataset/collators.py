@@ -1,4 +1,8 @@
-"""Collators that pad each batch to its own longest sequence (never to --max_length)."""
+"""Collators that pad each batch to its own longest sequence (never to --max_length).
+
+`max_length` > 0 cuts longer rows from the right first, the same way preparation does; a row cut
+before its response then has no target tokens and adds nothing to the loss.
+"""
 from typing import Dict, List, Optional, Sequence
 
 import torch
@@ -16,34 +20,41 @@ def pad_sequences(sequences: Sequence[Sequence[int]], value: int, left: bool = F
     return torch.tensor(rows, dtype=torch.long)
 
 
-class SupervisedCollator:
+class _Collator:
+    def __init__(self, pad_token_id: int, max_length: int = 0) -> None:
+        self.pad_token_id = pad_token_id
+        self.max_length = max_length
+
+    def _column(self, rows: List[Dict[str, Sequence[int]]], key: str) -> List[Sequence[int]]:
+        """`key` of every row, cut to `max_length`."""
+        return [row[key][:self.max_length] if self.max_length else row[key] for row in rows]
+
+
+class SupervisedCollator(_Collator):
     """Batches of `input_ids`/`labels` rows -> input_ids, attention_mask and labels, right-padded."""
 
-    def __init__(self, pad_token_id: int) -> None:
-        self.pad_token_id = pad_token_id
-
     def __call__(self, rows: List[Dict[str, Sequence[int]]]) -> Dict[str, torch.Tensor]:
-        input_ids = [row["input_ids"] for row in rows]
+        input_ids = self._column(rows, "input_ids")
         return {
             "input_ids": pad_sequences(input_ids, self.pad_token_id),
             "attention_mask": pad_sequences([[1] * len(ids) for ids in input_ids], 0),
-            "labels": pad_sequences([row["labels"] for row in rows], IGNORE_INDEX),
+            "labels": pad_sequences(self._column(rows, "labels"), IGNORE_INDEX),
         }
 
 
-class PreferenceCollator:
+class PreferenceCollator(_Collator):
     """Rows of chosen_/rejected_ input_ids and labels -> right-padded tensors, both sides padded to one
     length so a trainer can concatenate them into a single forward."""
 
-    def __init__(self, pad_token_id: int) -> None:
-        self.pad_token_id = pad_token_id
-
     def __call__(self, rows: List[Dict[str, Sequence[int]]]) -> Dict[str, torch.Tensor]:
-        longest = max(len(row[f"{side}_input_ids"]) for row in rows for side in ("chosen", "rejected"))
+        ids = {side: self._column(rows, f"{side}_input_ids") for side in ("chosen", "rejected")}
+        longest = max(len(i) for side_ids in ids.values() for i in side_ids)
         batch = {}
-        for side in ("chosen", "rejected"):
-            ids = [row[f"{side}_input_ids"] for row in rows]
-            batch[f"{side}_input_ids"] = pad_sequences(ids, self.pad_token_id, length=longest)
-            batch[f"{side}_attention_mask"] = pad_sequences([[1] * len(i) for i in ids], 0, length=longest)
-            batch[f"{side}_labels"] = pad_sequences([row[f"{side}_labels"] for row in rows], IGNORE_INDEX, length=longest)
+        for side, side_ids in ids.items():
+            batch[f"{side}_input_ids"] = pad_sequences(side_ids, self.pad_token_id, length=longest)
+            batch[f"{side}_attention_mask"] = pad_sequences([[1] * len(i) for i in side_ids], 0, length=longest)
+            batch[f"{side}_labels"] = pad_sequences(self._column(rows, f"{side}_labels"), IGNORE_INDEX, length=longest)
         return batch
+
+
+COLLATORS = {"sft": SupervisedCollator, "preference": PreferenceCollator}

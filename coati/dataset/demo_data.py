@@ -7,7 +7,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, List, Union
+from typing import Callable, Dict, Iterable, List, Sequence, Union
 
 NAMES = ("Ann", "Ben", "Cat", "Dan", "Eve", "Fay", "Gus", "Hal")
 ITEMS = ("apples", "pens", "books", "coins", "cards", "shells")
@@ -56,13 +56,42 @@ def sft_records(problems: Iterable[Problem]) -> List[Dict]:
             for p in problems]
 
 
-def preference_records(problems: Iterable[Problem], seed: int = 0) -> List[Dict]:
-    """Chosen: the correct solution. Rejected: the same shape with a wrong answer."""
+def _wrong_answer(p: Problem, rng: random.Random) -> str:
+    """The right working with a wrong result: telling it apart means checking the arithmetic."""
+    wrong = p.answer + rng.choice([-3, -2, -1, 1, 2, 3])
+    return p.solution.rsplit("=", 1)[0] + f"= {wrong}. #### {wrong}"
+
+
+def _wrong_operation(p: Problem, rng: random.Random) -> str:
+    """The other operation, worked correctly: it contradicts the question's 'gets more' / 'gives away'."""
+    a, op, b = p.solution.split(" ")[:3]
+    flipped = "-" if op == "+" else "+"
+    result = int(a) - int(b) if flipped == "-" else int(a) + int(b)
+    return f"{a} {flipped} {b} = {result}. #### {result}"
+
+
+def _no_answer(p: Problem, rng: random.Random) -> str:
+    """A reply that restates part of the question and never answers it."""
+    return p.question.split(" and ")[0] + "."
+
+
+REJECTIONS: Dict[str, Callable[[Problem, random.Random], str]] = {
+    "wrong_answer": _wrong_answer, "wrong_operation": _wrong_operation, "no_answer": _no_answer,
+}
+LEARNABLE_REJECTIONS = ("wrong_operation", "no_answer")
+
+
+def preference_records(problems: Iterable[Problem], seed: int = 0,
+                       rejections: Sequence[str] = LEARNABLE_REJECTIONS) -> List[Dict]:
+    """Chosen: the correct solution. Rejected: one of `rejections` (see `REJECTIONS`), drawn per problem.
+
+    The default kinds are learnable by a small reward model from the text alone; `wrong_answer` needs
+    the model to verify arithmetic and is the hard variant.
+    """
     rng = random.Random(seed)
     records = []
     for p in problems:
-        wrong = p.answer + rng.choice([-3, -2, -1, 1, 2, 3])
-        rejected = p.solution.rsplit("=", 1)[0] + f"= {wrong}. #### {wrong}"
+        rejected = REJECTIONS[rng.choice(tuple(rejections))](p, rng)
         records.append({"context": [{"role": "user", "content": p.question}],
                         "chosen": [{"role": "assistant", "content": p.solution}],
                         "rejected": [{"role": "assistant", "content": rejected}]})

@@ -6,6 +6,7 @@ than `max_length` tokens are cut from the right; a row whose response would be c
 dropped and counted.
 """
 import functools
+import json
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -20,6 +21,7 @@ from .validation import jsonl_entries, validate_rows
 
 PathLike = Union[str, Path]
 JSONL_SUFFIXES = (".jsonl", ".json")
+PREPARED_INFO = "coati_prepared.json"
 
 
 def _jsonl_files(path: Path) -> List[Path]:
@@ -58,6 +60,18 @@ def _prepare(rows: List[Dict], encode: Callable[[Dict], Optional[Dict]], out_dir
     return {"rows": len(rows), "kept": len(encoded), "dropped": len(rows) - len(encoded)}
 
 
+def _write_info(out_dir: PathLike, data_type: str, max_length: int, counts: Dict[str, int]) -> None:
+    """What the folder holds, so a training script can refuse data of the wrong type by name."""
+    info = {"type": data_type, "max_length": max_length, **counts}
+    (Path(out_dir) / PREPARED_INFO).write_text(json.dumps(info, indent=2) + "\n")
+
+
+def prepared_type(path: PathLike) -> Optional[str]:
+    """The data type a prepared folder was written as; None for a folder saved by other tools."""
+    info = Path(path) / PREPARED_INFO
+    return json.loads(info.read_text())["type"] if info.is_file() else None
+
+
 def encoder(data_type: str, tokenizer: PreTrainedTokenizerBase, max_length: int) -> Callable[[Dict], Optional[Dict]]:
     """The function that tokenizes one validated row of `data_type`."""
     if data_type == "sft":
@@ -78,7 +92,9 @@ def prepare_dataset(inputs: Sequence[PathLike], data_type: str, tokenizer: PreTr
                     out_dir: PathLike, skip_invalid: bool = False) -> Dict[str, int]:
     """Validate, tokenize and save; returns rows read, kept, dropped by truncation, and skipped as invalid."""
     rows, skipped = load_rows(inputs, data_type, skip_invalid)
-    return {**_prepare(rows, encoder(data_type, tokenizer, max_length), out_dir), "skipped": skipped}
+    counts = {**_prepare(rows, encoder(data_type, tokenizer, max_length), out_dir), "skipped": skipped}
+    _write_info(out_dir, data_type, max_length, counts)
+    return counts
 
 
 def prepare_sft(data_files: Sequence[PathLike], tokenizer: PreTrainedTokenizerBase, max_length: int,
@@ -91,9 +107,26 @@ def prepare_preference(data_files: Sequence[PathLike], tokenizer: PreTrainedToke
     return prepare_dataset(data_files, "preference", tokenizer, max_length, out_dir)
 
 
-def load_prepared(paths: Sequence[PathLike]) -> Dataset:
-    """Prepared datasets written by `save_to_disk`, concatenated."""
+def load_prepared(paths: Sequence[PathLike], data_type: Optional[str] = None) -> Dataset:
+    """Prepared datasets written by `save_to_disk`, concatenated in order. With `data_type`, a folder
+    prepared as another type is refused by name. Columns that only some folders have (a prompt set's
+    ground-truth fields) are kept, as None where a folder lacks them."""
     missing = [str(p) for p in paths if not Path(p).is_dir()]
     if missing:
         raise CoatiUsageError(f"prepared dataset not found: {', '.join(missing)} (run prepare_dataset.py first)")
-    return concatenate_datasets([load_from_disk(str(p)) for p in paths])
+    for path in paths:
+        found = prepared_type(path)
+        if data_type and found and found != data_type:
+            raise CoatiUsageError(f"dataset {path} was prepared as {found} data; this script needs {data_type} data "
+                                  f"(prepare_dataset.py --type {data_type})")
+    parts = [load_from_disk(str(p)) for p in paths]
+    columns = sorted({c for part in parts for c in part.column_names})
+    parts = [_with_columns(part, columns) for part in parts]
+    return concatenate_datasets(parts)
+
+
+def _with_columns(dataset: Dataset, columns: Sequence[str]) -> Dataset:
+    for name in columns:
+        if name not in dataset.column_names:
+            dataset = dataset.add_column(name, [None] * len(dataset))
+    return dataset.select_columns(list(columns))

@@ -1,7 +1,7 @@
 """The set-up every supervised script shares, from parsed flags to a finished, exported run.
 
-A script picks its model loader, collator and trainer class; everything else (process group,
-plugin, data, optimizer, scheduler, resume, logging, export) happens here, once.
+A script picks its trainer class, data type and model loader; everything else (process group,
+plugin, data, LoRA, optimizer, scheduler, resume, logging, export) happens here, once.
 """
 import argparse
 import math
@@ -14,11 +14,13 @@ from colossalai.cluster import DistCoordinator
 from torch.utils.data import DataLoader, Dataset
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase, get_scheduler
 
+from coati.dataset.collators import COLLATORS
 from coati.dataset.prepare import load_prepared
 from coati.dataset.sampler import StatefulDistributedSampler
 from coati.dataset.tokenization import load_tokenizer
 from coati.distributed.launch import init_distributed
-from coati.distributed.plugins import build_booster, check_plugin_available
+from coati.distributed.plugins import BoostSetup, build_booster, check_plugin_available
+from coati.models.lora import enable_lora, export_adapter_and_merge
 from coati.models.reward_model import load_reward_model
 from coati.trainer.base import SLTrainer
 from coati.trainer.callbacks import PerformanceEvaluator
@@ -50,12 +52,33 @@ def build_dataloader(plugin: Plugin, dataset: Dataset, batch_size: int, collator
 
 
 def build_optimizer(model: torch.nn.Module, args: argparse.Namespace) -> torch.optim.Optimizer:
-    """AdamW; colossalai's HybridAdam where CUDA is there (it has no CPU kernel)."""
+    """AdamW over the trainable weights; colossalai's HybridAdam where CUDA is there (it has no CPU kernel)."""
+    params = [p for p in model.parameters() if p.requires_grad]
     if torch.cuda.is_available():
         from colossalai.nn.optimizer import HybridAdam
 
-        return HybridAdam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    return torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+        return HybridAdam(params, lr=args.lr, weight_decay=args.weight_decay)
+    return torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
+
+
+def prepare_model(model: torch.nn.Module, args: argparse.Namespace, setup: BoostSetup) -> torch.nn.Module:
+    """Gradient checkpointing and LoRA adapters as the flags say, before the model is boosted."""
+    if args.grad_checkpoint:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if args.lora_rank:
+        model = enable_lora(setup.booster, setup.plugin, args.plugin, model, args.lora_rank, args.lora_alpha,
+                            args.lora_dropout, args.lora_target_modules)
+    return model
+
+
+def export_model(args: argparse.Namespace, setup: BoostSetup, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
+                 coordinator: DistCoordinator) -> None:
+    """The final model in HF format under `--output_dir/model`; with LoRA, adapters merged and also kept alone."""
+    adapter = export_adapter_and_merge(setup.booster, model, Path(args.output_dir) / "adapter")
+    if adapter:
+        coordinator.print_on_master(f"saved LoRA adapter to {adapter}")
+    path = save_hf_model(Path(args.output_dir) / "model", setup.booster, model, tokenizer, coordinator)
+    coordinator.print_on_master(f"saved HF model to {path}")
 
 
 def resolve_checkpoint(args: argparse.Namespace) -> Optional[str]:
@@ -71,23 +94,22 @@ def resolve_checkpoint(args: argparse.Namespace) -> Optional[str]:
 def run_supervised(
     args: argparse.Namespace,
     trainer_cls: Type[SLTrainer],
-    collator_factory: Callable[[PreTrainedTokenizerBase], Callable],
+    data_type: str,
     model_loader: Optional[Callable[[argparse.Namespace, PreTrainedTokenizerBase], torch.nn.Module]] = None,
     trainer_kwargs: Optional[Dict[str, Any]] = None,
 ) -> SLTrainer:
-    """Train `trainer_cls` as the flags say, then export the model to `--output_dir/model`."""
+    """Train `trainer_cls` on prepared `data_type` data as the flags say, then export the model."""
     check_plugin_available(args.plugin)
     init_distributed(args.seed)
     setup = build_booster(args)
     coordinator = DistCoordinator()
     tokenizer = load_tokenizer(args.tokenizer_dir or args.pretrain, args.trust_remote_code)
-    collator = collator_factory(tokenizer)
-    train_loader = build_dataloader(setup.plugin, load_prepared(args.dataset), args.batch_size, collator, True, args.seed)
-    eval_loader = (build_dataloader(setup.plugin, load_prepared(args.eval_dataset), args.batch_size, collator, False, args.seed)
-                   if args.eval_dataset else None)
-    model = (model_loader or load_causal_lm)(args, tokenizer)
-    if args.grad_checkpoint:
-        model.gradient_checkpointing_enable()
+    collator = COLLATORS[data_type](tokenizer.pad_token_id, args.max_length)
+    train_loader = build_dataloader(setup.plugin, load_prepared(args.dataset, data_type), args.batch_size, collator,
+                                    True, args.seed)
+    eval_loader = (build_dataloader(setup.plugin, load_prepared(args.eval_dataset, data_type), args.batch_size, collator,
+                                    False, args.seed) if args.eval_dataset else None)
+    model = prepare_model((model_loader or load_causal_lm)(args, tokenizer), args, setup)
     optimizer = build_optimizer(model, args)
     total_steps = math.ceil(len(train_loader) / args.accumulation_steps) * args.max_epochs
     if args.max_steps:
@@ -107,9 +129,9 @@ def run_supervised(
     if checkpoint:
         trainer.load_checkpoint(checkpoint)
         coordinator.print_on_master(f"resumed from {checkpoint} at epoch {trainer.start_epoch}, step {trainer.step}")
-    logger = MetricsLogger(args.log_dir, args.use_wandb, args.wandb_project, trainer_cls.__name__, vars(args))
+    logger = MetricsLogger(args.log_dir, args.use_wandb, args.wandb_project, trainer_cls.__name__, vars(args),
+                           resume_step=trainer.step if checkpoint else None)
     trainer.fit(train_loader, eval_loader, metrics_logger=logger)
     if args.output_dir:
-        path = save_hf_model(Path(args.output_dir) / "model", setup.booster, model, tokenizer, coordinator)
-        coordinator.print_on_master(f"saved HF model to {path}")
+        export_model(args, setup, model, tokenizer, coordinator)
     return trainer

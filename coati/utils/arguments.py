@@ -12,10 +12,17 @@ def training_parser(description: str) -> argparse.ArgumentParser:
     model.add_argument("--tokenizer_dir", default=None, help="tokenizer directory (default: --pretrain)")
     model.add_argument("--trust_remote_code", action="store_true", help="allow custom modelling code shipped with the model")
     model.add_argument("--grad_checkpoint", action="store_true", help="recompute activations in backward to save memory")
+    model.add_argument("--lora_rank", type=int, default=0, help="train rank-r LoRA adapters only (0: full fine-tuning)")
+    model.add_argument("--lora_alpha", type=float, default=16, help="LoRA scaling numerator (scale = alpha / rank)")
+    model.add_argument("--lora_dropout", type=float, default=0.0)
+    model.add_argument("--lora_target_modules", nargs="+", default=["all-linear"],
+                       help="module names to adapt, or 'all-linear' for every linear layer but the output head")
 
     data = parser.add_argument_group("data")
     data.add_argument("--dataset", nargs="+", required=True, help="prepared dataset directories (prepare_dataset.py)")
     data.add_argument("--eval_dataset", nargs="*", default=None, help="prepared evaluation dataset directories")
+    data.add_argument("--max_length", type=int, default=0,
+                      help="cut longer rows from the right at batching time (0: keep the length they were prepared with)")
 
     optim = parser.add_argument_group("optimisation")
     optim.add_argument("--max_epochs", type=int, default=1)

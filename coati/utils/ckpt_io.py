@@ -95,7 +95,9 @@ def _shard_optimizer() -> bool:
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    return model.unwrap() if hasattr(model, "unwrap") else model
+    """The HF model inside a boosted one, and inside its peft wrapper when LoRA is on."""
+    inner = model.unwrap(unwrap_peft=False) if hasattr(model, "unwrap") else model
+    return inner.get_base_model() if hasattr(inner, "get_base_model") else inner
 
 
 def _use_safetensors(model: torch.nn.Module) -> bool:

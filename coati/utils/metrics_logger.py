@@ -21,7 +21,9 @@ class MetricsLogger:
     """Logs `{name: float}` per step to the sinks that are configured; a no-op on ranks other than 0.
 
     Values are written at full precision. With `log_dir` unset only W&B (if asked) is written.
-    W&B honours `WANDB_MODE=offline` and writes its files under `log_dir` when given.
+    W&B honours `WANDB_MODE=offline` and writes its files under `log_dir` when given. A run resumed
+    at optimizer step `resume_step` first drops what an interrupted run logged after that step from
+    the JSONL file and TensorBoard, so each step appears once, from the run that continued.
     """
 
     def __init__(
@@ -31,6 +33,7 @@ class MetricsLogger:
         wandb_project: str = "coati",
         run_name: Optional[str] = None,
         config: Optional[Dict[str, Any]] = None,
+        resume_step: Optional[int] = None,
     ) -> None:
         self.active = is_rank_0()
         self.log_dir = Path(log_dir) if log_dir else None
@@ -43,7 +46,10 @@ class MetricsLogger:
             from torch.utils.tensorboard import SummaryWriter
 
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            self._tb = SummaryWriter(log_dir=str(self.log_dir / "tensorboard"))
+            if resume_step is not None:
+                _truncate_jsonl(self.log_dir / JSONL_NAME, resume_step)
+            purge_step = resume_step + 1 if resume_step is not None else None
+            self._tb = SummaryWriter(log_dir=str(self.log_dir / "tensorboard"), purge_step=purge_step)
             self._jsonl = open(self.log_dir / JSONL_NAME, "a")
         if use_wandb:
             import wandb
@@ -75,6 +81,23 @@ class MetricsLogger:
         if self._wandb_run is not None:
             self._wandb_run.finish()
         self._tb = self._jsonl = self._wandb_run = None
+
+
+def _truncate_jsonl(path: Path, last_step: int) -> None:
+    """Keep the records up to `last_step` (atomically); a torn last line from a crash goes too."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if record.get("step", 0) <= last_step:
+            kept.append(line + "\n")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, path)
 
 
 def _finite_or_str(value: float) -> Any:

@@ -3,7 +3,6 @@
     torchrun --nproc_per_node 2 examples/training_scripts/train_rm.py --pretrain SFT_MODEL \
         --dataset data/rm --plugin ddp --batch_size 8 --save_dir ckpt/rm --output_dir out/rm --log_dir logs/rm
 """
-from coati.dataset import PreferenceCollator
 from coati.models.loss import LogExpLoss, LogSigLoss
 from coati.trainer.rm import RewardModelTrainer
 from coati.trainer.runner import load_reward_model_from_args, run_supervised
@@ -18,7 +17,7 @@ def main(argv=None) -> None:
     parser = training_parser(__doc__.strip().splitlines()[0])
     parser.add_argument("--loss_fn", default="log_sig", choices=tuple(LOSSES), help="pairwise loss")
     args = parser.parse_args(argv)
-    run_supervised(args, RewardModelTrainer, lambda tokenizer: PreferenceCollator(tokenizer.pad_token_id),
+    run_supervised(args, RewardModelTrainer, "preference",
                    model_loader=load_reward_model_from_args,
                    trainer_kwargs={"loss_fn": LOSSES[args.loss_fn](reduction="none")})
 

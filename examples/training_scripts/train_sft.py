@@ -3,7 +3,6 @@
     torchrun --nproc_per_node 2 examples/training_scripts/train_sft.py --pretrain MODEL \
         --dataset data/sft --plugin ddp --batch_size 8 --save_dir ckpt/sft --output_dir out/sft --log_dir logs/sft
 """
-from coati.dataset import SupervisedCollator
 from coati.trainer.runner import run_supervised
 from coati.trainer.sft import SFTTrainer
 from coati.utils.arguments import training_parser
@@ -13,7 +12,7 @@ from coati.utils.errors import exit_on_usage_error
 @exit_on_usage_error
 def main(argv=None) -> None:
     args = training_parser(__doc__.strip().splitlines()[0]).parse_args(argv)
-    run_supervised(args, SFTTrainer, lambda tokenizer: SupervisedCollator(tokenizer.pad_token_id))
+    run_supervised(args, SFTTrainer, "sft")
 
 
 if __name__ == "__main__":
