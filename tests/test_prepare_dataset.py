@@ -6,6 +6,7 @@ import sys
 import pytest
 from datasets import Dataset, load_from_disk
 
+from coati.dataset import load_prepared
 from conftest import REPO
 
 SCRIPT = REPO / "examples" / "data_preparation_scripts" / "prepare_dataset.py"
@@ -88,3 +89,22 @@ def test_local_dataset_folder_goes_through_load_dataset(tiny_assets, tmp_path):
     result = _prepare(tiny_assets, "sft", [folder], tmp_path / "out")
     assert result.returncode == 0, result.stderr
     assert len(load_from_disk(str(tmp_path / "out"))) == 2
+
+
+def test_prompt_sets_with_different_fields_mix_in_one_dataset(tiny_assets, tmp_path):
+    gsm = _write(tmp_path / "gsm.jsonl", [{"prompt": "3 + 4?", "gt_answer": "7"}])
+    chat = _write(tmp_path / "chat.jsonl", [{"prompt": "hello", "source": "chat"}])
+    for name, raw in (("gsm", gsm), ("chat", chat)):
+        assert _prepare(tiny_assets, "prompt", [raw], tmp_path / name).returncode == 0
+    mixed = load_prepared([tmp_path / "gsm", tmp_path / "chat"], "prompt")
+    assert mixed["gt_answer"] == ["7", None] and mixed["source"] == [None, "chat"]
+    assert json.loads((tmp_path / "gsm" / "coati_prepared.json").read_text())["type"] == "prompt"
+
+
+def test_training_script_refuses_data_of_another_type_by_name(tiny_assets):
+    cmd = [sys.executable, str(REPO / "examples" / "training_scripts" / "train_rm.py"), "--pretrain", str(tiny_assets["model"]),
+           "--dataset", str(tiny_assets["pref_train"]), str(tiny_assets["sft_train"]), "--plugin", "ddp"]
+    result = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env={"PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore"})
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (f"error: dataset {tiny_assets['sft_train']} was prepared as sft data; "
+                                                      "this script needs preference data (prepare_dataset.py --type preference)")

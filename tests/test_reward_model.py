@@ -7,7 +7,7 @@ from colossalai.booster import Booster
 from colossalai.booster.plugin import TorchDDPPlugin
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from coati.dataset import PreferenceCollator, tokenize_preference
+from coati.dataset import PreferenceCollator, pad_sequences, tokenize_preference
 from coati.dataset.demo_data import generate_problems, preference_records
 from coati.models.loss import LogExpLoss, LogSigLoss
 from coati.models.reward_model import load_reward_model, sequence_rewards
@@ -68,14 +68,18 @@ def test_trainer_metrics_match_separate_forwards(world_of_one, tiny_assets, rm_b
     assert torch.allclose(again, chosen, atol=1e-5)
 
 
-def test_reward_is_read_at_the_last_non_pad_token(tiny_assets, rm_batch):
+def test_reward_is_read_at_the_last_non_pad_token_under_right_and_left_padding(tiny_assets, rm_batch):
     tokenizer, batch = rm_batch
     model = load_reward_model(str(tiny_assets["model"]), tokenizer.pad_token_id).eval()
-    row = int(batch["chosen_attention_mask"].sum(1).argmin())
-    ids, mask = batch["chosen_input_ids"][row:row + 1], batch["chosen_attention_mask"][row:row + 1]
-    n = int(mask.sum())
-    assert n < ids.size(1), "the shortest row carries padding"
+    ids, mask = batch["chosen_input_ids"], batch["chosen_attention_mask"]
+    lengths = mask.sum(1).tolist()
+    assert min(lengths) < ids.size(1), "the shortest row carries padding"
+    rows = [ids[i, :n].tolist() for i, n in enumerate(lengths)]
+    left_ids = pad_sequences(rows, tokenizer.pad_token_id, left=True)
+    left_mask = pad_sequences([[1] * n for n in lengths], 0, left=True)
     with torch.no_grad():
-        padded = sequence_rewards(model, ids, mask)
-        unpadded = sequence_rewards(model, ids[:, :n], mask[:, :n])
-    assert torch.allclose(padded, unpadded, atol=1e-5)
+        right = sequence_rewards(model, ids, mask)
+        left = sequence_rewards(model, left_ids, left_mask)
+        alone = torch.cat([sequence_rewards(model, torch.tensor([r]), torch.ones(1, len(r), dtype=torch.long)) for r in rows])
+    assert torch.allclose(right, alone, atol=1e-5)
+    assert torch.allclose(left, alone, atol=1e-5)

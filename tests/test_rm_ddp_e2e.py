@@ -4,8 +4,10 @@ import time
 from pathlib import Path
 
 import pytest
-from transformers import AutoModelForSequenceClassification
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from coati.dataset.demo_data import generate_problems, preference_records, write_jsonl
+from coati.dataset.prepare import prepare_preference
 from coati.utils.ckpt_io import latest_checkpoint
 from conftest import SCRIPTS, kill_run, start_torchrun, torchrun
 
@@ -71,3 +73,17 @@ def test_killed_reward_model_run_resumes_with_the_same_metrics(tiny_assets, tmp_
         assert got.keys() == want.keys()
         for name, value in want.items():
             assert got[name] == pytest.approx(value, rel=1e-5, abs=1e-7), (got["step"], name)
+
+
+@pytest.mark.slow
+def test_reward_model_learns_held_out_preferences(tiny_assets, tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
+    for split, n in (("train", 2048), ("eval", 256)):
+        raw = write_jsonl(preference_records(generate_problems(n, split), seed=len(split)), tmp_path / f"{split}.jsonl")
+        prepare_preference([raw], tokenizer, 128, tmp_path / split)
+    result = torchrun(SCRIPTS / "train_rm.py", 2, "--pretrain", str(tiny_assets["model"]), "--dataset", str(tmp_path / "train"),
+                      "--eval_dataset", str(tmp_path / "eval"), "--plugin", "ddp", "--batch_size", "16", "--lr", "1e-3",
+                      "--warmup_steps", "5", "--log_interval", "8", "--output_dir", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr[-4000:]
+    results = json.loads((tmp_path / "out" / "eval_result_epoch0.json").read_text())
+    assert results["accuracy"] >= 0.9 and results["margin"] > 1.0

@@ -2,7 +2,7 @@
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from coati.dataset import IGNORE_INDEX, SupervisedCollator, tokenize_conversation
+from coati.dataset import IGNORE_INDEX, PreferenceCollator, SupervisedCollator, tokenize_conversation
 from coati.dataset.demo_data import _is_held_out, generate_problems, preference_records, prompt_records
 from coati.models.tiny import END_OF_TURN
 
@@ -41,6 +41,30 @@ def test_collator_pads_to_the_longest_in_batch(tokenizer):
     assert batch["input_ids"].shape == (2, 3)
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert batch["labels"].tolist() == [[-100, 6, 7], [5, -100, -100]]
+
+
+def test_collators_cut_rows_to_max_length_before_padding(tokenizer):
+    rows = [{"input_ids": [5, 6, 7, 8], "labels": [-100, 6, 7, 8]}, {"input_ids": [5, 6], "labels": [-100, 6]}]
+    batch = SupervisedCollator(tokenizer.pad_token_id, max_length=3)(rows)
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [5, 6, tokenizer.pad_token_id]]
+    assert batch["labels"].tolist() == [[-100, 6, 7], [-100, 6, -100]]
+    pairs = [{"chosen_input_ids": [1, 2, 3, 4], "chosen_labels": [-100, 2, 3, 4],
+              "rejected_input_ids": [1, 2], "rejected_labels": [-100, 2]}]
+    batch = PreferenceCollator(tokenizer.pad_token_id, max_length=3)(pairs)
+    assert batch["chosen_input_ids"].tolist() == [[1, 2, 3]]
+    assert batch["rejected_attention_mask"].tolist() == [[1, 1, 0]]
+
+
+def test_default_rejections_are_learnable_kinds():
+    problems = generate_problems(40, "train")
+    for problem, pref in zip(problems, preference_records(problems)):
+        rejected = pref["rejected"][0]["content"]
+        flipped = "-" if " + " in problem.solution else "+"
+        assert f" {flipped} " in rejected or "####" not in rejected
+    hard = preference_records(problems, rejections=["wrong_answer"])
+    for problem, pref in zip(problems, hard):
+        rejected = pref["rejected"][0]["content"]
+        assert rejected.split(" = ")[0] == problem.solution.split(" = ")[0] and not rejected.endswith(f"#### {problem.answer}")
 
 
 def test_task_splits_are_disjoint_and_answers_verifiable():

@@ -15,5 +15,8 @@ def load_reward_model(path: str, pad_token_id: int, trust_remote_code: bool = Fa
 
 
 def sequence_rewards(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """One scalar reward per row, in float32."""
-    return model(input_ids=input_ids, attention_mask=attention_mask).logits.squeeze(-1).float()
+    """One scalar reward per row, in float32, read at the row's last non-pad token. Positions count real
+    tokens only, so a left-padded row (as rollouts are) scores as it would unpadded, for absolute
+    position embeddings too."""
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits.squeeze(-1).float()
