@@ -6,7 +6,7 @@ plugin, data, LoRA, optimizer, scheduler, resume, logging, export) happens here,
 import argparse
 import math
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Type
+from typing import Any, Callable, Dict, Optional, Sequence, Type
 
 import torch
 from colossalai.booster.plugin import Plugin
@@ -23,7 +23,7 @@ from coati.distributed.plugins import BoostSetup, build_booster, check_plugin_av
 from coati.models.lora import enable_lora, export_adapter_and_merge
 from coati.models.reward_model import load_reward_model
 from coati.trainer.base import SLTrainer
-from coati.trainer.callbacks import PerformanceEvaluator
+from coati.trainer.callbacks import Callback, PerformanceEvaluator
 from coati.utils.ckpt_io import latest_checkpoint, save_hf_model
 from coati.utils.errors import CoatiUsageError
 from coati.utils.metrics_logger import MetricsLogger
@@ -97,8 +97,10 @@ def run_supervised(
     data_type: str,
     model_loader: Optional[Callable[[argparse.Namespace, PreTrainedTokenizerBase], torch.nn.Module]] = None,
     trainer_kwargs: Optional[Dict[str, Any]] = None,
+    callbacks: Sequence[Callback] = (),
 ) -> SLTrainer:
-    """Train `trainer_cls` on prepared `data_type` data as the flags say, then export the model."""
+    """Train `trainer_cls` on prepared `data_type` data as the flags say, then export the model.
+    `callbacks` run after the built-in performance report."""
     check_plugin_available(args.plugin)
     init_distributed(args.seed)
     setup = build_booster(args)
@@ -122,7 +124,7 @@ def run_supervised(
         lr_scheduler=scheduler, accumulation_steps=args.accumulation_steps, log_interval=args.log_interval,
         save_interval=args.save_interval, save_dir=args.save_dir, keep_last=args.keep_last,
         output_dir=args.output_dir, grad_clip=args.grad_clip, max_steps=args.max_steps, coordinator=coordinator,
-        callbacks=[PerformanceEvaluator(ignore_steps=1, print_fn=coordinator.print_on_master)],
+        callbacks=[PerformanceEvaluator(ignore_steps=1, print_fn=coordinator.print_on_master), *callbacks],
         **(trainer_kwargs or {}),
     )
     checkpoint = resolve_checkpoint(args)
