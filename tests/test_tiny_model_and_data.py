@@ -2,7 +2,7 @@
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from coati.dataset import IGNORE_INDEX, PreferenceCollator, SupervisedCollator, tokenize_conversation
+from coati.dataset import IGNORE_INDEX, PreferenceCollator, PromptCollator, SupervisedCollator, tokenize_conversation
 from coati.dataset.demo_data import _is_held_out, generate_problems, preference_records, prompt_records
 from coati.models.tiny import END_OF_TURN
 
@@ -53,6 +53,14 @@ def test_collators_cut_rows_to_max_length_before_padding(tokenizer):
     batch = PreferenceCollator(tokenizer.pad_token_id, max_length=3)(pairs)
     assert batch["chosen_input_ids"].tolist() == [[1, 2, 3]]
     assert batch["rejected_attention_mask"].tolist() == [[1, 1, 0]]
+
+
+def test_prompt_collator_left_pads_and_carries_fields(tokenizer):
+    rows = [{"input_ids": [5, 6, 7], "gt_answer": "3"}, {"input_ids": [8], "gt_answer": "1"}]
+    batch = PromptCollator(tokenizer.pad_token_id, max_length=2)(rows)
+    assert batch["input_ids"].tolist() == [[6, 7], [tokenizer.pad_token_id, 8]]
+    assert batch["attention_mask"].tolist() == [[1, 1], [0, 1]]
+    assert batch["gt_answer"] == ["3", "1"]
 
 
 def test_default_rejections_are_learnable_kinds():

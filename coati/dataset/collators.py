@@ -1,9 +1,10 @@
 """Collators that pad each batch to its own longest sequence (never to --max_length).
 
-`max_length` > 0 cuts longer rows from the right first, the same way preparation does; a row cut
-before its response then has no target tokens and adds nothing to the loss.
+`max_length` > 0 cuts longer rows first, the same way preparation does: training rows from the right
+(a row cut before its response then has no target tokens and adds nothing to the loss), prompts from
+the left.
 """
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
@@ -57,4 +58,20 @@ class PreferenceCollator(_Collator):
         return batch
 
 
-COLLATORS = {"sft": SupervisedCollator, "preference": PreferenceCollator}
+class PromptCollator(_Collator):
+    """Prompt rows -> left-padded input_ids and attention_mask, ready for generation; every other field
+    (ground truth for a reward function) comes through as a list. `max_length` keeps a prompt's end."""
+
+    def __call__(self, rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+        ids = [row["input_ids"][-self.max_length:] if self.max_length else row["input_ids"] for row in rows]
+        batch: Dict[str, Any] = {
+            "input_ids": pad_sequences(ids, self.pad_token_id, left=True),
+            "attention_mask": pad_sequences([[1] * len(i) for i in ids], 0, left=True),
+        }
+        for key in rows[0]:
+            if key != "input_ids":
+                batch[key] = [row[key] for row in rows]
+        return batch
+
+
+COLLATORS = {"sft": SupervisedCollator, "preference": PreferenceCollator, "prompt": PromptCollator}
