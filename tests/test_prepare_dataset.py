@@ -5,8 +5,10 @@ import sys
 
 import pytest
 from datasets import Dataset, load_from_disk
+from transformers import AutoTokenizer
 
 from coati.dataset import load_prepared
+from coati.models.tiny import END_OF_TURN
 from conftest import REPO
 
 SCRIPT = REPO / "examples" / "data_preparation_scripts" / "prepare_dataset.py"
@@ -108,3 +110,33 @@ def test_training_script_refuses_data_of_another_type_by_name(tiny_assets):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (f"error: dataset {tiny_assets['sft_train']} was prepared as sft data; "
                                                       "this script needs preference data (prepare_dataset.py --type preference)")
+
+
+def test_kto_rows_in_both_shapes_and_a_bad_label(tiny_assets, tmp_path):
+    raw = _write(tmp_path / "kto.jsonl", [
+        {"prompt": "2 + 2?", "completion": "4", "label": True},
+        {"messages": [{"role": "user", "content": "2 + 3?"}, {"role": "assistant", "content": "6"}], "label": False},
+    ])
+    assert _prepare(tiny_assets, "kto", [raw], tmp_path / "out").returncode == 0
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
+    rows = load_from_disk(str(tmp_path / "out"))
+    assert rows["desirable"] == [True, False]
+    for row, completion in zip(rows, ("4", "6")):
+        start = row["prompt_length"]
+        assert all(label == -100 for label in row["labels"][:start]) and row["labels"][start] != -100
+        labelled = [t for t, label in zip(row["input_ids"], row["labels"]) if label != -100]
+        assert tokenizer.decode(labelled) == completion + END_OF_TURN
+    bad = _write(tmp_path / "bad.jsonl", [{"prompt": "q", "completion": "a", "label": "yes"}])
+    result = _prepare(tiny_assets, "kto", [bad], tmp_path / "bad_out")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == f"error: {bad}:1: field 'label': expected true or false, got 'yes'"
+
+
+def test_preference_labels_skip_assistant_turns_of_the_context(tiny_assets, tmp_path):
+    context = [{"role": "user", "content": "1 + 1?"}, {"role": "assistant", "content": "2"}, {"role": "user", "content": "and 2 + 2?"}]
+    raw = _write(tmp_path / "pref.jsonl", [{"context": context, "chosen": "4", "rejected": "5"}])
+    assert _prepare(tiny_assets, "preference", [raw], tmp_path / "out").returncode == 0
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
+    row = load_from_disk(str(tmp_path / "out"))[0]
+    labelled = [t for t, label in zip(row["chosen_input_ids"], row["chosen_labels"]) if label != -100]
+    assert tokenizer.decode(labelled) == "4" + END_OF_TURN

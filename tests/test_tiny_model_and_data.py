@@ -2,7 +2,8 @@
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from coati.dataset import IGNORE_INDEX, PreferenceCollator, PromptCollator, SupervisedCollator, tokenize_conversation
+from coati.dataset import IGNORE_INDEX, PreferenceCollator, PromptCollator, SupervisedCollator
+from coati.dataset.collators import KTOCollator, tokenize_conversation
 from coati.dataset.demo_data import _is_held_out, generate_problems, preference_records, prompt_records
 from coati.models.tiny import END_OF_TURN
 
@@ -61,6 +62,17 @@ def test_prompt_collator_left_pads_and_carries_fields(tokenizer):
     assert batch["input_ids"].tolist() == [[6, 7], [tokenizer.pad_token_id, 8]]
     assert batch["attention_mask"].tolist() == [[1, 1], [0, 1]]
     assert batch["gt_answer"] == ["3", "1"]
+
+
+def test_kto_collator_pairs_each_prompt_with_the_next_completion(tokenizer):
+    rows = [{"input_ids": [1, 2, 10, 11], "labels": [-100, -100, 10, 11], "prompt_length": 2, "desirable": True},
+            {"input_ids": [3, 20], "labels": [-100, 20], "prompt_length": 1, "desirable": False}]
+    batch = KTOCollator(tokenizer.pad_token_id)(rows)
+    pad = tokenizer.pad_token_id
+    assert batch["kl_input_ids"].tolist() == [[1, 2, 20], [3, 10, 11]]
+    assert batch["kl_labels"].tolist() == [[-100, -100, 20], [-100, 10, 11]]
+    assert batch["input_ids"].tolist() == [[1, 2, 10, 11], [3, 20, pad, pad]]
+    assert batch["desirable"].tolist() == [True, False]
 
 
 def test_default_rejections_are_learnable_kinds():

@@ -26,26 +26,50 @@ class _Collator:
         self.pad_token_id = pad_token_id
         self.max_length = max_length
 
+    def _cut(self, sequence: Sequence[int]) -> Sequence[int]:
+        return sequence[:self.max_length] if self.max_length else sequence
+
     def _column(self, rows: List[Dict[str, Sequence[int]]], key: str) -> List[Sequence[int]]:
         """`key` of every row, cut to `max_length`."""
-        return [row[key][:self.max_length] if self.max_length else row[key] for row in rows]
+        return [self._cut(row[key]) for row in rows]
+
+    def _padded(self, ids: List[Sequence[int]], labels: List[Sequence[int]], prefix: str = "") -> Dict[str, torch.Tensor]:
+        """Right-padded input_ids, attention_mask and labels, under `prefix`."""
+        return {
+            f"{prefix}input_ids": pad_sequences(ids, self.pad_token_id),
+            f"{prefix}attention_mask": pad_sequences([[1] * len(i) for i in ids], 0),
+            f"{prefix}labels": pad_sequences(labels, IGNORE_INDEX),
+        }
 
 
 class SupervisedCollator(_Collator):
     """Batches of `input_ids`/`labels` rows -> input_ids, attention_mask and labels, right-padded."""
 
     def __call__(self, rows: List[Dict[str, Sequence[int]]]) -> Dict[str, torch.Tensor]:
-        input_ids = self._column(rows, "input_ids")
+        return self._padded(self._column(rows, "input_ids"), self._column(rows, "labels"))
+
+
+class KTOCollator(_Collator):
+    """KTO rows -> input_ids, attention_mask, labels and `desirable` (bool), plus the `kl_` batch that
+    pairs each row's prompt with the next row's completion: mismatched pairs for KTO's reference point."""
+
+    def __call__(self, rows: List[Dict[str, Any]]) -> Dict[str, torch.Tensor]:
+        kl_ids, kl_labels = [], []
+        for row, other in zip(rows, rows[1:] + rows[:1]):
+            prompt, start = row["prompt_length"], other["prompt_length"]
+            kl_ids.append(self._cut(row["input_ids"][:prompt] + other["input_ids"][start:]))
+            kl_labels.append(self._cut([IGNORE_INDEX] * prompt + other["labels"][start:]))
         return {
-            "input_ids": pad_sequences(input_ids, self.pad_token_id),
-            "attention_mask": pad_sequences([[1] * len(ids) for ids in input_ids], 0),
-            "labels": pad_sequences(self._column(rows, "labels"), IGNORE_INDEX),
+            **self._padded(self._column(rows, "input_ids"), self._column(rows, "labels")),
+            **self._padded(kl_ids, kl_labels, prefix="kl_"),
+            "desirable": torch.tensor([bool(row["desirable"]) for row in rows]),
         }
 
 
 class PreferenceCollator(_Collator):
     """Rows of chosen_/rejected_ input_ids and labels -> right-padded tensors, both sides padded to one
-    length so a trainer can concatenate them into a single forward."""
+    length so a trainer can concatenate them into a single forward. Precomputed reference log-prob
+    columns (`*_ref_logps`) come through as float tensors."""
 
     def __call__(self, rows: List[Dict[str, Sequence[int]]]) -> Dict[str, torch.Tensor]:
         ids = {side: self._column(rows, f"{side}_input_ids") for side in ("chosen", "rejected")}
@@ -55,6 +79,9 @@ class PreferenceCollator(_Collator):
             batch[f"{side}_input_ids"] = pad_sequences(side_ids, self.pad_token_id, length=longest)
             batch[f"{side}_attention_mask"] = pad_sequences([[1] * len(i) for i in side_ids], 0, length=longest)
             batch[f"{side}_labels"] = pad_sequences(self._column(rows, f"{side}_labels"), IGNORE_INDEX, length=longest)
+        for key in rows[0]:
+            if key.endswith("_ref_logps"):
+                batch[key] = torch.tensor([row[key] for row in rows], dtype=torch.float32)
         return batch
 
 
@@ -74,4 +101,4 @@ class PromptCollator(_Collator):
         return batch
 
 
-COLLATORS = {"sft": SupervisedCollator, "preference": PreferenceCollator, "prompt": PromptCollator}
+COLLATORS = {"sft": SupervisedCollator, "preference": PreferenceCollator, "prompt": PromptCollator, "kto": KTOCollator}

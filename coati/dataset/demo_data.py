@@ -98,6 +98,19 @@ def preference_records(problems: Iterable[Problem], seed: int = 0,
     return records
 
 
+def kto_records(problems: Iterable[Problem], seed: int = 0,
+                rejections: Sequence[str] = LEARNABLE_REJECTIONS) -> List[Dict]:
+    """Unpaired completions for KTO: per problem, the correct solution (label true) or, as often, one
+    of `rejections` (label false)."""
+    rng = random.Random(seed)
+    records = []
+    for p in problems:
+        desirable = rng.random() < 0.5
+        completion = p.solution if desirable else REJECTIONS[rng.choice(tuple(rejections))](p, rng)
+        records.append({"prompt": p.question, "completion": completion, "label": desirable})
+    return records
+
+
 def prompt_records(problems: Iterable[Problem]) -> List[Dict]:
     return [{"messages": [{"role": "user", "content": p.question}], "gt_answer": str(p.answer)} for p in problems]
 

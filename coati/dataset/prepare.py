@@ -16,7 +16,7 @@ from transformers import PreTrainedTokenizerBase
 
 from coati.utils.errors import CoatiUsageError
 
-from .tokenization import tokenize_conversation, tokenize_preference
+from .tokenization import tokenize_conversation, tokenize_kto, tokenize_preference
 from .validation import jsonl_entries, validate_rows
 
 PathLike = Union[str, Path]
@@ -78,6 +78,8 @@ def encoder(data_type: str, tokenizer: PreTrainedTokenizerBase, max_length: int)
         return lambda row: tokenize_conversation(tokenizer, row["messages"], max_length)
     if data_type == "preference":
         return lambda row: tokenize_preference(tokenizer, row["context"], row["chosen"], row["rejected"], max_length)
+    if data_type == "kto":
+        return lambda row: tokenize_kto(tokenizer, row["context"], row["completion"], row["label"], max_length)
     return lambda row: tokenize_prompt(tokenizer, row, max_length)
 
 

@@ -1,7 +1,7 @@
 """Chat-template tokenization with loss masks: labels cover assistant tokens only, end of turn included."""
 import json
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
@@ -28,15 +28,17 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, template_config: 
     return tokenizer
 
 
-def assistant_spans(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Dict[str, str]]) -> List[tuple]:
-    """Character spans of each assistant turn in the rendered conversation, end-of-turn token included.
+def assistant_spans(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Dict[str, str]],
+                    first: int = 0) -> List[tuple]:
+    """Character spans of each assistant turn from message `first` on in the rendered conversation,
+    end-of-turn token included.
 
     Rendering message prefixes finds where each turn starts and ends, so any template whose renders
     are prefix-consistent works, whatever its markup.
     """
     spans = []
     for i, message in enumerate(messages):
-        if message["role"] != "assistant":
+        if message["role"] != "assistant" or i < first:
             continue
         start = len(tokenizer.apply_chat_template(list(messages[:i]), tokenize=False, add_generation_prompt=True))
         rendered = tokenizer.apply_chat_template(list(messages[: i + 1]), tokenize=False)
@@ -47,16 +49,17 @@ def assistant_spans(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Dict[
 
 
 def tokenize_conversation(
-    tokenizer: PreTrainedTokenizerBase, messages: Sequence[Dict[str, str]], max_length: int
+    tokenizer: PreTrainedTokenizerBase, messages: Sequence[Dict[str, str]], max_length: int, label_from: int = 0
 ) -> Optional[Dict[str, List[int]]]:
     """`input_ids` and `labels` for one conversation, truncated to `max_length` tokens from the right.
+    Labels cover the assistant turns from message `label_from` on (a response, not its context).
 
     Returns None when truncation leaves no assistant token to learn from.
     """
     text = tokenizer.apply_chat_template(list(messages), tokenize=False)
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True,
                         truncation=True, max_length=max_length)
-    spans = assistant_spans(tokenizer, messages)
+    spans = assistant_spans(tokenizer, messages, label_from)
     labels = [
         token if any(s <= start and end <= e for s, e in spans) else IGNORE_INDEX
         for token, (start, end) in zip(encoded["input_ids"], encoded["offset_mapping"])
@@ -73,12 +76,30 @@ def tokenize_preference(
     rejected: Sequence[Dict[str, str]],
     max_length: int,
 ) -> Optional[Dict[str, List[int]]]:
-    """`chosen_*` and `rejected_*` input_ids/labels for context+chosen and context+rejected.
+    """`chosen_*` and `rejected_*` input_ids/labels for context+chosen and context+rejected; labels
+    cover the response only, not assistant turns of the context.
 
     Returns None when truncation leaves either side without a response token.
     """
-    sides = {name: tokenize_conversation(tokenizer, list(context) + list(turns), max_length)
+    sides = {name: tokenize_conversation(tokenizer, list(context) + list(turns), max_length, label_from=len(context))
              for name, turns in (("chosen", chosen), ("rejected", rejected))}
     if any(encoded is None for encoded in sides.values()):
         return None
     return {f"{name}_{field}": values for name, encoded in sides.items() for field, values in encoded.items()}
+
+
+def tokenize_kto(
+    tokenizer: PreTrainedTokenizerBase,
+    context: Sequence[Dict[str, str]],
+    completion: Sequence[Dict[str, str]],
+    desirable: bool,
+    max_length: int,
+) -> Optional[Dict[str, Any]]:
+    """`input_ids`/`labels` of context+completion (labels on the completion), `prompt_length` (tokens
+    before the first label, so a trainer can pair this prompt with another row's completion) and the
+    `desirable` flag. None when truncation cuts the completion away."""
+    encoded = tokenize_conversation(tokenizer, list(context) + list(completion), max_length, label_from=len(context))
+    if encoded is None:
+        return None
+    prompt_length = next(i for i, label in enumerate(encoded["labels"]) if label != IGNORE_INDEX)
+    return {**encoded, "prompt_length": prompt_length, "desirable": bool(desirable)}

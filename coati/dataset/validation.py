@@ -6,6 +6,8 @@ Accepted shapes (ColossalChat's and OpenAI/HF's):
 - preference: `context` + `chosen` + `rejected` message lists, or `prompt`/`chosen`/`rejected` strings.
 - prompt: `messages` ending with a user turn, or a `prompt` string; every other field (e.g.
   `gt_answer`) is carried through unchanged for the reward function.
+- kto: `prompt` + `completion` (strings, or a message list and assistant turns) + boolean `label`
+  (desirable or not), or `messages` ending with the assistant completion + `label`.
 """
 import functools
 import json
@@ -116,10 +118,28 @@ def validate_prompt(row: Any, where: str) -> Row:
     return {"messages": messages, **extra}
 
 
+def validate_kto(row: Any, where: str) -> Row:
+    label = _require(row, "label", where)
+    if not isinstance(label, bool):
+        raise DataValidationError(where, "label", f"expected true or false, got {label!r}")
+    if "messages" in row:
+        messages = normalize_messages(row["messages"], where, "messages")
+        check_turn_order(messages, where, "messages", last_role="assistant")
+        return {"context": messages[:-1], "completion": messages[-1:], "label": label}
+    prompt = _require(row, "prompt", where)
+    if isinstance(prompt, str):
+        context = [{"role": "user", "content": prompt}]
+    else:
+        context = normalize_messages(prompt, where, "prompt")
+        check_turn_order(context, where, "prompt", last_role="user")
+    return {"context": context, "completion": _response(row, "completion", where), "label": label}
+
+
 VALIDATORS: Dict[str, Callable[[Any, str], Row]] = {
     "sft": validate_sft,
     "preference": validate_preference,
     "prompt": validate_prompt,
+    "kto": validate_kto,
 }
 
 

@@ -138,6 +138,8 @@ class SLTrainer(_TrainerCore, ABC):
         super().__init__(callbacks, coordinator)
         if accumulation_steps < 1 or log_interval < 1 or save_interval < 0:
             raise CoatiUsageError("accumulation_steps and log_interval must be >= 1, save_interval >= 0")
+        if save_interval and not save_dir:
+            raise CoatiUsageError("--save_interval needs --save_dir, the directory checkpoints are written to")
         if isinstance(plugin, HybridParallelPlugin) and plugin.pp_size > 1:
             raise CoatiUsageError("--pp > 1 (pipeline parallelism) is not supported by supervised trainers yet; "
                                   "use --tp/--sp with --zero_stage for the 3d plugin")

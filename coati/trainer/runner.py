@@ -5,10 +5,12 @@ plugin, data, LoRA, optimizer, scheduler, resume, logging, export) happens here,
 """
 import argparse
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence, Type
 
 import torch
+from colossalai.accelerator import get_accelerator
 from colossalai.booster.plugin import Plugin
 from colossalai.cluster import DistCoordinator
 from torch.utils.data import DataLoader, Dataset
@@ -21,6 +23,7 @@ from coati.dataset.tokenization import load_tokenizer
 from coati.distributed.launch import init_distributed
 from coati.distributed.plugins import BoostSetup, build_booster, check_plugin_available
 from coati.models.lora import enable_lora, export_adapter_and_merge
+from coati.models.reference import load_reference_model, with_reference_logps
 from coati.models.reward_model import load_reward_model
 from coati.trainer.base import SLTrainer
 from coati.trainer.callbacks import Callback, PerformanceEvaluator
@@ -91,6 +94,45 @@ def resolve_checkpoint(args: argparse.Namespace) -> Optional[str]:
     return str(found) if found else None
 
 
+@dataclass
+class RunContext:
+    """What a script's `setup_hook` sees before data is loaded; it may replace `load_data`
+    (prepared folders -> dataset), e.g. to attach precomputed reference log-probs."""
+
+    args: argparse.Namespace
+    setup: BoostSetup
+    tokenizer: PreTrainedTokenizerBase
+    collator: Callable
+    load_data: Callable[[Sequence[str]], Dataset]
+
+    @property
+    def device(self) -> torch.device:
+        return get_accelerator().get_current_device() if torch.cuda.is_available() else torch.device("cpu")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype a frozen model (a reference policy) runs in: the training precision on GPU, else fp32."""
+        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.setup.precision, torch.float32)
+
+
+def reference_hook(context: RunContext) -> Dict[str, Any]:
+    """`setup_hook` of the reference-based trainers: the frozen `--ref_pretrain` model (default
+    `--pretrain`) for the trainer, or with `--precompute_ref_logps` its log-probs stored with the data
+    and no model kept."""
+    args = context.args
+    path = _require_dir(args.ref_pretrain or args.pretrain, "--ref_pretrain model directory")
+
+    def load() -> torch.nn.Module:
+        return load_reference_model(path, context.device, context.dtype, args.trust_remote_code)
+
+    if getattr(args, "precompute_ref_logps", False):
+        load_plain = context.load_data
+        context.load_data = lambda paths: with_reference_logps(paths, load_plain, path, load, context.collator,
+                                                               args.max_length, args.batch_size, context.device)
+        return {}
+    return {"ref_model": load()}
+
+
 def run_supervised(
     args: argparse.Namespace,
     trainer_cls: Type[SLTrainer],
@@ -98,19 +140,22 @@ def run_supervised(
     model_loader: Optional[Callable[[argparse.Namespace, PreTrainedTokenizerBase], torch.nn.Module]] = None,
     trainer_kwargs: Optional[Dict[str, Any]] = None,
     callbacks: Sequence[Callback] = (),
+    setup_hook: Optional[Callable[[RunContext], Dict[str, Any]]] = None,
 ) -> SLTrainer:
     """Train `trainer_cls` on prepared `data_type` data as the flags say, then export the model.
-    `callbacks` run after the built-in performance report."""
+    `callbacks` run after the built-in performance report. `setup_hook(context)` runs once the process
+    group, plugin and tokenizer exist, and returns extra trainer arguments (a reference model)."""
     check_plugin_available(args.plugin)
     init_distributed(args.seed)
     setup = build_booster(args)
     coordinator = DistCoordinator()
     tokenizer = load_tokenizer(args.tokenizer_dir or args.pretrain, args.trust_remote_code)
     collator = COLLATORS[data_type](tokenizer.pad_token_id, args.max_length)
-    train_loader = build_dataloader(setup.plugin, load_prepared(args.dataset, data_type), args.batch_size, collator,
-                                    True, args.seed)
-    eval_loader = (build_dataloader(setup.plugin, load_prepared(args.eval_dataset, data_type), args.batch_size, collator,
-                                    False, args.seed) if args.eval_dataset else None)
+    context = RunContext(args, setup, tokenizer, collator, lambda paths: load_prepared(paths, data_type))
+    hook_kwargs = setup_hook(context) if setup_hook else {}
+    train_loader = build_dataloader(setup.plugin, context.load_data(args.dataset), args.batch_size, collator, True, args.seed)
+    eval_loader = (build_dataloader(setup.plugin, context.load_data(args.eval_dataset), args.batch_size, collator, False,
+                                    args.seed) if args.eval_dataset else None)
     model = prepare_model((model_loader or load_causal_lm)(args, tokenizer), args, setup)
     optimizer = build_optimizer(model, args)
     total_steps = math.ceil(len(train_loader) / args.accumulation_steps) * args.max_epochs
@@ -125,7 +170,7 @@ def run_supervised(
         save_interval=args.save_interval, save_dir=args.save_dir, keep_last=args.keep_last,
         output_dir=args.output_dir, grad_clip=args.grad_clip, max_steps=args.max_steps, coordinator=coordinator,
         callbacks=[PerformanceEvaluator(ignore_steps=1, print_fn=coordinator.print_on_master), *callbacks],
-        **(trainer_kwargs or {}),
+        **(trainer_kwargs or {}), **hook_kwargs,
     )
     checkpoint = resolve_checkpoint(args)
     if checkpoint:

@@ -51,3 +51,13 @@ def training_parser(description: str) -> argparse.ArgumentParser:
 
     add_plugin_args(parser)
     return parser
+
+
+def add_reference_args(parser: argparse.ArgumentParser, precompute: bool = True) -> None:
+    """Flags of trainers with a frozen reference policy (DPO, KTO)."""
+    group = parser.add_argument_group("reference policy")
+    group.add_argument("--ref_pretrain", default=None, help="reference model directory (default: --pretrain)")
+    if precompute:
+        group.add_argument("--precompute_ref_logps", action="store_true",
+                           help="score the data with the reference once, store it beside the data, and train "
+                                "without the reference model in memory")

@@ -17,7 +17,7 @@ from coati.utils.errors import CoatiUsageError, exit_on_usage_error
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--type", required=True, choices=("sft", "preference", "prompt"))
+    parser.add_argument("--type", required=True, choices=("sft", "preference", "prompt", "kto"))
     parser.add_argument("--data_input_dirs", nargs="+", required=True,
                         help="JSONL files, folders of them, or local dataset folders that datasets.load_dataset reads")
     parser.add_argument("--tokenizer_dir", required=True)

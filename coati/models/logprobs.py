@@ -1,0 +1,24 @@
+"""Log-probabilities of label tokens: the quantity every preference and policy loss is built on."""
+from typing import Tuple
+
+import torch
+
+from coati.dataset.tokenization import IGNORE_INDEX
+
+
+def label_logps(logits: torch.Tensor, labels: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log p(label) of next-token `logits` (batch, T, vocab) against `labels` (batch, T), and the
+    mask of tokens that count (labels other than IGNORE_INDEX). Both are (batch, T-1), in float32; a
+    gather minus logsumexp, so no (batch, T, vocab) log-softmax is kept."""
+    logits, targets = logits[:, :-1].float(), labels[:, 1:]
+    mask = targets != IGNORE_INDEX
+    picked = logits.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return (picked - logits.logsumexp(-1)) * mask, mask
+
+
+def sequence_logps(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   labels: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Summed label log-probs and label-token counts per row, from one forward of `model`."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+    logps, mask = label_logps(logits, labels)
+    return logps.sum(-1), mask.sum(-1)

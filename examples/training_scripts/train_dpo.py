@@ -1,0 +1,36 @@
+"""Direct preference optimisation on prepared preference pairs: DPO, IPO or SimPO (`--loss_type`).
+
+    torchrun --nproc_per_node 2 examples/training_scripts/train_dpo.py --pretrain SFT_MODEL \
+        --dataset data/pref --plugin ddp --batch_size 8 --beta 0.1 --save_dir ckpt/dpo --output_dir out/dpo
+"""
+from coati.models.loss import DPOLoss, SimPOLoss
+from coati.trainer.dpo import DPOTrainer
+from coati.trainer.runner import reference_hook, run_supervised
+from coati.utils.arguments import add_reference_args, training_parser
+from coati.utils.errors import exit_on_usage_error
+
+DEFAULT_BETA = {"sigmoid": 0.1, "ipo": 0.1, "simpo": 2.0}
+
+
+@exit_on_usage_error
+def main(argv=None) -> None:
+    parser = training_parser(__doc__.strip().splitlines()[0])
+    group = parser.add_argument_group("preference loss")
+    group.add_argument("--loss_type", default="sigmoid", choices=tuple(DEFAULT_BETA),
+                       help="sigmoid: DPO; ipo: IPO; simpo: SimPO (no reference model)")
+    group.add_argument("--beta", type=float, default=None, help="inverse temperature (default: 0.1; simpo 2.0)")
+    group.add_argument("--label_smoothing", type=float, default=0.0, help="cDPO: assumed rate of flipped labels")
+    group.add_argument("--gamma", type=float, default=0.5, help="simpo: target reward margin")
+    add_reference_args(parser)
+    args = parser.parse_args(argv)
+    beta = DEFAULT_BETA[args.loss_type] if args.beta is None else args.beta
+    if args.loss_type == "simpo":
+        loss = SimPOLoss(beta, args.gamma, args.label_smoothing)
+    else:
+        loss = DPOLoss(beta, args.label_smoothing, args.loss_type)
+    run_supervised(args, DPOTrainer, "preference", trainer_kwargs={"loss_fn": loss},
+                   setup_hook=reference_hook if loss.needs_reference else None)
+
+
+if __name__ == "__main__":
+    main()

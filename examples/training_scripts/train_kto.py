@@ -1,0 +1,27 @@
+"""KTO on prepared KTO data (prompt, completion, desirable-or-not label) against a frozen reference.
+
+    torchrun --nproc_per_node 2 examples/training_scripts/train_kto.py --pretrain SFT_MODEL \
+        --dataset data/kto --plugin ddp --batch_size 8 --beta 0.1 --save_dir ckpt/kto --output_dir out/kto
+"""
+from coati.models.loss import KTOLoss
+from coati.trainer.kto import KTOTrainer
+from coati.trainer.runner import reference_hook, run_supervised
+from coati.utils.arguments import add_reference_args, training_parser
+from coati.utils.errors import exit_on_usage_error
+
+
+@exit_on_usage_error
+def main(argv=None) -> None:
+    parser = training_parser(__doc__.strip().splitlines()[0])
+    group = parser.add_argument_group("KTO loss")
+    group.add_argument("--beta", type=float, default=0.1, help="inverse temperature")
+    group.add_argument("--desirable_weight", type=float, default=1.0, help="weight of desirable completions")
+    group.add_argument("--undesirable_weight", type=float, default=1.0, help="weight of undesirable completions")
+    add_reference_args(parser, precompute=False)
+    args = parser.parse_args(argv)
+    loss = KTOLoss(args.beta, args.desirable_weight, args.undesirable_weight)
+    run_supervised(args, KTOTrainer, "kto", trainer_kwargs={"loss_fn": loss}, setup_hook=reference_hook)
+
+
+if __name__ == "__main__":
+    main()

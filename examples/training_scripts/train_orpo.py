@@ -1,0 +1,22 @@
+"""ORPO on prepared preference pairs: SFT on chosen plus an odds-ratio penalty, no reference model.
+
+    torchrun --nproc_per_node 2 examples/training_scripts/train_orpo.py --pretrain MODEL \
+        --dataset data/pref --plugin ddp --batch_size 8 --lam 0.1 --save_dir ckpt/orpo --output_dir out/orpo
+"""
+from coati.models.loss import ORPOLoss
+from coati.trainer.dpo import ORPOTrainer
+from coati.trainer.runner import run_supervised
+from coati.utils.arguments import training_parser
+from coati.utils.errors import exit_on_usage_error
+
+
+@exit_on_usage_error
+def main(argv=None) -> None:
+    parser = training_parser(__doc__.strip().splitlines()[0])
+    parser.add_argument("--lam", type=float, default=0.1, help="weight of the odds-ratio term")
+    args = parser.parse_args(argv)
+    run_supervised(args, ORPOTrainer, "preference", trainer_kwargs={"loss_fn": ORPOLoss(args.lam)})
+
+
+if __name__ == "__main__":
+    main()
