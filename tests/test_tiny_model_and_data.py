@@ -2,8 +2,8 @@
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from coati.dataset import IGNORE_INDEX, PreferenceCollator, PromptCollator, SupervisedCollator
-from coati.dataset.collators import KTOCollator, tokenize_conversation
+from coati.dataset import (IGNORE_INDEX, KTOCollator, PreferenceCollator, PromptCollator, SupervisedCollator,
+                           tokenize_conversation)
 from coati.dataset.demo_data import _is_held_out, generate_problems, preference_records, prompt_records
 from coati.models.tiny import END_OF_TURN
 
