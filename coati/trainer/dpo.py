@@ -1,5 +1,5 @@
 """Direct preference optimisation from pairs: DPO, IPO, SimPO and ORPO, as the loss each is."""
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -11,12 +11,11 @@ from coati.utils.errors import CoatiUsageError
 from .base import Batch, BatchResult, SLTrainer
 
 
-class DPOTrainer(SLTrainer):
-    """Chosen and rejected go through the policy in one concatenated forward; `loss_fn` (a `DPOLoss` by
-    default; `SimPOLoss` and `ORPOLoss` need no reference) turns their log-probs into per-pair losses.
-    Reference log-probs come from the batch when precomputed (`chosen_ref_logps`), else from the frozen
-    `ref_model`. Logs TRL's names: loss, rewards/chosen, rewards/rejected, rewards/margins,
-    rewards/accuracies, logps/chosen, logps/rejected, and any extras of the loss."""
+class PreferenceTrainer(SLTrainer):
+    """What the DPO family shares: a loss module (`default_loss()` unless given) and an optional frozen
+    reference policy `ref_model`; subclasses say how a batch is scored."""
+
+    default_loss: Callable[[], torch.nn.Module] = DPOLoss
 
     def __init__(
         self,
@@ -33,14 +32,25 @@ class DPOTrainer(SLTrainer):
     ) -> None:
         super().__init__(booster, max_epochs, model, optimizer, plugin, start_epoch, lr_scheduler=lr_scheduler, **kwargs)
         self.ref_model = ref_model
-        self.loss_fn = loss_fn or DPOLoss()
+        self.loss_fn = loss_fn or self.default_loss()
+
+    def _require_reference(self) -> torch.nn.Module:
+        if self.ref_model is None:
+            raise CoatiUsageError(f"{type(self.loss_fn).__name__} needs a reference model or precomputed reference log-probs")
+        return self.ref_model
+
+
+class DPOTrainer(PreferenceTrainer):
+    """Chosen and rejected go through the policy in one concatenated forward; `loss_fn` (a `DPOLoss` by
+    default; `SimPOLoss` and `ORPOLoss` need no reference) turns their log-probs into per-pair losses.
+    Reference log-probs come from the batch when precomputed (`chosen_ref_logps`), else from the frozen
+    `ref_model`. Logs TRL's names: loss, rewards/chosen, rewards/rejected, rewards/margins,
+    rewards/accuracies, logps/chosen, logps/rejected, and any extras of the loss."""
 
     def _reference(self, batch: Batch) -> Tuple[torch.Tensor, torch.Tensor]:
         if all(c in batch for c in REF_COLUMNS):
             return batch[REF_COLUMNS[0]], batch[REF_COLUMNS[1]]
-        if self.ref_model is None:
-            raise CoatiUsageError(f"{type(self.loss_fn).__name__} needs a reference model or precomputed reference log-probs")
-        scores = pair_logps(self.ref_model, batch)
+        scores = pair_logps(self._require_reference(), batch)
         return scores[REF_COLUMNS[0]], scores[REF_COLUMNS[1]]
 
     def _compute_batch(self, batch: Batch) -> BatchResult:
@@ -84,5 +94,4 @@ class ORPOTrainer(DPOTrainer):
     """ORPO: the SFT loss on chosen plus an odds-ratio term, with no reference model (`ORPOLoss`); logs
     nll_loss and log_odds_ratio besides the DPO metrics."""
 
-    def __init__(self, *args: Any, loss_fn: Optional[torch.nn.Module] = None, **kwargs: Any) -> None:
-        super().__init__(*args, loss_fn=loss_fn or ORPOLoss(), **kwargs)
+    default_loss = ORPOLoss

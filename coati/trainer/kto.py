@@ -1,6 +1,4 @@
 """KTO: preference optimisation from single completions labelled desirable or undesirable."""
-from typing import Any, Optional
-
 import torch
 import torch.distributed as dist
 
@@ -8,40 +6,24 @@ from coati.distributed.comm import is_distributed
 from coati.models.logprobs import sequence_logps
 from coati.models.loss import KTOLoss
 
-from .base import Batch, BatchResult, SLTrainer
+from .base import Batch, BatchResult
+from .dpo import PreferenceTrainer
 
 
-class KTOTrainer(SLTrainer):
+class KTOTrainer(PreferenceTrainer):
     """Scores each completion under the policy and the frozen `ref_model`; the reference point z0 is
     the policy-vs-reference KL on mismatched prompt/completion pairs of the batch (no gradient),
     averaged over all ranks and clamped at 0. Logs loss, kl, rewards/chosen and rewards/rejected
     (beta * log-ratio over desirable / undesirable items), logps/chosen and logps/rejected."""
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        booster: Any,
-        optimizer: torch.optim.Optimizer,
-        plugin: Any,
-        lr_scheduler: Optional[Any] = None,
-        ref_model: Optional[torch.nn.Module] = None,
-        loss_fn: Optional[KTOLoss] = None,
-        max_epochs: int = 1,
-        start_epoch: int = 0,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(booster, max_epochs, model, optimizer, plugin, start_epoch, lr_scheduler=lr_scheduler, **kwargs)
-        if ref_model is None:
-            raise ValueError("KTOTrainer needs a reference model")
-        self.ref_model = ref_model
-        self.loss_fn = loss_fn or KTOLoss()
+    default_loss = KTOLoss
 
     @torch.no_grad()
     def _kl_estimate(self, batch: Batch) -> torch.Tensor:
         """Mean over the mismatched pairs of every rank of log pi - log ref, clamped at 0."""
         inputs = (batch["kl_input_ids"], batch["kl_attention_mask"], batch["kl_labels"])
         policy, _ = sequence_logps(self.model, *inputs)
-        reference, _ = sequence_logps(self.ref_model, *inputs)
+        reference, _ = sequence_logps(self._require_reference(), *inputs)
         total = torch.stack([(policy - reference).sum(), torch.tensor(float(policy.numel()), device=policy.device)])
         if is_distributed():
             dist.all_reduce(total)
@@ -51,7 +33,7 @@ class KTOTrainer(SLTrainer):
         inputs = (batch["input_ids"], batch["attention_mask"], batch["labels"])
         logps, _ = sequence_logps(self.model, *inputs)
         with torch.no_grad():
-            ref_logps, _ = sequence_logps(self.ref_model, *inputs)
+            ref_logps, _ = sequence_logps(self._require_reference(), *inputs)
         kl = self._kl_estimate(batch)
         desirable = batch["desirable"]
         loss = self.loss_fn(logps, ref_logps, desirable, kl).sum()
