@@ -1,0 +1,91 @@
+"""Reward functions by name, and a weighted sum of them.
+
+Contract: `fn(prompts, completions, **sample_fields)` returns a list of floats (one per completion) or a
+dict of named lists (each a component, logged on its own). `sample_fields` are the prompt data's
+other columns, e.g. `gt_answer`. Pick built-ins by name or your own as `package.module:function`,
+each with an optional weight: `--reward_fn math_answer answer_format=0.1`.
+"""
+import importlib
+import math
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Sequence, Tuple
+
+from coati.utils.errors import CoatiUsageError
+
+from .math import answer_format, math_answer
+
+RewardFn = Callable[..., object]
+BUILTIN: Dict[str, RewardFn] = {"math_answer": math_answer, "answer_format": answer_format}
+
+
+class RewardFunctionError(CoatiUsageError):
+    """A reward function raised or returned something unusable; the message names it."""
+
+
+def resolve(name: str) -> RewardFn:
+    """A built-in by name, or `package.module:function`."""
+    if name in BUILTIN:
+        return BUILTIN[name]
+    if ":" not in name:
+        raise CoatiUsageError(f"unknown reward function {name!r}: use one of {', '.join(BUILTIN)} or package.module:function")
+    module_name, attr = name.split(":", 1)
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as error:
+        raise CoatiUsageError(f"reward function {name!r} cannot be imported: {error}") from None
+    if not callable(fn):
+        raise CoatiUsageError(f"reward function {name!r} is not callable")
+    return fn
+
+
+@dataclass
+class WeightedReward:
+    """The weighted sum of named reward functions; also returns every component for logging."""
+
+    parts: List[Tuple[str, RewardFn, float]]
+
+    @classmethod
+    def from_specs(cls, specs: Sequence[str]) -> "WeightedReward":
+        """From `name` or `name=weight` strings."""
+        parts = []
+        for spec in specs:
+            name, _, weight = spec.partition("=")
+            try:
+                parts.append((name, resolve(name), float(weight) if weight else 1.0))
+            except ValueError:
+                raise CoatiUsageError(f"reward weight in {spec!r} is not a number") from None
+        return cls(parts)
+
+    def __call__(self, prompts: Sequence[str], completions: Sequence[str],
+                 **fields: Sequence[object]) -> Tuple[List[float], Dict[str, List[float]]]:
+        """(total reward per completion, {component name: values})."""
+        total = [0.0] * len(completions)
+        components: Dict[str, List[float]] = {}
+        for name, fn, weight in self.parts:
+            for component, values in _checked(name, fn, prompts, completions, fields).items():
+                components[component] = values
+                total = [t + weight * v for t, v in zip(total, values)]
+        return total, components
+
+
+def _checked(name: str, fn: RewardFn, prompts: Sequence[str], completions: Sequence[str],
+             fields: Dict[str, Sequence[object]]) -> Dict[str, List[float]]:
+    """`fn`'s result as {component: floats}, or a `RewardFunctionError` that names `fn` and the problem."""
+    try:
+        result = fn(prompts=list(prompts), completions=list(completions), **fields)
+    except Exception as error:
+        raise RewardFunctionError(f"reward function {name} raised {type(error).__name__}: {error}") from error
+    named = result if isinstance(result, dict) else {name: result}
+    checked = {}
+    for component, values in named.items():
+        label = name if component == name else f"{name}/{component}"
+        try:
+            floats = [float(v) for v in values]
+        except (TypeError, ValueError):
+            raise RewardFunctionError(f"reward function {label} must return numbers, got {values!r:.80}") from None
+        if len(floats) != len(completions):
+            raise RewardFunctionError(f"reward function {label} returned {len(floats)} values for {len(completions)} completions")
+        if not all(math.isfinite(v) for v in floats):
+            raise RewardFunctionError(f"reward function {label} returned a NaN or infinite value")
+        checked[label] = floats
+    return checked
