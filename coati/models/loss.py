@@ -1,6 +1,7 @@
-"""Every training loss in one place. Each returns per-item losses with `reduction='none'`, else their mean."""
+"""Every training loss in one place: pairwise reward-model losses, the DPO family, and PPO/GRPO's policy
+and value losses with their KL estimators and aggregation. Each states its equation in its docstring."""
 from dataclasses import dataclass, field
-from typing import Dict
+from typing import Dict, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -130,3 +131,85 @@ def _smoothed_logsigmoid_loss(logits: torch.Tensor, label_smoothing: float) -> t
 def _log1m_exp(logp: torch.Tensor) -> torch.Tensor:
     """log(1 - e^logp) for logp < 0, kept finite as logp reaches 0."""
     return torch.log1p(-torch.exp(logp).clamp(max=1 - 1e-6))
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (values * mask).sum() / mask.sum().clamp(min=1)
+
+
+def aggregate(token_losses: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", norm_length: int = 0) -> torch.Tensor:
+    """One loss from per-token losses (batch, T) under `mask`.
+
+    token-mean: over all tokens of the batch (DAPO, Yu et al. 2025); seq-mean-token-mean: per-sequence
+    means, then their mean (GRPO, Shao et al. 2024); seq-mean-token-sum-norm: token sums over
+    batch * `norm_length`, a constant, so no length bias (Dr. GRPO, Liu et al. 2025).
+    """
+    mask = mask.to(token_losses.dtype)
+    if mode == "token-mean":
+        return masked_mean(token_losses, mask)
+    if mode == "seq-mean-token-mean":
+        return ((token_losses * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+    if mode == "seq-mean-token-sum-norm":
+        return (token_losses * mask).sum() / (token_losses.size(0) * (norm_length or token_losses.size(-1)))
+    raise ValueError(f"unknown loss aggregation {mode!r}")
+
+
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def kl_penalty(logps: torch.Tensor, ref_logps: torch.Tensor, kind: str = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(pi || ref) from log-probs of the sampled tokens (Schulman 2020):
+    k1 = log r, k2 = (log r)^2 / 2, k3 = e^{-log r} - 1 + log r, with log r = log pi - log ref."""
+    log_ratio = logps - ref_logps
+    if kind == "k1":
+        return log_ratio
+    if kind == "k2":
+        return 0.5 * log_ratio ** 2
+    if kind == "k3":
+        return torch.exp(-log_ratio) - 1 + log_ratio
+    raise ValueError(f"unknown KL estimator {kind!r}; expected k1, k2 or k3")
+
+
+class PolicyLoss(torch.nn.Module):
+    """PPO clipped surrogate (Schulman et al. 2017) with separate bounds (DAPO's clip-higher):
+    -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), r = exp(log pi - log pi_old), per token, aggregated."""
+
+    def __init__(self, clip_eps_low: float = 0.2, clip_eps_high: float = 0.2, aggregation: str = "token-mean",
+                 norm_length: int = 0) -> None:
+        super().__init__()
+        self.clip_eps_low, self.clip_eps_high = clip_eps_low, clip_eps_high
+        self.aggregation, self.norm_length = aggregation, norm_length
+
+    def forward(self, logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor,
+                mask: torch.Tensor) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+        """(loss, stats: clip_fraction and approx_kl); `advantages` per token (batch, T) or per row (batch,)."""
+        if advantages.dim() == 1:
+            advantages = advantages.unsqueeze(-1)
+        ratio = torch.exp(logps - old_logps)
+        surrogate = ratio * advantages
+        clipped = ratio.clamp(1 - self.clip_eps_low, 1 + self.clip_eps_high) * advantages
+        loss = aggregate(-torch.min(surrogate, clipped), mask, self.aggregation, self.norm_length)
+        with torch.no_grad():
+            stats = {"clip_fraction": masked_mean((clipped < surrogate).float(), mask.float()),
+                     "approx_kl": masked_mean(0.5 * (logps - old_logps) ** 2, mask.float())}
+        return loss, stats
+
+
+class ValueLoss(torch.nn.Module):
+    """PPO clipped value loss: 0.5 max((V - R)^2, (V_old + clip(V - V_old, -eps, eps) - R)^2), masked mean."""
+
+    def __init__(self, clip_eps: float = 0.2) -> None:
+        super().__init__()
+        self.clip_eps = clip_eps
+
+    def forward(self, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+                mask: torch.Tensor) -> torch.Tensor:
+        clipped = old_values + (values - old_values).clamp(-self.clip_eps, self.clip_eps)
+        losses = 0.5 * torch.max((values - returns) ** 2, (clipped - returns) ** 2)
+        return masked_mean(losses, mask.to(losses.dtype))
+
+
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of each next-token distribution, (batch, T, vocab) -> (batch, T)."""
+    logits = logits.float()
+    return logits.logsumexp(-1) - (torch.softmax(logits, -1) * logits).sum(-1)

@@ -1,0 +1,71 @@
+"""GAE, group advantages, policy/value losses, KL estimators and loss aggregation against hand-computed values."""
+import math
+
+import pytest
+import torch
+
+from coati.experience.advantages import compute_gae, group_advantages, tied_groups
+from coati.models.loss import PolicyLoss, ValueLoss, aggregate, kl_penalty, token_entropy
+
+T = torch.tensor
+
+
+def test_gae_matches_the_recursion_and_stops_at_the_mask():
+    rewards = T([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]])
+    values = T([[0.5, 0.6, 0.7], [0.2, 0.4, 9.0]])
+    mask = T([[1, 1, 1], [1, 1, 0]])
+    advantages, returns = compute_gae(rewards, values, mask, gamma=1.0, lam=0.5)
+    assert advantages.tolist() == [pytest.approx([0.225, 0.25, 0.3]), pytest.approx([0.5, 0.6, 0.0])]
+    assert returns.tolist() == [pytest.approx([0.725, 0.85, 1.0]), pytest.approx([0.7, 1.0, 0.0])]
+
+
+def test_gae_discount():
+    advantages, _ = compute_gae(T([[0.0, 1.0]]), T([[0.0, 0.0]]), T([[1, 1]]), gamma=0.9, lam=1.0)
+    assert advantages.tolist() == [pytest.approx([0.9, 1.0])]
+
+
+def test_group_advantages_and_tied_groups():
+    rewards = T([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    std = math.sqrt(1 / 3)                                   # unbiased std of (1, 0, 0, 1)
+    expected = [0.5 / std, -0.5 / std, -0.5 / std, 0.5 / std, 0.0, 0.0, 0.0, 0.0]
+    assert group_advantages(rewards, 4).tolist() == pytest.approx(expected, rel=1e-5)
+    assert group_advantages(rewards, 4, scale_by_std=False).tolist() == pytest.approx([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0])
+    assert tied_groups(rewards, 4).tolist() == [False] * 4 + [True] * 4
+
+
+def test_policy_loss_clips_with_separate_bounds():
+    logps, old = T([[-1.0, -2.0]]), T([[-1.2, -1.0]])
+    mask = T([[1, 1]])
+    r1, r2 = math.exp(0.2), math.exp(-1.0)
+    loss, stats = PolicyLoss(0.2, 0.28)(logps, old, T([1.0]), mask)
+    assert loss.item() == pytest.approx(-(r1 + r2) / 2, rel=1e-5)             # neither ratio is clipped for A > 0
+    assert stats["clip_fraction"].item() == 0.0
+    loss, stats = PolicyLoss(0.2, 0.1)(logps, old, T([1.0]), mask)
+    assert loss.item() == pytest.approx(-(1.1 + r2) / 2, rel=1e-5)            # 1.2214 clipped to 1 + 0.1
+    assert stats["clip_fraction"].item() == 0.5
+    loss, _ = PolicyLoss(0.2, 0.2)(logps, old, T([-1.0]), mask)
+    assert loss.item() == pytest.approx((r1 + 0.8) / 2, rel=1e-5)              # pessimistic: max(r, clip(r)) * |A|
+
+
+def test_value_loss_takes_the_larger_of_clipped_and_unclipped():
+    loss = ValueLoss(0.2)(T([[1.0, 0.0]]), T([[0.5, 0.0]]), T([[2.0, 0.0]]), T([[1, 0]]))
+    assert loss.item() == pytest.approx(0.5 * (0.7 - 2.0) ** 2)
+
+
+def test_kl_estimators():
+    logps, ref = T([-1.0]), T([-1.5])
+    assert kl_penalty(logps, ref, "k1").item() == pytest.approx(0.5)
+    assert kl_penalty(logps, ref, "k2").item() == pytest.approx(0.125)
+    assert kl_penalty(logps, ref, "k3").item() == pytest.approx(math.exp(-0.5) - 1 + 0.5)
+
+
+def test_aggregations():
+    losses, mask = T([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]]), T([[1, 1, 1], [1, 0, 0]])
+    assert aggregate(losses, mask, "token-mean").item() == pytest.approx(2.5)
+    assert aggregate(losses, mask, "seq-mean-token-mean").item() == pytest.approx(3.0)
+    assert aggregate(losses, mask, "seq-mean-token-sum-norm", norm_length=4).item() == pytest.approx(1.25)
+
+
+def test_token_entropy_of_uniform_and_peaked_distributions():
+    logits = torch.stack([torch.zeros(4), T([100.0, 0.0, 0.0, 0.0])]).unsqueeze(0)
+    assert token_entropy(logits)[0].tolist() == pytest.approx([math.log(4), 0.0], abs=1e-5)
