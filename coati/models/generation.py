@@ -1,0 +1,106 @@
+"""Rollout generation behind a small engine interface, so a vLLM/SGLang backend can replace the default
+without touching trainers.
+
+`HFEngine` samples from a transformers causal LM with its KV cache. Prompts come left-padded;
+each sequence stops at its first end-of-turn/EOS token, and finished rows leave the batch (their
+cache rows are dropped), so a finished sequence stops costing compute.
+"""
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence, Tuple
+
+import torch
+from transformers import DynamicCache
+
+
+@dataclass
+class SamplingConfig:
+    """How to sample: `temperature` 0 (or `do_sample` False) is greedy; `top_k` 0 and `top_p` 1 are off."""
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    do_sample: bool = True
+    stop_token_ids: Tuple[int, ...] = field(default_factory=tuple)
+
+
+@dataclass
+class GenerationOutput:
+    """`sequences` = left-padded prompt (its first `prompt_length` columns) + completion, right-padded.
+    `action_mask` (batch, completion columns) marks generated tokens up to and including the stop token."""
+
+    sequences: torch.Tensor
+    attention_mask: torch.Tensor
+    action_mask: torch.Tensor
+    prompt_length: int
+
+
+class InferenceEngine(Protocol):
+    """What a trainer needs from a generation backend."""
+
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, config: SamplingConfig) -> GenerationOutput:
+        """Completions of left-padded prompts."""
+
+
+def sample_next(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """One token per row from next-token `logits` (rows, vocab) with temperature, top-k and top-p."""
+    if not config.do_sample or config.temperature <= 0:
+        return logits.argmax(-1)
+    logits = logits.float() / config.temperature
+    if config.top_k > 0:
+        kth = torch.topk(logits, min(config.top_k, logits.size(-1))).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if config.top_p < 1.0:
+        sorted_logits, order = logits.sort(-1, descending=True)
+        before = sorted_logits.softmax(-1).cumsum(-1) - sorted_logits.softmax(-1)   # mass of strictly better tokens
+        sorted_logits = sorted_logits.masked_fill(before >= config.top_p, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    return torch.multinomial(logits.softmax(-1), 1).squeeze(-1)
+
+
+class HFEngine:
+    """Generation with a transformers causal LM (the actor itself: weights are shared, never copied)."""
+
+    def __init__(self, model: torch.nn.Module, pad_token_id: int, stop_token_ids: Sequence[int]) -> None:
+        self.model = model
+        self.pad_token_id = pad_token_id
+        self.stop_token_ids = tuple(stop_token_ids)
+
+    def _forward(self, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=cache, use_cache=True)
+        return out.logits[:, -1]
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, config: SamplingConfig) -> GenerationOutput:
+        rows, prompt_length = input_ids.shape
+        stops = torch.tensor(config.stop_token_ids or self.stop_token_ids, device=input_ids.device)
+        tokens = torch.full((rows, config.max_new_tokens), self.pad_token_id, dtype=torch.long, device=input_ids.device)
+        lengths = torch.full((rows,), config.max_new_tokens, dtype=torch.long, device=input_ids.device)
+        cache = DynamicCache()
+        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        logits = self._forward(input_ids, attention_mask, positions, cache)
+        active = torch.arange(rows, device=input_ids.device)
+        mask, next_position = attention_mask, positions[:, -1] + 1
+        for step in range(config.max_new_tokens):
+            token = sample_next(logits, config)
+            tokens[active, step] = token
+            finished = torch.isin(token, stops)
+            lengths[active[finished]] = step + 1
+            if step == config.max_new_tokens - 1 or finished.all():
+                break
+            if finished.any():
+                keep = (~finished).nonzero().squeeze(-1)
+                cache.batch_select_indices(keep)
+                active, token, mask, next_position = active[keep], token[keep], mask[keep], next_position[keep]
+            mask = torch.cat([mask, mask.new_ones(mask.size(0), 1)], dim=-1)
+            logits = self._forward(token.unsqueeze(-1), mask, next_position.unsqueeze(-1), cache)
+            next_position = next_position + 1
+        action_mask = torch.arange(config.max_new_tokens, device=input_ids.device) < lengths.unsqueeze(-1)
+        tokens = tokens.masked_fill(~action_mask, self.pad_token_id)
+        return GenerationOutput(
+            sequences=torch.cat([input_ids, tokens], dim=-1),
+            attention_mask=torch.cat([attention_mask, action_mask.to(attention_mask.dtype)], dim=-1),
+            action_mask=action_mask,
+            prompt_length=prompt_length,
+        )

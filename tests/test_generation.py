@@ -1,0 +1,76 @@
+"""The HF engine: greedy output equals transformers' generate; each row stops at its EOS and what follows
+is masked and padded; top-k/top-p keep only the allowed tokens."""
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from coati.dataset import PromptCollator
+from coati.models.generation import HFEngine, SamplingConfig, sample_next
+
+
+class EosBoost(torch.nn.Module):
+    """The model with +4 on the EOS logit, so sampled rows end after a few tokens, at different steps."""
+
+    def __init__(self, model, eos: int) -> None:
+        super().__init__()
+        self.model, self.eos = model, eos
+
+    def forward(self, **inputs):
+        out = self.model(**inputs)
+        out.logits[..., self.eos] += 4.0
+        return out
+
+
+def _prompts(tokenizer, questions):
+    rows = [{"input_ids": tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)}
+            for q in questions]
+    return PromptCollator(tokenizer.pad_token_id)(rows)
+
+
+def test_greedy_generation_matches_transformers_and_masks_after_eos(tiny_assets):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
+    model = AutoModelForCausalLM.from_pretrained(tiny_assets["model"]).eval()
+    batch = _prompts(tokenizer, ["Ann has 3 pens and gets 2 more. How many pens does Ann have now?", "Ben has 9 cards."])
+    eos = tokenizer.eos_token_id
+    config = SamplingConfig(max_new_tokens=12, do_sample=False)
+    plain = HFEngine(model, tokenizer.pad_token_id, [eos]).generate(batch["input_ids"], batch["attention_mask"], config)
+    stand_in = plain.sequences[0, plain.prompt_length + 3].item()
+    with torch.no_grad():                   # EOS now wins wherever `stand_in` would: row 0 stops after 4 tokens
+        model.lm_head.weight[eos] = model.lm_head.weight[stand_in] * 1.01
+    out = HFEngine(model, tokenizer.pad_token_id, [eos]).generate(batch["input_ids"], batch["attention_mask"], config)
+    expected = model.generate(batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=12,
+                              do_sample=False, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
+    completions = out.sequences[:, out.prompt_length:]
+    for row in range(2):
+        n = int(out.action_mask[row].sum())
+        want = expected[row, out.prompt_length:].tolist()
+        want = want[: want.index(eos) + 1] if eos in want else want
+        assert completions[row, :n].tolist() == want
+        assert (completions[row, n:] == tokenizer.pad_token_id).all()
+        if n < 12:
+            assert completions[row, n - 1].item() == eos
+    assert int(out.action_mask[0].sum()) == 4
+    assert torch.equal(out.attention_mask[:, out.prompt_length:], out.action_mask.long())
+
+
+def test_rows_stop_at_different_lengths(tiny_assets):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
+    model = AutoModelForCausalLM.from_pretrained(tiny_assets["model"]).eval()
+    batch = _prompts(tokenizer, ["Cat has 4 coins."] * 8)
+    torch.manual_seed(0)
+    out = HFEngine(EosBoost(model, tokenizer.eos_token_id), tokenizer.pad_token_id, [tokenizer.eos_token_id]).generate(
+        batch["input_ids"], batch["attention_mask"], SamplingConfig(max_new_tokens=16, temperature=1.0))
+    lengths = out.action_mask.sum(-1)
+    stopped = lengths < 16
+    assert stopped.any() and len(set(lengths.tolist())) > 1
+    for row in stopped.nonzero().squeeze(-1).tolist():
+        n = int(lengths[row])
+        assert out.sequences[row, out.prompt_length + n - 1].item() == tokenizer.eos_token_id
+
+
+def test_top_k_and_top_p_keep_only_the_allowed_tokens():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(2000, 1)
+    torch.manual_seed(0)
+    assert set(sample_next(logits, SamplingConfig(top_k=2)).tolist()) == {0, 1}
+    assert set(sample_next(logits, SamplingConfig(top_p=0.7)).tolist()) == {0, 1}      # 0.5 < 0.7, 0.8 >= 0.7
+    assert set(sample_next(logits, SamplingConfig(top_p=0.5)).tolist()) == {0}
+    assert sample_next(logits[:1], SamplingConfig(do_sample=False)).item() == 0
