@@ -382,6 +382,9 @@ class OLTrainer(_TrainerCore, ABC):
     def _update_batches(self) -> Iterable[Any]:
         return list(self.data_buffer)
 
+    def _after_episode(self, episode: int) -> None:
+        """Called after each episode's metrics are logged, before `on_episode_end`: a checkpoint, say."""
+
     def fit(
         self,
         num_episodes: int,
@@ -404,6 +407,7 @@ class OLTrainer(_TrainerCore, ABC):
                 self._update(update_step)
             self.data_buffer.clear()
             self._flush_metrics(episode + 1)
+            self._after_episode(episode)
             fire(self.callbacks, "on_episode_end", episode)
             if self._should_stop():
                 break

@@ -7,7 +7,7 @@ import argparse
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Sequence, Type
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type
 
 import torch
 from colossalai.accelerator import get_accelerator
@@ -133,6 +133,24 @@ def reference_hook(context: RunContext) -> Dict[str, Any]:
     return {"ref_model": load()}
 
 
+def start_run(args: argparse.Namespace) -> Tuple[BoostSetup, DistCoordinator, PreTrainedTokenizerBase]:
+    """Plugin check (before any process group), process group, booster and tokenizer."""
+    check_plugin_available(args.plugin)
+    init_distributed(args.seed)
+    setup = build_booster(args)
+    return setup, DistCoordinator(), load_tokenizer(args.tokenizer_dir or args.pretrain, args.trust_remote_code)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, args: argparse.Namespace, total_steps: int) -> Any:
+    return get_scheduler(args.lr_scheduler, optimizer, num_warmup_steps=args.warmup_steps,
+                         num_training_steps=max(total_steps, 1))
+
+
+def open_logger(args: argparse.Namespace, trainer_cls: type, resume_step: Optional[int]) -> MetricsLogger:
+    return MetricsLogger(args.log_dir, args.use_wandb, args.wandb_project, trainer_cls.__name__, vars(args),
+                         resume_step=resume_step)
+
+
 def run_supervised(
     args: argparse.Namespace,
     trainer_cls: Type[SLTrainer],
@@ -145,11 +163,7 @@ def run_supervised(
     """Train `trainer_cls` on prepared `data_type` data as the flags say, then export the model.
     `callbacks` run after the built-in performance report. `setup_hook(context)` runs once the process
     group, plugin and tokenizer exist, and returns extra trainer arguments (a reference model)."""
-    check_plugin_available(args.plugin)
-    init_distributed(args.seed)
-    setup = build_booster(args)
-    coordinator = DistCoordinator()
-    tokenizer = load_tokenizer(args.tokenizer_dir or args.pretrain, args.trust_remote_code)
+    setup, coordinator, tokenizer = start_run(args)
     collator = COLLATORS[data_type](tokenizer.pad_token_id, args.max_length)
     context = RunContext(args, setup, tokenizer, collator, lambda paths: load_prepared(paths, data_type))
     hook_kwargs = setup_hook(context) if setup_hook else {}
@@ -161,8 +175,7 @@ def run_supervised(
     total_steps = math.ceil(len(train_loader) / args.accumulation_steps) * args.max_epochs
     if args.max_steps:
         total_steps = min(total_steps, args.max_steps)
-    scheduler = get_scheduler(args.lr_scheduler, optimizer, num_warmup_steps=args.warmup_steps,
-                              num_training_steps=max(total_steps, 1))
+    scheduler = build_scheduler(optimizer, args, total_steps)
     model, optimizer, scheduler, _ = setup.boost(model, optimizer, scheduler)
     trainer = trainer_cls(
         booster=setup.booster, max_epochs=args.max_epochs, model=model, optimizer=optimizer, plugin=setup.plugin,
@@ -176,9 +189,7 @@ def run_supervised(
     if checkpoint:
         trainer.load_checkpoint(checkpoint)
         coordinator.print_on_master(f"resumed from {checkpoint} at epoch {trainer.start_epoch}, step {trainer.step}")
-    logger = MetricsLogger(args.log_dir, args.use_wandb, args.wandb_project, trainer_cls.__name__, vars(args),
-                           resume_step=trainer.step if checkpoint else None)
-    trainer.fit(train_loader, eval_loader, metrics_logger=logger)
+    trainer.fit(train_loader, eval_loader, metrics_logger=open_logger(args, trainer_cls, trainer.step if checkpoint else None))
     if args.output_dir:
         export_model(args, setup, model, tokenizer, coordinator)
     return trainer

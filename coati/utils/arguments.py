@@ -4,8 +4,9 @@ import argparse
 from coati.distributed.plugins import add_plugin_args
 
 
-def training_parser(description: str) -> argparse.ArgumentParser:
-    """Flags common to all training scripts; a script adds only its algorithm's own flags."""
+def training_parser(description: str, dataset_flag: str = "--dataset") -> argparse.ArgumentParser:
+    """Flags common to all training scripts; a script adds only its algorithm's own flags. On-policy
+    scripts name their data `--prompt_dataset` (stored as `args.dataset` all the same)."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     model = parser.add_argument_group("model")
     model.add_argument("--pretrain", required=True, help="model directory loadable with from_pretrained")
@@ -19,7 +20,8 @@ def training_parser(description: str) -> argparse.ArgumentParser:
                        help="module names to adapt, or 'all-linear' for every linear layer but the output head")
 
     data = parser.add_argument_group("data")
-    data.add_argument("--dataset", nargs="+", required=True, help="prepared dataset directories (prepare_dataset.py)")
+    data.add_argument(dataset_flag, dest="dataset", nargs="+", required=True,
+                      help="prepared dataset directories (prepare_dataset.py)")
     data.add_argument("--eval_dataset", nargs="*", default=None, help="prepared evaluation dataset directories")
     data.add_argument("--max_length", type=int, default=0,
                       help="cut longer rows from the right at batching time (0: keep the length they were prepared with)")
@@ -61,3 +63,30 @@ def add_reference_args(parser: argparse.ArgumentParser, precompute: bool = True)
         group.add_argument("--precompute_ref_logps", action="store_true",
                            help="score the data with the reference once, store it beside the data, and train "
                                 "without the reference model in memory")
+
+
+def add_grpo_args(parser: argparse.ArgumentParser) -> None:
+    """Rollout, reward and loss flags of GRPO (and, later, PPO)."""
+    rl = parser.add_argument_group("on-policy")
+    rl.add_argument("--num_episodes", type=int, default=10, help="collect-then-learn episodes")
+    rl.add_argument("--num_collect_steps", type=int, default=1, help="prompt batches per episode")
+    rl.add_argument("--num_update_steps", type=int, default=1, help="passes over an episode's experience")
+    rl.add_argument("--num_generations", type=int, default=8, help="completions per prompt (the group)")
+    rl.add_argument("--max_new_tokens", type=int, default=64)
+    rl.add_argument("--temperature", type=float, default=1.0)
+    rl.add_argument("--top_p", type=float, default=1.0)
+    rl.add_argument("--top_k", type=int, default=0)
+    rl.add_argument("--reward_fn", nargs="+", default=["math_answer"],
+                    help="reward functions, by built-in name or package.module:function, each optionally =weight")
+    rl.add_argument("--kl_coef", type=float, default=0.0, help="weight of the KL to the reference in the loss (0: no reference)")
+    rl.add_argument("--kl_estimator", default="k3", choices=("k1", "k2", "k3"))
+    rl.add_argument("--clip_eps_low", type=float, default=0.2)
+    rl.add_argument("--clip_eps_high", type=float, default=0.2, help="DAPO's clip-higher uses 0.28")
+    rl.add_argument("--loss_agg", default="token-mean",
+                    choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
+                    help="token-mean (DAPO), seq-mean-token-mean (GRPO), seq-mean-token-sum-norm (Dr. GRPO)")
+    rl.add_argument("--no_std_normalize", action="store_true", help="Dr. GRPO: do not divide advantages by the group std")
+    rl.add_argument("--drop_tied_groups", action="store_true", help="DAPO: mask out groups whose rewards all tie")
+    rl.add_argument("--entropy_coef", type=float, default=0.0)
+    rl.add_argument("--eval_interval", type=int, default=0,
+                    help="held-out evaluation every N episodes (always before the first and after the last)")

@@ -1,0 +1,21 @@
+"""GRPO with verifiable rewards on prepared prompt data (its ground-truth fields reach the reward).
+
+    torchrun --nproc_per_node 2 examples/training_scripts/train_grpo.py --pretrain SFT_MODEL \
+        --prompt_dataset data/prompts --eval_dataset data/prompts_eval --reward_fn math_answer \
+        --num_generations 8 --plugin ddp --batch_size 4 --num_episodes 20 --output_dir out/grpo
+"""
+from coati.trainer.rl_runner import run_grpo
+from coati.utils.arguments import add_grpo_args, add_reference_args, training_parser
+from coati.utils.errors import exit_on_usage_error
+
+
+@exit_on_usage_error
+def main(argv=None) -> None:
+    parser = training_parser(__doc__.strip().splitlines()[0], dataset_flag="--prompt_dataset")
+    add_grpo_args(parser)
+    add_reference_args(parser, precompute=False)
+    run_grpo(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()
