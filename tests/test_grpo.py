@@ -1,0 +1,56 @@
+"""GRPOTrainer in one process: hooks fire in order with real experiences; rewards reach the metrics."""
+import torch
+from colossalai.booster import Booster
+from colossalai.booster.plugin import TorchDDPPlugin
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from coati.dataset import PromptCollator
+from coati.dataset.demo_data import generate_problems, prompt_records
+from coati.dataset.prepare import tokenize_prompt
+from coati.experience.experience import Experience, GRPOExperienceMaker, GRPOSettings
+from coati.models.generation import HFEngine, SamplingConfig
+from coati.rewards import WeightedReward
+from coati.trainer.callbacks import Callback
+from coati.trainer.grpo import GRPOTrainer
+from coati.trainer.runner import build_dataloader
+from coati.utils.metrics_logger import MetricsLogger
+
+
+class Recorder(Callback):
+    def __init__(self):
+        self.events = []
+
+    def __getattribute__(self, name):
+        if name.startswith("on_"):
+            return lambda *args: self.events.append((name, args))
+        return super().__getattribute__(name)
+
+
+def test_hooks_fire_in_order_with_real_experiences(world_of_one, tiny_assets, tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
+    rows = [tokenize_prompt(tokenizer, r, 64) for r in prompt_records(generate_problems(8, "train"))]
+    plugin = TorchDDPPlugin()
+    booster = Booster(plugin=plugin)
+    loader = build_dataloader(plugin, rows, 2, PromptCollator(tokenizer.pad_token_id), True, 0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_assets["model"])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    actor, optimizer, *_ = booster.boost(model, optimizer)
+    engine = HFEngine(actor.unwrap(), tokenizer.pad_token_id, [tokenizer.eos_token_id])
+    settings = GRPOSettings(num_generations=4, sampling=SamplingConfig(max_new_tokens=8))
+    maker = GRPOExperienceMaker(actor, engine, tokenizer, WeightedReward.from_specs(["math_answer", "answer_format"]), settings)
+    recorder = Recorder()
+    trainer = GRPOTrainer(actor, optimizer, booster, maker, loader, callbacks=[recorder])
+    trainer.fit(num_episodes=2, num_collect_steps=2, num_update_steps=1,
+                metrics_logger=MetricsLogger(str(tmp_path / "logs")))
+    names = [name for name, _ in recorder.events if name != "on_log"]
+    episode = (["on_episode_start"] + ["on_make_experience_start", "on_make_experience_end"] * 2
+               + ["on_learn_epoch_start"] + ["on_learn_batch_start", "on_learn_batch_end"] * 2 + ["on_learn_epoch_end", "on_episode_end"])
+    assert names == ["on_fit_start"] + episode * 2 + ["on_fit_end"]
+    experiences = [args[0] for name, args in recorder.events if name == "on_make_experience_end"]
+    for experience in experiences:
+        assert isinstance(experience, Experience) and experience.sequences.size(0) == 2 * 4
+        assert experience.action_log_probs.shape == experience.action_mask.shape
+        assert torch.allclose(experience.advantages.view(-1, 4).sum(-1), torch.zeros(2), atol=1e-4)
+    logged = [args[1] for name, args in recorder.events if name == "on_log"]
+    assert [set(m) >= {"train/reward", "train/rewards/math_answer", "train/rewards/answer_format", "train/policy_loss"}
+            for m in logged] == [True, True]
