@@ -53,6 +53,16 @@ def move_to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
+def apply_gradients(optimizer: torch.optim.Optimizer, lr_scheduler: Optional[Any], grad_clip: float) -> None:
+    """Clip (when the trainer, not the plugin, clips), step the optimizer and the schedule, clear gradients."""
+    if grad_clip > 0:
+        optimizer.clip_grad_by_norm(grad_clip)
+    optimizer.step()
+    optimizer.zero_grad()
+    if lr_scheduler is not None:
+        lr_scheduler.step()
+
+
 class _TrainerCore:
     """What both loops share: callbacks around `fit`, the meter, and the metrics logger."""
 
@@ -264,12 +274,7 @@ class SLTrainer(_TrainerCore, ABC):
                 result = self._compute_batch(batch)
                 self.booster.backward(result.loss / normalizer, self.optimizer)
             self._record(result.metrics)
-        if self.grad_clip > 0:
-            self.optimizer.clip_grad_by_norm(self.grad_clip)
-        self.optimizer.step()
-        self.optimizer.zero_grad()
-        if self.lr_scheduler is not None:
-            self.lr_scheduler.step()
+        apply_gradients(self.optimizer, self.lr_scheduler, self.grad_clip)
         self.step += 1
 
     def _loss_normalizer(self, batches: List[Batch]) -> float:

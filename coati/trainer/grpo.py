@@ -9,7 +9,7 @@ from coati.models.logprobs import action_logps
 from coati.models.loss import PolicyLoss, aggregate, kl_penalty, token_entropy
 from coati.utils.ckpt_io import load_checkpoint, save_checkpoint
 
-from .base import OLTrainer, move_to_device
+from .base import OLTrainer, apply_gradients, move_to_device
 from .callbacks import Callback, fire
 
 
@@ -112,12 +112,7 @@ class GRPOTrainer(OLTrainer):
         if self.entropy_coef > 0:
             loss = loss - self.entropy_coef * entropy
         self.actor_booster.backward(loss, self.optimizer)
-        if self.grad_clip > 0:
-            self.optimizer.clip_grad_by_norm(self.grad_clip)
-        self.optimizer.step()
-        self.optimizer.zero_grad()
-        if self.lr_scheduler is not None:
-            self.lr_scheduler.step()
+        apply_gradients(self.optimizer, self.lr_scheduler, self.grad_clip)
         metrics["loss"] = (loss.item(), 1)
         metrics["lr"] = (float(self.optimizer.param_groups[0]["lr"]), 1)
         self._record(metrics)
