@@ -3,7 +3,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from datasets import load_from_disk
 from transformers import AutoModelForCausalLM, AutoTokenizer
 

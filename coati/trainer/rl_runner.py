@@ -8,11 +8,10 @@ from coati.dataset.prepare import load_prepared
 from coati.experience.experience import GRPOExperienceMaker, GRPOSettings
 from coati.models.generation import HFEngine, SamplingConfig
 from coati.models.loss import PolicyLoss
-from coati.models.reference import load_reference_model
 from coati.rewards import WeightedReward
 
 from .grpo import GRPOTrainer
-from .runner import (RunContext, build_dataloader, build_optimizer, build_scheduler, export_model, load_causal_lm,
+from .runner import (build_dataloader, build_optimizer, build_scheduler, export_model, frozen_reference, load_causal_lm,
                      open_logger, prepare_model, resolve_checkpoint, start_run)
 
 
@@ -36,9 +35,7 @@ def run_grpo(args: argparse.Namespace) -> GRPOTrainer:
     optimizer = build_optimizer(actor, args)
     scheduler = build_scheduler(optimizer, args, args.num_episodes * args.num_collect_steps * args.num_update_steps)
     actor, optimizer, scheduler, _ = setup.boost(actor, optimizer, scheduler)
-    context = RunContext(args, setup, tokenizer, collator, load_prepared)
-    reference = (load_reference_model(args.ref_pretrain or args.pretrain, context.device, context.dtype,
-                                      args.trust_remote_code) if args.kl_coef > 0 else None)
+    reference = frozen_reference(args, setup) if args.kl_coef > 0 else None
     generator = actor.unwrap(unwrap_peft=False) if hasattr(actor, "unwrap") else actor
     engine = HFEngine(generator, tokenizer.pad_token_id, [tokenizer.eos_token_id])
     maker = GRPOExperienceMaker(actor, engine, tokenizer, reward_fn, _settings(args), reference)

@@ -105,32 +105,30 @@ class RunContext:
     collator: Callable
     load_data: Callable[[Sequence[str]], Dataset]
 
-    @property
-    def device(self) -> torch.device:
-        return get_accelerator().get_current_device() if torch.cuda.is_available() else torch.device("cpu")
 
-    @property
-    def dtype(self) -> torch.dtype:
-        """The dtype a frozen model (a reference policy) runs in: the training precision on GPU, else fp32."""
-        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.setup.precision, torch.float32)
+def run_device() -> torch.device:
+    return get_accelerator().get_current_device() if torch.cuda.is_available() else torch.device("cpu")
+
+
+def frozen_reference(args: argparse.Namespace, setup: BoostSetup) -> torch.nn.Module:
+    """The frozen `--ref_pretrain` model (default `--pretrain`) on this rank's device, in the training
+    precision on GPU (fp32 on CPU)."""
+    path = _require_dir(args.ref_pretrain or args.pretrain, "--ref_pretrain model directory")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(setup.precision, torch.float32)
+    return load_reference_model(path, run_device(), dtype, args.trust_remote_code)
 
 
 def reference_hook(context: RunContext) -> Dict[str, Any]:
-    """`setup_hook` of the reference-based trainers: the frozen `--ref_pretrain` model (default
-    `--pretrain`) for the trainer, or with `--precompute_ref_logps` its log-probs stored with the data
-    and no model kept."""
+    """`setup_hook` of the reference-based trainers: the frozen reference for the trainer, or with
+    `--precompute_ref_logps` its log-probs stored with the data and no model kept."""
     args = context.args
-    path = _require_dir(args.ref_pretrain or args.pretrain, "--ref_pretrain model directory")
-
-    def load() -> torch.nn.Module:
-        return load_reference_model(path, context.device, context.dtype, args.trust_remote_code)
-
     if getattr(args, "precompute_ref_logps", False):
         load_plain = context.load_data
-        context.load_data = lambda paths: with_reference_logps(paths, load_plain, path, load, context.collator,
-                                                               args.max_length, args.batch_size, context.device)
+        context.load_data = lambda paths: with_reference_logps(
+            paths, load_plain, args.ref_pretrain or args.pretrain, lambda: frozen_reference(args, context.setup),
+            context.collator, args.max_length, args.batch_size, run_device())
         return {}
-    return {"ref_model": load()}
+    return {"ref_model": frozen_reference(args, context.setup)}
 
 
 def start_run(args: argparse.Namespace) -> Tuple[BoostSetup, DistCoordinator, PreTrainedTokenizerBase]:
