@@ -26,8 +26,11 @@ class _Collator:
         self.pad_token_id = pad_token_id
         self.max_length = max_length
 
-    def _cut(self, sequence: Sequence[int]) -> Sequence[int]:
-        return sequence[:self.max_length] if self.max_length else sequence
+    def _cut(self, sequence: Sequence[int], keep_end: bool = False) -> Sequence[int]:
+        """`sequence` cut to `max_length`: its start kept, or its end with `keep_end`."""
+        if not self.max_length:
+            return sequence
+        return sequence[-self.max_length:] if keep_end else sequence[:self.max_length]
 
     def _column(self, rows: List[Dict[str, Sequence[int]]], key: str) -> List[Sequence[int]]:
         """`key` of every row, cut to `max_length`."""
@@ -90,7 +93,7 @@ class PromptCollator(_Collator):
     (ground truth for a reward function) comes through as a list. `max_length` keeps a prompt's end."""
 
     def __call__(self, rows: List[Dict[str, Any]]) -> Dict[str, Any]:
-        ids = [row["input_ids"][-self.max_length:] if self.max_length else row["input_ids"] for row in rows]
+        ids = [self._cut(row["input_ids"], keep_end=True) for row in rows]
         batch: Dict[str, Any] = {
             "input_ids": pad_sequences(ids, self.pad_token_id, left=True),
             "attention_mask": pad_sequences([[1] * len(i) for i in ids], 0, left=True),
@@ -99,6 +102,12 @@ class PromptCollator(_Collator):
             if key != "input_ids":
                 batch[key] = [row[key] for row in rows]
         return batch
+
+
+def both_sides(batch: Dict[str, torch.Tensor], field: str) -> torch.Tensor:
+    """`chosen_<field>` and `rejected_<field>` of a preference batch stacked into one batch (chosen first),
+    for the single concatenated forward."""
+    return torch.cat([batch[f"chosen_{field}"], batch[f"rejected_{field}"]])
 
 
 COLLATORS = {"sft": SupervisedCollator, "preference": PreferenceCollator, "prompt": PromptCollator, "kto": KTOCollator}

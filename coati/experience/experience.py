@@ -1,5 +1,5 @@
 """One batch of on-policy experience, and the GRPO experience maker that produces it."""
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 import torch
@@ -31,19 +31,13 @@ class Experience:
     loss_mask: Optional[torch.Tensor] = None
     info: Dict[str, Any] = field(default_factory=dict)
 
-    def to(self, device: torch.device) -> "Experience":
-        moved = {f.name: getattr(self, f.name) for f in fields(self)}
-        for name, value in moved.items():
-            if isinstance(value, torch.Tensor):
-                moved[name] = value.to(device)
-        return Experience(**moved)
-
 
 @dataclass
 class GRPOSettings:
+    """Rollout settings; `kl_estimator` serves both the logged KL and the trainer's KL loss."""
+
     num_generations: int = 8
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    kl_coef: float = 0.0
     kl_estimator: str = "k3"
     scale_rewards: bool = True
     drop_tied_groups: bool = False

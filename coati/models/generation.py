@@ -11,6 +11,8 @@ from typing import Protocol, Sequence, Tuple
 import torch
 from transformers import DynamicCache
 
+from .logprobs import mask_positions
+
 
 @dataclass
 class SamplingConfig:
@@ -52,7 +54,8 @@ def sample_next(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if config.top_p < 1.0:
         sorted_logits, order = logits.sort(-1, descending=True)
-        before = sorted_logits.softmax(-1).cumsum(-1) - sorted_logits.softmax(-1)   # mass of strictly better tokens
+        probs = sorted_logits.softmax(-1)
+        before = probs.cumsum(-1) - probs                                            # mass of strictly better tokens
         sorted_logits = sorted_logits.masked_fill(before >= config.top_p, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
     return torch.multinomial(logits.softmax(-1), 1).squeeze(-1)
@@ -78,7 +81,7 @@ class HFEngine:
         tokens = torch.full((rows, config.max_new_tokens), self.pad_token_id, dtype=torch.long, device=input_ids.device)
         lengths = torch.full((rows,), config.max_new_tokens, dtype=torch.long, device=input_ids.device)
         cache = DynamicCache()
-        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        positions = mask_positions(attention_mask)
         logits = self._forward(input_ids, attention_mask, positions, cache)
         active = torch.arange(rows, device=input_ids.device)
         mask, next_position = attention_mask, positions[:, -1] + 1

@@ -9,7 +9,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence, Union
+from typing import Callable, Dict, List, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from coati.distributed.comm import barrier, is_distributed, is_rank_0, rank, world_size
 
-from .logprobs import sequence_logps
+from .logprobs import pair_sequence_logps
 
 PathLike = Union[str, Path]
 REF_COLUMNS = ("chosen_ref_logps", "rejected_ref_logps")
@@ -37,12 +37,7 @@ def load_reference_model(path: str, device: torch.device, dtype: torch.dtype = t
 def pair_logps(model: torch.nn.Module, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """Summed label log-probs of the chosen and rejected rows of a preference batch, one forward."""
     pairs = batch["chosen_input_ids"].size(0)
-    logps, _ = sequence_logps(
-        model,
-        torch.cat([batch["chosen_input_ids"], batch["rejected_input_ids"]]),
-        torch.cat([batch["chosen_attention_mask"], batch["rejected_attention_mask"]]),
-        torch.cat([batch["chosen_labels"], batch["rejected_labels"]]),
-    )
+    logps, _ = pair_sequence_logps(model, batch)
     return {REF_COLUMNS[0]: logps[:pairs], REF_COLUMNS[1]: logps[pairs:]}
 
 
@@ -55,16 +50,15 @@ def _compute(model: torch.nn.Module, dataset: Dataset, collator: Callable, batch
              device: torch.device) -> Dict[str, List[float]]:
     """Reference log-probs of every row: each rank scores rows rank, rank + world, ..., then all gather."""
     indices = list(range(rank(), len(dataset), world_size()))
-    found: Dict[int, List[float]] = {}
+    found: Dict[int, Tuple[float, float]] = {}
     for start in tqdm(range(0, len(indices), batch_size), desc="reference log-probs", disable=not is_rank_0()):
         chunk = indices[start:start + batch_size]
         batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v
                  for k, v in collator([dataset[i] for i in chunk]).items()}
         scores = pair_logps(model, batch)
-        for j, index in enumerate(chunk):
-            found[index] = [scores[c][j].item() for c in REF_COLUMNS]
+        found.update(zip(chunk, zip(*(scores[c].tolist() for c in REF_COLUMNS))))
     if is_distributed():
-        parts: List[Dict[int, List[float]]] = [{} for _ in range(world_size())]
+        parts: List[Dict[int, Tuple[float, float]]] = [{} for _ in range(world_size())]
         dist.all_gather_object(parts, found)
         found = {k: v for part in parts for k, v in part.items()}
     return {c: [found[i][n] for i in range(len(dataset))] for n, c in enumerate(REF_COLUMNS)}
@@ -89,5 +83,4 @@ def with_reference_logps(folders: Sequence[PathLike], load: Callable[[Sequence[P
             barrier()
         stored = load_from_disk(str(cache))
         parts.append(concatenate_datasets([data, stored], axis=1))
-    del model
     return concatenate_datasets(parts)

@@ -6,6 +6,8 @@ one (the head is then new). The reward of a sequence is read at its last non-pad
 import torch
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
+from .logprobs import mask_positions
+
 
 def load_reward_model(path: str, pad_token_id: int, trust_remote_code: bool = False) -> PreTrainedModel:
     """A reward model from `path`: an earlier reward model, or a causal LM to start one from."""
@@ -18,5 +20,5 @@ def sequence_rewards(model: torch.nn.Module, input_ids: torch.Tensor, attention_
     """One scalar reward per row, in float32, read at the row's last non-pad token. Positions count real
     tokens only, so a left-padded row (as rollouts are) scores as it would unpadded, for absolute
     position embeddings too."""
-    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    position_ids = mask_positions(attention_mask)
     return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits.squeeze(-1).float()

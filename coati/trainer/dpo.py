@@ -3,7 +3,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
-from coati.models.logprobs import sequence_logps
+from coati.models.logprobs import pair_sequence_logps
 from coati.models.loss import DPOLoss, ORPOLoss, PreferenceLossOutput
 from coati.models.reference import REF_COLUMNS, pair_logps
 from coati.utils.errors import CoatiUsageError
@@ -55,12 +55,7 @@ class DPOTrainer(PreferenceTrainer):
 
     def _compute_batch(self, batch: Batch) -> BatchResult:
         pairs = batch["chosen_input_ids"].size(0)
-        logps, tokens = sequence_logps(
-            self.model,
-            torch.cat([batch["chosen_input_ids"], batch["rejected_input_ids"]]),
-            torch.cat([batch["chosen_attention_mask"], batch["rejected_attention_mask"]]),
-            torch.cat([batch["chosen_labels"], batch["rejected_labels"]]),
-        )
+        logps, tokens = pair_sequence_logps(self.model, batch)
         scale = tokens.clamp(min=1) if self.loss_fn.length_normalized else torch.ones_like(logps)
         policy = logps / scale
         if self.loss_fn.needs_reference:

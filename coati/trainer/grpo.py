@@ -16,7 +16,8 @@ from .callbacks import Callback, fire
 class GRPOTrainer(OLTrainer):
     """Each episode draws prompt batches (`num_collect_steps`), makes experience with `experience_maker`,
     then takes `num_update_steps` passes of optimizer steps over it. The loss is `policy_loss` plus
-    `kl_coef` times the KL to the reference (k1/k2/k3) minus `entropy_coef` times the entropy.
+    `kl_coef` times the KL to the reference (the maker's k1/k2/k3 estimator) minus `entropy_coef`
+    times the entropy.
     Checkpoints every `save_interval` episodes hold the actor, optimizer, scheduler, episode, the
     prompt sampler's position and RNG, so a resumed run continues identically."""
 
@@ -31,7 +32,6 @@ class GRPOTrainer(OLTrainer):
         lr_scheduler: Optional[Any] = None,
         policy_loss: Optional[PolicyLoss] = None,
         kl_coef: float = 0.0,
-        kl_estimator: str = "k3",
         entropy_coef: float = 0.0,
         grad_clip: float = 0.0,
         save_interval: int = 0,
@@ -46,7 +46,7 @@ class GRPOTrainer(OLTrainer):
         self.actor, self.optimizer, self.lr_scheduler = actor, actor_optim, lr_scheduler
         self.maker, self.prompt_dataloader = experience_maker, prompt_dataloader
         self.policy_loss = policy_loss or PolicyLoss()
-        self.kl_coef, self.kl_estimator, self.entropy_coef = kl_coef, kl_estimator, entropy_coef
+        self.kl_coef, self.entropy_coef = kl_coef, entropy_coef
         self.grad_clip = grad_clip
         self.save_interval, self.save_dir, self.keep_last = save_interval, save_dir, keep_last
         self.device = next(actor.parameters()).device
@@ -104,7 +104,7 @@ class GRPOTrainer(OLTrainer):
         loss, stats = self.policy_loss(logps, experience.action_log_probs, experience.advantages, mask)
         metrics = {"policy_loss": (loss.item(), 1), **{k: (v.item(), 1) for k, v in stats.items()}}
         if self.kl_coef > 0 and experience.ref_log_probs is not None:
-            kl = aggregate(kl_penalty(logps, experience.ref_log_probs, self.kl_estimator), mask)
+            kl = aggregate(kl_penalty(logps, experience.ref_log_probs, self.maker.settings.kl_estimator), mask)
             loss = loss + self.kl_coef * kl
             metrics["kl_loss"] = (kl.item(), 1)
         entropy = aggregate(token_entropy(logits), mask)
@@ -141,9 +141,9 @@ class GRPOTrainer(OLTrainer):
         due = self.eval_interval and done % self.eval_interval == 0
         if self.eval_dataloader is not None and (due or done == self._num_episodes):
             self.evaluate(step=done)
-        if self.save_dir and self.save_interval and (episode + 1) % self.save_interval == 0:
+        if self.save_dir and self.save_interval and done % self.save_interval == 0:
             path = save_checkpoint(self.save_dir, self.actor_booster, self.actor, self.optimizer, self.lr_scheduler,
-                                   epoch=self.prompt_epoch, step=episode + 1,
+                                   epoch=self.prompt_epoch, step=done,
                                    batch_size=self.prompt_dataloader.batch_size, coordinator=self.coordinator,
                                    sample_start_index=self._prompts_seen, keep_last=self.keep_last)
             self.coordinator.print_on_master(f"saved checkpoint {path}")

@@ -18,9 +18,8 @@ from .runner import (build_dataloader, build_optimizer, build_scheduler, export_
 def _settings(args: argparse.Namespace) -> GRPOSettings:
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                               top_k=args.top_k)
-    return GRPOSettings(num_generations=args.num_generations, sampling=sampling, kl_coef=args.kl_coef,
-                        kl_estimator=args.kl_estimator, scale_rewards=not args.no_std_normalize,
-                        drop_tied_groups=args.drop_tied_groups)
+    return GRPOSettings(num_generations=args.num_generations, sampling=sampling, kl_estimator=args.kl_estimator,
+                        scale_rewards=not args.no_std_normalize, drop_tied_groups=args.drop_tied_groups)
 
 
 def run_grpo(args: argparse.Namespace) -> GRPOTrainer:
@@ -42,7 +41,7 @@ def run_grpo(args: argparse.Namespace) -> GRPOTrainer:
     trainer = GRPOTrainer(
         actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler,
         policy_loss=PolicyLoss(args.clip_eps_low, args.clip_eps_high, args.loss_agg, args.max_new_tokens),
-        kl_coef=args.kl_coef, kl_estimator=args.kl_estimator, entropy_coef=args.entropy_coef,
+        kl_coef=args.kl_coef, entropy_coef=args.entropy_coef,
         grad_clip=setup.grad_clip if setup.trainer_clips_grad else 0.0, save_interval=args.save_interval,
         save_dir=args.save_dir, keep_last=args.keep_last, eval_dataloader=held_out, eval_interval=args.eval_interval,
         coordinator=coordinator,

@@ -3,6 +3,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from coati.dataset.collators import both_sides
 from coati.models.loss import LogSigLoss
 from coati.models.reward_model import sequence_rewards
 
@@ -33,11 +34,7 @@ class RewardModelTrainer(SLTrainer):
 
     def _compute_batch(self, batch: Batch) -> BatchResult:
         pairs = batch["chosen_input_ids"].size(0)
-        rewards = sequence_rewards(
-            self.model,
-            torch.cat([batch["chosen_input_ids"], batch["rejected_input_ids"]]),
-            torch.cat([batch["chosen_attention_mask"], batch["rejected_attention_mask"]]),
-        )
+        rewards = sequence_rewards(self.model, both_sides(batch, "input_ids"), both_sides(batch, "attention_mask"))
         chosen, rejected = rewards[:pairs], rewards[pairs:]
         loss = self.loss_fn(chosen, rejected).sum()
         margin = (chosen - rejected).detach()
