@@ -96,5 +96,15 @@ def test_task_splits_are_disjoint_and_answers_verifiable():
     for pref in preference_records(held_out):
         assert pref["chosen"][0]["content"] != pref["rejected"][0]["content"]
     assert prompt_records(held_out[:1])[0]["gt_answer"] == str(held_out[0].answer)
-    assert all(not _is_held_out(*map(int, p.solution.split(" = ")[0].split(" ")[::2]), p.solution.split(" ")[1])
-               for p in train)
+    assert all(not _is_held_out(*_wording(p)) for p in train) and all(_is_held_out(*_wording(p)) for p in held_out)
+    assert _facts(held_out) <= _facts(generate_problems(2000, "train")), "held-out arithmetic is covered by training"
+
+
+def _wording(problem):
+    """(name, item) of a question: what the held-out split is keyed on."""
+    words = problem.question.split(" ")
+    return words[0], words[3]
+
+
+def _facts(problems):
+    return {p.solution.split(" = ")[0] for p in problems}

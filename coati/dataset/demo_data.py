@@ -1,7 +1,9 @@
 """A learnable, verifiable task for tests and the demo: one-step arithmetic word problems.
 
-The (a, b, operation) combinations are split deterministically into train and held-out sets, so
-held-out accuracy measures generalisation, not recall.
+The (name, item) pairings are split deterministically into train and held-out sets: a held-out
+question is worded in a way never seen in training, while the arithmetic facts it needs (operands up
+to `MAX_OPERAND`) are the ones training covers. Held-out accuracy thus measures whether a model reads
+the question and gets the fact right, which a tiny model learns partly by SFT and further by RL.
 """
 import json
 import random
@@ -11,8 +13,8 @@ from typing import Callable, Dict, Iterable, List, Sequence, Union
 
 NAMES = ("Ann", "Ben", "Cat", "Dan", "Eve", "Fay", "Gus", "Hal")
 ITEMS = ("apples", "pens", "books", "coins", "cards", "shells")
-MAX_OPERAND = 20
-HELD_OUT_EVERY = 5
+MAX_OPERAND = 9
+HELD_OUT_EVERY = 6
 
 
 @dataclass(frozen=True)
@@ -22,8 +24,8 @@ class Problem:
     solution: str
 
 
-def _is_held_out(a: int, b: int, op: str) -> bool:
-    return (a * 31 + b * 7 + (op == "-")) % HELD_OUT_EVERY == 0
+def _is_held_out(name: str, item: str) -> bool:
+    return (NAMES.index(name) * 5 + ITEMS.index(item)) % HELD_OUT_EVERY == 0
 
 
 def make_problem(a: int, b: int, op: str, name: str, item: str) -> Problem:
@@ -46,8 +48,9 @@ def generate_problems(n: int, split: str = "train", seed: int = 0) -> List[Probl
         a, b, op = rng.randint(1, MAX_OPERAND), rng.randint(1, MAX_OPERAND), rng.choice("+-")
         if op == "-" and b > a:
             a, b = b, a
-        if _is_held_out(a, b, op) == (split == "eval"):
-            problems.append(make_problem(a, b, op, rng.choice(NAMES), rng.choice(ITEMS)))
+        name, item = rng.choice(NAMES), rng.choice(ITEMS)
+        if _is_held_out(name, item) == (split == "eval"):
+            problems.append(make_problem(a, b, op, name, item))
     return problems
 
 
