@@ -26,7 +26,7 @@ def test_pairwise_losses_match_hand_computed_values():
 @pytest.fixture()
 def rm_batch(tiny_assets):
     tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
-    records = preference_records(generate_problems(3, "eval"))
+    records = preference_records(generate_problems(8, "eval"))
     rows = [tokenize_preference(tokenizer, r["context"], r["chosen"], r["rejected"], 128) for r in records]
     return tokenizer, PreferenceCollator(tokenizer.pad_token_id)(rows)
 

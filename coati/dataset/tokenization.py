@@ -54,6 +54,10 @@ def tokenize_conversation(
     """`input_ids` and `labels` for one conversation, truncated to `max_length` tokens from the right.
     Labels cover the assistant turns from message `label_from` on (a response, not its context).
 
+    Markup after the last labelled token (the template's newline after the final end-of-turn) is
+    dropped, so a row ends at its end-of-turn token as a rollout does: a reward model then reads its
+    score at the token where PPO will read it.
+
     Returns None when truncation leaves no assistant token to learn from.
     """
     text = tokenizer.apply_chat_template(list(messages), tokenize=False)
@@ -64,9 +68,10 @@ def tokenize_conversation(
         token if any(s <= start and end <= e for s, e in spans) else IGNORE_INDEX
         for token, (start, end) in zip(encoded["input_ids"], encoded["offset_mapping"])
     ]
-    if all(label == IGNORE_INDEX for label in labels):
+    end = max((i + 1 for i, label in enumerate(labels) if label != IGNORE_INDEX), default=0)
+    if end == 0:
         return None
-    return {"input_ids": encoded["input_ids"], "labels": labels}
+    return {"input_ids": encoded["input_ids"][:end], "labels": labels[:end]}
 
 
 def tokenize_preference(
