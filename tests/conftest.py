@@ -12,11 +12,12 @@ SCRIPTS = REPO / "examples" / "training_scripts"
 
 @pytest.fixture(scope="session")
 def tiny_assets(tmp_path_factory):
-    """A tiny model directory and prepared SFT and preference train/eval datasets, built once per session."""
+    """A tiny model directory and prepared SFT, preference and prompt train/eval datasets, built once per session."""
     from transformers import AutoTokenizer
 
-    from coati.dataset.demo_data import generate_problems, preference_records, sft_records, tokenizer_corpus, write_jsonl
-    from coati.dataset.prepare import prepare_preference, prepare_sft
+    from coati.dataset.demo_data import (generate_problems, preference_records, prompt_records, sft_records,
+                                         tokenizer_corpus, write_jsonl)
+    from coati.dataset.prepare import prepare_dataset, prepare_preference, prepare_sft
     from coati.models.tiny import write_tiny_model
 
     root = tmp_path_factory.mktemp("assets")
@@ -30,6 +31,9 @@ def tiny_assets(tmp_path_factory):
         raw = write_jsonl(preference_records(generate_problems(n, split)), root / f"pref_{split}.jsonl")
         prepare_preference([raw], tokenizer, 128, root / f"pref_{split}")
         paths[f"pref_{split}"] = root / f"pref_{split}"
+        raw = write_jsonl(prompt_records(generate_problems(n, split)), root / f"prompt_{split}.jsonl")
+        prepare_dataset([raw], "prompt", tokenizer, 64, root / f"prompt_{split}")
+        paths[f"prompt_{split}"] = root / f"prompt_{split}"
     return paths
 
 

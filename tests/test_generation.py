@@ -33,8 +33,10 @@ def test_greedy_generation_matches_transformers_and_masks_after_eos(tiny_assets)
     eos = tokenizer.eos_token_id
     config = SamplingConfig(max_new_tokens=12, do_sample=False)
     plain = HFEngine(model, tokenizer.pad_token_id, [eos]).generate(batch["input_ids"], batch["attention_mask"], config)
-    stand_in = plain.sequences[0, plain.prompt_length + 3].item()
-    with torch.no_grad():                   # EOS now wins wherever `stand_in` would: row 0 stops after 4 tokens
+    greedy = plain.sequences[0, plain.prompt_length:].tolist()
+    first_new = next(i for i in range(1, len(greedy)) if greedy[i] not in greedy[:i])
+    stand_in = greedy[first_new]
+    with torch.no_grad():                   # EOS now wins wherever `stand_in` would: row 0 stops there
         model.lm_head.weight[eos] = model.lm_head.weight[stand_in] * 1.01
     out = HFEngine(model, tokenizer.pad_token_id, [eos]).generate(batch["input_ids"], batch["attention_mask"], config)
     expected = model.generate(batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=12,
@@ -48,7 +50,7 @@ def test_greedy_generation_matches_transformers_and_masks_after_eos(tiny_assets)
         assert (completions[row, n:] == tokenizer.pad_token_id).all()
         if n < 12:
             assert completions[row, n - 1].item() == eos
-    assert int(out.action_mask[0].sum()) == 4
+    assert int(out.action_mask[0].sum()) == first_new + 1
     assert torch.equal(out.attention_mask[:, out.prompt_length:], out.action_mask.long())
 
 

@@ -39,12 +39,14 @@ def test_policy_loss_clips_with_separate_bounds():
     r1, r2 = math.exp(0.2), math.exp(-1.0)
     loss, stats = PolicyLoss(0.2, 0.28)(logps, old, T([1.0]), mask)
     assert loss.item() == pytest.approx(-(r1 + r2) / 2, rel=1e-5)             # neither ratio is clipped for A > 0
-    assert stats["clip_fraction"].item() == 0.0
+    assert stats["clip_ratio/region"].item() == 0.0
     loss, stats = PolicyLoss(0.2, 0.1)(logps, old, T([1.0]), mask)
     assert loss.item() == pytest.approx(-(1.1 + r2) / 2, rel=1e-5)            # 1.2214 clipped to 1 + 0.1
-    assert stats["clip_fraction"].item() == 0.5
-    loss, _ = PolicyLoss(0.2, 0.2)(logps, old, T([-1.0]), mask)
+    assert [stats[f"clip_ratio/{k}"].item() for k in ("low", "high", "region")] == [0.0, 0.5, 0.5]
+    loss, stats = PolicyLoss(0.2, 0.2)(logps, old, T([-1.0]), mask)
     assert loss.item() == pytest.approx((r1 + 0.8) / 2, rel=1e-5)              # pessimistic: max(r, clip(r)) * |A|
+    assert [stats[f"clip_ratio/{k}"].item() for k in ("low", "high", "region")] == [0.5, 0.0, 0.5]   # e^-1 < 0.8
+    assert stats["approx_kl"].item() == pytest.approx((0.2 ** 2 + 1.0) / 4, rel=1e-5)
 
 
 def test_value_loss_takes_the_larger_of_clipped_and_unclipped():

@@ -1,5 +1,6 @@
 """Small collective helpers that also work when no process group is set up (a plain `python` run)."""
 import os
+from typing import Any, List, Sequence
 
 import torch.distributed as dist
 
@@ -28,3 +29,12 @@ def is_local_rank_0() -> bool:
 def barrier() -> None:
     if is_distributed():
         dist.barrier()
+
+
+def gather_lists(values: Sequence[Any]) -> List[Any]:
+    """Every rank's `values` (picklable), concatenated in rank order; this rank's alone without a group."""
+    if not is_distributed():
+        return list(values)
+    gathered: List[List[Any]] = [[] for _ in range(world_size())]
+    dist.all_gather_object(gathered, list(values))
+    return [v for part in gathered for v in part]

@@ -1,21 +1,28 @@
-"""One batch of on-policy experience, and the GRPO experience maker that produces it."""
+"""One batch of on-policy experience, and the experience makers of GRPO and PPO that produce it."""
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 
+from coati.models.critic import action_values
 from coati.models.generation import GenerationOutput, InferenceEngine, SamplingConfig
 from coati.models.logprobs import action_logps
-from coati.models.loss import kl_penalty
+from coati.models.loss import kl_penalty, masked_mean, masked_var
+from coati.models.reward_model import sequence_rewards
 from coati.rewards import WeightedReward
 
-from .advantages import group_advantages, tied_groups
+from .advantages import compute_gae, group_advantages, tied_groups
+
+REWARD_MODEL = "reward_model"
 
 
 @dataclass
 class Experience:
     """Rollouts and everything the update needs. Token tensors over completion columns are (batch, N);
-    `sequences`/`attention_mask` hold prompt + completion. `info` keeps text and per-sample stats for logs."""
+    `sequences`/`attention_mask` hold prompt + completion. `info` keeps text, reward components and
+    phase timings for logs."""
 
     sequences: torch.Tensor
     attention_mask: torch.Tensor
@@ -33,56 +40,193 @@ class Experience:
 
 
 @dataclass
-class GRPOSettings:
-    """Rollout settings; `kl_estimator` serves both the logged KL and the trainer's KL loss."""
+class RolloutSettings:
+    """How to sample, and the KL estimator (k1/k2/k3) that serves the logged KL and the KL term."""
 
-    num_generations: int = 8
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     kl_estimator: str = "k3"
+
+
+@dataclass
+class GRPOSettings(RolloutSettings):
+    num_generations: int = 8
     scale_rewards: bool = True
     drop_tied_groups: bool = False
 
 
-class GRPOExperienceMaker:
-    """`num_generations` completions per prompt, scored by the reward function; advantages are the rewards
-    normalised within each prompt's group (no critic). With `drop_tied_groups` (DAPO), groups whose
-    rewards all tie are kept in the batch (every rank steps alike) but masked out of the loss."""
+@dataclass
+class PPOSettings(RolloutSettings):
+    """`kl_coef` weighs the per-token KL penalty in the reward; `gamma`/`lam` are GAE's."""
 
-    def __init__(self, actor: torch.nn.Module, engine: InferenceEngine, tokenizer: Any, reward_fn: WeightedReward,
-                 settings: GRPOSettings, ref_model: Optional[torch.nn.Module] = None) -> None:
+    samples_per_prompt: int = 1
+    kl_coef: float = 0.05
+    gamma: float = 1.0
+    lam: float = 0.95
+    whiten_advantages: bool = True
+
+
+@dataclass
+class _Rollout:
+    out: GenerationOutput
+    rewards: torch.Tensor
+    logps: torch.Tensor
+    ref_logps: Optional[torch.Tensor]
+    kl: Optional[torch.Tensor]
+    info: Dict[str, Any]
+
+
+class _Timer:
+    """Seconds spent per named phase, summed."""
+
+    def __init__(self) -> None:
+        self.seconds: Dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+def repeat_prompts(batch: Dict[str, Any], n: int) -> Dict[str, Any]:
+    """Each prompt (and its fields) `n` times in a row."""
+    return {k: v.repeat_interleave(n, 0) if isinstance(v, torch.Tensor) else [x for x in v for _ in range(n)]
+            for k, v in batch.items()}
+
+
+class ExperienceMaker:
+    """What both makers share: sample completions with `engine`, score them (the reward function on the
+    text, plus a reward model's score when one is given) and take the actor's and the frozen
+    reference's log-probs of the completion tokens."""
+
+    def __init__(self, actor: torch.nn.Module, engine: InferenceEngine, tokenizer: Any,
+                 reward_fn: Optional[WeightedReward], settings: RolloutSettings,
+                 ref_model: Optional[torch.nn.Module] = None, reward_model: Optional[torch.nn.Module] = None) -> None:
+        if reward_fn is None and reward_model is None:
+            raise ValueError("an experience maker needs a reward function or a reward model")
         self.actor, self.engine, self.tokenizer, self.reward_fn = actor, engine, tokenizer, reward_fn
-        self.settings, self.ref_model = settings, ref_model
+        self.settings, self.ref_model, self.reward_model = settings, ref_model, reward_model
 
-    def score(self, batch: Dict[str, Any], out: GenerationOutput, with_text: bool = False):
-        """Rewards of generated completions: (total, components), and the decoded prompts and completions
-        with `with_text`. The batch's other fields (e.g. `gt_answer`) go to the reward function."""
+    def decode(self, batch: Dict[str, Any], out: GenerationOutput):
+        """(prompts, completions) as text, special tokens left out."""
         prompts = self.tokenizer.batch_decode(batch["input_ids"], skip_special_tokens=True)
         completions = [self.tokenizer.decode(row[m].tolist(), skip_special_tokens=True)
                        for row, m in zip(out.sequences[:, out.prompt_length:], out.action_mask)]
-        fields_ = {k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask")}
-        total, components = self.reward_fn(prompts, completions, **fields_)
-        return (total, components, prompts, completions) if with_text else (total, components)
+        return prompts, completions
+
+    @torch.no_grad()
+    def score(self, batch: Dict[str, Any], out: GenerationOutput, texts=None):
+        """Rewards of generated completions: (total, components), the components named after their
+        reward functions (and `reward_model`). The batch's other fields (e.g. `gt_answer`) go to the
+        reward function."""
+        prompts, completions = texts or self.decode(batch, out)
+        total, components = [0.0] * len(completions), {}
+        if self.reward_fn is not None:
+            fields_ = {k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask")}
+            total, components = self.reward_fn(prompts, completions, **fields_)
+        if self.reward_model is not None:
+            scores = sequence_rewards(self.reward_model, out.sequences, out.attention_mask).tolist()
+            components = {**components, REWARD_MODEL: scores}
+            total = [t + s for t, s in zip(total, scores)]
+        return total, components
+
+    def _rollout(self, batch: Dict[str, Any], timer: _Timer) -> _Rollout:
+        with timer.phase("generation"):
+            out = self.engine.generate(batch["input_ids"], batch["attention_mask"], self.settings.sampling)
+        with timer.phase("reward"):
+            texts = self.decode(batch, out)
+            total, components = self.score(batch, out, texts)
+        rewards = torch.tensor(total, dtype=torch.float32, device=out.sequences.device)
+        with timer.phase("actor_forward"):
+            logps = action_logps(self.actor, out.sequences, out.attention_mask, out.prompt_length)
+        ref_logps = kl = None
+        if self.ref_model is not None:
+            with timer.phase("reference_forward"):
+                ref_logps = action_logps(self.ref_model, out.sequences, out.attention_mask, out.prompt_length)
+            kl = kl_penalty(logps, ref_logps, self.settings.kl_estimator) * out.action_mask
+        info = {"prompts": texts[0], "completions": texts[1], "reward_components": components,
+                "terminated": self._terminated(out).tolist(), "timing": timer.seconds}
+        return _Rollout(out, rewards, logps, ref_logps, kl, info)
+
+
+    def _terminated(self, out: GenerationOutput) -> torch.Tensor:
+        """Per row: whether the completion ended with a stop token (rather than at the length limit)."""
+        lengths = out.action_mask.sum(-1, keepdim=True)
+        last = out.sequences[:, out.prompt_length:].gather(1, (lengths - 1).clamp(min=0)).squeeze(-1)
+        stops = self.settings.sampling.stop_token_ids or (self.tokenizer.eos_token_id,)
+        return torch.isin(last, torch.tensor(stops, device=last.device)) & (lengths.squeeze(-1) > 0)
+
+
+class GRPOExperienceMaker(ExperienceMaker):
+    """`num_generations` completions per prompt; advantages are the rewards normalised within each
+    prompt's group (no critic). With `drop_tied_groups` (DAPO), groups whose rewards all tie are kept
+    in the batch (every rank steps alike) but masked out of the loss."""
+
+    settings: GRPOSettings
 
     @torch.no_grad()
     def make(self, batch: Dict[str, Any]) -> Experience:
         n = self.settings.num_generations
-        batch = {k: v.repeat_interleave(n, 0) if isinstance(v, torch.Tensor) else [x for x in v for _ in range(n)]
-                 for k, v in batch.items()}
-        input_ids = batch["input_ids"]
-        out = self.engine.generate(input_ids, batch["attention_mask"], self.settings.sampling)
-        total, components, prompts, completions = self.score(batch, out, with_text=True)
-        rewards = torch.tensor(total, dtype=torch.float32, device=input_ids.device)
-        advantages = group_advantages(rewards, n, self.settings.scale_rewards)
-        old_logps = action_logps(self.actor, out.sequences, out.attention_mask, out.prompt_length)
-        ref_logps = kl = None
-        if self.ref_model is not None:
-            ref_logps = action_logps(self.ref_model, out.sequences, out.attention_mask, out.prompt_length)
-            kl = kl_penalty(old_logps, ref_logps, self.settings.kl_estimator) * out.action_mask
-        loss_mask = out.action_mask.clone()
-        tied = tied_groups(rewards, n)
+        r = self._rollout(repeat_prompts(batch, n), _Timer())
+        advantages = group_advantages(r.rewards, n, self.settings.scale_rewards)
+        loss_mask = r.out.action_mask.clone()
+        tied = tied_groups(r.rewards, n)
         if self.settings.drop_tied_groups:
             loss_mask[tied] = False
-        info = {"prompts": prompts, "completions": completions, "reward_components": components,
-                "tied_fraction": tied.float().mean().item()}
-        return Experience(out.sequences, out.attention_mask, out.action_mask, out.prompt_length, old_logps, rewards,
-                          advantages, ref_log_probs=ref_logps, kl=kl, loss_mask=loss_mask, info=info)
+        r.info["tied_fraction"] = tied.float().mean().item()
+        return Experience(r.out.sequences, r.out.attention_mask, r.out.action_mask, r.out.prompt_length, r.logps,
+                          r.rewards, advantages, ref_log_probs=r.ref_logps, kl=r.kl, loss_mask=loss_mask, info=r.info)
+
+
+def last_token_rewards(rewards: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
+    """(batch, N) token rewards: each sequence's reward on its last completion token, zero elsewhere."""
+    last = (action_mask.long().cumsum(-1) == action_mask.long().sum(-1, keepdim=True)) & action_mask.bool()
+    return last.float() * rewards.unsqueeze(-1)
+
+
+def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Zero mean, unit variance over the masked entries; zero where masked."""
+    mask = mask.float()
+    return (values - masked_mean(values, mask)) * torch.rsqrt(masked_var(values, mask) + eps) * mask
+
+
+class PPOExperienceMaker(ExperienceMaker):
+    """`samples_per_prompt` completions per prompt (default one). Token rewards are -`kl_coef` times the KL to the reference on every
+    token, plus the sequence's score (reward model and/or reward function) on its last token; the
+    critic's values turn them into GAE advantages and returns (Ouyang et al. 2022)."""
+
+    settings: PPOSettings
+
+    def __init__(self, actor: torch.nn.Module, critic: torch.nn.Module, engine: InferenceEngine, tokenizer: Any,
+                 reward_fn: Optional[WeightedReward], settings: PPOSettings,
+                 ref_model: Optional[torch.nn.Module] = None, reward_model: Optional[torch.nn.Module] = None) -> None:
+        super().__init__(actor, engine, tokenizer, reward_fn, settings, ref_model, reward_model)
+        self.critic = critic
+
+    @torch.no_grad()
+    def make(self, batch: Dict[str, Any]) -> Experience:
+        timer = _Timer()
+        r = self._rollout(repeat_prompts(batch, self.settings.samples_per_prompt), timer)
+        mask = r.out.action_mask
+        with timer.phase("critic_forward"):
+            values = action_values(self.critic, r.out.sequences, r.out.attention_mask, r.out.prompt_length) * mask
+        token_rewards = last_token_rewards(r.rewards, mask)
+        if r.kl is not None:
+            token_rewards = token_rewards - self.settings.kl_coef * r.kl
+        advantages, returns = compute_gae(token_rewards, values, mask, self.settings.gamma, self.settings.lam)
+        if self.settings.whiten_advantages:
+            advantages = whiten(advantages, mask)
+        return Experience(r.out.sequences, r.out.attention_mask, mask, r.out.prompt_length, r.logps, r.rewards,
+                          advantages, ref_log_probs=r.ref_logps, values=values, returns=returns, kl=r.kl, info=r.info)
+
+
+def completion_rows(experience: Experience) -> List[Dict[str, Any]]:
+    """One row per sample for a sample table: prompt, completion, reward, each component, advantage."""
+    advantages = experience.advantages
+    per_row = advantages if advantages.dim() == 1 else masked_mean(advantages, experience.action_mask, dim=-1)
+    components = experience.info["reward_components"]
+    return [{"prompt": p, "completion": c, "reward": float(r), **{k: float(v[i]) for k, v in components.items()},
+             "advantage": float(a)}
+            for i, (p, c, r, a) in enumerate(zip(experience.info["prompts"], experience.info["completions"],
+                                                 experience.rewards.tolist(), per_row.tolist()))]
+

@@ -1,7 +1,7 @@
 """Every training loss in one place: pairwise reward-model losses, the DPO family, and PPO/GRPO's policy
 and value losses with their KL estimators and aggregation. Each states its equation in its docstring."""
 from dataclasses import dataclass, field
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -133,8 +133,17 @@ def _log1m_exp(logp: torch.Tensor) -> torch.Tensor:
     return torch.log1p(-torch.exp(logp).clamp(max=1 - 1e-6))
 
 
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return (values * mask).sum() / mask.sum().clamp(min=1)
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:
+    """Mean of `values` where `mask` is set: over everything, or along `dim` (0 where a row is all masked)."""
+    mask = mask.to(values.dtype)
+    if dim is None:
+        return (values * mask).sum() / mask.sum().clamp(min=1)
+    return (values * mask).sum(dim) / mask.sum(dim).clamp(min=1)
+
+
+def masked_var(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Variance (biased) of `values` where `mask` is set."""
+    return masked_mean((values - masked_mean(values, mask)) ** 2, mask)
 
 
 def aggregate(token_losses: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", norm_length: int = 0) -> torch.Tensor:
@@ -148,7 +157,7 @@ def aggregate(token_losses: torch.Tensor, mask: torch.Tensor, mode: str = "token
     if mode == "token-mean":
         return masked_mean(token_losses, mask)
     if mode == "seq-mean-token-mean":
-        return ((token_losses * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+        return masked_mean(token_losses, mask, dim=-1).mean()
     if mode == "seq-mean-token-sum-norm":
         return (token_losses * mask).sum() / (token_losses.size(0) * (norm_length or token_losses.size(-1)))
     raise ValueError(f"unknown loss aggregation {mode!r}")
@@ -182,7 +191,9 @@ class PolicyLoss(torch.nn.Module):
 
     def forward(self, logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor,
                 mask: torch.Tensor) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
-        """(loss, stats: clip_fraction and approx_kl); `advantages` per token (batch, T) or per row (batch,)."""
+        """(loss, stats); `advantages` per token (batch, T) or per row (batch,). Stats, as fractions of
+        tokens (TRL's names): `clip_ratio/low` (r < 1 - eps_low with A < 0), `clip_ratio/high`
+        (r > 1 + eps_high with A > 0), `clip_ratio/region` (either), and `approx_kl` (mean (log r)^2 / 2)."""
         if advantages.dim() == 1:
             advantages = advantages.unsqueeze(-1)
         ratio = torch.exp(logps - old_logps)
@@ -190,8 +201,12 @@ class PolicyLoss(torch.nn.Module):
         clipped = ratio.clamp(1 - self.clip_eps_low, 1 + self.clip_eps_high) * advantages
         loss = aggregate(-torch.min(surrogate, clipped), mask, self.aggregation, self.norm_length)
         with torch.no_grad():
-            stats = {"clip_fraction": masked_mean((clipped < surrogate).float(), mask.float()),
-                     "approx_kl": masked_mean(0.5 * (logps - old_logps) ** 2, mask.float())}
+            mask = mask.float()
+            low = (ratio < 1 - self.clip_eps_low) & (advantages < 0)
+            high = (ratio > 1 + self.clip_eps_high) & (advantages > 0)
+            stats = {"clip_ratio/low": masked_mean(low.float(), mask), "clip_ratio/high": masked_mean(high.float(), mask),
+                     "clip_ratio/region": masked_mean((low | high).float(), mask),
+                     "approx_kl": masked_mean(0.5 * (logps - old_logps) ** 2, mask)}
         return loss, stats
 
 

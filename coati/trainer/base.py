@@ -18,6 +18,7 @@ from colossalai.accelerator import get_accelerator
 from colossalai.booster import Booster
 from colossalai.booster.plugin import HybridParallelPlugin, Plugin
 from colossalai.cluster import DistCoordinator
+from colossalai.interface import OptimizerWrapper
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
@@ -53,14 +54,25 @@ def move_to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
-def apply_gradients(optimizer: torch.optim.Optimizer, lr_scheduler: Optional[Any], grad_clip: float) -> None:
-    """Clip (when the trainer, not the plugin, clips), step the optimizer and the schedule, clear gradients."""
-    if grad_clip > 0:
-        optimizer.clip_grad_by_norm(grad_clip)
+def apply_gradients(optimizer: torch.optim.Optimizer, lr_scheduler: Optional[Any], grad_clip: float) -> Optional[float]:
+    """Clip (when the trainer, not the plugin, clips), step the optimizer and the schedule, clear gradients.
+    Returns the gradient norm before clipping: measured here for ddp, as the plugin's optimizer reports
+    it otherwise (None where it cannot)."""
+    norm = None
+    if grad_clip > 0 or not _reports_grad_norm(optimizer):
+        norm = optimizer.clip_grad_by_norm(grad_clip if grad_clip > 0 else float("inf"))
     optimizer.step()
+    if norm is None:
+        norm = optimizer.get_grad_norm()
     optimizer.zero_grad()
     if lr_scheduler is not None:
         lr_scheduler.step()
+    return None if norm is None else float(norm)
+
+
+def _reports_grad_norm(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether the optimizer's own step measures the gradient norm (ZeRO, Gemini, hybrid parallel)."""
+    return type(optimizer).get_grad_norm is not OptimizerWrapper.get_grad_norm
 
 
 class _TrainerCore:
@@ -80,6 +92,11 @@ class _TrainerCore:
         """Add a batch's (total, count) metrics to the meter of the current log window."""
         for name, (total, count) in metrics.items():
             self.meter.add(name, total, count)
+
+    def _record_grad_norm(self, norm: Optional[float], name: str = "grad_norm") -> None:
+        """The norm is the same on every rank (gradients are reduced), so each records it once."""
+        if norm is not None:
+            self._record({name: (norm, 1)})
 
     def _flush_metrics(self, step: int, prefix: str = "train/", extra: Optional[Dict[str, float]] = None) -> Dict[str, float]:
         """Reduce the meter across ranks (once), log it at `step`, fire `on_log`, reset the meter."""
@@ -274,7 +291,7 @@ class SLTrainer(_TrainerCore, ABC):
                 result = self._compute_batch(batch)
                 self.booster.backward(result.loss / normalizer, self.optimizer)
             self._record(result.metrics)
-        apply_gradients(self.optimizer, self.lr_scheduler, self.grad_clip)
+        self._record_grad_norm(apply_gradients(self.optimizer, self.lr_scheduler, self.grad_clip))
         self.step += 1
 
     def _loss_normalizer(self, batches: List[Batch]) -> float:

@@ -1,30 +1,57 @@
-"""The set-up on-policy scripts share: prompts, actor, reference, engine, reward, trainer, export."""
+"""The set-up on-policy scripts share: prompts, actor, reference, engine, reward, trainer, export.
+
+`run_grpo` and `run_ppo` differ only in their experience maker and trainer (and PPO's critic,
+reward model and ptx data); everything else is `_run`.
+"""
 import argparse
 import json
 from pathlib import Path
+from typing import Any, Callable, Dict, Optional
 
-from coati.dataset.collators import PromptCollator
+import torch
+
+from coati.dataset.collators import PromptCollator, SupervisedCollator
 from coati.dataset.prepare import load_prepared
-from coati.experience.experience import GRPOExperienceMaker, GRPOSettings
+from coati.experience.experience import GRPOExperienceMaker, GRPOSettings, PPOExperienceMaker, PPOSettings
+from coati.models.critic import load_critic
 from coati.models.generation import HFEngine, SamplingConfig
-from coati.models.loss import PolicyLoss
+from coati.models.loss import PolicyLoss, ValueLoss
+from coati.models.reward_model import load_reward_model
 from coati.rewards import WeightedReward
+from coati.distributed.plugins import build_booster
+from coati.utils.errors import CoatiUsageError
 
 from .grpo import GRPOTrainer
-from .runner import (build_dataloader, build_optimizer, build_scheduler, export_model, frozen_reference, load_causal_lm,
-                     open_logger, prepare_model, resolve_checkpoint, start_run)
+from .ppo import PPOTrainer
+from .rollout import RolloutTrainer
+from .runner import (_require_dir, build_dataloader, build_optimizer, build_scheduler, export_model, frozen_reference,
+                     load_causal_lm, open_logger, prepare_model, resolve_checkpoint, run_device, start_run)
 
 
-def _settings(args: argparse.Namespace) -> GRPOSettings:
-    sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                              top_k=args.top_k)
-    return GRPOSettings(num_generations=args.num_generations, sampling=sampling, kl_estimator=args.kl_estimator,
-                        scale_rewards=not args.no_std_normalize, drop_tied_groups=args.drop_tied_groups)
+def _sampling(args: argparse.Namespace) -> SamplingConfig:
+    return SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                          top_k=args.top_k)
 
 
-def run_grpo(args: argparse.Namespace) -> GRPOTrainer:
-    """GRPO as the flags say: held-out reward before and after (with `--eval_dataset`), then the export."""
-    reward_fn = WeightedReward.from_specs(args.reward_fn)
+def _total_steps(args: argparse.Namespace) -> int:
+    return args.num_episodes * args.num_collect_steps * args.num_update_steps
+
+
+def _reward_fn(args: argparse.Namespace) -> Optional[WeightedReward]:
+    return WeightedReward.from_specs(args.reward_fn) if args.reward_fn else None
+
+
+def _trainer_kwargs(args: argparse.Namespace, setup: Any, coordinator: Any, held_out: Any) -> Dict[str, Any]:
+    return dict(policy_loss=PolicyLoss(args.clip_eps_low, args.clip_eps_high, args.loss_agg, args.max_new_tokens),
+                entropy_coef=args.entropy_coef, grad_clip=setup.grad_clip if setup.trainer_clips_grad else 0.0,
+                save_interval=args.save_interval, save_dir=args.save_dir, keep_last=args.keep_last,
+                eval_dataloader=held_out, eval_interval=args.eval_interval,
+                sample_log_interval=args.sample_log_interval, coordinator=coordinator)
+
+
+def _run(args: argparse.Namespace, build: Callable[..., RolloutTrainer]) -> RolloutTrainer:
+    """Prompts, actor, reference and engine; `build(args, setup, ...)` makes the trainer; then resume,
+    fit, the held-out results and the export."""
     setup, coordinator, tokenizer = start_run(args)
     collator = PromptCollator(tokenizer.pad_token_id, args.max_length)
     prompts = build_dataloader(setup.plugin, load_prepared(args.dataset, "prompt"), args.batch_size, collator, True, args.seed)
@@ -32,29 +59,79 @@ def run_grpo(args: argparse.Namespace) -> GRPOTrainer:
                                  False, args.seed) if args.eval_dataset else None)
     actor = prepare_model(load_causal_lm(args, tokenizer), args, setup)
     optimizer = build_optimizer(actor, args)
-    scheduler = build_scheduler(optimizer, args, args.num_episodes * args.num_collect_steps * args.num_update_steps)
+    scheduler = build_scheduler(optimizer, args, _total_steps(args))
     actor, optimizer, scheduler, _ = setup.boost(actor, optimizer, scheduler)
     reference = frozen_reference(args, setup) if args.kl_coef > 0 else None
     generator = actor.unwrap(unwrap_peft=False) if hasattr(actor, "unwrap") else actor
     engine = HFEngine(generator, tokenizer.pad_token_id, [tokenizer.eos_token_id])
-    maker = GRPOExperienceMaker(actor, engine, tokenizer, reward_fn, _settings(args), reference)
-    trainer = GRPOTrainer(
-        actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler,
-        policy_loss=PolicyLoss(args.clip_eps_low, args.clip_eps_high, args.loss_agg, args.max_new_tokens),
-        kl_coef=args.kl_coef, entropy_coef=args.entropy_coef,
-        grad_clip=setup.grad_clip if setup.trainer_clips_grad else 0.0, save_interval=args.save_interval,
-        save_dir=args.save_dir, keep_last=args.keep_last, eval_dataloader=held_out, eval_interval=args.eval_interval,
-        coordinator=coordinator,
-    )
+    trainer = build(args, setup, tokenizer, actor, optimizer, scheduler, engine, reference, prompts,
+                    _trainer_kwargs(args, setup, coordinator, held_out))
     checkpoint = resolve_checkpoint(args)
     if checkpoint:
         trainer.load_checkpoint(checkpoint)
         coordinator.print_on_master(f"resumed from {checkpoint} at episode {trainer.start_episode}")
     trainer.fit(args.num_episodes, args.num_collect_steps, args.num_update_steps,
-                metrics_logger=open_logger(args, GRPOTrainer, trainer.start_episode if checkpoint else None))
+                metrics_logger=open_logger(args, type(trainer), trainer.start_episode if checkpoint else None))
     if args.output_dir:
         if trainer.eval_history and coordinator.is_master():
             Path(args.output_dir).mkdir(parents=True, exist_ok=True)
             (Path(args.output_dir) / "eval_results.json").write_text(json.dumps(trainer.eval_history, indent=2))
         export_model(args, setup, actor, tokenizer, coordinator)
     return trainer
+
+
+def _build_grpo(args, setup, tokenizer, actor, optimizer, scheduler, engine, reference, prompts, kwargs) -> GRPOTrainer:
+    settings = GRPOSettings(sampling=_sampling(args), kl_estimator=args.kl_estimator, num_generations=args.num_generations,
+                            scale_rewards=not args.no_std_normalize, drop_tied_groups=args.drop_tied_groups)
+    maker = GRPOExperienceMaker(actor, engine, tokenizer, _reward_fn(args), settings, reference)
+    return GRPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler, kl_coef=args.kl_coef,
+                       **kwargs)
+
+
+def run_grpo(args: argparse.Namespace) -> GRPOTrainer:
+    """GRPO as the flags say: held-out reward before and after (with `--eval_dataset`), then the export."""
+    if not args.reward_fn:
+        raise CoatiUsageError("--reward_fn: GRPO needs at least one reward function")
+    return _run(args, _build_grpo)
+
+
+def _frozen_reward_model(args: argparse.Namespace, tokenizer: Any) -> Optional[torch.nn.Module]:
+    if not args.rm_pretrain:
+        return None
+    model = load_reward_model(_require_dir(args.rm_pretrain, "--rm_pretrain model directory"), tokenizer.pad_token_id,
+                              args.trust_remote_code)
+    return model.to(run_device()).eval().requires_grad_(False)
+
+
+def _build_ppo(args, setup, tokenizer, actor, optimizer, scheduler, engine, reference, prompts, kwargs) -> PPOTrainer:
+    critic_path = _require_dir(args.critic_pretrain or args.rm_pretrain or args.pretrain, "--critic_pretrain model directory")
+    critic = load_critic(critic_path, tokenizer.pad_token_id, args.trust_remote_code)
+    if args.grad_checkpoint:
+        critic.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    critic_args = argparse.Namespace(**{**vars(args), "lr": args.critic_lr or args.lr})
+    critic_optim = build_optimizer(critic, critic_args)
+    critic_scheduler = build_scheduler(critic_optim, critic_args, _total_steps(args))
+    critic_setup = build_booster(args)
+    critic, critic_optim, critic_scheduler, _ = critic_setup.boost(critic, critic_optim, critic_scheduler)
+    settings = PPOSettings(sampling=_sampling(args), kl_estimator=args.kl_estimator, samples_per_prompt=args.num_generations,
+                           kl_coef=args.kl_coef, gamma=args.gamma, lam=args.lam,
+                           whiten_advantages=not args.no_whiten_advantages)
+    maker = PPOExperienceMaker(actor, critic, engine, tokenizer, _reward_fn(args), settings, reference,
+                               _frozen_reward_model(args, tokenizer))
+    ptx = None
+    if args.ptx_coef > 0:
+        if not args.ptx_dataset:
+            raise CoatiUsageError("--ptx_coef > 0 needs --ptx_dataset (prepared sft data)")
+        ptx = build_dataloader(setup.plugin, load_prepared(args.ptx_dataset, "sft"), args.ptx_batch_size or args.batch_size,
+                               SupervisedCollator(tokenizer.pad_token_id, args.max_length), True, args.seed)
+    return PPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler, critic=critic,
+                      critic_optim=critic_optim, critic_booster=critic_setup.booster, critic_lr_scheduler=critic_scheduler,
+                      value_loss=ValueLoss(args.value_clip), ptx_dataloader=ptx, ptx_coef=args.ptx_coef, **kwargs)
+
+
+def run_ppo(args: argparse.Namespace) -> PPOTrainer:
+    """PPO as the flags say: rewards from `--rm_pretrain` and/or `--reward_fn`, a critic from
+    `--critic_pretrain` (default: the reward model), KL-penalised to the reference; then the export."""
+    if not args.rm_pretrain and not args.reward_fn:
+        raise CoatiUsageError("PPO needs a reward: --rm_pretrain (a trained reward model) and/or --reward_fn")
+    return _run(args, _build_ppo)

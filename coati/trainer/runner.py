@@ -49,9 +49,14 @@ def load_reward_model_from_args(args: argparse.Namespace, tokenizer: PreTrainedT
 
 
 def build_dataloader(plugin: Plugin, dataset: Dataset, batch_size: int, collator: Callable, shuffle: bool, seed: int) -> DataLoader:
-    """The plugin's distributed dataloader with a resumable sampler; a rank never sees an empty epoch."""
+    """The plugin's distributed dataloader with a resumable sampler; a rank never sees an empty epoch.
+
+    It draws its iterators' base seeds from a generator of its own: starting an iterator then leaves the
+    global RNG alone, so a resumed run, which starts its iterator at a different moment, samples
+    rollouts from the same random stream as the uninterrupted run."""
     return plugin.prepare_dataloader(dataset, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=False,
-                                     collate_fn=collator, distributed_sampler_cls=StatefulDistributedSampler)
+                                     collate_fn=collator, distributed_sampler_cls=StatefulDistributedSampler,
+                                     generator=torch.Generator().manual_seed(seed))
 
 
 def build_optimizer(model: torch.nn.Module, args: argparse.Namespace) -> torch.optim.Optimizer:

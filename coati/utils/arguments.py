@@ -66,7 +66,7 @@ def add_reference_args(parser: argparse.ArgumentParser, precompute: bool = True)
 
 
 def add_grpo_args(parser: argparse.ArgumentParser) -> None:
-    """Rollout, reward and loss flags of GRPO (and, later, PPO)."""
+    """Rollout, reward and loss flags shared by GRPO and PPO (`add_ppo_args` adds PPO's own)."""
     rl = parser.add_argument_group("on-policy")
     rl.add_argument("--num_episodes", type=int, default=10, help="collect-then-learn episodes")
     rl.add_argument("--num_collect_steps", type=int, default=1, help="prompt batches per episode")
@@ -90,3 +90,24 @@ def add_grpo_args(parser: argparse.ArgumentParser) -> None:
     rl.add_argument("--entropy_coef", type=float, default=0.0)
     rl.add_argument("--eval_interval", type=int, default=0,
                     help="held-out evaluation every N episodes (always before the first and after the last)")
+    rl.add_argument("--sample_log_interval", type=int, default=10,
+                    help="a table of prompts, completions, rewards and advantages every N episodes (0: never): "
+                         "JSON under --log_dir/samples, and a W&B table with --use_wandb")
+
+
+def add_ppo_args(parser: argparse.ArgumentParser) -> None:
+    """PPO's critic, reward model, GAE and ptx flags, on top of `add_grpo_args`. Here `--kl_coef` weighs
+    the per-token KL penalty in the reward (k1 by default), and `--reward_fn` is optional."""
+    group = parser.add_argument_group("ppo")
+    group.add_argument("--rm_pretrain", default=None, help="trained reward model directory (train_rm.py --output_dir/model)")
+    group.add_argument("--critic_pretrain", default=None,
+                       help="critic initialisation (default: --rm_pretrain, else --pretrain with a new value head)")
+    group.add_argument("--critic_lr", type=float, default=None, help="critic learning rate (default: --lr)")
+    group.add_argument("--gamma", type=float, default=1.0, help="GAE discount")
+    group.add_argument("--lam", type=float, default=0.95, help="GAE lambda")
+    group.add_argument("--value_clip", type=float, default=0.2, help="clipping range of the value loss")
+    group.add_argument("--no_whiten_advantages", action="store_true", help="keep raw GAE advantages")
+    group.add_argument("--ptx_dataset", nargs="*", default=None, help="prepared sft data for the ptx loss")
+    group.add_argument("--ptx_coef", type=float, default=0.0, help="weight of the ptx (supervised) loss")
+    group.add_argument("--ptx_batch_size", type=int, default=None, help="ptx micro-batch per rank (default: --batch_size)")
+    parser.set_defaults(reward_fn=[], kl_coef=0.05, kl_estimator="k1", num_generations=1)

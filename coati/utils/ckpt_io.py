@@ -8,6 +8,8 @@ Layout of `save_dir/epoch-{e}_step-{s}/`::
     lr_scheduler.pt           scheduler state
     running_states.json       epoch, optimizer step, samples seen, world size (master only)
     rng_state_rank{r}.pt      every rank's torch/CUDA/numpy/python RNG states
+    <name>/                   the same modeling/optimizer/lr_scheduler files for each further model
+                              (PPO's critic), when `extra_models` names one
     COMPLETE                  written last, after a barrier: without it the checkpoint is ignored
 """
 import json
@@ -30,6 +32,8 @@ COMPLETE_MARKER = "COMPLETE"
 RUNNING_STATE_FILE = "running_states.json"
 _NAME = re.compile(r"^epoch-(\d+)_step-(\d+)$")
 PathLike = Union[str, os.PathLike]
+ModelState = Tuple[Booster, torch.nn.Module, Optional[torch.optim.Optimizer], Optional[Any]]
+"""(booster, model, optimizer, lr_scheduler) of one trained model."""
 
 
 def checkpoint_name(epoch: int, step: int) -> str:
@@ -120,6 +124,7 @@ def save_checkpoint(
     sample_start_index: Optional[int] = None,
     keep_last: int = 0,
     extra_state: Optional[Dict[str, Any]] = None,
+    extra_models: Optional[Dict[str, ModelState]] = None,
 ) -> Path:
     """Write a checkpoint on every rank (a collective) and return its directory once it is complete.
 
@@ -127,18 +132,16 @@ def save_checkpoint(
     `sample_start_index` is how many samples of `epoch` this rank has consumed (default
     `step * batch_size`, ColossalChat's convention). `keep_last` > 0 deletes older complete
     checkpoints, and any incomplete ones older than the new one, after the new one is complete.
+    `extra_models` are further (booster, model, optimizer, scheduler) sets, each in a folder of its name.
     """
     path = Path(save_dir) / checkpoint_name(epoch, step)
     if coordinator.is_master():
         (path / COMPLETE_MARKER).unlink(missing_ok=True)
         path.mkdir(parents=True, exist_ok=True)
     barrier()
-    booster.save_model(model, str(path / "modeling"), shard=True, use_safetensors=_use_safetensors(model))
-    if optimizer is not None:
-        shard = _shard_optimizer()
-        booster.save_optimizer(optimizer, str(path / ("optimizer" if shard else "optimizer.bin")), shard=shard)
-    if lr_scheduler is not None:
-        booster.save_lr_scheduler(lr_scheduler, str(path / "lr_scheduler.pt"))
+    _save_model_state(path, (booster, model, optimizer, lr_scheduler))
+    for name, state in (extra_models or {}).items():
+        _save_model_state(path / name, state)
     torch.save(_rng_states(), path / f"rng_state_rank{rank()}.pt")
     if coordinator.is_master():
         samples = step * batch_size if sample_start_index is None else sample_start_index
@@ -160,6 +163,26 @@ def save_checkpoint(
             _prune(Path(save_dir), keep_last, newest=path)
     barrier()
     return path
+
+
+def _save_model_state(path: Path, state: ModelState) -> None:
+    booster, model, optimizer, lr_scheduler = state
+    booster.save_model(model, str(path / "modeling"), shard=True, use_safetensors=_use_safetensors(model))
+    if optimizer is not None:
+        shard = _shard_optimizer()
+        booster.save_optimizer(optimizer, str(path / ("optimizer" if shard else "optimizer.bin")), shard=shard)
+    if lr_scheduler is not None:
+        booster.save_lr_scheduler(lr_scheduler, str(path / "lr_scheduler.pt"))
+
+
+def _load_model_state(path: Path, state: ModelState) -> None:
+    booster, model, optimizer, lr_scheduler = state
+    booster.load_model(model, str(path / "modeling"))
+    if optimizer is not None:
+        sharded = path / "optimizer"
+        booster.load_optimizer(optimizer, str(sharded if sharded.exists() else path / "optimizer.bin"))
+    if lr_scheduler is not None and (path / "lr_scheduler.pt").exists():
+        booster.load_lr_scheduler(lr_scheduler, str(path / "lr_scheduler.pt"))
 
 
 def _prune(save_dir: Path, keep_last: int, newest: Path) -> None:
@@ -197,20 +220,19 @@ def load_checkpoint(
     model: torch.nn.Module,
     optimizer: Optional[torch.optim.Optimizer],
     lr_scheduler: Optional[Any],
+    extra_models: Optional[Dict[str, ModelState]] = None,
 ) -> Tuple[int, int, int]:
-    """Restore model, optimizer, scheduler and this rank's RNG; return (epoch, step, sample_start_index).
+    """Restore model, optimizer, scheduler (and `extra_models`, as saved) and this rank's RNG; return
+    (epoch, step, sample_start_index).
 
     `sample_start_index` is per rank for the current world size: the same number that was saved
     when the world size is unchanged.
     """
     state = read_running_state(load_dir)
     path = Path(load_dir)
-    booster.load_model(model, str(path / "modeling"))
-    if optimizer is not None:
-        sharded = path / "optimizer"
-        booster.load_optimizer(optimizer, str(sharded if sharded.exists() else path / "optimizer.bin"))
-    if lr_scheduler is not None and (path / "lr_scheduler.pt").exists():
-        booster.load_lr_scheduler(lr_scheduler, str(path / "lr_scheduler.pt"))
+    _load_model_state(path, (booster, model, optimizer, lr_scheduler))
+    for name, extra in (extra_models or {}).items():
+        _load_model_state(path / name, extra)
     rng_file = path / f"rng_state_rank{rank()}.pt"
     if state["world_size"] == world_size() and rng_file.exists():
         _set_rng_states(torch.load(rng_file, weights_only=True))

@@ -4,7 +4,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from coati.distributed.comm import is_rank_0
 
@@ -72,6 +72,24 @@ class MetricsLogger:
             os.fsync(self._jsonl.fileno())
         if self._wandb_run is not None:
             self._wandb_run.log(dict(metrics), step=step)
+
+    def log_table(self, name: str, rows: List[Dict[str, Any]], step: int) -> Optional[Path]:
+        """A table of `rows` (dicts with the same keys): `<log_dir>/<name>/step_<step>.json` always when
+        `log_dir` is set, and a W&B table when W&B is on. Returns the JSON file's path."""
+        if not self.active or not rows:
+            return None
+        path = None
+        if self.log_dir is not None:
+            path = self.log_dir / name / f"step_{step}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(rows, indent=1))
+        if self._wandb_run is not None:
+            import wandb
+
+            columns = list(rows[0])
+            self._wandb_run.log({name: wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows])},
+                                step=step)
+        return path
 
     def close(self) -> None:
         if self._tb is not None:

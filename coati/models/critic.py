@@ -1,0 +1,28 @@
+"""PPO's critic: a backbone with a per-token value head, stored as HF `*ForTokenClassification` (one label).
+
+Stored that way, `from_pretrained` loads any causal LM or reward model as a critic: a reward model's
+`score` head becomes the value head (ColossalChat starts the critic from the reward model), and a
+causal LM gets a new head.
+"""
+import torch
+from transformers import AutoConfig, AutoModelForTokenClassification, PreTrainedModel
+
+from .logprobs import mask_positions
+
+
+def load_critic(path: str, pad_token_id: int, trust_remote_code: bool = False) -> PreTrainedModel:
+    """A critic from `path` (reward model, earlier critic or causal LM), with no dropout on its values."""
+    config = AutoConfig.from_pretrained(path, num_labels=1, trust_remote_code=trust_remote_code)
+    config.classifier_dropout = 0.0
+    model = AutoModelForTokenClassification.from_pretrained(path, config=config, trust_remote_code=trust_remote_code)
+    model.config.pad_token_id = pad_token_id
+    return model
+
+
+def action_values(critic: torch.nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor,
+                  prompt_length: int) -> torch.Tensor:
+    """V(s_t) for each completion token t of `sequences[:, prompt_length:]`: the value read at the token
+    before it, so values line up with `action_logps`. (batch, N), float32."""
+    values = critic(input_ids=sequences, attention_mask=attention_mask,
+                    position_ids=mask_positions(attention_mask)).logits.squeeze(-1)
+    return values[:, prompt_length - 1:-1].float()

@@ -1,0 +1,222 @@
+"""What GRPO and PPO share on top of the on-policy loop: prompts drawn in a resumable order, rollout
+metrics and sample tables, the actor's clipped policy-gradient step, held-out evaluation, and
+checkpoints of every model being trained."""
+import time
+from dataclasses import replace
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import torch
+
+from coati.experience.experience import Experience, ExperienceMaker, completion_rows
+from coati.distributed.comm import gather_lists
+from coati.experience.metrics import rollout_metrics, tokens_in
+from coati.models.logprobs import action_logps
+from coati.models.loss import PolicyLoss, aggregate, token_entropy
+from coati.utils.ckpt_io import ModelState, load_checkpoint, read_running_state, save_checkpoint
+
+from .base import OLTrainer, apply_gradients, move_to_device
+from .callbacks import Callback, fire
+
+SAMPLE_TABLE = "samples"
+MAX_SAMPLE_ROWS = 64
+
+
+class CyclingLoader:
+    """Batches from a dataloader with a `StatefulDistributedSampler`, epoch after epoch (reshuffled),
+    with a position (epoch, samples seen in it) that a checkpoint can restore exactly."""
+
+    def __init__(self, dataloader: Any, device: torch.device) -> None:
+        self.dataloader, self.device = dataloader, device
+        self.epoch, self.seen = 0, 0
+        self._iter = None
+
+    def next(self) -> Dict[str, Any]:
+        while True:
+            if self._iter is None:
+                self.dataloader.sampler.set_epoch(self.epoch)
+                self._iter = iter(self.dataloader)
+            try:
+                batch = next(self._iter)
+            except StopIteration:
+                self.epoch, self.seen, self._iter = self.epoch + 1, 0, None
+                self.dataloader.sampler.set_start_index(0)
+                continue
+            self.seen += batch["input_ids"].size(0)
+            return move_to_device(batch, self.device)
+
+    def restore(self, epoch: int, seen: int) -> None:
+        self.epoch, self.seen, self._iter = epoch, seen, None
+        self.dataloader.sampler.set_start_index(seen)
+
+
+class RolloutTrainer(OLTrainer):
+    """Each episode draws `num_collect_steps` prompt batches, makes experience from each with
+    `experience_maker`, then takes `num_update_steps` passes of `_learn_step` over them.
+
+    The actor's step (`_policy_step`) is `policy_loss` minus `entropy_coef` times the entropy plus
+    what `_extra_actor_loss` adds (GRPO's KL term, PPO's ptx loss). Every `eval_interval` episodes (and
+    before the first and after the last) the held-out prompts are completed greedily and scored;
+    every `sample_log_interval` episodes a sample table goes to the metrics logger. Checkpoints every
+    `save_interval` episodes hold every trained model (`_trained_models`), the episode, the prompt
+    order's position, the token count and RNG, so a resumed run continues identically.
+    """
+
+    def __init__(
+        self,
+        actor: torch.nn.Module,
+        actor_optim: torch.optim.Optimizer,
+        actor_booster: Any,
+        experience_maker: ExperienceMaker,
+        prompt_dataloader: Any,
+        *,
+        lr_scheduler: Optional[Any] = None,
+        critic_booster: Optional[Any] = None,
+        policy_loss: Optional[PolicyLoss] = None,
+        entropy_coef: float = 0.0,
+        grad_clip: float = 0.0,
+        save_interval: int = 0,
+        save_dir: Optional[str] = None,
+        keep_last: int = 0,
+        eval_dataloader: Optional[Any] = None,
+        eval_interval: int = 0,
+        sample_log_interval: int = 0,
+        callbacks: Sequence[Callback] = (),
+        coordinator: Optional[Any] = None,
+    ) -> None:
+        super().__init__(actor_booster, critic_booster, [], callbacks, coordinator=coordinator)
+        self.actor, self.optimizer, self.lr_scheduler = actor, actor_optim, lr_scheduler
+        self.maker = experience_maker
+        self.policy_loss = policy_loss or PolicyLoss()
+        self.entropy_coef, self.grad_clip = entropy_coef, grad_clip
+        self.save_interval, self.save_dir, self.keep_last = save_interval, save_dir, keep_last
+        self.device = next(actor.parameters()).device
+        self.prompts = CyclingLoader(prompt_dataloader, self.device)
+        self.prompt_dataloader = prompt_dataloader
+        self.eval_dataloader, self.eval_interval = eval_dataloader, eval_interval
+        self.sample_log_interval = sample_log_interval
+        self.eval_history: Dict[int, Dict[str, float]] = {}
+        self.tokens_seen = 0
+        self._num_episodes = 0
+
+    # ---- what a subclass may add ------------------------------------------------------------------
+    def _group_size(self) -> int:
+        """Samples per prompt that form a group in the metrics (GRPO's num_generations)."""
+        return 1
+
+    def _extra_actor_loss(self, experience: Experience, logps: torch.Tensor,
+                          mask: torch.Tensor) -> Tuple[Optional[torch.Tensor], Dict[str, Tuple[float, float]]]:
+        """A term added to the actor's loss, with its metrics; none by default."""
+        return None, {}
+
+    def _trained_models(self) -> Dict[str, ModelState]:
+        """Models besides the actor that checkpoints hold, by folder name (PPO's critic)."""
+        return {}
+
+    def _set_train_mode(self, training: bool) -> None:
+        self.actor.train(training)
+
+    # ---- the loop's parts -------------------------------------------------------------------------
+    def _episodes(self, num_episodes: int, num_collect_steps: int, num_update_steps: int) -> None:
+        """The held-out evaluation before the first episode, then the episodes."""
+        self._num_episodes = num_episodes
+        if self.eval_dataloader is not None and self.start_episode == 0:
+            self.evaluate(step=0)
+        super()._episodes(num_episodes, num_collect_steps, num_update_steps)
+
+    def _make_experience(self, collect_step: int) -> Experience:
+        self._set_train_mode(False)
+        experience = self.maker.make(self.prompts.next())
+        metrics = rollout_metrics(experience, self._group_size())
+        metrics.update({f"time/{k}": v for k, v in experience.info["timing"].items()})
+        self.tokens_seen += int(sum(gather_lists([tokens_in(experience)])))
+        self._record({name: (value, 1) for name, value in metrics.items()})
+        if self._sample_table_due(collect_step):
+            self._log_samples(experience)
+        return experience
+
+    def _learn_step(self, experience: Experience) -> None:
+        start = time.perf_counter()
+        self._set_train_mode(True)
+        self._policy_step(experience)
+        self._record({"time/learning": (time.perf_counter() - start, 1)})
+
+    def _policy_step(self, experience: Experience) -> None:
+        """One optimizer step of the actor on `experience`."""
+        mask = experience.loss_mask if experience.loss_mask is not None else experience.action_mask
+        logps, logits = action_logps(self.actor, experience.sequences, experience.attention_mask,
+                                     experience.prompt_length, return_logits=True)
+        loss, stats = self.policy_loss(logps, experience.action_log_probs, experience.advantages, mask)
+        metrics = {"policy_loss": (loss.item(), 1), **{k: (v.item(), 1) for k, v in stats.items()}}
+        entropy = aggregate(token_entropy(logits), mask)
+        metrics["entropy"] = (entropy.item(), 1)
+        if self.entropy_coef > 0:
+            loss = loss - self.entropy_coef * entropy
+        extra, extra_metrics = self._extra_actor_loss(experience, logps, mask)
+        if extra is not None:
+            loss = loss + extra
+        self.actor_booster.backward(loss, self.optimizer)
+        self._record_grad_norm(apply_gradients(self.optimizer, self.lr_scheduler, self.grad_clip))
+        self._record({**metrics, **extra_metrics, "loss": (loss.item(), 1),
+                      "lr": (float(self.optimizer.param_groups[0]["lr"]), 1)})
+
+    def _flush_metrics(self, step: int, prefix: str = "train/", extra: Optional[Dict[str, float]] = None) -> Dict[str, float]:
+        if prefix == "train/":
+            extra = {"train/num_tokens": float(self.tokens_seen), **(extra or {})}
+        return super()._flush_metrics(step, prefix, extra)
+
+    # ---- sample tables ----------------------------------------------------------------------------
+    def _sample_table_due(self, collect_step: int) -> bool:
+        return bool(self.sample_log_interval) and collect_step == 0 and (self.episode + 1) % self.sample_log_interval == 0
+
+    def _log_samples(self, experience: Experience) -> None:
+        """Every rank's samples (up to MAX_SAMPLE_ROWS) as a table at this episode's step."""
+        rows = gather_lists(completion_rows(experience))
+        self.metrics_logger.log_table(SAMPLE_TABLE, rows[:MAX_SAMPLE_ROWS], step=self.episode + 1)
+
+    # ---- evaluation -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, step: int) -> Dict[str, float]:
+        """Greedy completions of the held-out prompts scored like rollouts: eval/reward and
+        eval/rewards/<component> (with `math_answer`, exact-answer accuracy), logged at `step` and kept
+        in `eval_history`. Runs before training, every `eval_interval` episodes, and after the last."""
+        self._set_train_mode(False)
+        greedy = replace(self.maker.settings.sampling, do_sample=False)
+        for batch in self.eval_dataloader:
+            batch = move_to_device(batch, self.device)
+            out = self.maker.engine.generate(batch["input_ids"], batch["attention_mask"], greedy)
+            total, components = self.maker.score(batch, out)
+            rows = len(total)
+            self._record({"reward": (float(sum(total)), rows),
+                          **{f"rewards/{k}": (float(sum(v)), rows) for k, v in components.items()}})
+        self.eval_history[step] = super()._flush_metrics(step, prefix="eval/")
+        fire(self.callbacks, "on_evaluate", step, self.eval_history[step])
+        return self.eval_history[step]
+
+    # ---- checkpoints ------------------------------------------------------------------------------
+    def _after_episode(self, episode: int) -> None:
+        done = episode + 1
+        due = self.eval_interval and done % self.eval_interval == 0
+        if self.eval_dataloader is not None and (due or done == self._num_episodes):
+            self.evaluate(step=done)
+        if self.save_dir and self.save_interval and done % self.save_interval == 0:
+            path = save_checkpoint(self.save_dir, self.actor_booster, self.actor, self.optimizer, self.lr_scheduler,
+                                   epoch=self.prompts.epoch, step=done, batch_size=self.prompt_dataloader.batch_size,
+                                   coordinator=self.coordinator, sample_start_index=self.prompts.seen,
+                                   keep_last=self.keep_last, extra_state=self._extra_state(),
+                                   extra_models=self._trained_models())
+            self.coordinator.print_on_master(f"saved checkpoint {path}")
+            fire(self.callbacks, "on_checkpoint_saved", str(path))
+
+    def _extra_state(self) -> Dict[str, Any]:
+        return {"tokens_seen": self.tokens_seen}
+
+    def _restore_extra_state(self, state: Dict[str, Any]) -> None:
+        self.tokens_seen = state.get("tokens_seen", 0)
+
+    def load_checkpoint(self, path: str) -> None:
+        """Restore every trained model with its optimizer and scheduler, RNG, the episode, the prompt
+        order's position and the running counts."""
+        epoch, self.start_episode, seen = load_checkpoint(path, self.actor_booster, self.actor, self.optimizer,
+                                                          self.lr_scheduler, extra_models=self._trained_models())
+        self.prompts.restore(epoch, seen)
+        self._restore_extra_state(read_running_state(path))

@@ -1,0 +1,22 @@
+"""PPO with a trained reward model (and/or verifiable reward functions) on prepared prompt data.
+
+    torchrun --nproc_per_node 2 examples/training_scripts/train_ppo.py --pretrain SFT_MODEL \
+        --rm_pretrain RM_MODEL --prompt_dataset data/prompts --eval_dataset data/prompts_eval \
+        --plugin ddp --batch_size 8 --num_episodes 20 --output_dir out/ppo
+"""
+from coati.trainer.rl_runner import run_ppo
+from coati.utils.arguments import add_grpo_args, add_ppo_args, add_reference_args, training_parser
+from coati.utils.errors import exit_on_usage_error
+
+
+@exit_on_usage_error
+def main(argv=None) -> None:
+    parser = training_parser(__doc__.strip().splitlines()[0], dataset_flag="--prompt_dataset")
+    add_grpo_args(parser)
+    add_ppo_args(parser)
+    add_reference_args(parser, precompute=False)
+    run_ppo(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()
