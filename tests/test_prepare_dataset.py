@@ -140,3 +140,26 @@ def test_preference_labels_skip_assistant_turns_of_the_context(tiny_assets, tmp_
     row = load_from_disk(str(tmp_path / "out"))[0]
     labelled = [t for t, label in zip(row["chosen_input_ids"], row["chosen_labels"]) if label != -100]
     assert tokenizer.decode(labelled) == "4" + END_OF_TURN
+
+
+def test_gsm8k_parquet_folder_reads_as_prompts_and_sft(tiny_assets, tmp_path):
+    """openai/gsm8k's layout: a folder of parquet files with `question` and `answer` ending in `#### N`."""
+    rows = [{"question": "Ann has 1,200 pens and gets 34 more. How many?", "answer": "1200 + 34 = 1234.\n#### 1,234"},
+            {"question": "Ben owes 5 and pays 8. What is left?", "answer": "5 - 8 = -3.\n#### -3"}]
+    (tmp_path / "gsm8k" / "main").mkdir(parents=True)
+    Dataset.from_list(rows).to_parquet(str(tmp_path / "gsm8k" / "main" / "train-00000-of-00001.parquet"))
+    assert _prepare(tiny_assets, "prompt", [tmp_path / "gsm8k"], tmp_path / "prompts").returncode == 0
+    prompts = load_prepared([tmp_path / "prompts"], "prompt")
+    assert prompts["gt_answer"] == ["1234", "-3"] and prompts["solution"] == [r["answer"] for r in rows]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
+    assert "Ann has 1,200 pens" in tokenizer.decode(prompts[0]["input_ids"])
+    assert _prepare(tiny_assets, "sft", [tmp_path / "gsm8k"], tmp_path / "sft").returncode == 0
+    labelled = [t for t in load_from_disk(str(tmp_path / "sft"))[1]["labels"] if t != -100]
+    assert tokenizer.decode(labelled) == rows[1]["answer"] + END_OF_TURN
+
+
+def test_gsm8k_answer_without_final_mark_is_refused(tiny_assets, tmp_path):
+    bad = _write(tmp_path / "gsm8k.jsonl", [{"question": "2 + 2?", "answer": "It is 4."}])
+    result = _prepare(tiny_assets, "prompt", [bad], tmp_path / "out")
+    assert result.returncode == 2
+    assert f"{bad}:1: field 'answer': a GSM8K answer is a solution ending in '#### <number>'" in result.stderr

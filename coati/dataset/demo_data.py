@@ -118,6 +118,11 @@ def prompt_records(problems: Iterable[Problem]) -> List[Dict]:
     return [{"messages": [{"role": "user", "content": p.question}], "gt_answer": str(p.answer)} for p in problems]
 
 
+def gsm8k_records(problems: Iterable[Problem]) -> List[Dict]:
+    """The problems in GSM8K's format (openai/gsm8k): `question`, and `answer` ending in `#### N`."""
+    return [{"question": p.question, "answer": p.solution.replace(". ####", ".\n####")} for p in problems]
+
+
 def tokenizer_corpus(n: int = 2000, seed: int = 0) -> List[str]:
     """Texts covering the task's vocabulary, to train the tiny tokenizer on."""
     problems = generate_problems(n, "train", seed) + generate_problems(n // 4, "eval", seed)

@@ -8,6 +8,8 @@ Accepted shapes (ColossalChat's and OpenAI/HF's):
   `gt_answer`) is carried through unchanged for the reward function.
 - kto: `prompt` + `completion` (strings, or a message list and assistant turns) + boolean `label`
   (desirable or not), or `messages` ending with the assistant completion + `label`.
+- GSM8K's `question` + `answer` (a worked solution ending in `#### N`, as in openai/gsm8k), for sft
+  (the solution is the assistant turn) and prompt (`gt_answer` = N, commas dropped; `solution` kept).
 """
 import functools
 import json
@@ -82,7 +84,25 @@ def check_turn_order(messages: List[Dict[str, str]], where: str, field: str, las
             raise DataValidationError(where, field, f"assistant turn {i + 1} is empty")
 
 
+GSM8K_MARK = "####"
+
+
+def is_gsm8k(row: Any) -> bool:
+    return isinstance(row, dict) and "messages" not in row and isinstance(row.get("question"), str) and "answer" in row
+
+
+def gsm8k_answer(row: Row, where: str) -> str:
+    """The final answer of a GSM8K solution (`... #### 1,234` gives `1234`)."""
+    answer = row["answer"]
+    if not isinstance(answer, str) or GSM8K_MARK not in answer or not answer.rsplit(GSM8K_MARK, 1)[1].strip():
+        raise DataValidationError(where, "answer", f"a GSM8K answer is a solution ending in '{GSM8K_MARK} <number>'")
+    return answer.rsplit(GSM8K_MARK, 1)[1].strip().replace(",", "")
+
+
 def validate_sft(row: Any, where: str) -> Row:
+    if is_gsm8k(row):
+        gsm8k_answer(row, where)
+        return {"messages": [{"role": "user", "content": row["question"]}, {"role": "assistant", "content": row["answer"]}]}
     messages = normalize_messages(_require(row, "messages", where), where, "messages")
     check_turn_order(messages, where, "messages", last_role="assistant")
     return {"messages": messages}
@@ -113,6 +133,10 @@ def validate_preference(row: Any, where: str) -> Row:
 
 
 def validate_prompt(row: Any, where: str) -> Row:
+    if is_gsm8k(row):
+        extra = {k: v for k, v in row.items() if k not in ("question", "answer")}
+        return {"messages": [{"role": "user", "content": row["question"]}], **extra,
+                "gt_answer": gsm8k_answer(row, where), "solution": row["answer"]}
     messages = _prompt_turns(row, "messages", where)
     extra = {k: v for k, v in row.items() if k not in ("messages", "prompt")}
     return {"messages": messages, **extra}
