@@ -1,35 +1,51 @@
-"""The demo pipeline on tiny built-in defaults: local tiny model and task data, then supervised training.
+"""The whole coati pipeline on tiny built-in defaults, with nothing downloaded:
 
     python applications/demo/run_demo.py --out output/demo
 
-Each stage prints one line when it starts and ends, with its wall time. Training stages run the
-real `examples/training_scripts` under `torchrun --nproc_per_node 2 --plugin ddp`.
+build a tokenizer, a small random Llama and the arithmetic task's data -> prepare datasets -> SFT ->
+reward model -> PPO (with that reward model) and GRPO (with the verifiable math reward) -> held-out
+accuracy of every model -> REPORT.md / REPORT.html with plots. Each training stage runs the real
+`examples/training_scripts` under `torchrun --nproc_per_node 2 --plugin ddp`, its outputs feeding the next.
+Copy this file and point `--pretrain`-style paths at your own model and data to reuse the pipeline.
 """
 import argparse
+import json
 import os
 import subprocess
 import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Dict, List
 
 from transformers import AutoTokenizer
 
-from coati.dataset.demo_data import generate_problems, sft_records, tokenizer_corpus, write_jsonl
-from coati.dataset.prepare import prepare_sft
+from coati.dataset.demo_data import (REJECTIONS, generate_problems, preference_records, prompt_records, sft_records,
+                                     tokenizer_corpus, write_jsonl)
+from coati.dataset.prepare import prepare_dataset
+from coati.experience.evaluation import evaluate_model
 from coati.models.tiny import MODEL_SIZES, write_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "examples" / "training_scripts"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import bar_chart, plot, read_metrics, write_report  # noqa: E402
+
+STAGES = ("sft", "rm", "ppo", "grpo")
+MODELS = {"initial": "model_init", "sft": "sft/model", "ppo": "ppo/model", "grpo": "grpo/model"}
+DATASETS = {"sft_train": "sft", "sft_eval": "sft", "pref_train": "preference", "pref_eval": "preference",
+            "prompt_train": "prompt", "prompt_eval": "prompt"}
+MAX_NEW_TOKENS = 24
 
 
 @contextmanager
-def stage(name: str):
-    """Print the stage's start and end lines with its wall time."""
+def stage(name: str, timings: Dict[str, float]):
+    """Print the stage's start and end lines with its wall time, and keep the time for the report."""
     print(f"[demo] {name}: start", flush=True)
     start = time.perf_counter()
     yield
-    print(f"[demo] {name}: done in {time.perf_counter() - start:.1f}s", flush=True)
+    timings[name] = time.perf_counter() - start
+    print(f"[demo] {name}: done in {timings[name]:.1f}s", flush=True)
 
 
 def torchrun(script: str, nproc: int, *flags: str) -> None:
@@ -41,42 +57,147 @@ def torchrun(script: str, nproc: int, *flags: str) -> None:
         sys.exit(f"[demo] {script} failed with exit status {result.returncode}")
 
 
-def build_assets(out: Path, size: str, num_train: int, num_eval: int) -> Path:
-    model_dir = write_tiny_model(out / "model_init", tokenizer_corpus(), size=size)
-    write_jsonl(sft_records(generate_problems(num_train, "train")), out / "raw" / "sft_train.jsonl")
-    write_jsonl(sft_records(generate_problems(num_eval, "eval")), out / "raw" / "sft_eval.jsonl")
-    return model_dir
+def build_assets(out: Path, size: str, sizes: Dict[str, int]) -> None:
+    """The tokenizer and random model, and raw task data: held-out sets use wordings training never shows."""
+    write_tiny_model(out / "model_init", tokenizer_corpus(), size=size)
+    raw = out / "raw"
+    write_jsonl(sft_records(generate_problems(sizes["sft_train"], "train")), raw / "sft_train.jsonl")
+    write_jsonl(sft_records(generate_problems(256, "eval")), raw / "sft_eval.jsonl")
+    for split, n in (("train", sizes["pref_train"]), ("eval", 256)):
+        problems = generate_problems(n, split, seed=2)
+        write_jsonl(preference_records(problems, seed=2, rejections=tuple(REJECTIONS)), raw / f"pref_{split}.jsonl")
+    write_jsonl(prompt_records(generate_problems(2048, "train", seed=1)), raw / "prompt_train.jsonl")
+    write_jsonl(prompt_records(generate_problems(256, "eval", seed=3)), raw / "prompt_eval.jsonl")
 
 
-def prepare(out: Path, model_dir: Path, max_length: int) -> None:
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    for split in ("train", "eval"):
-        counts = prepare_sft([out / "raw" / f"sft_{split}.jsonl"], tokenizer, max_length, out / "data" / f"sft_{split}")
-        print(f"[demo] sft_{split}: {counts['kept']} rows kept, {counts['dropped']} dropped", flush=True)
+def prepare(out: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(out / "model_init")
+    for name, data_type in DATASETS.items():
+        counts = prepare_dataset([out / "raw" / f"{name}.jsonl"], data_type, tokenizer, 128, out / "data" / name)
+        print(f"[demo] {name}: {counts['kept']} rows kept, {counts['dropped']} dropped", flush=True)
+
+
+def common_flags(out: Path, name: str) -> List[str]:
+    return ["--plugin", "ddp", "--output_dir", str(out / name), "--log_dir", str(out / name / "logs"),
+            "--save_dir", str(out / name / "checkpoints"), "--keep_last", "1"]
+
+
+def run_stage(name: str, out: Path, steps: int, nproc: int) -> None:
+    """One training stage through its script; the flags are the demo's tuned defaults."""
+    data = out / "data"
+    if name == "sft":
+        torchrun("train_sft.py", nproc, "--pretrain", str(out / "model_init"), "--dataset", str(data / "sft_train"),
+                 "--eval_dataset", str(data / "sft_eval"), "--batch_size", "16", "--max_steps", str(steps),
+                 "--lr", "3e-3", "--warmup_steps", "5", "--log_interval", "5", *common_flags(out, "sft"))
+    elif name == "rm":
+        torchrun("train_rm.py", nproc, "--pretrain", str(out / "sft" / "model"), "--dataset", str(data / "pref_train"),
+                 "--eval_dataset", str(data / "pref_eval"), "--batch_size", "16", "--max_steps", str(max(steps // 2, 4)),
+                 "--lr", "1e-3", "--warmup_steps", "5", "--log_interval", "4", *common_flags(out, "rm"))
+    elif name == "ppo":
+        torchrun("train_ppo.py", nproc, "--pretrain", str(out / "sft" / "model"), "--rm_pretrain", str(out / "rm" / "model"),
+                 "--prompt_dataset", str(data / "prompt_train"), "--eval_dataset", str(data / "prompt_eval"),
+                 "--reward_fn", "math_answer=0", "--batch_size", "16", "--num_episodes", str(max(steps // 2, 2)),
+                 "--lr", "1e-4", "--critic_lr", "5e-4", "--warmup_steps", "10", "--kl_coef", "0.05", "--num_update_steps", "2",
+                 "--max_new_tokens", str(MAX_NEW_TOKENS), "--eval_interval", str(max(steps // 8, 1)),
+                 "--save_interval", str(max(steps // 4, 1)), "--sample_log_interval", str(max(steps // 4, 1)),
+                 *common_flags(out, "ppo"))
+    elif name == "grpo":
+        torchrun("train_grpo.py", nproc, "--pretrain", str(out / "sft" / "model"),
+                 "--prompt_dataset", str(data / "prompt_train"), "--eval_dataset", str(data / "prompt_eval"),
+                 "--reward_fn", "math_answer", "--num_generations", "8", "--batch_size", "8",
+                 "--num_episodes", str(max(steps * 3 // 2, 2)), "--lr", "2e-4", "--warmup_steps", "20",
+                 "--max_new_tokens", str(MAX_NEW_TOKENS), "--eval_interval", str(max(steps // 4, 1)),
+                 "--save_interval", str(max(steps // 2, 1)), "--sample_log_interval", str(max(steps // 2, 1)),
+                 *common_flags(out, "grpo"))
+
+
+def evaluate_all(out: Path) -> Dict[str, Dict]:
+    """Greedy held-out accuracy (exact answer) of every model the run has, with its completions."""
+    results = {}
+    for name, folder in MODELS.items():
+        if (out / folder / "config.json").is_file():
+            result = evaluate_model(str(out / folder), [str(out / "data" / "prompt_eval")], ["math_answer"], MAX_NEW_TOKENS)
+            results[name] = {"accuracy": result.components["math_answer"], "samples": result.samples}
+            print(f"[demo] held-out accuracy of the {name} model: {results[name]['accuracy']:.3f}", flush=True)
+    (out / "heldout_accuracy.json").write_text(json.dumps({k: v["accuracy"] for k, v in results.items()}, indent=2))
+    return results
+
+
+def report(out: Path, results: Dict[str, Dict], timings: Dict[str, float]) -> Path:
+    """Plots and REPORT.md / REPORT.html from the stages' logs and the held-out results."""
+    logs = {name: read_metrics(out / name / "logs" / "metrics.jsonl") for name in STAGES}
+    plots = out / "plots"
+    plots.mkdir(exist_ok=True)
+    images = [
+        plot(plots / "sft_loss.png", "SFT", [("loss", [("train", logs["sft"], "train/loss"), ("held-out", logs["sft"], "eval/loss")])]),
+        plot(plots / "rm_accuracy.png", "Reward model", [("accuracy", [("train", logs["rm"], "train/accuracy"),
+                                                                       ("held-out", logs["rm"], "eval/accuracy")]),
+                                                         ("margin", [("train", logs["rm"], "train/margin")])]),
+        plot(plots / "rl_reward.png", "RL: reward per step", [
+            ("PPO reward (reward model)", [("PPO", logs["ppo"], "train/reward")]),
+            ("GRPO reward (math_answer)", [("GRPO", logs["grpo"], "train/reward")]),
+            ("held-out accuracy", [("PPO", logs["ppo"], "eval/rewards/math_answer"),
+                                   ("GRPO", logs["grpo"], "eval/rewards/math_answer")])]),
+        plot(plots / "rl_kl_length.png", "RL: KL and completion length", [
+            ("KL to the SFT model", [("PPO", logs["ppo"], "train/kl"), ("GRPO", logs["grpo"], "train/approx_kl")]),
+            ("completion length", [("PPO", logs["ppo"], "train/completions/mean_length"),
+                                   ("GRPO", logs["grpo"], "train/completions/mean_length")])]),
+    ]
+    accuracy = {name: r["accuracy"] for name, r in results.items()}
+    if accuracy:
+        images.append(bar_chart(plots / "heldout_accuracy.png", "Held-out accuracy (greedy, exact answer)", accuracy))
+    blocks = [("h1", "coati demo report"),
+              ("p", "Arithmetic word problems; held-out questions use name/item wordings never seen in training. "
+                    "Accuracy = exact final answer of a greedy completion (the math_answer reward)."),
+              ("h2", "Held-out accuracy"),
+              ("table", [["model", "accuracy", "prompts"]] + [[k, f"{v['accuracy']:.3f}", len(v["samples"])] for k, v in results.items()]),
+              ("h2", "Stage wall times"),
+              ("table", [["stage", "seconds"]] + [[k, f"{v:.1f}"] for k, v in timings.items()]),
+              ("h2", "Plots")] + [("image", str(path)) for path in images if path is not None]
+    blocks += sample_blocks(results)
+    markdown, page = write_report(out, blocks, "coati demo report")
+    return markdown
+
+
+def sample_blocks(results: Dict[str, Dict], count: int = 6) -> list:
+    """A few held-out completions of the SFT model next to the RL models'."""
+    names = [n for n in ("sft", "ppo", "grpo") if n in results]
+    if not names:
+        return []
+    rows = []
+    for i in range(min(count, len(results[names[0]]["samples"]))):
+        prompt = results[names[0]]["samples"][i]["prompt"].split("\n")[1]
+        rows.append([prompt] + [f"{results[n]['samples'][i]['completion']} ({'right' if results[n]['samples'][i]['math_answer'] else 'wrong'})"
+                                for n in names])
+    return [("h2", "Sample completions before and after RL"), ("table", [["question"] + names] + rows)]
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--out", default="output/demo", help="output directory for every stage")
-    parser.add_argument("--steps", type=int, default=60, help="SFT optimizer steps")
-    parser.add_argument("--model_size", default="tiny", choices=tuple(MODEL_SIZES))
+    parser.add_argument("--steps", type=int, default=200,
+                        help="SFT optimizer steps; the reward model takes steps/2, PPO steps/2 episodes, GRPO 1.5*steps")
+    parser.add_argument("--model_size", default="small", choices=tuple(MODEL_SIZES))
     parser.add_argument("--nproc", type=int, default=2, help="processes per stage")
+    parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES,
+                        help="training stages to run; a stage uses what earlier runs left in --out")
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
-    batch_size = 16
-    num_train = args.steps * batch_size * args.nproc
-    with stage("build tiny model and task data"):
-        model_dir = build_assets(out, args.model_size, num_train, 256)
-    with stage("prepare datasets"):
-        prepare(out, model_dir, max_length=128)
-    with stage("sft"):
-        torchrun("train_sft.py", args.nproc, "--pretrain", str(model_dir), "--plugin", "ddp",
-                 "--dataset", str(out / "data" / "sft_train"), "--eval_dataset", str(out / "data" / "sft_eval"),
-                 "--batch_size", str(batch_size), "--lr", "3e-3", "--warmup_steps", "5", "--log_interval", "5",
-                 "--save_dir", str(out / "sft" / "checkpoints"), "--output_dir", str(out / "sft"),
-                 "--log_dir", str(out / "sft" / "logs"))
-    print(f"[demo] finished: outputs in {out} (model in {out / 'sft' / 'model'}, metrics in "
-          f"{out / 'sft' / 'logs' / 'metrics.jsonl'})", flush=True)
+    timings: Dict[str, float] = {}
+    if not (out / "data" / "prompt_eval").is_dir() or "sft" in args.stages:
+        with stage("build tiny model and task data", timings):
+            build_assets(out, args.model_size, {"sft_train": args.steps * 16 * args.nproc, "pref_train": args.steps * 16 * args.nproc})
+        with stage("prepare datasets", timings):
+            prepare(out)
+    for name in STAGES:
+        if name in args.stages:
+            with stage(name, timings):
+                run_stage(name, out, args.steps, args.nproc)
+    with stage("evaluate held-out accuracy", timings):
+        results = evaluate_all(out)
+    with stage("report", timings):
+        markdown = report(out, results, timings)
+    print(f"[demo] finished: report in {markdown} (and {markdown.with_suffix('.html')})", flush=True)
 
 
 if __name__ == "__main__":

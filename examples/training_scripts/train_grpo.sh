@@ -5,7 +5,7 @@
 #       --data_input_dirs prompts.jsonl --tokenizer_dir "$MODEL" --data_output_dirs "$DATA"
 set -euo pipefail
 MODEL=${MODEL:-output/demo/sft/model}
-DATA=${DATA:-output/grpo_example/data}
+DATA=${DATA:-output/demo/data/prompt_train}
 OUT=${OUT:-output/grpo_example}
 NPROC=${NPROC:-2}
 PLUGIN=${PLUGIN:-ddp}

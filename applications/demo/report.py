@@ -1,0 +1,112 @@
+"""The demo's report: PNG plots from each stage's `metrics.jsonl`, and REPORT.md plus a standalone
+REPORT.html (plots embedded) built from one list of blocks, so the two always say the same."""
+import base64
+import html
+import json
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+Block = Tuple[str, object]   # ("h1"|"h2"|"p"|"table"|"image", payload)
+
+
+def read_metrics(path: Path) -> List[Dict[str, float]]:
+    """The records of a metrics.jsonl file (none when the stage did not run)."""
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def series(records: List[Dict[str, float]], name: str) -> Tuple[List[int], List[float]]:
+    """(steps, values) of one metric."""
+    points = [(r["step"], r[name]) for r in records if isinstance(r.get(name), (int, float))]
+    return [s for s, _ in points], [v for _, v in points]
+
+
+def plot(path: Path, title: str, panels: Sequence[Tuple[str, Sequence[Tuple[str, List[Dict[str, float]], str]]]]) -> Optional[Path]:
+    """One PNG with a panel per (y label, [(legend, records, metric), ...]); None when nothing is plotted."""
+    drawn = [(ylabel, lines) for ylabel, lines in panels if any(series(recs, m)[0] for _, recs, m in lines)]
+    if not drawn:
+        return None
+    fig, axes = plt.subplots(1, len(drawn), figsize=(4.2 * len(drawn), 3.2), squeeze=False)
+    for ax, (ylabel, lines) in zip(axes[0], drawn):
+        for legend, records, metric in lines:
+            steps, values = series(records, metric)
+            if steps:
+                ax.plot(steps, values, marker="o" if len(steps) < 12 else None, markersize=3, label=legend)
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def bar_chart(path: Path, title: str, values: Dict[str, float]) -> Path:
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    bars = ax.bar(list(values), list(values.values()), color="#4c72b0")
+    for bar, value in zip(bars, values.values()):
+        ax.annotate(f"{value:.3f}", (bar.get_x() + bar.get_width() / 2, value), ha="center", va="bottom", fontsize=9)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("held-out accuracy")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def to_markdown(blocks: Sequence[Block]) -> str:
+    out = []
+    for kind, payload in blocks:
+        if kind in ("h1", "h2"):
+            out.append(("# " if kind == "h1" else "## ") + str(payload))
+        elif kind == "p":
+            out.append(str(payload))
+        elif kind == "table":
+            header, *rows = payload
+            out.append("\n".join("| " + " | ".join(_md_cell(c) for c in row) + " |"
+                                 for row in [header, ["---"] * len(header), *rows]))
+        elif kind == "image":
+            out.append(f"![{Path(payload).stem}]({Path(payload).name})")
+    return "\n\n".join(out) + "\n"
+
+
+def _md_cell(value: object) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def to_html(blocks: Sequence[Block], title: str) -> str:
+    body = []
+    for kind, payload in blocks:
+        if kind in ("h1", "h2"):
+            body.append(f"<{kind}>{html.escape(str(payload))}</{kind}>")
+        elif kind == "p":
+            body.append(f"<p>{html.escape(str(payload))}</p>")
+        elif kind == "table":
+            header, *rows = payload
+            cells = "".join(f"<th>{html.escape(str(c))}</th>" for c in header)
+            lines = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+            body.append(f"<table><tr>{cells}</tr>{lines}</table>")
+        elif kind == "image":
+            data = base64.b64encode(Path(payload).read_bytes()).decode()
+            body.append(f'<img alt="{Path(payload).stem}" src="data:image/png;base64,{data}">')
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}"
+             "td,th{border:1px solid #ccc;padding:4px 8px;font-size:14px}img{max-width:100%}")
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n")
+
+
+def write_report(out: Path, blocks: Sequence[Block], title: str) -> Tuple[Path, Path]:
+    """REPORT.md (images beside it) and REPORT.html (images embedded) in `out`."""
+    markdown, page = out / "REPORT.md", out / "REPORT.html"
+    markdown.write_text(to_markdown(blocks))
+    page.write_text(to_html(blocks, title))
+    return markdown, page

@@ -1,0 +1,93 @@
+"""Where a GRPO step's time goes: generation share, tokens/s and peak RSS, on a given model directory.
+
+    python benchmarks/bench_grpo.py --out output/bench_grpo                 # builds a small model and prompts
+    python benchmarks/bench_grpo.py --model SFT_MODEL --prompts PROMPT_DATA --nproc 2
+
+Runs the real `train_grpo.py` under torchrun (plugin ddp) for `--episodes` episodes and reads back the
+per-episode metrics it logs: the phase timings (`time/generation`, `time/actor_forward`,
+`time/reference_forward`, `time/reward`, `time/learning`), wall time per episode (from the log
+records, the first episode excluded) and `num_tokens`. Peak RSS is the largest of any process of the
+launch. Results go to `--out/results.json` and a markdown table on stdout.
+"""
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict
+
+REPO = Path(__file__).resolve().parents[1]
+PHASES = ("generation", "actor_forward", "reference_forward", "reward", "learning")
+
+
+def build_inputs(out: Path, size: str) -> Dict[str, str]:
+    """A small random model and prepared prompt data of the generated task."""
+    from transformers import AutoTokenizer
+
+    from coati.dataset.demo_data import generate_problems, prompt_records, tokenizer_corpus, write_jsonl
+    from coati.dataset.prepare import prepare_dataset
+    from coati.models.tiny import write_tiny_model
+
+    model = write_tiny_model(out / "model", tokenizer_corpus(), size=size)
+    raw = write_jsonl(prompt_records(generate_problems(2048, "train")), out / "raw" / "prompts.jsonl")
+    prepare_dataset([raw], "prompt", AutoTokenizer.from_pretrained(model), 128, out / "prompts")
+    return {"model": str(model), "prompts": str(out / "prompts")}
+
+
+def run(args: argparse.Namespace, model: str, prompts: str) -> Path:
+    log_dir = Path(args.out) / "logs"
+    if (log_dir / "metrics.jsonl").exists():
+        (log_dir / "metrics.jsonl").unlink()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
+           str(REPO / "examples" / "training_scripts" / "train_grpo.py"), "--pretrain", model, "--prompt_dataset", prompts,
+           "--plugin", "ddp", "--batch_size", str(args.batch_size), "--num_generations", str(args.num_generations),
+           "--max_new_tokens", str(args.max_new_tokens), "--num_episodes", str(args.episodes), "--kl_coef", str(args.kl_coef),
+           "--lr", "1e-5", "--sample_log_interval", "0", "--log_dir", str(log_dir)]
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return log_dir / "metrics.jsonl"
+
+
+def summarize(metrics_file: Path) -> Dict[str, float]:
+    """Medians over episodes 2..N of the phase seconds, the generation share of the phases, episode wall
+    time and tokens/s (prompt and completion tokens over all ranks)."""
+    records = [json.loads(line) for line in metrics_file.read_text().splitlines()][1:]
+    walls = [b["time"] - a["time"] for a, b in zip(records, records[1:])]
+    tokens = records[-1]["train/num_tokens"] - records[0]["train/num_tokens"]
+    phases = {p: statistics.median(r.get(f"train/time/{p}", 0.0) for r in records) for p in PHASES}
+    return {"episodes_timed": len(walls), "median_episode_s": statistics.median(walls),
+            "generation_share": phases["generation"] / sum(phases.values()),
+            "tokens_per_s": tokens / sum(walls), **{f"median_{p}_s": v for p, v in phases.items()},
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument("--out", default="output/bench_grpo", help="results, logs and built inputs")
+    parser.add_argument("--model", default=None, help="model directory (default: build one in --out)")
+    parser.add_argument("--model_size", default="small", help="size of the built model when --model is not given")
+    parser.add_argument("--prompts", default=None, help="prepared prompt data (default: built)")
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--episodes", type=int, default=20)
+    parser.add_argument("--batch_size", type=int, default=8, help="prompts per rank per episode")
+    parser.add_argument("--num_generations", type=int, default=8)
+    parser.add_argument("--max_new_tokens", type=int, default=32)
+    parser.add_argument("--kl_coef", type=float, default=0.04, help="0 drops the reference forward")
+    args = parser.parse_args()
+    inputs = {"model": args.model, "prompts": args.prompts}
+    if not all(inputs.values()):
+        inputs = {**build_inputs(Path(args.out) / "inputs", args.model_size), **{k: v for k, v in inputs.items() if v}}
+    result = summarize(run(args, inputs["model"], inputs["prompts"]))
+    (Path(args.out) / "results.json").write_text(json.dumps(result, indent=2))
+    print("| median s/episode | generation share | " + " | ".join(f"{p} s" for p in PHASES)
+          + " | tokens/s | peak RSS MB |\n|" + "---|" * (len(PHASES) + 4))
+    print(f"| {result['median_episode_s']:.3f} | {result['generation_share']:.1%} | "
+          + " | ".join(f"{result[f'median_{p}_s']:.3f}" for p in PHASES)
+          + f" | {result['tokens_per_s']:.0f} | {result['peak_rss_mb']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""Held-out evaluation of a saved model outside training: greedy completions of prepared prompts,
+scored by reward functions (with `math_answer`, exact-answer accuracy)."""
+from dataclasses import dataclass
+from typing import Dict, List, Sequence
+
+import torch
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+from transformers import AutoModelForCausalLM
+
+from coati.dataset.collators import PromptCollator
+from coati.dataset.prepare import load_prepared
+from coati.dataset.tokenization import load_tokenizer
+from coati.models.generation import HFEngine, SamplingConfig
+from coati.rewards import WeightedReward
+
+from .experience import ExperienceMaker, RolloutSettings
+
+
+@dataclass
+class EvalResult:
+    """Mean total reward and per-component means over every prompt, and every (prompt, completion, reward)."""
+
+    reward: float
+    components: Dict[str, float]
+    samples: List[Dict[str, object]]
+
+
+@torch.no_grad()
+def evaluate_model(model_dir: str, prompt_dirs: Sequence[str], reward_specs: Sequence[str] = ("math_answer",),
+                   max_new_tokens: int = 32, batch_size: int = 64) -> EvalResult:
+    """Greedy completions of the prepared prompt sets `prompt_dirs` by the model in `model_dir` (loaded
+    with `from_pretrained`), scored like rollouts by `reward_specs`."""
+    tokenizer = load_tokenizer(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    engine = HFEngine(model, tokenizer.pad_token_id, [tokenizer.eos_token_id])
+    settings = RolloutSettings(sampling=SamplingConfig(max_new_tokens=max_new_tokens, do_sample=False))
+    scorer = ExperienceMaker(model, engine, tokenizer, WeightedReward.from_specs(list(reward_specs)), settings)
+    loader = DataLoader(load_prepared(list(prompt_dirs), "prompt"), batch_size=batch_size,
+                        collate_fn=PromptCollator(tokenizer.pad_token_id))
+    samples: List[Dict[str, object]] = []
+    for batch in tqdm(loader, desc=f"evaluating {model_dir}", leave=False):
+        out = engine.generate(batch["input_ids"], batch["attention_mask"], settings.sampling)
+        texts = scorer.decode(batch, out)
+        total, components = scorer.score(batch, out, texts)
+        samples += [{"prompt": p, "completion": c, "reward": t, **{k: v[i] for k, v in components.items()}}
+                    for i, (p, c, t) in enumerate(zip(*texts, total))]
+    names = [k for k in samples[0] if k not in ("prompt", "completion", "reward")] if samples else []
+    return EvalResult(_mean(samples, "reward"), {k: _mean(samples, k) for k in names}, samples)
+
+
+def _mean(samples: List[Dict[str, object]], key: str) -> float:
+    return sum(float(s[key]) for s in samples) / max(len(samples), 1)

@@ -1,0 +1,43 @@
+"""The demo pipeline end to end at a small size: every stage's outputs, the held-out table, the plots
+and the report (Markdown and standalone HTML)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+from conftest import REPO, TORCHRUN_ENV
+
+
+@pytest.mark.slow
+def test_demo_runs_every_stage_and_writes_the_report(tmp_path):
+    out = tmp_path / "demo"
+    result = subprocess.run([sys.executable, str(REPO / "applications" / "demo" / "run_demo.py"), "--out", str(out),
+                             "--steps", "12", "--model_size", "tiny"], capture_output=True, text=True, cwd=REPO,
+                            env={**os.environ, **TORCHRUN_ENV}, timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("[demo]")]
+    for name in ("sft", "rm", "ppo", "grpo", "report"):
+        assert any(line.startswith(f"[demo] {name}: done in ") for line in lines), name
+    assert lines[-1] == f"[demo] finished: report in {out / 'REPORT.md'} (and {out / 'REPORT.html'})"
+    for stage in ("sft", "rm", "ppo", "grpo"):
+        assert (out / stage / "model" / "config.json").is_file(), stage
+        assert (out / stage / "logs" / "metrics.jsonl").stat().st_size > 0, stage
+        assert any((out / stage / "checkpoints").iterdir()), stage
+    assert (out / "ppo" / "logs" / "samples").is_dir() and (out / "grpo" / "eval_results.json").is_file()
+    accuracy = json.loads((out / "heldout_accuracy.json").read_text())
+    assert set(accuracy) == {"initial", "sft", "ppo", "grpo"} and all(0 <= v <= 1 for v in accuracy.values())
+    markdown = (out / "REPORT.md").read_text()
+    for name, value in accuracy.items():
+        assert f"| {name} | {value:.3f} | 256 |" in markdown
+    images = sorted((out / "plots").glob("*.png"))
+    assert [p.name for p in images] == ["heldout_accuracy.png", "rl_kl_length.png", "rl_reward.png", "rm_accuracy.png",
+                                        "sft_loss.png"]
+    for image in images:
+        assert f"]({image.name})" in markdown
+        with Image.open(image) as png:
+            assert png.size[0] >= 400 and len(set(png.convert("L").getdata())) > 10, image.name   # drawn, not blank
+    page = (out / "REPORT.html").read_text()
+    assert page.count("data:image/png;base64,") == len(images) and "Sample completions before and after RL" in page
