@@ -36,7 +36,7 @@ def test_demo_runs_every_stage_and_writes_the_report(tmp_path):
     assert [p.name for p in images] == ["heldout_accuracy.png", "rl_kl_length.png", "rl_reward.png", "rm_accuracy.png",
                                         "sft_loss.png"]
     for image in images:
-        assert f"]({image.name})" in markdown
+        assert f"](plots/{image.name})" in markdown
         with Image.open(image) as png:
             assert png.size[0] >= 400 and len(set(png.convert("L").getdata())) > 10, image.name   # drawn, not blank
     page = (out / "REPORT.html").read_text()

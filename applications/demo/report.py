@@ -63,7 +63,8 @@ def bar_chart(path: Path, title: str, values: Dict[str, float]) -> Path:
     return path
 
 
-def to_markdown(blocks: Sequence[Block]) -> str:
+def to_markdown(blocks: Sequence[Block], root: Path) -> str:
+    """Markdown of `blocks`; images are linked relative to `root`, where the file is written."""
     out = []
     for kind, payload in blocks:
         if kind in ("h1", "h2"):
@@ -75,7 +76,7 @@ def to_markdown(blocks: Sequence[Block]) -> str:
             out.append("\n".join("| " + " | ".join(_md_cell(c) for c in row) + " |"
                                  for row in [header, ["---"] * len(header), *rows]))
         elif kind == "image":
-            out.append(f"![{Path(payload).stem}]({Path(payload).name})")
+            out.append(f"![{Path(payload).stem}]({Path(payload).resolve().relative_to(root.resolve()).as_posix()})")
     return "\n\n".join(out) + "\n"
 
 
@@ -105,8 +106,8 @@ def to_html(blocks: Sequence[Block], title: str) -> str:
 
 
 def write_report(out: Path, blocks: Sequence[Block], title: str) -> Tuple[Path, Path]:
-    """REPORT.md (images beside it) and REPORT.html (images embedded) in `out`."""
+    """REPORT.md (images linked, under `out`) and REPORT.html (images embedded) in `out`."""
     markdown, page = out / "REPORT.md", out / "REPORT.html"
-    markdown.write_text(to_markdown(blocks))
+    markdown.write_text(to_markdown(blocks, out))
     page.write_text(to_html(blocks, title))
     return markdown, page

@@ -139,7 +139,7 @@ def report(out: Path, results: Dict[str, Dict], timings: Dict[str, float]) -> Pa
             ("held-out accuracy", [("PPO", logs["ppo"], "eval/rewards/math_answer"),
                                    ("GRPO", logs["grpo"], "eval/rewards/math_answer")])]),
         plot(plots / "rl_kl_length.png", "RL: KL and completion length", [
-            ("KL to the SFT model", [("PPO", logs["ppo"], "train/kl"), ("GRPO", logs["grpo"], "train/approx_kl")]),
+            ("KL to the SFT model", [("PPO", logs["ppo"], "train/kl"), ("GRPO (only with --kl_coef)", logs["grpo"], "train/kl")]),
             ("completion length", [("PPO", logs["ppo"], "train/completions/mean_length"),
                                    ("GRPO", logs["grpo"], "train/completions/mean_length")])]),
     ]
