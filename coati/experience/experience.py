@@ -170,10 +170,8 @@ class GRPOExperienceMaker(ExperienceMaker):
         r = self._rollout(repeat_prompts(batch, n), _Timer())
         advantages = group_advantages(r.rewards, n, self.settings.scale_rewards)
         loss_mask = r.out.action_mask.clone()
-        tied = tied_groups(r.rewards, n)
         if self.settings.drop_tied_groups:
-            loss_mask[tied] = False
-        r.info["tied_fraction"] = tied.float().mean().item()
+            loss_mask[tied_groups(r.rewards, n)] = False
         return Experience(r.out.sequences, r.out.attention_mask, r.out.action_mask, r.out.prompt_length, r.logps,
                           r.rewards, advantages, ref_log_probs=r.ref_logps, kl=r.kl, loss_mask=loss_mask, info=r.info)
 
