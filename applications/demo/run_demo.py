@@ -155,8 +155,7 @@ def report(out: Path, results: Dict[str, Dict], timings: Dict[str, float]) -> Pa
               ("table", [["stage", "seconds"]] + [[k, f"{v:.1f}"] for k, v in timings.items()]),
               ("h2", "Plots")] + [("image", str(path)) for path in images if path is not None]
     blocks += sample_blocks(results)
-    markdown, page = write_report(out, blocks, "coati demo report")
-    return markdown
+    return write_report(out, blocks, "coati demo report")[0]
 
 
 def sample_blocks(results: Dict[str, Dict], count: int = 6) -> list:

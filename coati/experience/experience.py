@@ -148,7 +148,6 @@ class ExperienceMaker:
                 "terminated": self._terminated(out).tolist(), "timing": timer.seconds}
         return _Rollout(out, rewards, logps, ref_logps, kl, info)
 
-
     def _terminated(self, out: GenerationOutput) -> torch.Tensor:
         """Per row: whether the completion ended with a stop token (rather than at the length limit)."""
         lengths = out.action_mask.sum(-1, keepdim=True)
@@ -227,4 +226,3 @@ def completion_rows(experience: Experience) -> List[Dict[str, Any]]:
              "advantage": float(a)}
             for i, (p, c, r, a) in enumerate(zip(experience.info["prompts"], experience.info["completions"],
                                                  experience.rewards.tolist(), per_row.tolist()))]
-

@@ -2,6 +2,7 @@
 from typing import Dict, Sequence
 
 import numpy as np
+
 from coati.distributed.comm import gather_lists
 from coati.models.loss import masked_mean
 
@@ -32,8 +33,7 @@ def rollout_metrics(experience: Experience, group_size: int = 1) -> Dict[str, fl
     rewards = gather_lists(experience.rewards.tolist())
     metrics = _spread("reward", rewards, percentiles=True)
     for name, values in experience.info["reward_components"].items():
-        spread = _spread(f"rewards/{name}", gather_lists(values))
-        metrics.update({f"rewards/{name}": spread[f"rewards/{name}"], f"rewards/{name}_std": spread[f"rewards/{name}_std"]})
+        metrics.update(_spread(f"rewards/{name}", gather_lists(values)))
     if group_size > 1:
         groups = np.asarray(rewards).reshape(-1, group_size)
         metrics["frac_reward_zero_std"] = float((groups.std(-1) == 0).mean())
@@ -54,4 +54,3 @@ def rollout_metrics(experience: Experience, group_size: int = 1) -> Dict[str, fl
 def tokens_in(experience: Experience) -> int:
     """Tokens (prompt and completion, padding excluded) of this rank's experience."""
     return int(experience.attention_mask.sum().item())
-

@@ -91,7 +91,6 @@ class RolloutTrainer(OLTrainer):
         self.save_interval, self.save_dir, self.keep_last = save_interval, save_dir, keep_last
         self.device = next(actor.parameters()).device
         self.prompts = CyclingLoader(prompt_dataloader, self.device)
-        self.prompt_dataloader = prompt_dataloader
         self.eval_dataloader, self.eval_interval = eval_dataloader, eval_interval
         self.sample_log_interval = sample_log_interval
         self.eval_history: Dict[int, Dict[str, float]] = {}
@@ -200,7 +199,7 @@ class RolloutTrainer(OLTrainer):
             self.evaluate(step=done)
         if self.save_dir and self.save_interval and done % self.save_interval == 0:
             path = save_checkpoint(self.save_dir, self.actor_booster, self.actor, self.optimizer, self.lr_scheduler,
-                                   epoch=self.prompts.epoch, step=done, batch_size=self.prompt_dataloader.batch_size,
+                                   epoch=self.prompts.epoch, step=done, batch_size=self.prompts.dataloader.batch_size,
                                    coordinator=self.coordinator, sample_start_index=self.prompts.seen,
                                    keep_last=self.keep_last, extra_state=self._extra_state(),
                                    extra_models=self._trained_models())
