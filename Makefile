@@ -1,8 +1,11 @@
-# `make demo` and `make test` set up .venv first when it is missing or out of date.
+# `make demo` and `make test` set up .venv first when it is missing or out of date; `make test` also
+# installs the Debian packages the multi-node tests need (sshd, ip) when it runs as root.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_OUT ?= output/demo
+
+SYSTEM_TOOLS := /usr/sbin/sshd /usr/sbin/ip
 
 .PHONY: install demo test test-fast clean
 
@@ -18,7 +21,12 @@ $(STAMP): requirements.txt requirements-test.txt setup.py
 demo: install
 	$(PY) applications/demo/run_demo.py --out $(DEMO_OUT)
 
-test: install
+$(SYSTEM_TOOLS):
+	@if [ "$$(id -u)" = 0 ]; then \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends openssh-server iproute2; \
+	else echo "not root: $@ is missing, so the multi-node tests will skip"; fi
+
+test: install $(SYSTEM_TOOLS)
 	$(PY) -m pytest tests
 
 test-fast: install

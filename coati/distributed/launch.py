@@ -1,8 +1,14 @@
 """Process-group start-up for training scripts, under torchrun, `colossalai run`, or plain `python`."""
 import os
 import socket
+from datetime import timedelta
 
-import colossalai
+import torch.distributed as dist
+from colossalai.accelerator import get_accelerator
+from colossalai.utils import set_seed
+
+DEFAULT_TIMEOUT_S = 600
+"""How long a collective waits for a peer before this rank gives up (NCCL's default; gloo's is 30 min)."""
 
 
 def _free_port() -> int:
@@ -11,12 +17,19 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def init_distributed(seed: int = 42) -> None:
-    """Start colossalai's process group (gloo on CPU, NCCL on GPU) and seed every RNG.
+def init_distributed(seed: int = 42, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """Start the process group (gloo on CPU, NCCL on GPU, as colossalai's accelerator says) and seed every RNG.
 
-    A script started with plain `python` runs as a world of one on a free local port.
+    What colossalai's `launch_from_torch` does, plus a collective timeout: a rank whose peer hangs or
+    becomes unreachable fails after `timeout_s` seconds instead of waiting forever. A script started
+    with plain `python` runs as a world of one on a free local port.
     """
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    colossalai.launch_from_torch(seed=seed)
+    accelerator = get_accelerator()
+    dist.init_process_group(backend=accelerator.communication_backend, init_method="env://",
+                            timeout=timedelta(seconds=timeout_s))
+    if accelerator.support_set_device:
+        accelerator.set_device(int(os.environ["LOCAL_RANK"]))
+    set_seed(seed)

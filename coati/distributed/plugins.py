@@ -8,6 +8,7 @@ import torch
 from colossalai.booster import Booster
 from colossalai.booster.plugin import GeminiPlugin, HybridParallelPlugin, LowLevelZeroPlugin, Plugin, TorchDDPPlugin
 
+from coati.distributed.launch import DEFAULT_TIMEOUT_S
 from coati.utils.errors import CoatiUsageError
 
 PLUGIN_HELP = {
@@ -39,6 +40,9 @@ def add_plugin_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--zero_stage", type=int, default=0, choices=(0, 1, 2), help="3d: ZeRO stage over the data-parallel group")
     group.add_argument("--zero_cpu_offload", action="store_true", help="3d: offload ZeRO optimizer states to CPU")
     group.add_argument("--microbatch_size", type=int, default=1, help="3d with --pp > 1: pipeline micro-batch size")
+    group.add_argument("--dist_timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                       help="seconds a collective waits for a peer before the run stops with an error (a dead or "
+                            "unreachable node); raise it when rank 0 alone writes very large checkpoints")
 
 
 @dataclass

@@ -25,7 +25,8 @@ from .grpo import GRPOTrainer
 from .ppo import PPOTrainer
 from .rollout import RolloutTrainer
 from .runner import (_require_dir, build_dataloader, build_optimizer, build_scheduler, export_model, frozen_reference,
-                     load_causal_lm, open_logger, prepare_model, resolve_checkpoint, run_device, start_run)
+                     load_causal_lm, open_logger, prepare_model, resolve_checkpoint, resumed_line, run_device,
+                     start_run)
 
 
 def _sampling(args: argparse.Namespace) -> SamplingConfig:
@@ -69,7 +70,7 @@ def _run(args: argparse.Namespace, build: Callable[..., RolloutTrainer]) -> Roll
     checkpoint = resolve_checkpoint(args)
     if checkpoint:
         trainer.load_checkpoint(checkpoint)
-        coordinator.print_on_master(f"resumed from {checkpoint} at episode {trainer.start_episode}")
+        coordinator.print_on_master(resumed_line(checkpoint, f"episode {trainer.start_episode}"))
     trainer.fit(args.num_episodes, args.num_collect_steps, args.num_update_steps,
                 metrics_logger=open_logger(args, type(trainer), trainer.start_episode if checkpoint else None))
     if args.output_dir:

@@ -20,6 +20,7 @@ from coati.dataset.collators import COLLATORS
 from coati.dataset.prepare import load_prepared
 from coati.dataset.sampler import StatefulDistributedSampler
 from coati.dataset.tokenization import load_tokenizer
+from coati.distributed.comm import world_size
 from coati.distributed.launch import init_distributed
 from coati.distributed.plugins import BoostSetup, build_booster, check_plugin_available
 from coati.models.lora import enable_lora, export_adapter_and_merge
@@ -27,7 +28,7 @@ from coati.models.reference import load_reference_model, with_reference_logps
 from coati.models.reward_model import load_reward_model
 from coati.trainer.base import SLTrainer
 from coati.trainer.callbacks import Callback, PerformanceEvaluator
-from coati.utils.ckpt_io import latest_checkpoint, save_hf_model
+from coati.utils.ckpt_io import latest_checkpoint, read_running_state, save_hf_model
 from coati.utils.errors import CoatiUsageError
 from coati.utils.metrics_logger import MetricsLogger
 
@@ -89,6 +90,16 @@ def export_model(args: argparse.Namespace, setup: BoostSetup, model: torch.nn.Mo
     coordinator.print_on_master(f"saved HF model to {path}")
 
 
+def resumed_line(checkpoint: str, position: str) -> str:
+    """The line a resumed run prints; it says so when the checkpoint was written by another number of ranks."""
+    saved = read_running_state(checkpoint)["world_size"]
+    line = f"resumed from {checkpoint} at {position}"
+    if saved != world_size():
+        line += (f" (written by {saved} ranks, now {world_size()}: the data goes on after the samples already "
+                 "seen; each rank's RNG starts afresh)")
+    return line
+
+
 def resolve_checkpoint(args: argparse.Namespace) -> Optional[str]:
     """The checkpoint to resume from: `--checkpoint_path`, or the newest complete one for 'latest'."""
     if args.checkpoint_path != "latest":
@@ -139,7 +150,7 @@ def reference_hook(context: RunContext) -> Dict[str, Any]:
 def start_run(args: argparse.Namespace) -> Tuple[BoostSetup, DistCoordinator, PreTrainedTokenizerBase]:
     """Plugin check (before any process group), process group, booster and tokenizer."""
     check_plugin_available(args.plugin)
-    init_distributed(args.seed)
+    init_distributed(args.seed, args.dist_timeout)
     setup = build_booster(args)
     return setup, DistCoordinator(), load_tokenizer(args.tokenizer_dir or args.pretrain, args.trust_remote_code)
 
@@ -191,7 +202,7 @@ def run_supervised(
     checkpoint = resolve_checkpoint(args)
     if checkpoint:
         trainer.load_checkpoint(checkpoint)
-        coordinator.print_on_master(f"resumed from {checkpoint} at epoch {trainer.start_epoch}, step {trainer.step}")
+        coordinator.print_on_master(resumed_line(checkpoint, f"epoch {trainer.start_epoch}, step {trainer.step}"))
     trainer.fit(train_loader, eval_loader, metrics_logger=open_logger(args, trainer_cls, trainer.step if checkpoint else None))
     if args.output_dir:
         export_model(args, setup, model, tokenizer, coordinator)

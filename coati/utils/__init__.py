@@ -3,7 +3,7 @@ so code that only prepares data starts without importing colossalai."""
 import importlib
 
 from .accumulative_meter import AccumulativeMeanMeter, AccumulativeMeanVariable, all_reduce_meter
-from .errors import CoatiUsageError, exit_on_usage_error
+from .errors import CoatiUsageError, exit_cleanly
 
 _LAZY = {
     "latest_checkpoint": "ckpt_io", "load_checkpoint": "ckpt_io", "save_checkpoint": "ckpt_io",
@@ -11,7 +11,7 @@ _LAZY = {
 }
 
 __all__ = ["AccumulativeMeanMeter", "AccumulativeMeanVariable", "all_reduce_meter", "CoatiUsageError",
-           "exit_on_usage_error", *_LAZY]
+           "exit_cleanly", *_LAZY]
 
 
 def __getattr__(name: str):

@@ -10,10 +10,10 @@ import argparse
 
 from coati.dataset.prepare import prepare_dataset
 from coati.dataset.tokenization import load_tokenizer
-from coati.utils.errors import CoatiUsageError, exit_on_usage_error
+from coati.utils.errors import CoatiUsageError, exit_cleanly
 
 
-@exit_on_usage_error
+@exit_cleanly
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)

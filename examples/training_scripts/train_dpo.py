@@ -7,12 +7,12 @@ from coati.models.loss import DPOLoss, SimPOLoss
 from coati.trainer.dpo import DPOTrainer
 from coati.trainer.runner import reference_hook, run_supervised
 from coati.utils.arguments import add_reference_args, training_parser
-from coati.utils.errors import exit_on_usage_error
+from coati.utils.errors import exit_cleanly
 
 DEFAULT_BETA = {"sigmoid": 0.1, "ipo": 0.1, "simpo": 2.0}
 
 
-@exit_on_usage_error
+@exit_cleanly
 def main(argv=None) -> None:
     parser = training_parser(__doc__.strip().splitlines()[0])
     group = parser.add_argument_group("preference loss")

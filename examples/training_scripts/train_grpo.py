@@ -6,10 +6,10 @@
 """
 from coati.trainer.rl_runner import run_grpo
 from coati.utils.arguments import add_grpo_args, add_reference_args, training_parser
-from coati.utils.errors import exit_on_usage_error
+from coati.utils.errors import exit_cleanly
 
 
-@exit_on_usage_error
+@exit_cleanly
 def main(argv=None) -> None:
     parser = training_parser(__doc__.strip().splitlines()[0], dataset_flag="--prompt_dataset")
     add_grpo_args(parser)

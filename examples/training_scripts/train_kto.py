@@ -7,10 +7,10 @@ from coati.models.loss import KTOLoss
 from coati.trainer.kto import KTOTrainer
 from coati.trainer.runner import reference_hook, run_supervised
 from coati.utils.arguments import add_reference_args, training_parser
-from coati.utils.errors import exit_on_usage_error
+from coati.utils.errors import exit_cleanly
 
 
-@exit_on_usage_error
+@exit_cleanly
 def main(argv=None) -> None:
     parser = training_parser(__doc__.strip().splitlines()[0])
     group = parser.add_argument_group("KTO loss")

@@ -7,10 +7,10 @@ from coati.models.loss import ORPOLoss
 from coati.trainer.dpo import ORPOTrainer
 from coati.trainer.runner import run_supervised
 from coati.utils.arguments import training_parser
-from coati.utils.errors import exit_on_usage_error
+from coati.utils.errors import exit_cleanly
 
 
-@exit_on_usage_error
+@exit_cleanly
 def main(argv=None) -> None:
     parser = training_parser(__doc__.strip().splitlines()[0])
     parser.add_argument("--lam", type=float, default=0.1, help="weight of the odds-ratio term")

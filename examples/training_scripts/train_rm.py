@@ -7,12 +7,12 @@ from coati.models.loss import LogExpLoss, LogSigLoss
 from coati.trainer.rm import RewardModelTrainer
 from coati.trainer.runner import load_reward_model_from_args, run_supervised
 from coati.utils.arguments import training_parser
-from coati.utils.errors import exit_on_usage_error
+from coati.utils.errors import exit_cleanly
 
 LOSSES = {"log_sig": LogSigLoss, "log_exp": LogExpLoss}
 
 
-@exit_on_usage_error
+@exit_cleanly
 def main(argv=None) -> None:
     parser = training_parser(__doc__.strip().splitlines()[0])
     parser.add_argument("--loss_fn", default="log_sig", choices=tuple(LOSSES), help="pairwise loss")

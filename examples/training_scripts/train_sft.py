@@ -6,10 +6,10 @@
 from coati.trainer.runner import run_supervised
 from coati.trainer.sft import SFTTrainer
 from coati.utils.arguments import training_parser
-from coati.utils.errors import exit_on_usage_error
+from coati.utils.errors import exit_cleanly
 
 
-@exit_on_usage_error
+@exit_cleanly
 def main(argv=None) -> None:
     args = training_parser(__doc__.strip().splitlines()[0]).parse_args(argv)
     run_supervised(args, SFTTrainer, "sft")

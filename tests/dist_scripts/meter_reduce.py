@@ -2,6 +2,7 @@
 import json
 
 from coati.distributed import rank
+from coati.distributed.comm import barrier
 from coati.distributed.launch import init_distributed
 from coati.utils import AccumulativeMeanMeter, all_reduce_meter
 
@@ -14,3 +15,4 @@ if r == 1:
 reduced = all_reduce_meter(meter)
 if r == 0:
     print("RESULT " + json.dumps(reduced))
+barrier()   # leave together, as the training scripts do (their last step is a barrier)
