@@ -25,10 +25,10 @@ from tqdm import tqdm
 from coati.distributed.comm import is_distributed, is_rank_0
 from coati.distributed.plugins import trainer_clips_gradients
 from coati.trainer.callbacks.base import Callback, fire
-from coati.utils.accumulative_meter import AccumulativeMeanMeter, all_reduce_meter
 from coati.utils.ckpt_io import load_checkpoint, save_checkpoint
 from coati.utils.errors import CoatiUsageError
 from coati.utils.metrics_logger import MetricsLogger
+from coati.utils.stats_tracker import StatsTracker
 
 Batch = Dict[str, Any]
 
@@ -37,7 +37,7 @@ Batch = Dict[str, Any]
 class BatchResult:
     """One micro-batch's contribution: `loss` is the SUM of per-item losses (graph attached); the
     loop divides it by the item count of the whole accumulated step across ranks. `metrics` maps a
-    name to (total, count) for the meter, so logged values are exact means over the log window."""
+    name to (total, count) for the stats tracker, so logged values are exact means over the log window."""
 
     loss: torch.Tensor
     metrics: Dict[str, Tuple[float, float]] = field(default_factory=dict)
@@ -76,12 +76,12 @@ def _reports_grad_norm(optimizer: torch.optim.Optimizer) -> bool:
 
 
 class _TrainerCore:
-    """What both loops share: callbacks around `fit`, the meter, and the metrics logger."""
+    """What both loops share: callbacks around `fit`, the stats tracker, and the metrics logger."""
 
     def __init__(self, callbacks: Sequence[Callback], coordinator: Optional[DistCoordinator]) -> None:
         self.callbacks = list(callbacks)
         self.coordinator = coordinator or DistCoordinator()
-        self.meter = AccumulativeMeanMeter()
+        self.stats = StatsTracker()
         self.metrics_logger: Optional[MetricsLogger] = None
 
     def _open_logger(self, log_dir: Optional[str], use_wandb: bool, metrics_logger: Optional[MetricsLogger]) -> None:
@@ -89,9 +89,9 @@ class _TrainerCore:
                                                               run_name=type(self).__name__)
 
     def _record(self, metrics: Dict[str, Tuple[float, float]]) -> None:
-        """Add a batch's (total, count) metrics to the meter of the current log window."""
+        """Add a batch's (total, count) metrics to the stats of the current log window."""
         for name, (total, count) in metrics.items():
-            self.meter.add(name, total, count)
+            self.stats.add(name, total, count)
 
     def _record_grad_norm(self, norm: Optional[float], name: str = "grad_norm") -> None:
         """The norm is the same on every rank (gradients are reduced), so each records it once."""
@@ -99,9 +99,8 @@ class _TrainerCore:
             self._record({name: (norm, 1)})
 
     def _flush_metrics(self, step: int, prefix: str = "train/", extra: Optional[Dict[str, float]] = None) -> Dict[str, float]:
-        """Reduce the meter across ranks (once), log it at `step`, fire `on_log`, reset the meter."""
-        reduced = all_reduce_meter(self.meter)
-        self.meter = AccumulativeMeanMeter()
+        """Reduce the stats across ranks (once), log them at `step`, fire `on_log`; the stats start afresh."""
+        reduced = self.stats.export()
         metrics = {f"{prefix}{k}": v for k, v in reduced.items()}
         metrics.update(extra or {})
         self.metrics_logger.log(metrics, step)
@@ -259,7 +258,7 @@ class SLTrainer(_TrainerCore, ABC):
             if self._should_stop() or self._reached_max_steps():
                 break
         bar.close()
-        if self.meter.names():
+        if not self.stats.is_empty():
             self._flush_metrics(self.step, extra={"train/lr": self._current_lr(), "train/epoch": epoch})
         self._resume_sample_index = 0
         self._set_start_index(0)
@@ -322,12 +321,12 @@ class SLTrainer(_TrainerCore, ABC):
         if self.eval_dataloader is None:
             return
         self.model.eval()
-        saved_meter, self.meter = self.meter, AccumulativeMeanMeter()
+        saved_stats, self.stats = self.stats, StatsTracker()
         with torch.no_grad():
             for batch in tqdm(self.eval_dataloader, desc=f"Eval {epoch}", disable=not is_rank_0(), leave=False):
                 self._record(self._compute_batch(move_to_device(batch, self.device)).metrics)
-        results = self._eval_results(all_reduce_meter(self.meter))
-        self.meter = saved_meter
+        results = self._eval_results(self.stats.export())
+        self.stats = saved_stats
         self.metrics_logger.log({f"eval/{k}": v for k, v in results.items()}, self.step)
         self._write_eval_results(epoch, results)
         fire(self.callbacks, "on_evaluate", epoch, results)

@@ -69,7 +69,7 @@ class DPOTrainer(PreferenceTrainer):
 
 def pair_metrics(loss: torch.Tensor, out: PreferenceLossOutput, chosen_logps: torch.Tensor,
                  rejected_logps: torch.Tensor) -> Dict[str, Tuple[float, int]]:
-    """(total, count) per metric for the meter, under TRL's names."""
+    """(total, count) per metric for the stats tracker, under TRL's names."""
     pairs = chosen_logps.numel()
     margins = out.chosen_rewards - out.rejected_rewards
     totals = {

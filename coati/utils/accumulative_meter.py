@@ -1,5 +1,5 @@
 """Running means of training metrics, and their one reduction across ranks per logged step."""
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -62,9 +62,15 @@ def all_reduce_meter(meter: AccumulativeMeanMeter, group: Optional[dist.ProcessG
     Call it once per logged step, on every rank: it is a collective. Ranks may hold different metric
     names; a name missing on a rank counts as nothing there.
     """
+    return {name: (s / c if c else 0.0) for name, (s, c) in all_reduce_totals(meter, group).items()}
+
+
+def all_reduce_totals(meter: AccumulativeMeanMeter,
+                      group: Optional[dist.ProcessGroup] = None) -> Dict[str, Tuple[float, float]]:
+    """(sum, count) over all ranks of every metric any rank holds; a collective, like `all_reduce_meter`."""
     names = meter.names()
     if not is_distributed() or dist.get_world_size(group) == 1:
-        return {name: meter.get(name) for name in names}
+        return {name: (meter.variable_dict[name].sum, meter.variable_dict[name].count) for name in names}
     gathered = [None] * dist.get_world_size(group)
     dist.all_gather_object(gathered, names, group=group)
     names = sorted(set().union(*gathered))
@@ -76,7 +82,7 @@ def all_reduce_meter(meter: AccumulativeMeanMeter, group: Optional[dist.ProcessG
         device=device,
     ).reshape(-1, 2)
     dist.all_reduce(totals, group=group)
-    return {name: (s / c if c else 0.0) for name, (s, c) in zip(names, totals.tolist())}
+    return {name: (s, c) for name, (s, c) in zip(names, totals.tolist())}
 
 
 def _collective_device(group: Optional[dist.ProcessGroup] = None) -> torch.device:

@@ -1,0 +1,123 @@
+"""One step's metrics under scoped names, reduced across ranks once per step.
+
+    stats = StatsTracker()
+    with stats.scope("rollout"):
+        stats.scalar(reward=0.5)                                  # rollout/reward: mean over the step
+        stats.denominator(correct=rewards > 0, wrong=rewards <= 0)
+        stats.stat(denominator="correct", length=lengths)         # rollout/length@correct/{avg,min,max}
+        with stats.record_timing("gen"):                          # rollout/time/gen: seconds, mean over the step
+            ...
+    metrics = stats.export()                                      # a collective: every rank calls it
+"""
+import time
+from contextlib import contextmanager
+from typing import Dict, Iterator, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from coati.distributed.comm import is_distributed
+
+from .accumulative_meter import AccumulativeMeanMeter, _collective_device, all_reduce_totals
+
+
+class StatsTracker:
+    """Scalars averaged over the step (`scalar`, `add`), tensor stats reduced under a boolean mask
+    (`denominator`, `stat`: mean, min and max over the masked elements), and timings. `export()`
+    reduces every rank's records (sums and counts summed, min of mins, max of maxes) and starts a new step."""
+
+    def __init__(self) -> None:
+        self._scopes: List[str] = []
+        self._means = AccumulativeMeanMeter()
+        self._mins: Dict[str, float] = {}
+        self._maxs: Dict[str, float] = {}
+        self._masks: Dict[str, torch.Tensor] = {}
+
+    def _key(self, name: str) -> str:
+        return "/".join([*self._scopes, name])
+
+    @contextmanager
+    def scope(self, name: str) -> Iterator[None]:
+        """Names recorded inside get the prefix `name/`; scopes nest."""
+        self._scopes.append(name)
+        try:
+            yield
+        finally:
+            self._scopes.pop()
+
+    def add(self, name: str, total: float, count: float = 1) -> None:
+        """A total standing for `count` items (a batch's summed loss over its rows); exported as total / count."""
+        self._means.add(self._key(name), float(total), count)
+
+    def scalar(self, **values: float) -> None:
+        """Each value counts once; exported as the mean of the step's values."""
+        for name, value in values.items():
+            self.add(name, value, 1)
+
+    def denominator(self, **masks: torch.Tensor) -> None:
+        """Boolean masks that later `stat` calls reduce under, by name (in the current scope)."""
+        for name, mask in masks.items():
+            if mask.dtype != torch.bool:
+                raise TypeError(f"denominator {name!r} must be a boolean tensor, got {mask.dtype}")
+            self._masks[self._key(name)] = mask
+
+    def stat(self, denominator: str, **tensors: torch.Tensor) -> None:
+        """Each tensor (shaped like the mask) over the elements where `denominator` is True:
+        `<name>@<denominator>/avg` (mean over the step's elements on every rank), `/min`, `/max`."""
+        mask = self._masks.get(self._key(denominator))
+        if mask is None:
+            raise KeyError(f"no denominator {denominator!r} in scope {'/'.join(self._scopes) or '(top)'}")
+        for name, tensor in tensors.items():
+            if tensor.shape != mask.shape:
+                raise ValueError(f"stat {name!r} has shape {tuple(tensor.shape)}, its denominator {tuple(mask.shape)}")
+            values = tensor.detach()[mask].double()
+            key = self._key(f"{name}@{denominator}")
+            self._means.add(f"{key}/avg", values.sum().item(), values.numel())
+            if values.numel():
+                self._mins[f"{key}/min"] = min(self._mins.get(f"{key}/min", float("inf")), values.min().item())
+                self._maxs[f"{key}/max"] = max(self._maxs.get(f"{key}/max", float("-inf")), values.max().item())
+
+    def is_empty(self) -> bool:
+        """True when nothing was recorded on this rank since the last export."""
+        return not (self._means.names() or self._mins or self._maxs)
+
+    @contextmanager
+    def record_timing(self, name: str) -> Iterator[None]:
+        """Seconds spent in the block, under `time/<name>`; the mean over the step's blocks."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(f"time/{name}", time.perf_counter() - start)
+
+    def export(self, group: Optional[dist.ProcessGroup] = None) -> Dict[str, float]:
+        """Every rank's records of this step, reduced; a collective (call it on every rank). A mean whose
+        elements were all masked out on every rank is left out. Resets for the next step."""
+        totals = all_reduce_totals(self._means, group)
+        result = {name: total / count for name, (total, count) in totals.items() if count > 0}
+        result.update(_reduce_extremes(self._mins, self._maxs, group))
+        self._means, self._mins, self._maxs, self._masks = AccumulativeMeanMeter(), {}, {}, {}
+        return dict(sorted(result.items()))
+
+
+def _reduce_extremes(mins: Dict[str, float], maxs: Dict[str, float],
+                     group: Optional[dist.ProcessGroup]) -> Dict[str, float]:
+    """The min over ranks of every `mins` entry and the max of every `maxs` entry (one gather of names)."""
+    names = sorted({*mins, *maxs})
+    if is_distributed() and dist.get_world_size(group) > 1:
+        gathered: List[Optional[List[str]]] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(gathered, names, group=group)
+        names = sorted(set().union(*gathered))
+    low = [n for n in names if n.endswith("/min")]
+    high = [n for n in names if n.endswith("/max")]
+    result = {}
+    device = _collective_device(group) if is_distributed() else torch.device("cpu")
+    for keys, values, op, neutral in ((low, mins, dist.ReduceOp.MIN, float("inf")),
+                                      (high, maxs, dist.ReduceOp.MAX, float("-inf"))):
+        if not keys:
+            continue
+        tensor = torch.tensor([values.get(n, neutral) for n in keys], dtype=torch.float64, device=device)
+        if is_distributed() and dist.get_world_size(group) > 1:
+            dist.all_reduce(tensor, op=op, group=group)
+        result.update(zip(keys, tensor.tolist()))
+    return result
