@@ -5,9 +5,12 @@
 
 Runs the real `train_grpo.py` under torchrun (plugin ddp) for `--episodes` episodes and reads back the
 per-episode metrics it logs: the phase timings (`time/generation`, `time/actor_forward`,
-`time/reference_forward`, `time/reward`, `time/learning`), wall time per episode (from the log
-records, the first episode excluded) and `num_tokens`. Peak RSS is the largest of any process of the
-launch. Results go to `--out/results.json` and a markdown table on stdout.
+`time/reference_forward`, `time/reward`, `time/learning`, and with `--async_rollout` the trainer's
+`time/rollout_wait`), wall time per episode (from the log records, the first episode excluded),
+`num_tokens`, and the mean training reward of the first and last fifth of the episodes. Peak RSS is the
+largest of any process of the launch that torchrun waited for (not Ray's generator actors). Results go
+to `--out/results.json` and a markdown table on stdout. Compare `--async_rollout` with the synchronous
+run at the same flags: the same samples per episode, generation in a Ray actor overlapping training.
 """
 import argparse
 import json
@@ -20,7 +23,7 @@ from pathlib import Path
 from typing import Dict
 
 REPO = Path(__file__).resolve().parents[1]
-PHASES = ("generation", "actor_forward", "reference_forward", "reward", "learning")
+PHASES = ("generation", "actor_forward", "reference_forward", "reward", "learning", "rollout_wait")
 
 
 def build_inputs(out: Path, size: str) -> Dict[str, str]:
@@ -45,7 +48,10 @@ def run(args: argparse.Namespace, model: str, prompts: str) -> Path:
            str(REPO / "examples" / "training_scripts" / "train_grpo.py"), "--pretrain", model, "--prompt_dataset", prompts,
            "--plugin", "ddp", "--batch_size", str(args.batch_size), "--num_generations", str(args.num_generations),
            "--max_new_tokens", str(args.max_new_tokens), "--num_episodes", str(args.episodes), "--kl_coef", str(args.kl_coef),
-           "--lr", "1e-5", "--sample_log_interval", "0", "--log_dir", str(log_dir)]
+           "--lr", str(args.lr), "--warmup_steps", str(args.warmup_steps), "--sample_log_interval", "0",
+           "--log_dir", str(log_dir), "--seed", str(args.seed)]
+    if args.async_rollout:
+        cmd += ["--async_rollout", "--max_staleness", str(args.max_staleness)]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return log_dir / "metrics.jsonl"
@@ -58,7 +64,10 @@ def summarize(metrics_file: Path) -> Dict[str, float]:
     walls = [b["time"] - a["time"] for a, b in zip(records, records[1:])]
     tokens = records[-1]["train/num_tokens"] - records[0]["train/num_tokens"]
     phases = {p: statistics.median(r.get(f"train/time/{p}", 0.0) for r in records) for p in PHASES}
+    fifth = max(len(records) // 5, 1)
+    rewards = [r["train/reward"] for r in records]
     return {"episodes_timed": len(walls), "median_episode_s": statistics.median(walls),
+            "reward_first_fifth": statistics.mean(rewards[:fifth]), "reward_last_fifth": statistics.mean(rewards[-fifth:]),
             "generation_share": phases["generation"] / sum(phases.values()),
             "tokens_per_s": tokens / sum(walls), **{f"median_{p}_s": v for p, v in phases.items()},
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
@@ -76,6 +85,11 @@ def main() -> None:
     parser.add_argument("--num_generations", type=int, default=8)
     parser.add_argument("--max_new_tokens", type=int, default=32)
     parser.add_argument("--kl_coef", type=float, default=0.04, help="0 drops the reference forward")
+    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--warmup_steps", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--async_rollout", action="store_true", help="generate in a Ray actor while training")
+    parser.add_argument("--max_staleness", type=int, default=1)
     args = parser.parse_args()
     inputs = {"model": args.model, "prompts": args.prompts}
     if not all(inputs.values()):
@@ -83,10 +97,11 @@ def main() -> None:
     result = summarize(run(args, inputs["model"], inputs["prompts"]))
     (Path(args.out) / "results.json").write_text(json.dumps(result, indent=2))
     print("| median s/episode | generation share | " + " | ".join(f"{p} s" for p in PHASES)
-          + " | tokens/s | peak RSS MB |\n|" + "---|" * (len(PHASES) + 4))
+          + " | tokens/s | reward first/last fifth | peak RSS MB |\n|" + "---|" * (len(PHASES) + 5))
     print(f"| {result['median_episode_s']:.3f} | {result['generation_share']:.1%} | "
           + " | ".join(f"{result[f'median_{p}_s']:.3f}" for p in PHASES)
-          + f" | {result['tokens_per_s']:.0f} | {result['peak_rss_mb']:.0f} |")
+          + f" | {result['tokens_per_s']:.0f} | {result['reward_first_fifth']:.3f} / {result['reward_last_fifth']:.3f}"
+          + f" | {result['peak_rss_mb']:.0f} |")
 
 
 if __name__ == "__main__":

@@ -71,3 +71,21 @@ def test_aggregations():
 def test_token_entropy_of_uniform_and_peaked_distributions():
     logits = torch.stack([torch.zeros(4), T([100.0, 0.0, 0.0, 0.0])]).unsqueeze(0)
     assert token_entropy(logits)[0].tolist() == pytest.approx([math.log(4), 0.0], abs=1e-5)
+
+
+def test_policy_loss_weights_tokens_by_the_capped_behaviour_ratio():
+    """Decoupled PPO: each token's clipped loss times min(pi_prox / pi_behaviour, cap)."""
+    logps = torch.tensor([[-1.0, -2.0, -0.5]])
+    prox = torch.tensor([[-1.1, -2.0, -0.7]])
+    behaviour = torch.tensor([[-1.2, -4.0, -0.7]])   # ratios e^0.1, e^2 (capped at 3), 1
+    advantages = torch.tensor([1.0])
+    mask = torch.ones(1, 3)
+    loss, stats = PolicyLoss(0.2, 0.2, behaviour_cap=3.0)(logps, prox, advantages, mask, behaviour)
+    ratio = torch.exp(logps - prox)
+    clipped = -torch.min(ratio, ratio.clamp(0.8, 1.2))
+    weights = torch.tensor([[math.exp(0.1), 3.0, 1.0]])
+    assert loss.item() == pytest.approx((clipped * weights).mean().item(), rel=1e-6)
+    assert stats["behaviour_weight"].item() == pytest.approx(weights.mean().item(), rel=1e-6)
+    assert stats["behaviour_capped"].item() == pytest.approx(1 / 3)
+    plain, _ = PolicyLoss(0.2, 0.2)(logps, prox, advantages, mask)
+    assert plain.item() == pytest.approx(clipped.mean().item(), rel=1e-6)

@@ -7,7 +7,8 @@
         --out output/gsm8k --episodes 200 --save_every 50 --eval_every 25
 
 The files are openai/gsm8k's (`question`, `answer` ending in `#### N`; parquet or JSONL, or folders of
-them). Flags after `--` go to train_grpo.py unchanged (e.g. `-- --plugin zero2 --lr 1e-6`).
+them). `--async_rollout K` generates in a Ray actor up to K episodes ahead of training (train_grpo.py's
+`--async_rollout --max_staleness K`). Flags after `--` go to train_grpo.py unchanged (e.g. `-- --lr 1e-6`).
 """
 import argparse
 import json
@@ -37,7 +38,9 @@ def grpo_command(args: argparse.Namespace, out: Path, extra: list) -> list:
             "--eval_dataset", str(out / "data" / "test"), "--reward_fn", "math_answer", "answer_format=0.1",
             "--num_episodes", str(args.episodes), "--save_interval", str(args.save_every),
             "--eval_interval", str(args.eval_every), "--save_dir", str(out / "checkpoints"),
-            "--log_dir", str(out / "logs"), "--output_dir", str(out), "--checkpoint_path", "latest", *extra]
+            "--log_dir", str(out / "logs"), "--output_dir", str(out), "--checkpoint_path", "latest",
+            *(["--async_rollout", "--max_staleness", str(args.async_rollout)] if args.async_rollout is not None else []),
+            *extra]
 
 
 def main(argv=None) -> None:
@@ -53,6 +56,8 @@ def main(argv=None) -> None:
     parser.add_argument("--eval_every", type=int, default=25, help="held-out accuracy every M episodes")
     parser.add_argument("--max_prompt_length", type=int, default=512)
     parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--async_rollout", type=int, default=None, metavar="K",
+                        help="asynchronous rollouts with at most K episodes of staleness (default: synchronous)")
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     out = Path(args.out).resolve()
     prepare_prompts(args, out)

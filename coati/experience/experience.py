@@ -2,7 +2,7 @@
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
@@ -36,6 +36,7 @@ class Experience:
     returns: Optional[torch.Tensor] = None
     kl: Optional[torch.Tensor] = None
     loss_mask: Optional[torch.Tensor] = None
+    behaviour_log_probs: Optional[torch.Tensor] = None
     info: Dict[str, Any] = field(default_factory=dict)
 
 
@@ -137,6 +138,12 @@ class ExperienceMaker:
             texts = self.decode(batch, out)
             total, components = self.score(batch, out, texts)
         rewards = torch.tensor(total, dtype=torch.float32, device=out.sequences.device)
+        info = {"prompts": texts[0], "completions": texts[1], "reward_components": components}
+        return self._with_log_probs(out, rewards, info, timer)
+
+    def _with_log_probs(self, out: GenerationOutput, rewards: torch.Tensor, info: Dict[str, Any],
+                        timer: _Timer) -> _Rollout:
+        """The actor's (and the reference's) log-probs of scored completions, and the KL between them."""
         with timer.phase("actor_forward"):
             logps = action_logps(self.actor, out.sequences, out.attention_mask, out.prompt_length)
         ref_logps = kl = None
@@ -144,13 +151,12 @@ class ExperienceMaker:
             with timer.phase("reference_forward"):
                 ref_logps = action_logps(self.ref_model, out.sequences, out.attention_mask, out.prompt_length)
             kl = kl_penalty(logps, ref_logps, self.settings.kl_estimator) * out.action_mask
-        info = {"prompts": texts[0], "completions": texts[1], "reward_components": components,
-                "terminated": self._terminated(out).tolist(), "timing": timer.seconds}
+        info = {**info, "terminated": self._terminated(out).tolist(), "timing": timer.seconds}
         return _Rollout(out, rewards, logps, ref_logps, kl, info)
 
     def _terminated(self, out: GenerationOutput) -> torch.Tensor:
         """Per row: whether the completion ended with a stop token (rather than at the length limit)."""
-        lengths = out.action_mask.sum(-1, keepdim=True)
+        lengths = _through_last(out.action_mask.bool()).sum(-1, keepdim=True)
         last = out.sequences[:, out.prompt_length:].gather(1, (lengths - 1).clamp(min=0)).squeeze(-1)
         stops = self.settings.sampling.stop_token_ids or (self.tokenizer.eos_token_id,)
         return torch.isin(last, torch.tensor(stops, device=last.device)) & (lengths.squeeze(-1) > 0)
@@ -165,14 +171,61 @@ class GRPOExperienceMaker(ExperienceMaker):
 
     @torch.no_grad()
     def make(self, batch: Dict[str, Any]) -> Experience:
+        return self._experience(self._rollout(repeat_prompts(batch, self.settings.num_generations), _Timer()))
+
+    @torch.no_grad()
+    def from_trajectories(self, trajectories: Sequence[Any], device: torch.device) -> Experience:
+        """Experience from groups generated elsewhere (`coati.rollout.Trajectory`s of `num_generations`
+        samples each): the actor's log-probs now are the proximal policy's, and the generators' go to
+        `behaviour_log_probs` for the off-policy correction."""
+        out, behaviour, rewards, info = stack_trajectories(trajectories, device)
+        experience = self._experience(self._with_log_probs(out, rewards, info, _Timer()))
+        experience.behaviour_log_probs = behaviour
+        return experience
+
+    def _experience(self, r: _Rollout) -> Experience:
         n = self.settings.num_generations
-        r = self._rollout(repeat_prompts(batch, n), _Timer())
         advantages = group_advantages(r.rewards, n, self.settings.scale_rewards)
         loss_mask = r.out.action_mask.clone()
         if self.settings.drop_tied_groups:
             loss_mask[tied_groups(r.rewards, n)] = False
         return Experience(r.out.sequences, r.out.attention_mask, r.out.action_mask, r.out.prompt_length, r.logps,
                           r.rewards, advantages, ref_log_probs=r.ref_logps, kl=r.kl, loss_mask=loss_mask, info=r.info)
+
+
+def _through_last(mask: torch.Tensor) -> torch.Tensor:
+    """True from the first column up to each row's last True: the tokens a multi-turn completion spans,
+    the turns it does not train on (a user's or a tool's) included."""
+    return mask.flip(-1).cummax(-1).values.flip(-1)
+
+
+def stack_trajectories(trajectories: Sequence[Any], device: torch.device):
+    """One left-padded batch from trajectories whose prompts and completions differ in length:
+    (GenerationOutput, generating log-probs, rewards, info with text and reward components)."""
+    prompt_len = max(t.prompt_length for t in trajectories)
+    completion_len = max(t.action_mask.size(1) for t in trajectories)
+    rows = sum(t.sequences.size(0) for t in trajectories)
+    sequences = torch.full((rows, prompt_len + completion_len), 0, dtype=torch.long)
+    attention = torch.zeros_like(sequences)
+    action_mask = torch.zeros(rows, completion_len, dtype=torch.bool)
+    behaviour = torch.zeros(rows, completion_len)
+    row = 0
+    for t in trajectories:
+        n, p, c = t.sequences.size(0), t.prompt_length, t.action_mask.size(1)
+        sequences[row:row + n, prompt_len - p:prompt_len] = t.sequences[:, :p]
+        sequences[row:row + n, prompt_len:prompt_len + c] = t.sequences[:, p:p + c]
+        attention[row:row + n, prompt_len - p:prompt_len] = 1
+        attention[row:row + n, prompt_len:prompt_len + c] = _through_last(t.action_mask.bool()).long()
+        action_mask[row:row + n, :c] = t.action_mask.bool()
+        behaviour[row:row + n, :c] = t.logprobs
+        row += n
+    info = {"prompts": [p for t in trajectories for p in t.info["prompts"]],
+            "completions": [c for t in trajectories for c in t.info["completions"]],
+            "reward_components": {name: [v for t in trajectories for v in t.info["reward_components"][name]]
+                                  for name in trajectories[0].info["reward_components"]}}
+    out = GenerationOutput(sequences.to(device), attention.to(device), action_mask.to(device), prompt_len)
+    rewards = torch.cat([t.rewards for t in trajectories]).to(device)
+    return out, behaviour.to(device), rewards, info
 
 
 def last_token_rewards(rewards: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:

@@ -18,9 +18,12 @@ from coati.models.generation import HFEngine, SamplingConfig
 from coati.models.loss import PolicyLoss, ValueLoss
 from coati.models.reward_model import load_reward_model
 from coati.rewards import WeightedReward
+from coati.distributed.comm import rank, world_size
 from coati.distributed.plugins import build_booster
+from coati.rollout import GeneratorPool, PromptStream, RLVRWorkflow, WorkflowExecutor
 from coati.utils.errors import CoatiUsageError
 
+from .async_grpo import AsyncGRPOTrainer
 from .grpo import GRPOTrainer
 from .ppo import PPOTrainer
 from .rollout import RolloutTrainer
@@ -85,14 +88,41 @@ def _build_grpo(args, setup, tokenizer, actor, optimizer, scheduler, engine, ref
     settings = GRPOSettings(sampling=_sampling(args), kl_estimator=args.kl_estimator, num_generations=args.num_generations,
                             scale_rewards=not args.no_std_normalize, drop_tied_groups=args.drop_tied_groups)
     maker = GRPOExperienceMaker(actor, engine, tokenizer, _reward_fn(args), settings, reference)
+    if args.async_rollout:
+        kwargs["policy_loss"].behaviour_cap = args.behaviour_cap
+        return AsyncGRPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler,
+                                kl_coef=args.kl_coef, **_rollout_side(args, tokenizer, settings), **kwargs)
     return GRPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler, kl_coef=args.kl_coef,
                        **kwargs)
+
+
+def _rollout_side(args: argparse.Namespace, tokenizer: Any, settings: GRPOSettings) -> Dict[str, Any]:
+    """Rank 0's generator pool (Ray actors started from `--pretrain`), RLVR workflow, executor and prompt
+    stream for `--async_rollout`; nothing on the other ranks."""
+    if rank() != 0:
+        return {}
+    pool = GeneratorPool(args.pretrain, tokenizer.pad_token_id, [tokenizer.eos_token_id], args.num_generators,
+                         args.generator_max_restarts, args.seed)
+    workflow = RLVRWorkflow(_reward_fn(args), tokenizer, settings.sampling, args.num_generations)
+    executor = WorkflowExecutor(pool, workflow, args.batch_size * world_size(),
+                                args.max_concurrent_rollouts or 2 * args.batch_size * world_size(), args.max_staleness)
+    return dict(executor=executor, pool=pool, prompt_stream=PromptStream(load_prepared(args.dataset, "prompt"), args.seed))
+
+
+def _check_async(args: argparse.Namespace) -> None:
+    if args.plugin != "ddp":
+        raise CoatiUsageError("--async_rollout supports --plugin ddp for now (publishing weights from ZeRO/Gemini "
+                              "shards to the generators is not written yet)")
+    if args.lora_rank:
+        raise CoatiUsageError("--async_rollout does not support --lora_rank yet: the generators hold plain models")
 
 
 def run_grpo(args: argparse.Namespace) -> GRPOTrainer:
     """GRPO as the flags say: held-out reward before and after (with `--eval_dataset`), then the export."""
     if not args.reward_fn:
         raise CoatiUsageError("--reward_fn: GRPO needs at least one reward function")
+    if args.async_rollout:
+        _check_async(args)
     return _run(args, _build_grpo)
 
 

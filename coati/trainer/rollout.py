@@ -125,13 +125,17 @@ class RolloutTrainer(OLTrainer):
     def _make_experience(self, collect_step: int) -> Experience:
         self._set_train_mode(False)
         experience = self.maker.make(self.prompts.next())
+        self._record_experience(experience, collect_step)
+        return experience
+
+    def _record_experience(self, experience: Experience, collect_step: int) -> None:
+        """Rollout metrics, the token count and (when due) the sample table of one experience batch."""
         metrics = rollout_metrics(experience, self._group_size())
         metrics.update({f"time/{k}": v for k, v in experience.info["timing"].items()})
         self.tokens_seen += int(sum(gather_lists([tokens_in(experience)])))
         self._record({name: (value, 1) for name, value in metrics.items()})
         if self._sample_table_due(collect_step):
             self._log_samples(experience)
-        return experience
 
     def _learn_step(self, experience: Experience) -> None:
         start = time.perf_counter()
@@ -144,7 +148,8 @@ class RolloutTrainer(OLTrainer):
         mask = experience.loss_mask if experience.loss_mask is not None else experience.action_mask
         logps, logits = action_logps(self.actor, experience.sequences, experience.attention_mask,
                                      experience.prompt_length, return_logits=True)
-        loss, stats = self.policy_loss(logps, experience.action_log_probs, experience.advantages, mask)
+        loss, stats = self.policy_loss(logps, experience.action_log_probs, experience.advantages, mask,
+                                       experience.behaviour_log_probs)
         metrics = {"policy_loss": (loss.item(), 1), **{k: (v.item(), 1) for k, v in stats.items()}}
         entropy = aggregate(token_entropy(logits), mask)
         metrics["entropy"] = (entropy.item(), 1)

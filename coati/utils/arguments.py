@@ -95,6 +95,22 @@ def add_grpo_args(parser: argparse.ArgumentParser) -> None:
                          "JSON under --log_dir/samples, and a W&B table with --use_wandb")
 
 
+def add_async_args(parser: argparse.ArgumentParser) -> None:
+    """GRPO's asynchronous rollouts: generator processes (Ray actors) that run ahead of the trainer."""
+    group = parser.add_argument_group("asynchronous rollouts")
+    group.add_argument("--async_rollout", action="store_true",
+                       help="generate in Ray actors while the trainer trains (rank 0 drives them; --plugin ddp)")
+    group.add_argument("--max_staleness", type=int, default=1,
+                       help="trained samples come from weights at most K episodes older than the trainer's (0: on-policy)")
+    group.add_argument("--max_concurrent_rollouts", type=int, default=0,
+                       help="prompts in generation at once (0: twice the global batch of prompts)")
+    group.add_argument("--num_generators", type=int, default=1, help="generator actors, each with a copy of the policy")
+    group.add_argument("--generator_max_restarts", type=int, default=3,
+                       help="generators that die are replaced this many times in all; then the run stops with an error")
+    group.add_argument("--behaviour_cap", type=float, default=5.0,
+                       help="cap on the off-policy weight pi_prox / pi_behaviour of each token (decoupled PPO)")
+
+
 def add_ppo_args(parser: argparse.ArgumentParser) -> None:
     """PPO's critic, reward model, GAE and ptx flags, on top of `add_grpo_args`. Here `--kl_coef` weighs
     the per-token KL penalty in the reward (k1 by default), and `--reward_fn` is optional."""

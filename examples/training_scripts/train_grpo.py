@@ -3,9 +3,11 @@
     torchrun --nproc_per_node 2 examples/training_scripts/train_grpo.py --pretrain SFT_MODEL \
         --prompt_dataset data/prompts --eval_dataset data/prompts_eval --reward_fn math_answer \
         --num_generations 8 --plugin ddp --batch_size 4 --num_episodes 20 --output_dir out/grpo
+
+Add `--async_rollout --max_staleness 1` to generate in Ray actors while the trainer trains.
 """
 from coati.trainer.rl_runner import run_grpo
-from coati.utils.arguments import add_grpo_args, add_reference_args, training_parser
+from coati.utils.arguments import add_async_args, add_grpo_args, add_reference_args, training_parser
 from coati.utils.errors import exit_cleanly
 
 
@@ -14,6 +16,7 @@ def main(argv=None) -> None:
     parser = training_parser(__doc__.strip().splitlines()[0], dataset_flag="--prompt_dataset")
     add_grpo_args(parser)
     add_reference_args(parser, precompute=False)
+    add_async_args(parser)
     run_grpo(parser.parse_args(argv))
 
 

@@ -1,0 +1,194 @@
+"""Generation in processes of their own: Ray actors that each hold a copy of the policy, and the pool
+that sends them requests, publishes new weights to them and replaces one that dies.
+
+Weights travel through Ray's object store: the trainer puts one CPU state dict, every generator reads
+it (zero-copy on the same node). It needs no process group shared by trainer ranks and generators, so
+generators can come and go (a restart is a new actor that reads the newest weights) and the trainer's
+torchrun/colossalai group stays as it is. A collective broadcast would move weights faster between GPUs;
+it would tie the generators' lifetime to the trainer's group.
+"""
+import asyncio
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from coati.models.generation import HFEngine, SamplingConfig
+from coati.models.logprobs import action_logps
+
+
+class GeneratorError(RuntimeError):
+    """A generator died more often than the pool may restart it; the run stops."""
+
+
+@dataclass
+class Completions:
+    """`n` completions of one prompt from one weights `version`. `sequences` (n, prompt + T) hold the
+    prompt (its first `prompt_length` columns) and the completion, right-padded; `action_mask` (n, T)
+    marks generated tokens; `logprobs` (n, T) are their log-probs under the generating weights."""
+
+    sequences: torch.Tensor
+    action_mask: torch.Tensor
+    logprobs: torch.Tensor
+    prompt_length: int
+    version: int
+
+
+class GeneratorWorker:
+    """What runs inside one Ray actor: an HF causal LM loaded from `model_path`, generating with `HFEngine`."""
+
+    def __init__(self, model_path: str, pad_token_id: int, stop_token_ids: Sequence[int], seed: int, threads: int) -> None:
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(threads)
+        torch.manual_seed(seed)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path).eval()
+        self.engine = HFEngine(self.model, pad_token_id, stop_token_ids)
+        self.version = 0
+
+    def generate(self, prompt_ids: List[int], config: SamplingConfig, n: int) -> Completions:
+        return self.generate_many([(prompt_ids, n)], config)[0]
+
+    @torch.no_grad()
+    def generate_many(self, requests: List[Tuple[List[int], int]], config: SamplingConfig) -> List[Completions]:
+        """Completions for several (prompt, n) requests in one batched generation (prompts left-padded)."""
+        prompts = [prompt for prompt, n in requests for _ in range(n)]
+        width = max(len(p) for p in prompts)
+        pad = self.engine.pad_token_id
+        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        out = self.engine.generate(ids, mask, config)
+        logps = action_logps(self.model, out.sequences, out.attention_mask, out.prompt_length) * out.action_mask
+        results, row = [], 0
+        for prompt, n in requests:
+            rows = slice(row, row + n)
+            results.append(Completions(out.sequences[rows, width - len(prompt):], out.action_mask[rows], logps[rows],
+                                       len(prompt), self.version))
+            row += n
+        return results
+
+    def load_weights(self, state_dict: Dict[str, torch.Tensor], version: int) -> int:
+        self.model.load_state_dict(state_dict)
+        self.version = version
+        return version
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def start_ray() -> None:
+    """Connect to the Ray cluster RAY_ADDRESS names, or start a local one on the loopback address for
+    this process's generators; nothing when Ray is already up."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    local = {} if os.environ.get("RAY_ADDRESS") else {"_node_ip_address": "127.0.0.1"}
+    ray.init(include_dashboard=False, logging_level="WARNING", **local)
+
+
+@dataclass
+class _Request:
+    prompt_ids: List[int]
+    config: SamplingConfig
+    n: int
+    future: asyncio.Future
+
+
+class GeneratorPool:
+    """`num_generators` Ray actors with the policy. `agenerate` queues a request for the least-busy one;
+    each actor takes all the requests waiting for it (with the same sampling settings) as one batched
+    generation, which is what keeps a CPU or GPU generator efficient;
+    `publish` gives every actor new weights, which each loads after the requests it already holds (so a
+    rollout in flight finishes on the weights it started with, and says so in its version). An actor that
+    dies is replaced by a new one with the newest weights and its request is retried, up to `max_restarts`
+    times in all; after that `agenerate` raises `GeneratorError`."""
+
+    def __init__(self, model_path: str, pad_token_id: int, stop_token_ids: Sequence[int], num_generators: int = 1,
+                 max_restarts: int = 3, seed: int = 0, threads: int = 1) -> None:
+        import ray
+
+        start_ray()
+        self._worker_cls = ray.remote(num_cpus=0)(GeneratorWorker)
+        self._init_args = (model_path, pad_token_id, tuple(stop_token_ids))
+        self._seed, self._threads = seed, threads
+        self.max_restarts, self.restarts = max_restarts, 0
+        self.version = 0
+        self._weights: Optional[Any] = None
+        self.actors = [self._spawn(i) for i in range(num_generators)]
+        self._queues: List[List[_Request]] = [[] for _ in range(num_generators)]
+        self._dispatching = [False] * num_generators
+        self.pids()   # wait until every actor has loaded its model
+
+    def _spawn(self, index: int) -> Any:
+        seed = self._seed + 1000 * index + 7919 * self.restarts
+        actor = self._worker_cls.remote(*self._init_args, seed, self._threads)
+        if self._weights is not None:
+            actor.load_weights.remote(self._weights, self.version)
+        return actor
+
+    async def agenerate(self, prompt_ids: List[int], config: SamplingConfig, n: int) -> Completions:
+        index = min(range(len(self.actors)), key=lambda i: len(self._queues[i]))   # the least busy
+        request = _Request(prompt_ids, config, n, asyncio.get_running_loop().create_future())
+        self._queues[index].append(request)
+        if not self._dispatching[index]:
+            self._dispatching[index] = True
+            asyncio.get_running_loop().create_task(self._dispatch(index))
+        return await request.future
+
+    async def _dispatch(self, index: int) -> None:
+        """Send actor `index` its waiting requests, a batch at a time, until none is left."""
+        from ray.exceptions import RayActorError
+
+        queue = self._queues[index]
+        try:
+            while queue:
+                config = queue[0].config
+                batch = [r for r in queue if r.config == config]
+                try:
+                    results = await self.actors[index].generate_many.remote([(r.prompt_ids, r.n) for r in batch],
+                                                                            config)
+                except RayActorError as error:
+                    try:
+                        self._replace(index, error)
+                    except GeneratorError as fatal:
+                        for request in queue:
+                            if not request.future.done():
+                                request.future.set_exception(fatal)
+                        queue.clear()
+                    continue
+                for request, result in zip(batch, results):
+                    queue.remove(request)
+                    if not request.future.done():   # not cancelled by an executor shutting down
+                        request.future.set_result(result)
+        finally:
+            self._dispatching[index] = False
+
+    def _replace(self, index: int, error: Exception) -> None:
+        """A new actor in place of dead actor `index` (its dispatcher is the only one that sends to it)."""
+        if self.restarts >= self.max_restarts:
+            raise GeneratorError(f"generator {index} died and the pool has used its {self.max_restarts} restarts "
+                                 f"(--generator_max_restarts); stopping the run. Cause: {str(error).splitlines()[0]}")
+        self.restarts += 1
+        self.actors[index] = self._spawn(index)
+
+    def publish(self, state_dict: Dict[str, torch.Tensor], version: int) -> None:
+        """New weights for every generator, tagged `version`; returns without waiting for them to load."""
+        import ray
+
+        self._weights, self.version = ray.put({k: v.detach().cpu() for k, v in state_dict.items()}), version
+        for actor in self.actors:
+            actor.load_weights.remote(self._weights, version)
+
+    def pids(self) -> List[int]:
+        import ray
+
+        return ray.get([actor.pid.remote() for actor in self.actors])
+
+    def shutdown(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []

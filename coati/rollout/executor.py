@@ -1,0 +1,187 @@
+"""Runs rollout workflows concurrently against the generators, within a concurrency bound and a
+staleness bound, on an asyncio loop in a thread of its own (so rollouts go on while the trainer trains).
+
+Bounds, with B = `batch_size` trajectories per training step, v = the trainer's policy version (its
+optimizer steps so far) and K = `max_staleness`:
+
+- at most `max_concurrent_rollouts` workflows run at once;
+- a rollout starts only while the rollouts started and not dropped number fewer than (K + v + 1) * B,
+  so generation runs at most K training steps ahead of the trainer;
+- a finished trajectory whose weights version is below v - K when a batch is taken is dropped
+  (`dropped` counts them) and its place is given back. A rollout in flight during a weight update finishes
+  on the weights it started with and carries that version; it is trained on if still within K.
+"""
+import asyncio
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence
+
+import torch
+
+from .workflow import AsyncEngine, RolloutWorkflow, Trajectory
+
+MAX_EVENTS = 100_000
+
+
+@dataclass
+class RolloutEvent:
+    """One thing the executor did: `start`, `finish`, `drop` (too stale) or `take` (into a batch), with the
+    counts right after it."""
+
+    kind: str
+    rollout: int
+    trainer_version: int
+    in_flight: int
+    accepted: int
+    generated_by: Optional[int] = None
+
+
+class PromptStream:
+    """Rows of a prompt dataset in a seeded order, reshuffled every epoch, with a position a checkpoint
+    restores (`state`, `restore`)."""
+
+    def __init__(self, dataset: Sequence[Dict[str, Any]], seed: int) -> None:
+        if len(dataset) == 0:
+            raise ValueError("the prompt dataset is empty")
+        self.dataset, self.seed = dataset, seed
+        self.epoch, self.index = 0, 0
+        self._order: Optional[torch.Tensor] = None
+
+    def next(self) -> Dict[str, Any]:
+        if self.index == len(self.dataset):
+            self.epoch, self.index, self._order = self.epoch + 1, 0, None
+        if self._order is None:
+            self._order = torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        row = self.dataset[int(self._order[self.index])]
+        self.index += 1
+        return row
+
+    def state(self) -> Dict[str, int]:
+        return {"prompt_epoch": self.epoch, "prompt_index": self.index}
+
+    def restore(self, state: Dict[str, int]) -> None:
+        self.epoch, self.index, self._order = state.get("prompt_epoch", 0), state.get("prompt_index", 0), None
+
+
+class WorkflowExecutor:
+    """`prepare_batch(next_sample)`: asynchronous mode; keeps as many rollouts running as the bounds
+    allow and returns the next B finished trajectories (generation goes on while the caller trains).
+    `rollout_batch(samples)`: synchronous mode; runs exactly these samples and waits for them all.
+    `set_version(v)` after every weight update. A workflow's exception (a generator that could not be
+    restarted) is raised in the caller."""
+
+    def __init__(self, engine: AsyncEngine, workflow: RolloutWorkflow, batch_size: int, max_concurrent_rollouts: int,
+                 max_staleness: int) -> None:
+        if batch_size < 1 or max_concurrent_rollouts < 1 or max_staleness < 0:
+            raise ValueError("batch_size and max_concurrent_rollouts must be >= 1 and max_staleness >= 0")
+        self.engine, self.workflow = engine, workflow
+        self.batch_size, self.max_concurrent, self.max_staleness = batch_size, max_concurrent_rollouts, max_staleness
+        self.version = 0
+        self.dropped = 0
+        self.events: Deque[RolloutEvent] = deque(maxlen=MAX_EVENTS)
+        self._cond = threading.Condition()
+        self._in_flight = self._accepted = self._started = 0
+        self._done: Deque[Trajectory] = deque()
+        self._error: Optional[BaseException] = None
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-executor", daemon=True)
+        self._thread.start()
+
+    # ---- asynchronous mode ------------------------------------------------------------------------
+    def capacity(self) -> int:
+        """How many more rollouts may start now."""
+        by_staleness = (self.max_staleness + self.version + 1) * self.batch_size - self._accepted
+        return min(self.max_concurrent - self._in_flight, by_staleness)
+
+    def prepare_batch(self, next_sample: Callable[[], Dict[str, Any]]) -> List[Trajectory]:
+        with self._cond:
+            while True:
+                if self._error is not None:
+                    raise self._error
+                self._drop_stale()
+                while self.capacity() > 0:
+                    self._start(next_sample())
+                if len(self._done) >= self.batch_size:
+                    return self._take(self.batch_size)
+                self._cond.wait(timeout=1.0)
+
+    def set_version(self, version: int) -> None:
+        with self._cond:
+            self.version = version
+            self._cond.notify_all()
+
+    def _log(self, kind: str, rollout: int, generated_by: Optional[int] = None) -> None:
+        self.events.append(RolloutEvent(kind, rollout, self.version, self._in_flight, self._accepted, generated_by))
+
+    def _start(self, sample: Dict[str, Any]) -> None:
+        rollout, self._started = self._started, self._started + 1
+        self._in_flight += 1
+        self._accepted += 1
+        self._log("start", rollout)
+        asyncio.run_coroutine_threadsafe(self._run(rollout, sample), self._loop)
+
+    async def _run(self, rollout: int, sample: Dict[str, Any]) -> None:
+        try:
+            trajectory = await self.workflow.arun_episode(self.engine, sample)
+        except Exception as error:   # handed to the trainer's thread, which raises it
+            with self._cond:
+                self._in_flight -= 1
+                self._error = error
+                self._cond.notify_all()
+            return
+        with self._cond:
+            self._in_flight -= 1
+            if trajectory is None:
+                self._accepted -= 1
+            else:
+                trajectory.info["rollout"] = rollout
+                self._done.append(trajectory)
+            self._log("finish", rollout, None if trajectory is None else trajectory.version)
+            self._cond.notify_all()
+
+    def _drop_stale(self) -> None:
+        fresh = deque()
+        for trajectory in self._done:
+            if trajectory.version < self.version - self.max_staleness:
+                self._accepted -= 1
+                self.dropped += 1
+                self._log("drop", trajectory.info["rollout"], trajectory.version)
+            else:
+                fresh.append(trajectory)
+        self._done = fresh
+
+    def _take(self, n: int) -> List[Trajectory]:
+        batch = [self._done.popleft() for _ in range(n)]
+        for trajectory in batch:
+            self._log("take", trajectory.info["rollout"], trajectory.version)
+        return batch
+
+    # ---- synchronous mode -------------------------------------------------------------------------
+    def rollout_batch(self, samples: Sequence[Dict[str, Any]]) -> List[Trajectory]:
+        """Every sample's trajectory (those a workflow dropped left out), at most `max_concurrent_rollouts` at once."""
+        return asyncio.run_coroutine_threadsafe(self._gather(samples), self._loop).result()
+
+    async def _gather(self, samples: Sequence[Dict[str, Any]]) -> List[Trajectory]:
+        limit = asyncio.Semaphore(self.max_concurrent)
+
+        async def one(sample: Dict[str, Any]) -> Optional[Trajectory]:
+            async with limit:
+                return await self.workflow.arun_episode(self.engine, sample)
+
+        results = await asyncio.gather(*(one(sample) for sample in samples))
+        return [trajectory for trajectory in results if trajectory is not None]
+
+    def shutdown(self) -> None:
+        """Cancel the rollouts still running and stop the loop."""
+        asyncio.run_coroutine_threadsafe(_cancel_others(), self._loop).result(timeout=30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+        self._loop.close()
+
+
+async def _cancel_others() -> None:
+    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

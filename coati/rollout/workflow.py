@@ -1,0 +1,65 @@
+"""Rollout workflows: one prompt in, finished training samples out. The trainer never sees how they were
+made, so multi-turn or tool-using episodes are a new workflow, not a new trainer."""
+import asyncio
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Protocol
+
+import torch
+
+from coati.models.generation import SamplingConfig
+from coati.rewards import WeightedReward
+
+from .engine import Completions
+
+
+class AsyncEngine(Protocol):
+    """What a workflow generates with (`GeneratorPool`)."""
+
+    async def agenerate(self, prompt_ids: List[int], config: SamplingConfig, n: int) -> Completions:
+        """`n` completions of one unpadded prompt."""
+
+
+@dataclass
+class Trajectory:
+    """One prompt's finished samples, ready to train on: `sequences` (n, prompt + T) with the prompt in the
+    first `prompt_length` columns, `action_mask` (n, T) over the tokens to train on, `logprobs` (n, T) of
+    those tokens under the generating weights, `rewards` (n,), and the weights `version` that generated
+    them. `info` holds text and reward components for logs."""
+
+    sequences: torch.Tensor
+    action_mask: torch.Tensor
+    logprobs: torch.Tensor
+    rewards: torch.Tensor
+    prompt_length: int
+    version: int
+    info: Dict[str, Any] = field(default_factory=dict)
+
+
+class RolloutWorkflow(ABC):
+    """Subclass and implement `arun_episode`; the executor runs many at once."""
+
+    @abstractmethod
+    async def arun_episode(self, engine: AsyncEngine, sample: Dict[str, Any]) -> Optional[Trajectory]:
+        """Turn one prompt-dataset row (`input_ids` and its other fields) into a `Trajectory`; None drops it."""
+
+
+class RLVRWorkflow(RolloutWorkflow):
+    """Single-turn RL with verifiable rewards: `num_generations` completions of the prompt, scored by
+    `reward_fn` on the decoded text with the row's other fields (e.g. `gt_answer`)."""
+
+    def __init__(self, reward_fn: WeightedReward, tokenizer: Any, sampling: SamplingConfig, num_generations: int) -> None:
+        self.reward_fn, self.tokenizer = reward_fn, tokenizer
+        self.sampling, self.num_generations = sampling, num_generations
+
+    async def arun_episode(self, engine: AsyncEngine, sample: Dict[str, Any]) -> Optional[Trajectory]:
+        n = self.num_generations
+        out = await engine.agenerate(list(sample["input_ids"]), self.sampling, n)
+        prompt = self.tokenizer.decode(sample["input_ids"], skip_special_tokens=True)
+        completions = [self.tokenizer.decode(row[mask].tolist(), skip_special_tokens=True)
+                       for row, mask in zip(out.sequences[:, out.prompt_length:], out.action_mask)]
+        fields = {k: [v] * n for k, v in sample.items() if k not in ("input_ids", "attention_mask")}
+        total, components = await asyncio.to_thread(self.reward_fn, [prompt] * n, completions, **fields)
+        return Trajectory(out.sequences, out.action_mask, out.logprobs, torch.tensor(total, dtype=torch.float32),
+                          out.prompt_length, out.version,
+                          {"prompts": [prompt] * n, "completions": completions, "reward_components": components})

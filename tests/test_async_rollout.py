@@ -1,0 +1,184 @@
+"""The asynchronous rollout side with real Ray generator actors holding the tiny model: the executor's
+concurrency and staleness bounds (checked on what it recorded), batch sizes, weight updates during a
+rollout, stale trajectories dropped, generators killed, and the packing of trajectories into experience."""
+import os
+import signal
+import sys
+
+import pytest
+import torch
+from datasets import load_from_disk
+from transformers import AutoTokenizer
+
+from coati.experience.experience import stack_trajectories
+from coati.models.generation import SamplingConfig
+from coati.rewards import WeightedReward
+from coati.rollout import GeneratorError, GeneratorPool, PromptStream, RLVRWorkflow, Trajectory, WorkflowExecutor
+from conftest import REPO
+
+GENERATIONS = 4
+SAMPLING = SamplingConfig(max_new_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_assets):
+    return AutoTokenizer.from_pretrained(tiny_assets["model"])
+
+
+@pytest.fixture(scope="module")
+def pool(tiny_assets, tokenizer):
+    generators = GeneratorPool(str(tiny_assets["model"]), tokenizer.pad_token_id, [tokenizer.eos_token_id],
+                               num_generators=2, max_restarts=1)
+    yield generators
+    generators.shutdown()
+    import ray
+
+    ray.shutdown()   # the rest of the suite runs without Ray's background processes
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_assets):
+    return load_from_disk(str(tiny_assets["prompt_train"]))
+
+
+def _workflow(tokenizer) -> RLVRWorkflow:
+    return RLVRWorkflow(WeightedReward.from_specs(["math_answer", "answer_format"]), tokenizer, SAMPLING, GENERATIONS)
+
+
+def _perturbed(pool_model_dir, scale: float):
+    """The tiny model's weights, shifted so that each published version differs."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(pool_model_dir)
+    return {k: v + scale for k, v in model.state_dict().items()}
+
+
+def test_executor_keeps_its_concurrency_and_staleness_bounds(pool, tokenizer, prompts, tiny_assets):
+    batch, concurrency, staleness = 4, 3, 1
+    executor = WorkflowExecutor(pool, _workflow(tokenizer), batch, concurrency, staleness)
+    stream = PromptStream(prompts, seed=0)
+    try:
+        for version in range(6):
+            trajectories = executor.prepare_batch(stream.next)
+            assert len(trajectories) == batch
+            for t in trajectories:
+                assert version - t.version <= staleness
+                assert t.sequences.size(0) == GENERATIONS and t.rewards.shape == (GENERATIONS,)
+            pool.publish(_perturbed(tiny_assets["model"], 1e-4 * (version + 1)), version + 1)
+            executor.set_version(version + 1)
+    finally:
+        executor.shutdown()
+    events = list(executor.events)
+    starts = [e for e in events if e.kind == "start"]
+    assert starts and all(e.in_flight <= concurrency for e in starts)
+    assert all(e.accepted <= (staleness + e.trainer_version + 1) * batch for e in starts)
+    taken = [e for e in events if e.kind == "take"]
+    assert len(taken) == 6 * batch
+    assert all(e.trainer_version - e.generated_by <= staleness for e in taken)
+    assert {e.generated_by for e in taken} > {0}   # later batches came from published weights
+    assert max(e.in_flight for e in starts) == concurrency   # the bound was reached, not just respected
+
+
+def test_rollout_batch_runs_exactly_the_given_samples(pool, tokenizer, prompts):
+    workflow = _workflow(tokenizer)
+    executor = WorkflowExecutor(pool, workflow, batch_size=1, max_concurrent_rollouts=2, max_staleness=0)
+    try:
+        rows = [prompts[i] for i in range(5)]
+        trajectories = executor.rollout_batch(rows)
+    finally:
+        executor.shutdown()
+    assert len(trajectories) == 5
+    for row, t in zip(rows, trajectories):
+        assert t.sequences[:, :t.prompt_length].tolist() == [list(row["input_ids"])] * GENERATIONS
+        expected, _ = workflow.reward_fn(t.info["prompts"], t.info["completions"], gt_answer=[row["gt_answer"]] * GENERATIONS)
+        assert t.rewards.tolist() == pytest.approx(expected)
+
+
+def test_a_rollout_in_flight_during_an_update_finishes_on_its_weights(pool, tokenizer, prompts, tiny_assets):
+    import ray
+
+    actor = pool.actors[0]
+    prompt = list(prompts[0]["input_ids"])
+    before = actor.generate.remote(prompt, SamplingConfig(max_new_tokens=48), 8)
+    pool.publish(_perturbed(tiny_assets["model"], 0.0), 41)
+    after = actor.generate.remote(prompt, SAMPLING, 2)
+    assert ray.get(before).version < 41 and ray.get(after).version == 41
+
+
+def test_a_trajectory_too_stale_when_taken_is_dropped(pool, tokenizer, prompts, tiny_assets):
+    executor = WorkflowExecutor(pool, _workflow(tokenizer), batch_size=2, max_concurrent_rollouts=4, max_staleness=1)
+    stream = PromptStream(prompts, seed=1)
+    try:
+        pool.publish(_perturbed(tiny_assets["model"], 0.0), 50)
+        executor.set_version(50)
+        first = executor.prepare_batch(stream.next)          # returns 2; at least 2 more were started
+        pool.publish(_perturbed(tiny_assets["model"], 0.0), 52)
+        executor.set_version(52)                             # two updates later those are too old
+        second = executor.prepare_batch(stream.next)
+    finally:
+        executor.shutdown()
+    assert all(t.version == 50 for t in first) and all(t.version == 52 for t in second)
+    drops = [e for e in executor.events if e.kind == "drop"]
+    assert executor.dropped == len(drops) >= 2 and all(e.generated_by == 50 for e in drops)
+    stale_on_arrival = {e.rollout for e in executor.events
+                        if e.kind == "finish" and e.trainer_version == 52 and e.generated_by == 50}
+    assert stale_on_arrival <= {e.rollout for e in drops}
+
+
+def test_a_killed_generator_is_replaced_and_the_rollout_retried(tiny_assets, tokenizer, prompts):
+    one = GeneratorPool(str(tiny_assets["model"]), tokenizer.pad_token_id, [tokenizer.eos_token_id], 1, max_restarts=1)
+    executor = WorkflowExecutor(one, _workflow(tokenizer), batch_size=1, max_concurrent_rollouts=1, max_staleness=0)
+    try:
+        one.publish(_perturbed(tiny_assets["model"], 0.0), 7)
+        os.kill(one.pids()[0], signal.SIGKILL)
+        trajectories = executor.rollout_batch([prompts[0], prompts[1]])
+        assert len(trajectories) == 2 and one.restarts == 1
+        assert all(t.version == 7 for t in trajectories)   # the new actor got the newest weights
+        os.kill(one.pids()[0], signal.SIGKILL)
+        with pytest.raises(GeneratorError, match="used its 1 restarts .*--generator_max_restarts"):
+            executor.rollout_batch([prompts[2]])
+    finally:
+        executor.shutdown()
+        one.shutdown()
+
+
+def test_stack_trajectories_left_pads_prompts_and_aligns_completions():
+    def trajectory(prompt, completions, version):
+        width = max(len(c) for c in completions)
+        seqs = torch.tensor([prompt + c + [0] * (width - len(c)) for c in completions])
+        mask = torch.tensor([[1] * len(c) + [0] * (width - len(c)) for c in completions], dtype=torch.bool)
+        return Trajectory(seqs, mask, mask.float() * -0.5, torch.tensor([1.0] * len(completions)), len(prompt), version,
+                          {"prompts": ["p"] * len(completions), "completions": ["c"] * len(completions),
+                           "reward_components": {"math_answer": [1.0] * len(completions)}})
+
+    out, behaviour, rewards, info = stack_trajectories(
+        [trajectory([5, 6, 7], [[8], [9, 10]], 0), trajectory([11], [[12, 13, 14], [15]], 1)], torch.device("cpu"))
+    assert out.prompt_length == 3
+    assert out.sequences.tolist() == [[5, 6, 7, 8, 0, 0], [5, 6, 7, 9, 10, 0], [0, 0, 11, 12, 13, 14],
+                                      [0, 0, 11, 15, 0, 0]]
+    assert out.attention_mask.tolist() == [[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1],
+                                           [0, 0, 1, 1, 0, 0]]
+    assert out.action_mask.sum(-1).tolist() == [1, 2, 3, 1]
+    assert behaviour.sum().item() == pytest.approx(-0.5 * 7)
+    assert rewards.tolist() == [1.0] * 4 and info["reward_components"]["math_answer"] == [1.0] * 4
+
+
+def test_the_example_two_turn_workflow_masks_the_follow_up_question(pool, tokenizer, prompts):
+    sys.path.insert(0, str(REPO / "examples" / "rollout_workflows"))
+    from self_check_workflow import SelfCheckWorkflow
+
+    workflow = SelfCheckWorkflow(tokenizer, SAMPLING, GENERATIONS)
+    executor = WorkflowExecutor(pool, workflow, batch_size=1, max_concurrent_rollouts=2, max_staleness=0)
+    try:
+        trajectory, = executor.rollout_batch([prompts[0]])
+    finally:
+        executor.shutdown()
+    follow_up = workflow.follow_up
+    packed, _, _, _ = stack_trajectories([trajectory], torch.device("cpu"))
+    spans = packed.attention_mask[:, packed.prompt_length:]
+    for i, (row, mask) in enumerate(zip(trajectory.sequences[:, trajectory.prompt_length:], trajectory.action_mask)):
+        tokens, masked = row.tolist(), (~mask).nonzero().flatten().tolist()
+        start = next(j for j in range(len(tokens)) if tokens[j:j + len(follow_up)] == follow_up)
+        assert masked[:len(follow_up)] == list(range(start, start + len(follow_up)))   # the question is not trained on
+        assert mask[:start].all() and mask[start + len(follow_up):].any()                # both answers are
+        assert spans[i, :start + len(follow_up) + 1].all()                               # and attended to throughout
