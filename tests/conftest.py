@@ -1,4 +1,5 @@
 """Shared fixtures: locally built tiny model and data, a world-of-one process group, a torchrun helper."""
+import json
 import os
 import subprocess
 import sys
@@ -57,6 +58,14 @@ def torchrun(script: Path, nproc: int, *args: str, timeout: int = 600) -> subpro
     """Launch `script` with real torchrun processes and capture its output."""
     return subprocess.run(torchrun_cmd(script, nproc, *args), capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **TORCHRUN_ENV}, cwd=REPO)
+
+
+def dist_script_result(name: str, nproc: int = 2) -> dict:
+    """Run tests/dist_scripts/`name` on `nproc` ranks and return the JSON it prints after `RESULT `."""
+    result = torchrun(REPO / "tests" / "dist_scripts" / name, nproc)
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = next(l for l in result.stdout.splitlines() if l.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
 
 
 def start_torchrun(script: Path, nproc: int, *args: str, log: Path) -> subprocess.Popen:

@@ -1,12 +1,11 @@
 """StatsTracker: scoped names, scalar means, masked tensor stats, timings, and the reduction across ranks."""
-import json
 import time
 
 import pytest
 import torch
 
 from coati.utils.stats_tracker import StatsTracker
-from conftest import REPO, torchrun
+from conftest import dist_script_result
 
 
 def test_scopes_scalars_and_masked_stats_in_one_process():
@@ -47,10 +46,7 @@ def test_record_timing_measures_the_block():
 
 @pytest.mark.slow
 def test_export_reduces_across_two_ranks_as_computed_by_hand():
-    result = torchrun(REPO / "tests" / "dist_scripts" / "stats_reduce.py", 2)
-    assert result.returncode == 0, result.stderr[-3000:]
-    line = next(l for l in result.stdout.splitlines() if l.startswith("RESULT "))
-    reduced = json.loads(line[len("RESULT "):])
+    reduced = dist_script_result("stats_reduce.py")
     assert reduced["rollout/reward"] == pytest.approx((2 / 3 + 0.0) / 2)   # one scalar per rank, averaged
     assert reduced["rollout/only_rank1"] == pytest.approx(5.0)
     # correct lengths: rank 0's 4 and 6; rank 1 has none
