@@ -182,3 +182,27 @@ def test_the_example_two_turn_workflow_masks_the_follow_up_question(pool, tokeni
         assert masked[:len(follow_up)] == list(range(start, start + len(follow_up)))   # the question is not trained on
         assert mask[:start].all() and mask[start + len(follow_up):].any()                # both answers are
         assert spans[i, :start + len(follow_up) + 1].all()                               # and attended to throughout
+
+
+def test_a_request_cancelled_before_its_dispatch_began_does_not_block_later_ones(pool, prompts):
+    """An executor shut down right after queuing a request cancels the pool's dispatcher task before that
+    task has run a step; the pool must still dispatch what is queued afterwards (from any event loop)."""
+    import asyncio
+
+    prompt = list(prompts[0]["input_ids"])
+
+    async def queue_then_cancel():
+        request = asyncio.ensure_future(pool.agenerate(prompt, SAMPLING, 1))
+        await asyncio.sleep(0)   # the request is queued and its dispatcher created, not yet started
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+        return request.cancelled()
+
+    async def one_per_generator():
+        return await asyncio.gather(*(pool.agenerate(prompt, SAMPLING, 2) for _ in pool.actors))
+
+    assert asyncio.run(queue_then_cancel())
+    done = asyncio.run(asyncio.wait_for(one_per_generator(), timeout=120))
+    assert [c.sequences.size(0) for c in done] == [2] * len(pool.actors)

@@ -103,7 +103,8 @@ class GeneratorPool:
     `publish` gives every actor new weights, which each loads after the requests it already holds (so a
     rollout in flight finishes on the weights it started with, and says so in its version). An actor that
     dies is replaced by a new one with the newest weights and its request is retried, up to `max_restarts`
-    times in all; after that `agenerate` raises `GeneratorError`."""
+    times in all; after that `agenerate` raises `GeneratorError`. A request whose rollout was cancelled (an
+    executor shut down) is dropped before it is sent. The pool serves one event loop (one executor) at a time."""
 
     def __init__(self, model_path: str, pad_token_id: int, stop_token_ids: Sequence[int], num_generators: int = 1,
                  max_restarts: int = 3, seed: int = 0, threads: int = 1) -> None:
@@ -118,7 +119,7 @@ class GeneratorPool:
         self._weights: Optional[Any] = None
         self.actors = [self._spawn(i) for i in range(num_generators)]
         self._queues: List[List[_Request]] = [[] for _ in range(num_generators)]
-        self._dispatching = [False] * num_generators
+        self._dispatchers: List[Optional[asyncio.Task]] = [None] * num_generators
         self.pids()   # wait until every actor has loaded its model
 
     def _spawn(self, index: int) -> Any:
@@ -129,12 +130,13 @@ class GeneratorPool:
         return actor
 
     async def agenerate(self, prompt_ids: List[int], config: SamplingConfig, n: int) -> Completions:
-        index = min(range(len(self.actors)), key=lambda i: len(self._queues[i]))   # the least busy
-        request = _Request(prompt_ids, config, n, asyncio.get_running_loop().create_future())
+        index = min(range(len(self.actors)), key=lambda i: sum(not r.future.done() for r in self._queues[i]))
+        loop = asyncio.get_running_loop()
+        request = _Request(prompt_ids, config, n, loop.create_future())
         self._queues[index].append(request)
-        if not self._dispatching[index]:
-            self._dispatching[index] = True
-            asyncio.get_running_loop().create_task(self._dispatch(index))
+        dispatcher = self._dispatchers[index]
+        if dispatcher is None or dispatcher.done():   # a dispatcher cancelled before its first step is done too
+            self._dispatchers[index] = loop.create_task(self._dispatch(index))
         return await request.future
 
     async def _dispatch(self, index: int) -> None:
@@ -142,28 +144,27 @@ class GeneratorPool:
         from ray.exceptions import RayActorError
 
         queue = self._queues[index]
-        try:
-            while queue:
-                config = queue[0].config
-                batch = [r for r in queue if r.config == config]
+        while True:
+            queue[:] = [r for r in queue if not r.future.done()]   # rollouts cancelled meanwhile need nothing
+            if not queue:
+                return
+            config = queue[0].config
+            batch = [r for r in queue if r.config == config]
+            try:
+                results = await self.actors[index].generate_many.remote([(r.prompt_ids, r.n) for r in batch], config)
+            except RayActorError as error:
                 try:
-                    results = await self.actors[index].generate_many.remote([(r.prompt_ids, r.n) for r in batch],
-                                                                            config)
-                except RayActorError as error:
-                    try:
-                        self._replace(index, error)
-                    except GeneratorError as fatal:
-                        for request in queue:
-                            if not request.future.done():
-                                request.future.set_exception(fatal)
-                        queue.clear()
-                    continue
-                for request, result in zip(batch, results):
-                    queue.remove(request)
-                    if not request.future.done():   # not cancelled by an executor shutting down
-                        request.future.set_result(result)
-        finally:
-            self._dispatching[index] = False
+                    self._replace(index, error)
+                except GeneratorError as fatal:
+                    for request in queue:
+                        if not request.future.done():
+                            request.future.set_exception(fatal)
+                    queue.clear()
+                continue
+            for request, result in zip(batch, results):
+                queue.remove(request)
+                if not request.future.done():   # not cancelled by an executor shutting down
+                    request.future.set_result(result)
 
     def _replace(self, index: int, error: Exception) -> None:
         """A new actor in place of dead actor `index` (its dispatcher is the only one that sends to it)."""
