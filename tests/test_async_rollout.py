@@ -142,6 +142,11 @@ def test_a_killed_generator_is_replaced_and_the_rollout_retried(tiny_assets, tok
         one.shutdown()
 
 
+def test_generators_run_at_normal_cpu_priority(pool):
+    """Ray nices its workers by 15; a generator sharing cores with the trainer would then starve."""
+    assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in pool.pids()] == [0, 0]
+
+
 def test_stack_trajectories_left_pads_prompts_and_aligns_completions():
     def trajectory(prompt, completions, version):
         width = max(len(c) for c in completions)

@@ -79,12 +79,14 @@ class GeneratorWorker:
 
 def start_ray() -> None:
     """Connect to the Ray cluster RAY_ADDRESS names, or start a local one on the loopback address for
-    this process's generators; nothing when Ray is already up."""
+    this process's generators; nothing when Ray is already up. A local cluster runs its workers at normal
+    CPU priority: Ray's default (nice 15) starves a generator sharing cores with the trainer."""
     import ray
 
     if ray.is_initialized():
         return
-    local = {} if os.environ.get("RAY_ADDRESS") else {"_node_ip_address": "127.0.0.1"}
+    local = {} if os.environ.get("RAY_ADDRESS") else {"_node_ip_address": "127.0.0.1",
+                                                      "_system_config": {"worker_niceness": 0}}
     ray.init(include_dashboard=False, logging_level="WARNING", **local)
 
 
