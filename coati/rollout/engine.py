@@ -147,7 +147,7 @@ class GeneratorPool:
 
         queue = self._queues[index]
         while True:
-            queue[:] = [r for r in queue if not r.future.done()]   # rollouts cancelled meanwhile need nothing
+            queue[:] = [r for r in queue if not r.future.done()]   # answered, failed, or cancelled meanwhile
             if not queue:
                 return
             config = queue[0].config
@@ -161,10 +161,8 @@ class GeneratorPool:
                     for request in queue:
                         if not request.future.done():
                             request.future.set_exception(fatal)
-                    queue.clear()
                 continue
             for request, result in zip(batch, results):
-                queue.remove(request)
                 if not request.future.done():   # not cancelled by an executor shutting down
                     request.future.set_result(result)
 
