@@ -14,7 +14,7 @@ from datasets import Dataset, concatenate_datasets, load_dataset, load_from_disk
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from coati.utils.errors import CoatiUsageError
+from coati.utils.errors import CoatiUsageError, first_line
 
 from .tokenization import tokenize_conversation, tokenize_kto, tokenize_preference
 from .validation import jsonl_entries, validate_rows
@@ -32,7 +32,14 @@ def _jsonl_files(path: Path) -> List[Path]:
 
 def _dataset_entries(path: Path) -> Iterator[Tuple[str, Callable[[], Dict]]]:
     """(`folder row N`, reader) for every row of a local dataset folder read by `datasets.load_dataset`."""
-    for index, row in enumerate(load_dataset(str(path), split="train")):
+    if path.is_dir() and not any(path.iterdir()):
+        raise CoatiUsageError(f"{path}: the data input folder is empty (expected JSONL files or a dataset folder)")
+    try:
+        dataset = load_dataset(str(path), split="train")
+    except Exception as error:   # datasets raises many types for unreadable folders
+        raise CoatiUsageError(f"{path}: neither JSONL files nor a dataset folder that datasets.load_dataset reads "
+                              f"({type(error).__name__}: {first_line(error)})") from None
+    for index, row in enumerate(dataset):
         yield f"{path} row {index}", functools.partial(dict, row)
 
 
@@ -56,6 +63,9 @@ def _prepare(rows: List[Dict], encode: Callable[[Dict], Optional[Dict]], out_dir
     if not rows:
         raise CoatiUsageError("no usable rows in the input data")
     encoded = [e for e in (encode(row) for row in tqdm(rows, desc="tokenizing")) if e is not None]
+    if not encoded:
+        raise CoatiUsageError(f"all {len(rows)} rows were dropped by truncation (each response would be cut away "
+                              "entirely at this --max_length); raise --max_length. Nothing was written")
     Dataset.from_list(encoded).save_to_disk(str(out_dir))
     return {"rows": len(rows), "kept": len(encoded), "dropped": len(rows) - len(encoded)}
 

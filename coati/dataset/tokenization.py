@@ -1,11 +1,11 @@
 """Chat-template tokenization with loss masks: labels cover assistant tokens only, end of turn included."""
-import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from coati.utils.errors import CoatiUsageError
+from coati.utils.errors import CoatiUsageError, first_line
+from coati.utils.file_checks import read_json
 
 IGNORE_INDEX = -100
 
@@ -15,11 +15,15 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, template_config: 
     optional end-of-turn token of the JSON `template_config` when given."""
     if not Path(path).is_dir():
         raise CoatiUsageError(f"tokenizer directory {path} does not exist or is not a directory")
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-    if template_config:
-        config = json.loads(Path(template_config).read_text())
-        if "chat_template" not in config:
-            raise CoatiUsageError(f"{template_config}: field 'chat_template' is missing")
+    config = read_json(Path(template_config), "--conversation_template_config") if template_config else None
+    if config is not None and not isinstance(config.get("chat_template"), str):
+        raise CoatiUsageError(f"{template_config}: field 'chat_template' is missing or not a string "
+                              "(--conversation_template_config)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as error:
+        raise CoatiUsageError(f"no tokenizer could be loaded from {path} ({first_line(error)})") from None
+    if config is not None:
         tokenizer.chat_template = config["chat_template"]
         if config.get("end_of_turn_token"):
             tokenizer.eos_token = config["end_of_turn_token"]

@@ -30,11 +30,20 @@ class DataValidationError(CoatiUsageError):
 
 
 def jsonl_lines(path: Path) -> Iterator[Tuple[str, str]]:
-    """(`file:line`, text) for each non-blank line."""
-    with open(path) as f:
-        for number, line in enumerate(f, start=1):
+    """(`file:line`, text) for each non-blank line; a line that is not UTF-8 text (a binary file) is an
+    error naming its file and line."""
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            where = f"{path}:{number}"
+            if b"\0" in raw:
+                raise DataValidationError(where, "<line>", "binary data (a NUL byte); expected JSON Lines text")
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise DataValidationError(where, "<line>", f"not valid UTF-8 (byte 0x{raw[error.start]:02x} at "
+                                                           f"column {error.start + 1}); expected JSON Lines text") from None
             if line.strip():
-                yield f"{path}:{number}", line
+                yield where, line
 
 
 def parse_json(text: str, where: str) -> Any:

@@ -9,6 +9,7 @@ from colossalai.booster import Booster
 from colossalai.booster.plugin import GeminiPlugin, HybridParallelPlugin, LowLevelZeroPlugin, Plugin, TorchDDPPlugin
 
 from coati.distributed.launch import DEFAULT_TIMEOUT_S
+from coati.utils.cli import at_least, non_negative, positive
 from coati.utils.errors import CoatiUsageError
 
 PLUGIN_HELP = {
@@ -32,15 +33,15 @@ def add_plugin_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--mixed_precision", default="bf16", choices=("fp16", "bf16", "fp32"),
                        help="compute precision with fp32 master weights; ddp takes fp32 or bf16 (autocast); "
                             "a machine without CUDA trains in fp32")
-    group.add_argument("--grad_clip", type=float, default=1.0, help="clip gradients to this global L2 norm; 0 disables")
-    group.add_argument("--tp", type=int, default=1, help="3d: tensor-parallel size")
-    group.add_argument("--pp", type=int, default=1, help="3d: pipeline-parallel size")
-    group.add_argument("--sp", type=int, default=1, help="3d: sequence-parallel size")
+    group.add_argument("--grad_clip", type=non_negative(), default=1.0, help="clip gradients to this global L2 norm; 0 disables")
+    group.add_argument("--tp", type=at_least(1), default=1, help="3d: tensor-parallel size")
+    group.add_argument("--pp", type=at_least(1), default=1, help="3d: pipeline-parallel size")
+    group.add_argument("--sp", type=at_least(1), default=1, help="3d: sequence-parallel size")
     group.add_argument("--sp_mode", default=None, choices=SP_MODES, help="3d: sequence-parallel mode; enables sequence parallelism")
     group.add_argument("--zero_stage", type=int, default=0, choices=(0, 1, 2), help="3d: ZeRO stage over the data-parallel group")
     group.add_argument("--zero_cpu_offload", action="store_true", help="3d: offload ZeRO optimizer states to CPU")
-    group.add_argument("--microbatch_size", type=int, default=1, help="3d with --pp > 1: pipeline micro-batch size")
-    group.add_argument("--dist_timeout", type=float, default=DEFAULT_TIMEOUT_S,
+    group.add_argument("--microbatch_size", type=at_least(1), default=1, help="3d with --pp > 1: pipeline micro-batch size")
+    group.add_argument("--dist_timeout", type=positive(), default=DEFAULT_TIMEOUT_S,
                        help="seconds a collective waits for a peer before the run stops with an error (a dead or "
                             "unreachable node); raise it when rank 0 alone writes very large checkpoints")
 

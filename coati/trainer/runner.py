@@ -28,8 +28,10 @@ from coati.models.reference import load_reference_model, with_reference_logps
 from coati.models.reward_model import load_reward_model
 from coati.trainer.base import SLTrainer
 from coati.trainer.callbacks import Callback, PerformanceEvaluator
-from coati.utils.ckpt_io import latest_checkpoint, read_running_state, save_hf_model
+from coati.utils.ckpt_io import latest_checkpoint, read_running_state, save_hf_model, verify_checkpoint
 from coati.utils.errors import CoatiUsageError
+from coati.utils.file_checks import model_signature
+from coati.utils.preflight import check_run_paths
 from coati.utils.metrics_logger import MetricsLogger
 
 
@@ -147,9 +149,19 @@ def reference_hook(context: RunContext) -> Dict[str, Any]:
     return {"ref_model": frozen_reference(args, context.setup)}
 
 
-def start_run(args: argparse.Namespace) -> Tuple[BoostSetup, DistCoordinator, PreTrainedTokenizerBase]:
-    """Plugin check (before any process group), process group, booster and tokenizer."""
+def preflight(args: argparse.Namespace) -> None:
+    """Everything that can be checked before a process group exists: the plugin, the paths the flags name,
+    and the checkpoint to resume (intact, written for a model of `--pretrain`'s shape)."""
     check_plugin_available(args.plugin)
+    configs = check_run_paths(args)
+    checkpoint = resolve_checkpoint(args)
+    if checkpoint:
+        verify_checkpoint(checkpoint, model_signature(configs["pretrain"]))
+
+
+def start_run(args: argparse.Namespace) -> Tuple[BoostSetup, DistCoordinator, PreTrainedTokenizerBase]:
+    """The checks of `preflight`, then the process group, booster and tokenizer."""
+    preflight(args)
     init_distributed(args.seed, args.dist_timeout)
     setup = build_booster(args)
     return setup, DistCoordinator(), load_tokenizer(args.tokenizer_dir or args.pretrain, args.trust_remote_code)
@@ -196,6 +208,7 @@ def run_supervised(
         lr_scheduler=scheduler, accumulation_steps=args.accumulation_steps, log_interval=args.log_interval,
         save_interval=args.save_interval, save_dir=args.save_dir, keep_last=args.keep_last,
         output_dir=args.output_dir, grad_clip=args.grad_clip, max_steps=args.max_steps, coordinator=coordinator,
+        skip_nonfinite=args.skip_nonfinite,
         callbacks=[PerformanceEvaluator(ignore_steps=1, print_fn=coordinator.print_on_master), *callbacks],
         **(trainer_kwargs or {}), **hook_kwargs,
     )

@@ -1,21 +1,29 @@
-"""The one argument builder every training script shares: same flags, same defaults, everywhere."""
+"""The one argument builder every training script shares: same flags, same defaults, everywhere.
+
+Every numeric flag carries its range (`coati.utils.cli`), so a value out of range is refused by name
+before anything is loaded.
+"""
 import argparse
 
 from coati.distributed.plugins import add_plugin_args
+from coati.utils.cli import CoatiArgumentParser, at_least, in_range, non_negative, positive
+
+DEFAULT_REWARD_TIMEOUT_S = 600.0
 
 
-def training_parser(description: str, dataset_flag: str = "--dataset") -> argparse.ArgumentParser:
+def training_parser(description: str, dataset_flag: str = "--dataset", on_policy: bool = False) -> argparse.ArgumentParser:
     """Flags common to all training scripts; a script adds only its algorithm's own flags. On-policy
-    scripts name their data `--prompt_dataset` (stored as `args.dataset` all the same)."""
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    scripts (`on_policy`) name their data `--prompt_dataset` (stored as `args.dataset` all the same) and
+    count `--num_episodes` instead of epochs, steps and accumulation, so those flags are not theirs."""
+    parser = CoatiArgumentParser(description=description)
     model = parser.add_argument_group("model")
     model.add_argument("--pretrain", required=True, help="model directory loadable with from_pretrained")
     model.add_argument("--tokenizer_dir", default=None, help="tokenizer directory (default: --pretrain)")
     model.add_argument("--trust_remote_code", action="store_true", help="allow custom modelling code shipped with the model")
     model.add_argument("--grad_checkpoint", action="store_true", help="recompute activations in backward to save memory")
-    model.add_argument("--lora_rank", type=int, default=0, help="train rank-r LoRA adapters only (0: full fine-tuning)")
-    model.add_argument("--lora_alpha", type=float, default=16, help="LoRA scaling numerator (scale = alpha / rank)")
-    model.add_argument("--lora_dropout", type=float, default=0.0)
+    model.add_argument("--lora_rank", type=at_least(0), default=0, help="train rank-r LoRA adapters only (0: full fine-tuning)")
+    model.add_argument("--lora_alpha", type=positive(), default=16, help="LoRA scaling numerator (scale = alpha / rank)")
+    model.add_argument("--lora_dropout", type=in_range(0, 1, high_open=True), default=0.0)
     model.add_argument("--lora_target_modules", nargs="+", default=["all-linear"],
                        help="module names to adapt, or 'all-linear' for every linear layer but the output head")
 
@@ -23,35 +31,43 @@ def training_parser(description: str, dataset_flag: str = "--dataset") -> argpar
     data.add_argument(dataset_flag, dest="dataset", nargs="+", required=True,
                       help="prepared dataset directories (prepare_dataset.py)")
     data.add_argument("--eval_dataset", nargs="*", default=None, help="prepared evaluation dataset directories")
-    data.add_argument("--max_length", type=int, default=0,
+    data.add_argument("--max_length", type=at_least(0), default=0,
                       help="cut longer rows from the right at batching time (0: keep the length they were prepared with)")
 
     optim = parser.add_argument_group("optimisation")
-    optim.add_argument("--max_epochs", type=int, default=1)
-    optim.add_argument("--max_steps", type=int, default=0, help="stop after this many optimizer steps (0: no limit)")
-    optim.add_argument("--batch_size", type=int, default=4, help="micro-batch size per rank")
-    optim.add_argument("--accumulation_steps", type=int, default=1, help="micro-batches per optimizer step")
-    optim.add_argument("--lr", type=float, default=5e-5)
-    optim.add_argument("--weight_decay", type=float, default=0.0)
+    if not on_policy:
+        optim.add_argument("--max_epochs", type=at_least(1), default=1)
+        optim.add_argument("--max_steps", type=at_least(0), default=0, help="stop after this many optimizer steps (0: no limit)")
+        optim.add_argument("--accumulation_steps", type=at_least(1), default=1, help="micro-batches per optimizer step")
+    optim.add_argument("--batch_size", type=at_least(1), default=4,
+                       help="prompts per rank per collect step" if on_policy else "micro-batch size per rank")
+    optim.add_argument("--lr", type=positive(), default=5e-5)
+    optim.add_argument("--weight_decay", type=non_negative(), default=0.0)
     optim.add_argument("--lr_scheduler", default="cosine", choices=("cosine", "linear", "constant_with_warmup"))
-    optim.add_argument("--warmup_steps", type=int, default=0, help="learning-rate warm-up, in optimizer steps")
+    optim.add_argument("--warmup_steps", type=at_least(0), default=0, help="learning-rate warm-up, in optimizer steps")
     optim.add_argument("--seed", type=int, default=42)
+    optim.add_argument("--skip_nonfinite", type=at_least(0), default=0,
+                       help="skip up to N optimizer steps whose loss or gradient norm is NaN/inf (counted in "
+                            "the metrics); one more stops the run (0: the first one stops it)")
 
     ckpt = parser.add_argument_group("checkpoints")
     ckpt.add_argument("--save_dir", default=None, help="where checkpoints epoch-{e}_step-{s} are written")
-    ckpt.add_argument("--save_interval", type=int, default=0, help="save every N optimizer steps (0: only at the end)")
-    ckpt.add_argument("--keep_last", type=int, default=0, help="keep only the N newest checkpoints (0: keep all)")
+    ckpt.add_argument("--save_interval", type=at_least(0), default=0,
+                      help=f"save every N {'episodes' if on_policy else 'optimizer steps'} (0: only at the end)")
+    ckpt.add_argument("--keep_last", type=at_least(0), default=0, help="keep only the N newest checkpoints (0: keep all)")
     ckpt.add_argument("--checkpoint_path", default=None,
                       help="resume from this checkpoint directory, or 'latest' for the newest complete one in --save_dir")
     ckpt.add_argument("--output_dir", default=None, help="final HF-format model and evaluation results")
 
     log = parser.add_argument_group("logging")
     log.add_argument("--log_dir", default=None, help="TensorBoard events and metrics.jsonl")
-    log.add_argument("--log_interval", type=int, default=10, help="log every N optimizer steps")
+    if not on_policy:
+        log.add_argument("--log_interval", type=at_least(1), default=10, help="log every N optimizer steps")
     log.add_argument("--use_wandb", action="store_true", help="also log to Weights & Biases (WANDB_MODE=offline works)")
     log.add_argument("--wandb_project", default="coati")
 
     add_plugin_args(parser)
+    parser.set_defaults(dataset_flag=dataset_flag)
     return parser
 
 
@@ -68,29 +84,33 @@ def add_reference_args(parser: argparse.ArgumentParser, precompute: bool = True)
 def add_grpo_args(parser: argparse.ArgumentParser) -> None:
     """Rollout, reward and loss flags shared by GRPO and PPO (`add_ppo_args` adds PPO's own)."""
     rl = parser.add_argument_group("on-policy")
-    rl.add_argument("--num_episodes", type=int, default=10, help="collect-then-learn episodes")
-    rl.add_argument("--num_collect_steps", type=int, default=1, help="prompt batches per episode")
-    rl.add_argument("--num_update_steps", type=int, default=1, help="passes over an episode's experience")
-    rl.add_argument("--num_generations", type=int, default=8, help="completions per prompt (the group)")
-    rl.add_argument("--max_new_tokens", type=int, default=64)
-    rl.add_argument("--temperature", type=float, default=1.0)
-    rl.add_argument("--top_p", type=float, default=1.0)
-    rl.add_argument("--top_k", type=int, default=0)
+    rl.add_argument("--num_episodes", type=at_least(1), default=10, help="collect-then-learn episodes")
+    rl.add_argument("--num_collect_steps", type=at_least(1), default=1, help="prompt batches per episode")
+    rl.add_argument("--num_update_steps", type=at_least(1), default=1, help="passes over an episode's experience")
+    rl.add_argument("--num_generations", type=at_least(1), default=8,
+                    help="completions per prompt (GRPO's group: at least 2)")
+    rl.add_argument("--max_new_tokens", type=at_least(1), default=64)
+    rl.add_argument("--temperature", type=positive(), default=1.0, help="sampling temperature (> 0)")
+    rl.add_argument("--top_p", type=in_range(0, 1, low_open=True), default=1.0)
+    rl.add_argument("--top_k", type=at_least(0), default=0, help="0: no top-k cut")
     rl.add_argument("--reward_fn", nargs="+", default=["math_answer"],
                     help="reward functions, by built-in name or package.module:function, each optionally =weight")
-    rl.add_argument("--kl_coef", type=float, default=0.0, help="weight of the KL to the reference in the loss (0: no reference)")
+    rl.add_argument("--reward_timeout", type=positive(), default=DEFAULT_REWARD_TIMEOUT_S,
+                    help="seconds one call of a reward function may take; a call that takes longer stops the run")
+    rl.add_argument("--kl_coef", type=non_negative(), default=0.0,
+                    help="weight of the KL to the reference in the loss (0: no reference)")
     rl.add_argument("--kl_estimator", default="k3", choices=("k1", "k2", "k3"))
-    rl.add_argument("--clip_eps_low", type=float, default=0.2)
-    rl.add_argument("--clip_eps_high", type=float, default=0.2, help="DAPO's clip-higher uses 0.28")
+    rl.add_argument("--clip_eps_low", type=in_range(0, 1, high_open=True), default=0.2)
+    rl.add_argument("--clip_eps_high", type=non_negative(), default=0.2, help="DAPO's clip-higher uses 0.28")
     rl.add_argument("--loss_agg", default="token-mean",
                     choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
                     help="token-mean (DAPO), seq-mean-token-mean (GRPO), seq-mean-token-sum-norm (Dr. GRPO)")
     rl.add_argument("--no_std_normalize", action="store_true", help="Dr. GRPO: do not divide advantages by the group std")
     rl.add_argument("--drop_tied_groups", action="store_true", help="DAPO: mask out groups whose rewards all tie")
-    rl.add_argument("--entropy_coef", type=float, default=0.0)
-    rl.add_argument("--eval_interval", type=int, default=0,
+    rl.add_argument("--entropy_coef", type=non_negative(), default=0.0)
+    rl.add_argument("--eval_interval", type=at_least(0), default=0,
                     help="held-out evaluation every N episodes (always before the first and after the last)")
-    rl.add_argument("--sample_log_interval", type=int, default=10,
+    rl.add_argument("--sample_log_interval", type=at_least(0), default=10,
                     help="a table of prompts, completions, rewards and advantages every N episodes (0: never): "
                          "JSON under --log_dir/samples, and a W&B table with --use_wandb")
 
@@ -100,14 +120,14 @@ def add_async_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("asynchronous rollouts")
     group.add_argument("--async_rollout", action="store_true",
                        help="generate in Ray actors while the trainer trains (rank 0 drives them; --plugin ddp)")
-    group.add_argument("--max_staleness", type=int, default=1,
+    group.add_argument("--max_staleness", type=at_least(0), default=1,
                        help="trained samples come from weights at most K episodes older than the trainer's (0: on-policy)")
-    group.add_argument("--max_concurrent_rollouts", type=int, default=0,
+    group.add_argument("--max_concurrent_rollouts", type=at_least(0), default=0,
                        help="prompts in generation at once (0: twice the global batch of prompts)")
-    group.add_argument("--num_generators", type=int, default=1, help="generator actors, each with a copy of the policy")
-    group.add_argument("--generator_max_restarts", type=int, default=3,
+    group.add_argument("--num_generators", type=at_least(1), default=1, help="generator actors, each with a copy of the policy")
+    group.add_argument("--generator_max_restarts", type=at_least(0), default=3,
                        help="generators that die are replaced this many times in all; then the run stops with an error")
-    group.add_argument("--behaviour_cap", type=float, default=5.0,
+    group.add_argument("--behaviour_cap", type=in_range(1), default=5.0,
                        help="cap on the off-policy weight pi_prox / pi_behaviour of each token (decoupled PPO)")
 
 
@@ -118,12 +138,12 @@ def add_ppo_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--rm_pretrain", default=None, help="trained reward model directory (train_rm.py --output_dir/model)")
     group.add_argument("--critic_pretrain", default=None,
                        help="critic initialisation (default: --rm_pretrain, else --pretrain with a new value head)")
-    group.add_argument("--critic_lr", type=float, default=None, help="critic learning rate (default: --lr)")
-    group.add_argument("--gamma", type=float, default=1.0, help="GAE discount")
-    group.add_argument("--lam", type=float, default=0.95, help="GAE lambda")
-    group.add_argument("--value_clip", type=float, default=0.2, help="clipping range of the value loss")
+    group.add_argument("--critic_lr", type=positive(), default=None, help="critic learning rate (default: --lr)")
+    group.add_argument("--gamma", type=in_range(0, 1), default=1.0, help="GAE discount")
+    group.add_argument("--lam", type=in_range(0, 1), default=0.95, help="GAE lambda")
+    group.add_argument("--value_clip", type=positive(), default=0.2, help="clipping range of the value loss")
     group.add_argument("--no_whiten_advantages", action="store_true", help="keep raw GAE advantages")
     group.add_argument("--ptx_dataset", nargs="*", default=None, help="prepared sft data for the ptx loss")
-    group.add_argument("--ptx_coef", type=float, default=0.0, help="weight of the ptx (supervised) loss")
-    group.add_argument("--ptx_batch_size", type=int, default=None, help="ptx micro-batch per rank (default: --batch_size)")
+    group.add_argument("--ptx_coef", type=non_negative(), default=0.0, help="weight of the ptx (supervised) loss")
+    group.add_argument("--ptx_batch_size", type=at_least(1), default=None, help="ptx micro-batch per rank (default: --batch_size)")
     parser.set_defaults(reward_fn=[], kl_coef=0.05, kl_estimator="k1", num_generations=1)

@@ -6,11 +6,15 @@ Layout of `save_dir/epoch-{e}_step-{s}/`::
     optimizer/ | optimizer.bin  optimizer states (sharded on GPU; one file on CPU, where colossalai
                                 cannot load sharded optimizer states)
     lr_scheduler.pt           scheduler state
-    running_states.json       epoch, optimizer step, samples seen, world size (master only)
+    running_states.json       epoch, optimizer step, samples seen, world size, the model's shape-deciding
+                              config fields (master only)
     rng_state_rank{r}.pt      every rank's torch/CUDA/numpy/python RNG states
     <name>/                   the same modeling/optimizer/lr_scheduler files for each further model
                               (PPO's critic), when `extra_models` names one
     COMPLETE                  written last, after a barrier: without it the checkpoint is ignored
+
+Weights that are not finite are never written (`NonFiniteWeightsError`). Loading first checks that every
+file is intact and that the checkpoint was written for a model of the same shape (`verify_checkpoint`).
 """
 import json
 import os
@@ -25,8 +29,10 @@ import torch
 from colossalai.booster import Booster
 from colossalai.cluster import DistCoordinator
 
-from coati.distributed.comm import barrier, rank, world_size
+from coati.distributed.comm import barrier, is_distributed, rank, world_size
 from coati.utils.errors import CoatiUsageError
+from coati.utils.file_checks import (CorruptFileError, check_weight_file, check_weights_dir, model_signature,
+                                     read_json, signature_mismatch)
 
 COMPLETE_MARKER = "COMPLETE"
 RUNNING_STATE_FILE = "running_states.json"
@@ -104,6 +110,27 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return inner.get_base_model() if hasattr(inner, "get_base_model") else inner
 
 
+class NonFiniteWeightsError(CoatiUsageError):
+    """A model about to be saved holds NaN or infinite weights; nothing is written."""
+
+
+def check_finite_weights(model: torch.nn.Module, where: PathLike) -> None:
+    """Refuse (on every rank alike) to write `model` to `where` when any rank's weights are not finite."""
+    bad = next((name for name, p in model.named_parameters() if p.numel() and not torch.isfinite(p.data).all()), None)
+    flag = torch.tensor([0.0 if bad is None else 1.0], device=next(model.parameters()).device)
+    if is_distributed():
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+    if flag.item():
+        detail = f" (first: {bad})" if bad else " (on another rank)"
+        raise NonFiniteWeightsError(f"the model has NaN or infinite weights{detail}; nothing was written to {where}")
+
+
+def model_shape(model: torch.nn.Module) -> Dict[str, Any]:
+    """The shape-deciding config fields of a (boosted, peft-wrapped) model; empty without a config."""
+    config = getattr(_unwrap(model), "config", None)
+    return model_signature(config.to_dict()) if config is not None else {}
+
+
 def _use_safetensors(model: torch.nn.Module) -> bool:
     """Safetensors, except for tied input/output embeddings, which colossalai's sharded safetensors
     writer rejects as shared memory; those models are written as torch shards instead."""
@@ -135,9 +162,11 @@ def save_checkpoint(
     `extra_models` are further (booster, model, optimizer, scheduler) sets, each in a folder of its name.
     """
     path = Path(save_dir) / checkpoint_name(epoch, step)
+    for state in [(booster, model, optimizer, lr_scheduler), *(extra_models or {}).values()]:
+        check_finite_weights(state[1], path)
     if coordinator.is_master():
-        (path / COMPLETE_MARKER).unlink(missing_ok=True)
-        path.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(path, ignore_errors=True)   # what an interrupted write left here (temporary shards)
+        path.mkdir(parents=True)
     barrier()
     _save_model_state(path, (booster, model, optimizer, lr_scheduler))
     for name, state in (extra_models or {}).items():
@@ -152,6 +181,7 @@ def save_checkpoint(
             "global_samples_in_epoch": samples * world_size(),
             "batch_size": batch_size,
             "world_size": world_size(),
+            "model": model_shape(model),
             **(extra_state or {}),
         }
         _write_json_atomic(path / RUNNING_STATE_FILE, state)
@@ -159,8 +189,7 @@ def save_checkpoint(
     barrier()
     if coordinator.is_master():
         _write_json_atomic(path / COMPLETE_MARKER, {"epoch": epoch, "step": step})
-        if keep_last > 0:
-            _prune(Path(save_dir), keep_last, newest=path)
+        _prune(Path(save_dir), keep_last, newest=path)
     barrier()
     return path
 
@@ -186,7 +215,9 @@ def _load_model_state(path: Path, state: ModelState) -> None:
 
 
 def _prune(save_dir: Path, keep_last: int, newest: Path) -> None:
-    doomed = list_checkpoints(save_dir)[:-keep_last]
+    """Older checkpoints beyond `keep_last` (0: none), and every incomplete one older than `newest`:
+    an interrupted write can never be resumed from, and its files (shards, temporary files) only take space."""
+    doomed = list_checkpoints(save_dir)[:-keep_last] if keep_last > 0 else []
     doomed += [p for p in list_checkpoints(save_dir, complete_only=False)
                if not is_complete(p) and _step_of(p) < _step_of(newest)]
     for old in doomed:
@@ -210,8 +241,27 @@ def read_running_state(load_dir: PathLike) -> Dict[str, Any]:
             f"checkpoint {path} is incomplete (no {COMPLETE_MARKER} marker: it was interrupted while being "
             f"written) and cannot be resumed from{hint}"
         )
-    with open(path / RUNNING_STATE_FILE) as f:
-        return json.load(f)
+    return read_json(path / RUNNING_STATE_FILE, "the checkpoint's running state")
+
+
+def verify_checkpoint(load_dir: PathLike, shape: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Check a checkpoint before loading it: complete, every weight/optimizer/state file intact, the model
+    folder holding weights, and (given `shape`, see `model_shape`) written for a model of that shape.
+    Returns its running state; a problem is one `CoatiUsageError` naming the file."""
+    state = read_running_state(load_dir)
+    path = Path(load_dir)
+    for folder in [path, *(p for p in path.iterdir() if (p / "modeling").is_dir())]:
+        if not (folder / "modeling").is_dir():
+            raise CorruptFileError(f"{folder / 'modeling'} is missing: {path} holds no model weights")
+        check_weights_dir(folder / "modeling")
+    for file in sorted(path.rglob("*")):
+        if file.suffix in (".safetensors", ".bin", ".pt"):
+            check_weight_file(file)
+    mismatch = signature_mismatch(state.get("model", {}), shape or {})
+    if mismatch:
+        raise CoatiUsageError(f"checkpoint {path} was written for a model of another shape ({mismatch}: checkpoint "
+                              "vs this run's model); resume with the model it was trained from")
+    return state
 
 
 def load_checkpoint(
@@ -228,7 +278,7 @@ def load_checkpoint(
     `sample_start_index` is per rank for the current world size: the same number that was saved
     when the world size is unchanged.
     """
-    state = read_running_state(load_dir)
+    state = verify_checkpoint(load_dir, model_shape(model))
     path = Path(load_dir)
     _load_model_state(path, (booster, model, optimizer, lr_scheduler))
     for name, extra in (extra_models or {}).items():
@@ -245,6 +295,7 @@ def save_hf_model(
 ) -> Path:
     """Export the model (safetensors, with its config) and tokenizer so `from_pretrained(save_dir)` loads them."""
     path = Path(save_dir)
+    check_finite_weights(model, path)
     booster.save_model(model, str(path), shard=True, use_safetensors=_use_safetensors(model))
     if coordinator.is_master():
         unwrapped = _unwrap(model)

@@ -1,14 +1,20 @@
-"""How scripts fail: a usage error or a lost peer prints one line and exits with its own status, no traceback."""
+"""How scripts fail: a usage error or a lost peer prints one line and exits with its own status, no traceback.
+
+Under torchrun each worker also records that line in the error file torchrun names
+(`TORCHELASTIC_ERROR_FILE`), so the root-cause section of torchrun's failure summary shows our message
+instead of "To enable traceback see ...". A worker started by torchrun exits when torchrun itself dies.
+"""
 import functools
+import json
+import os
 import sys
-from typing import Callable, TypeVar
-
-import torch.distributed as dist
-
-from coati.distributed.comm import is_local_rank_0, rank
+import time
+import traceback
+from typing import Callable, NoReturn, TypeVar
 
 USAGE_EXIT_CODE = 2
 PEER_LOST_EXIT_CODE = 3
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 T = TypeVar("T")
 
 _PEER_FAILURE_MARKERS = ("gloo/transport", "Connection closed by peer", "Connection reset by peer",
@@ -21,18 +27,56 @@ class CoatiUsageError(Exception):
     """A problem the user can fix (a flag, a path, a file's content); the message says how."""
 
 
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def _is_local_rank_0() -> bool:
+    return int(os.environ.get("LOCAL_RANK", "0")) == 0
+
+
 def is_peer_failure(error: BaseException) -> bool:
     """True for the error a collective raises when a peer process died, hung past the timeout or is unreachable."""
+    import torch.distributed as dist
+
     if isinstance(error, dist.DistError):
         return True
     return isinstance(error, RuntimeError) and any(marker in str(error) for marker in _PEER_FAILURE_MARKERS)
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of `error`'s message, or its type's name when it has none."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def peer_lost_message(error: BaseException) -> str:
-    first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return (f"error: rank {rank()} lost contact with the other ranks ({first_line}). Another process of this run "
+    return (f"error: rank {_rank()} lost contact with the other ranks ({first_line(error)}). Another process of this run "
             f"died or cannot be reached, so every rank stops. Resume from the last complete checkpoint with "
             f"--checkpoint_path latest.")
+
+
+def record_error(message: str) -> None:
+    """Write `message` where torchrun's failure summary reads a worker's error (no-op outside torchrun)."""
+    path = os.environ.get(ERROR_FILE_ENV)
+    if not path:
+        return
+    record = {"message": message, "extraInfo": {"py_callstack": message, "timestamp": str(int(time.time()))}}
+    try:
+        with open(path, "w") as f:
+            json.dump({"message": record}, f)
+    except OSError:
+        pass
+
+
+def fail(message: str, code: int, every_rank: bool = False) -> NoReturn:
+    """Print `message` (one line; on one process per node unless `every_rank`), record it for torchrun,
+    and exit with `code`."""
+    record_error(message)
+    if every_rank or _is_local_rank_0():
+        sys.stdout.flush()
+        print(message, file=sys.stderr, flush=True)
+    sys.exit(code)
 
 
 def exit_cleanly(main: Callable[..., T]) -> Callable[..., T]:
@@ -41,21 +85,23 @@ def exit_cleanly(main: Callable[..., T]) -> Callable[..., T]:
     - `CoatiUsageError`: `error: ...` once per node, exit 2 on every rank.
     - A collective that fails because a peer died or timed out: the message above on each rank that
       sees it, exit 3, so the launcher stops the run instead of it hanging.
-    Ranks leave without waiting on peers.
+    - Anything else keeps its traceback, and its last line goes to torchrun's error file.
+    Ranks leave without waiting on peers. A worker of torchrun dies with it (`follow_launcher`).
     """
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
+        from coati.distributed.lifetime import follow_launcher
+
+        follow_launcher()
         try:
             return main(*args, **kwargs)
         except CoatiUsageError as error:
-            if is_local_rank_0():
-                print(f"error: {error}", file=sys.stderr, flush=True)
-            sys.exit(USAGE_EXIT_CODE)
+            fail(f"error: {error}", USAGE_EXIT_CODE)
         except Exception as error:
-            if not is_peer_failure(error):
-                raise
-            print(peer_lost_message(error), file=sys.stderr, flush=True)
-            sys.exit(PEER_LOST_EXIT_CODE)
+            if is_peer_failure(error):
+                fail(peer_lost_message(error), PEER_LOST_EXIT_CODE, every_rank=True)
+            record_error(traceback.format_exc())
+            raise
 
     return wrapper

@@ -6,28 +6,28 @@
 A bad row (malformed JSON, a missing field, a wrong role order, an empty assistant turn) stops with one
 line naming file, line and field, and exit status 2; `--skip_invalid` counts such rows instead.
 """
-import argparse
-
 from coati.dataset.prepare import prepare_dataset
 from coati.dataset.tokenization import load_tokenizer
+from coati.utils.cli import CoatiArgumentParser, at_least
 from coati.utils.errors import CoatiUsageError, exit_cleanly
+from coati.utils.preflight import check_writable_dir
 
 
 @exit_cleanly
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = CoatiArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--type", required=True, choices=("sft", "preference", "prompt", "kto"))
     parser.add_argument("--data_input_dirs", nargs="+", required=True,
                         help="JSONL files, folders of them, or local dataset folders that datasets.load_dataset reads")
     parser.add_argument("--tokenizer_dir", required=True)
     parser.add_argument("--data_output_dirs", required=True, help="where the prepared dataset is saved")
-    parser.add_argument("--max_length", type=int, default=2048, help="tokens per sequence; longer ones are cut from the right")
+    parser.add_argument("--max_length", type=at_least(1), default=2048, help="tokens per sequence; longer ones are cut from the right")
     parser.add_argument("--conversation_template_config", default=None,
                         help='JSON with "chat_template" (and optional "end_of_turn_token") for a tokenizer without one')
     parser.add_argument("--skip_invalid", action="store_true", help="skip and count invalid rows instead of stopping")
     parser.add_argument("--trust_remote_code", action="store_true")
     args = parser.parse_args(argv)
+    check_writable_dir(args.data_output_dirs, "--data_output_dirs")
     tokenizer = load_tokenizer(args.tokenizer_dir, args.trust_remote_code, args.conversation_template_config)
     if not tokenizer.chat_template:
         raise CoatiUsageError(f"the tokenizer in {args.tokenizer_dir} has no chat template; pass --conversation_template_config")

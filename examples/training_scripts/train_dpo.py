@@ -7,6 +7,7 @@ from coati.models.loss import DPOLoss, SimPOLoss
 from coati.trainer.dpo import DPOTrainer
 from coati.trainer.runner import reference_hook, run_supervised
 from coati.utils.arguments import add_reference_args, training_parser
+from coati.utils.cli import in_range, non_negative, positive
 from coati.utils.errors import exit_cleanly
 
 DEFAULT_BETA = {"sigmoid": 0.1, "ipo": 0.1, "simpo": 2.0}
@@ -18,9 +19,9 @@ def main(argv=None) -> None:
     group = parser.add_argument_group("preference loss")
     group.add_argument("--loss_type", default="sigmoid", choices=tuple(DEFAULT_BETA),
                        help="sigmoid: DPO; ipo: IPO; simpo: SimPO (no reference model)")
-    group.add_argument("--beta", type=float, default=None, help="inverse temperature (default: 0.1; simpo 2.0)")
-    group.add_argument("--label_smoothing", type=float, default=0.0, help="cDPO: assumed rate of flipped labels")
-    group.add_argument("--gamma", type=float, default=0.5, help="simpo: target reward margin")
+    group.add_argument("--beta", type=positive(), default=None, help="inverse temperature (default: 0.1; simpo 2.0)")
+    group.add_argument("--label_smoothing", type=in_range(0, 0.5, high_open=True), default=0.0, help="cDPO: assumed rate of flipped labels")
+    group.add_argument("--gamma", type=non_negative(), default=0.5, help="simpo: target reward margin")
     add_reference_args(parser)
     args = parser.parse_args(argv)
     beta = DEFAULT_BETA[args.loss_type] if args.beta is None else args.beta

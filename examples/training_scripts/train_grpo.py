@@ -13,7 +13,7 @@ from coati.utils.errors import exit_cleanly
 
 @exit_cleanly
 def main(argv=None) -> None:
-    parser = training_parser(__doc__.strip().splitlines()[0], dataset_flag="--prompt_dataset")
+    parser = training_parser(__doc__.strip().splitlines()[0], dataset_flag="--prompt_dataset", on_policy=True)
     add_grpo_args(parser)
     add_reference_args(parser, precompute=False)
     add_async_args(parser)

@@ -7,6 +7,7 @@ from coati.models.loss import KTOLoss
 from coati.trainer.kto import KTOTrainer
 from coati.trainer.runner import reference_hook, run_supervised
 from coati.utils.arguments import add_reference_args, training_parser
+from coati.utils.cli import positive
 from coati.utils.errors import exit_cleanly
 
 
@@ -14,9 +15,9 @@ from coati.utils.errors import exit_cleanly
 def main(argv=None) -> None:
     parser = training_parser(__doc__.strip().splitlines()[0])
     group = parser.add_argument_group("KTO loss")
-    group.add_argument("--beta", type=float, default=0.1, help="inverse temperature")
-    group.add_argument("--desirable_weight", type=float, default=1.0, help="weight of desirable completions")
-    group.add_argument("--undesirable_weight", type=float, default=1.0, help="weight of undesirable completions")
+    group.add_argument("--beta", type=positive(), default=0.1, help="inverse temperature")
+    group.add_argument("--desirable_weight", type=positive(), default=1.0, help="weight of desirable completions")
+    group.add_argument("--undesirable_weight", type=positive(), default=1.0, help="weight of undesirable completions")
     add_reference_args(parser, precompute=False)
     args = parser.parse_args(argv)
     loss = KTOLoss(args.beta, args.desirable_weight, args.undesirable_weight)

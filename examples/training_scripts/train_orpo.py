@@ -7,13 +7,14 @@ from coati.models.loss import ORPOLoss
 from coati.trainer.dpo import ORPOTrainer
 from coati.trainer.runner import run_supervised
 from coati.utils.arguments import training_parser
+from coati.utils.cli import non_negative
 from coati.utils.errors import exit_cleanly
 
 
 @exit_cleanly
 def main(argv=None) -> None:
     parser = training_parser(__doc__.strip().splitlines()[0])
-    parser.add_argument("--lam", type=float, default=0.1, help="weight of the odds-ratio term")
+    parser.add_argument("--lam", type=non_negative(), default=0.1, help="weight of the odds-ratio term")
     args = parser.parse_args(argv)
     run_supervised(args, ORPOTrainer, "preference", trainer_kwargs={"loss_fn": ORPOLoss(args.lam)})
 

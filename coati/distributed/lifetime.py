@@ -1,0 +1,45 @@
+"""A worker's lifetime is its launcher's: when torchrun is killed (SIGKILL leaves it no chance to stop its
+workers), each worker is killed too instead of training on, orphaned, for hours."""
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+
+PR_SET_PDEATHSIG = 1
+WATCH_INTERVAL_S = 1.0
+
+
+def launched_by_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def follow_launcher() -> None:
+    """Under torchrun, have the kernel send SIGKILL to this process when its parent (torchrun's agent)
+    dies (Linux `PR_SET_PDEATHSIG`); elsewhere, or where prctl is missing, a daemon thread polls the
+    parent and kills this process once it is gone. A parent that died while this was being set up is
+    caught too."""
+    if not launched_by_torchrun():
+        return
+    parent = os.getppid()
+    if not _set_parent_death_signal():
+        threading.Thread(target=_watch_parent, args=(parent,), name="launcher-watch", daemon=True).start()
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _set_parent_death_signal() -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(WATCH_INTERVAL_S)
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,127 @@
+"""Cheap integrity checks of model and checkpoint files, without loading them: a truncated or empty file is
+named with what is wrong before any process group or model exists.
+
+- safetensors: the 8-byte header length, the JSON header, and the data end it declares fit in the file;
+- torch files (`.bin`, `.pt`): zip archives (torch's format since 1.6) whose central directory is intact;
+- sharded checkpoints: every shard an index names exists and passes the above.
+"""
+import json
+import zipfile
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional
+
+from coati.utils.errors import CoatiUsageError
+
+CONFIG_FILE = "config.json"
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+SIGNATURE_FIELDS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                    "num_attention_heads", "num_key_value_heads")
+"""The config fields that decide every weight's shape: a checkpoint for other values cannot be loaded."""
+
+
+class CorruptFileError(CoatiUsageError):
+    """A model or checkpoint file that is missing, empty, truncated or not what its name says."""
+
+
+def check_safetensors(path: Path) -> None:
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise CorruptFileError(f"{path} is not a complete safetensors file ({size} bytes; truncated or empty)")
+        header_len = int.from_bytes(head, "little")
+        if header_len > size - 8:
+            raise CorruptFileError(f"{path} is truncated: its header alone needs {header_len + 8} bytes, the file has {size}")
+        try:
+            header = json.loads(f.read(header_len))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise CorruptFileError(f"{path} is not a safetensors file (its header is not valid JSON)") from None
+    end = max((entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"), default=0)
+    if 8 + header_len + end > size:
+        raise CorruptFileError(f"{path} is truncated: {size} bytes of the {8 + header_len + end} its header declares")
+
+
+def check_torch_file(path: Path) -> None:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            archive.infolist()
+    except (zipfile.BadZipFile, OSError, EOFError):
+        size = path.stat().st_size
+        raise CorruptFileError(f"{path} is not a complete torch file ({size} bytes; truncated, empty or not "
+                               "written by torch.save)") from None
+
+
+def check_weight_file(path: Path) -> None:
+    """`path` exists and is intact, by its suffix."""
+    if not path.is_file():
+        raise CorruptFileError(f"{path} is missing")
+    if path.suffix == ".safetensors":
+        check_safetensors(path)
+    elif path.suffix in (".bin", ".pt", ".pth"):
+        check_torch_file(path)
+
+
+def _indexed_files(index: Path) -> List[Path]:
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
+        raise CorruptFileError(f"{index} is not a valid checkpoint index (truncated JSON or no weight_map)") from None
+    return [index.parent / name for name in sorted(set(weight_map.values()))]
+
+
+def check_weights_dir(folder: Path) -> None:
+    """Every weight file of `folder` (single-file or sharded with an index) exists and is intact."""
+    indexes = [folder / name for name in INDEX_FILES if (folder / name).is_file()]
+    singles = [folder / name for name in WEIGHT_FILES if (folder / name).is_file()]
+    if not indexes and not singles:
+        found = ", ".join(sorted(p.name for p in folder.iterdir())[:8]) or "nothing"
+        raise CorruptFileError(f"{folder} holds no model weights ({' or '.join(WEIGHT_FILES + INDEX_FILES)}); "
+                               f"found: {found}")
+    for path in singles + [shard for index in indexes for shard in _indexed_files(index)]:
+        check_weight_file(path)
+
+
+def read_json(path: Path, what: str) -> Dict[str, Any]:
+    """The JSON object in `path`; a missing file or bad JSON is one error naming FILE:LINE and `what` it is."""
+    path = Path(path)
+    if not path.is_file():
+        raise CorruptFileError(f"{path}: file not found ({what})")
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise CorruptFileError(f"{path}: not UTF-8 text (byte {error.start}); {what} is a JSON file") from None
+    except json.JSONDecodeError as error:
+        raise CorruptFileError(f"{path}:{error.lineno}: invalid JSON ({error.msg} at column {error.colno}); "
+                               f"{what}") from None
+    if not isinstance(data, dict):
+        raise CorruptFileError(f"{path}:1: expected a JSON object ({what})")
+    return data
+
+
+def check_model_dir(path: str, flag: str) -> Dict[str, Any]:
+    """A model directory `from_pretrained` can load: a valid config.json and intact weights. Returns the config."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise CoatiUsageError(f"{flag} {path} does not exist or is not a directory")
+    config = read_json(folder / CONFIG_FILE, f"the model config of {flag}")
+    if "model_type" not in config:
+        raise CorruptFileError(f"{folder / CONFIG_FILE} has no model_type: it is not a transformers model config ({flag})")
+    check_weights_dir(folder)
+    return config
+
+
+def model_signature(config: Dict[str, Any]) -> Dict[str, Any]:
+    """The shape-deciding fields of a model config (a dict, e.g. `config.to_dict()`)."""
+    return {name: config[name] for name in SIGNATURE_FIELDS if config.get(name) is not None}
+
+
+def signature_mismatch(saved: Dict[str, Any], current: Dict[str, Any]) -> Optional[str]:
+    """'field: saved vs current' for the fields both name and that differ, or None."""
+    diffs = [f"{name} {saved[name]} vs {current[name]}" for name in saved if name in current and saved[name] != current[name]]
+    return ", ".join(diffs) or None
+
+
+def check_files(paths: Iterable[Path]) -> None:
+    for path in paths:
+        check_weight_file(path)

@@ -1,0 +1,55 @@
+"""Checks a training script runs on its parsed flags before it starts a process group or loads anything:
+every path a flag names (models, tokenizer, data, output folders, the checkpoint to resume) is usable, or
+the run stops with one line naming the flag. Every rank runs them, so all ranks stop together."""
+import argparse
+import os
+from pathlib import Path
+from typing import Dict, Optional, Sequence
+
+from coati.utils.errors import CoatiUsageError
+from coati.utils.file_checks import check_model_dir
+
+MODEL_FLAGS = ("pretrain", "ref_pretrain", "rm_pretrain", "critic_pretrain")
+DATA_FLAGS = ("dataset", "eval_dataset", "ptx_dataset")
+OUTPUT_FLAGS = ("output_dir", "save_dir", "log_dir")
+
+
+def check_writable_dir(path: str, flag: str) -> None:
+    """`path` is a directory, or can be created as one: its nearest existing ancestor is a writable directory."""
+    target = Path(path).absolute()
+    if target.exists() and not target.is_dir():
+        raise CoatiUsageError(f"{flag} {path} is a file, not a directory")
+    existing = target
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise CoatiUsageError(f"{flag} {path} cannot be created: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise CoatiUsageError(f"{flag} {path} cannot be written: no write permission on {existing}")
+
+
+def check_data_dirs(paths: Optional[Sequence[str]], flag: str) -> None:
+    for path in paths or ():
+        if not Path(path).is_dir():
+            raise CoatiUsageError(f"{flag} {path} does not exist or is not a directory (a folder written by "
+                                  "prepare_dataset.py)")
+
+
+def check_run_paths(args: argparse.Namespace) -> Dict[str, dict]:
+    """Check every path flag `args` has; returns the model configs read, by flag name."""
+    configs = {}
+    for name in MODEL_FLAGS:
+        if getattr(args, name, None):
+            configs[name] = check_model_dir(getattr(args, name), f"--{name}")
+    tokenizer = getattr(args, "tokenizer_dir", None)
+    if tokenizer and not Path(tokenizer).is_dir():
+        raise CoatiUsageError(f"--tokenizer_dir {tokenizer} does not exist or is not a directory")
+    for name in DATA_FLAGS:
+        flag = getattr(args, "dataset_flag", "--dataset") if name == "dataset" else f"--{name}"
+        check_data_dirs(getattr(args, name, None), flag)
+    for name in OUTPUT_FLAGS:
+        if getattr(args, name, None):
+            check_writable_dir(getattr(args, name), f"--{name}")
+    if getattr(args, "save_interval", 0) and not getattr(args, "save_dir", None):
+        raise CoatiUsageError("--save_interval needs --save_dir, the directory checkpoints are written to")
+    return configs
