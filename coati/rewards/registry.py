@@ -7,8 +7,9 @@ each with an optional weight: `--reward_fn math_answer answer_format=0.1`.
 """
 import importlib
 import math
+import threading
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from coati.utils.errors import CoatiUsageError
 
@@ -38,23 +39,56 @@ def resolve(name: str) -> RewardFn:
     return fn
 
 
+class RewardTimeoutError(RewardFunctionError):
+    """A reward function's call took longer than its timeout; the message names it."""
+
+
+def call_with_timeout(name: str, fn: RewardFn, timeout_s: Optional[float], **kwargs: Any) -> Any:
+    """`fn(**kwargs)` in a daemon thread, waited for at most `timeout_s` seconds (None: no limit). A call that
+    does not return in time raises `RewardTimeoutError`; its thread cannot be stopped but, being a daemon,
+    does not keep the process alive."""
+    if timeout_s is None:
+        return fn(**kwargs)
+    outcome: Dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = fn(**kwargs)
+        except BaseException as error:   # handed to the caller's thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run, name=f"reward-{name}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise RewardTimeoutError(f"reward function {name} did not return within --reward_timeout {timeout_s:g} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
 @dataclass
 class WeightedReward:
-    """The weighted sum of named reward functions; also returns every component for logging."""
+    """The weighted sum of named reward functions; also returns every component for logging. Each call of a
+    function may take at most `timeout_s` seconds (None: no limit)."""
 
     parts: List[Tuple[str, RewardFn, float]]
+    timeout_s: Optional[float] = None
 
     @classmethod
-    def from_specs(cls, specs: Sequence[str]) -> "WeightedReward":
+    def from_specs(cls, specs: Sequence[str], timeout_s: Optional[float] = None) -> "WeightedReward":
         """From `name` or `name=weight` strings."""
         parts = []
         for spec in specs:
             name, _, weight = spec.partition("=")
             try:
-                parts.append((name, resolve(name), float(weight) if weight else 1.0))
+                value = float(weight) if weight else 1.0
             except ValueError:
-                raise CoatiUsageError(f"reward weight in {spec!r} is not a number") from None
-        return cls(parts)
+                raise CoatiUsageError(f"--reward_fn {spec}: the weight {weight!r} is not a number") from None
+            if not math.isfinite(value):
+                raise CoatiUsageError(f"--reward_fn {spec}: the weight must be a finite number")
+            parts.append((name, resolve(name), value))
+        return cls(parts, timeout_s)
 
     def __call__(self, prompts: Sequence[str], completions: Sequence[str],
                  **fields: Sequence[object]) -> Tuple[List[float], Dict[str, List[float]]]:
@@ -62,17 +96,19 @@ class WeightedReward:
         total = [0.0] * len(completions)
         components: Dict[str, List[float]] = {}
         for name, fn, weight in self.parts:
-            for component, values in _checked(name, fn, prompts, completions, fields).items():
+            for component, values in _checked(name, fn, prompts, completions, fields, self.timeout_s).items():
                 components[component] = values
                 total = [t + weight * v for t, v in zip(total, values)]
         return total, components
 
 
 def _checked(name: str, fn: RewardFn, prompts: Sequence[str], completions: Sequence[str],
-             fields: Dict[str, Sequence[object]]) -> Dict[str, List[float]]:
+             fields: Dict[str, Sequence[object]], timeout_s: Optional[float] = None) -> Dict[str, List[float]]:
     """`fn`'s result as {component: floats}, or a `RewardFunctionError` that names `fn` and the problem."""
     try:
-        result = fn(prompts=list(prompts), completions=list(completions), **fields)
+        result = call_with_timeout(name, fn, timeout_s, prompts=list(prompts), completions=list(completions), **fields)
+    except RewardTimeoutError:
+        raise
     except Exception as error:
         raise RewardFunctionError(f"reward function {name} raised {type(error).__name__}: {error}") from error
     named = result if isinstance(result, dict) else {name: result}

@@ -1,12 +1,13 @@
 """Runs rollout workflows concurrently against the generators, within a concurrency bound and a
 staleness bound, on an asyncio loop in a thread of its own (so rollouts go on while the trainer trains).
 
-Bounds, with B = `batch_size` trajectories per training step, v = the trainer's policy version (its
-optimizer steps so far) and K = `max_staleness`:
+Bounds, with B = `batch_size` trajectories per batch, C = `batches_per_version` batches the trainer takes
+between two weight updates, v = the trainer's policy version (its weight updates so far) and
+K = `max_staleness`:
 
 - at most `max_concurrent_rollouts` workflows run at once;
-- a rollout starts only while the rollouts started and not dropped number fewer than (K + v + 1) * B,
-  so generation runs at most K training steps ahead of the trainer;
+- a rollout starts only while the rollouts started and not dropped number fewer than (K + v + 1) * C * B,
+  so generation runs at most K versions ahead of the trainer;
 - a finished trajectory whose weights version is below v - K when a batch is taken is dropped
   (`dropped` counts them) and its place is given back. A rollout in flight during a weight update finishes
   on the weights it started with and carries that version; it is trained on if still within K.
@@ -68,15 +69,18 @@ class WorkflowExecutor:
     """`prepare_batch(next_sample)`: asynchronous mode; keeps as many rollouts running as the bounds
     allow and returns the next B finished trajectories (generation goes on while the caller trains).
     `rollout_batch(samples)`: synchronous mode; runs exactly these samples and waits for them all.
-    `set_version(v)` after every weight update. A workflow's exception (a generator that could not be
-    restarted) is raised in the caller."""
+    `set_version(v)` after every weight update, which comes every `batches_per_version` batches (GRPO's
+    collect steps per episode). A workflow's exception (a generator that could not be restarted) is raised
+    in the caller."""
 
     def __init__(self, engine: AsyncEngine, workflow: RolloutWorkflow, batch_size: int, max_concurrent_rollouts: int,
-                 max_staleness: int) -> None:
-        if batch_size < 1 or max_concurrent_rollouts < 1 or max_staleness < 0:
-            raise ValueError("batch_size and max_concurrent_rollouts must be >= 1 and max_staleness >= 0")
+                 max_staleness: int, batches_per_version: int = 1) -> None:
+        if batch_size < 1 or max_concurrent_rollouts < 1 or max_staleness < 0 or batches_per_version < 1:
+            raise ValueError("batch_size, max_concurrent_rollouts and batches_per_version must be >= 1 and "
+                             "max_staleness >= 0")
         self.engine, self.workflow = engine, workflow
         self.batch_size, self.max_concurrent, self.max_staleness = batch_size, max_concurrent_rollouts, max_staleness
+        self.batches_per_version = batches_per_version
         self.version = 0
         self.dropped = 0
         self.events: Deque[RolloutEvent] = deque(maxlen=MAX_EVENTS)
@@ -91,7 +95,8 @@ class WorkflowExecutor:
     # ---- asynchronous mode ------------------------------------------------------------------------
     def capacity(self) -> int:
         """How many more rollouts may start now."""
-        by_staleness = (self.max_staleness + self.version + 1) * self.batch_size - self._accepted
+        per_version = self.batches_per_version * self.batch_size
+        by_staleness = (self.max_staleness + self.version + 1) * per_version - self._accepted
         return min(self.max_concurrent - self._in_flight, by_staleness)
 
     def prepare_batch(self, next_sample: Callable[[], Dict[str, Any]]) -> List[Trajectory]:

@@ -25,7 +25,8 @@ from tqdm import tqdm
 from coati.distributed.comm import is_distributed, is_rank_0
 from coati.distributed.plugins import trainer_clips_gradients
 from coati.trainer.callbacks.base import Callback, fire
-from coati.utils.ckpt_io import load_checkpoint, save_checkpoint
+from coati.trainer.nonfinite import NonFiniteGuard
+from coati.utils.ckpt_io import load_checkpoint, read_running_state, save_checkpoint
 from coati.utils.errors import CoatiUsageError
 from coati.utils.metrics_logger import MetricsLogger
 from coati.utils.stats_tracker import StatsTracker
@@ -54,20 +55,12 @@ def move_to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
-def apply_gradients(optimizer: torch.optim.Optimizer, lr_scheduler: Optional[Any], grad_clip: float) -> Optional[float]:
-    """Clip (when the trainer, not the plugin, clips), step the optimizer and the schedule, clear gradients.
-    Returns the gradient norm before clipping: measured here for ddp, as the plugin's optimizer reports
-    it otherwise (None where it cannot)."""
-    norm = None
+def clip_gradients(optimizer: torch.optim.Optimizer, grad_clip: float) -> Optional[float]:
+    """Clip to `grad_clip` when the trainer, not the plugin, clips (ddp) and return the norm before clipping;
+    None where the plugin's optimizer measures (and clips) it inside its own `step`."""
     if grad_clip > 0 or not _reports_grad_norm(optimizer):
-        norm = optimizer.clip_grad_by_norm(grad_clip if grad_clip > 0 else float("inf"))
-    optimizer.step()
-    if norm is None:
-        norm = optimizer.get_grad_norm()
-    optimizer.zero_grad()
-    if lr_scheduler is not None:
-        lr_scheduler.step()
-    return None if norm is None else float(norm)
+        return float(optimizer.clip_grad_by_norm(grad_clip if grad_clip > 0 else float("inf")))
+    return None
 
 
 def _reports_grad_norm(optimizer: torch.optim.Optimizer) -> bool:
@@ -76,13 +69,39 @@ def _reports_grad_norm(optimizer: torch.optim.Optimizer) -> bool:
 
 
 class _TrainerCore:
-    """What both loops share: callbacks around `fit`, the stats tracker, and the metrics logger."""
+    """What both loops share: callbacks around `fit`, the stats tracker, the metrics logger, and optimizer
+    steps guarded against non-finite losses and gradients (`skip_nonfinite` such steps may be skipped)."""
 
-    def __init__(self, callbacks: Sequence[Callback], coordinator: Optional[DistCoordinator]) -> None:
+    def __init__(self, callbacks: Sequence[Callback], coordinator: Optional[DistCoordinator],
+                 skip_nonfinite: int = 0) -> None:
         self.callbacks = list(callbacks)
         self.coordinator = coordinator or DistCoordinator()
         self.stats = StatsTracker()
         self.metrics_logger: Optional[MetricsLogger] = None
+        self.nonfinite = NonFiniteGuard(skip_nonfinite)
+
+    def _apply_gradients(self, optimizer: torch.optim.Optimizer, lr_scheduler: Optional[Any], grad_clip: float,
+                         loss: torch.Tensor, where: str, model: str = "", metric: str = "grad_norm") -> bool:
+        """Clip, check and step one optimizer, then the schedule. A step whose `loss` (on any rank) or
+        gradient norm is not finite is not applied: skipped within the `skip_nonfinite` budget, else the run
+        stops with `NonFiniteError` naming `where`, the `model` and the quantity. Records the gradient norm
+        as `metric`; returns whether the step was applied.
+
+        Plugins that clip inside their own step (ZeRO, Gemini, 3d) report the norm only after stepping;
+        there the loss is checked first, fp16 overflow is the loss scaler's business, and the weights are
+        checked before every checkpoint and export."""
+        norm = clip_gradients(optimizer, grad_clip)
+        problem = self.nonfinite.problem(loss, norm, model)
+        if problem:
+            self.nonfinite.skip(where, problem)
+        else:
+            optimizer.step()
+            norm = norm if norm is not None else optimizer.get_grad_norm()
+            self._record_grad_norm(None if norm is None else float(norm), metric)
+        optimizer.zero_grad()
+        if lr_scheduler is not None:
+            lr_scheduler.step()
+        return not problem
 
     def _open_logger(self, log_dir: Optional[str], use_wandb: bool, metrics_logger: Optional[MetricsLogger]) -> None:
         self.metrics_logger = metrics_logger or MetricsLogger(log_dir=log_dir, use_wandb=use_wandb,
@@ -102,6 +121,8 @@ class _TrainerCore:
         """Reduce the stats across ranks (once), log them at `step`, fire `on_log`; the stats start afresh."""
         reduced = self.stats.export()
         metrics = {f"{prefix}{k}": v for k, v in reduced.items()}
+        if self.nonfinite.max_skips and prefix == "train/":
+            metrics["train/skipped_nonfinite_steps"] = float(self.nonfinite.skipped)
         metrics.update(extra or {})
         self.metrics_logger.log(metrics, step)
         fire(self.callbacks, "on_log", step, metrics)
@@ -160,8 +181,9 @@ class SLTrainer(_TrainerCore, ABC):
         max_steps: int = 0,
         coordinator: Optional[DistCoordinator] = None,
         callbacks: Sequence[Callback] = (),
+        skip_nonfinite: int = 0,
     ) -> None:
-        super().__init__(callbacks, coordinator)
+        super().__init__(callbacks, coordinator, skip_nonfinite)
         if accumulation_steps < 1 or log_interval < 1 or save_interval < 0:
             raise CoatiUsageError("accumulation_steps and log_interval must be >= 1, save_interval >= 0")
         if save_interval and not save_dir:
@@ -285,12 +307,17 @@ class SLTrainer(_TrainerCore, ABC):
     def _optimizer_step(self, batches: List[Batch]) -> None:
         batches = [move_to_device(b, self.device) for b in batches]
         normalizer = self._loss_normalizer(batches)
+        step_loss, metrics = torch.zeros((), device=self.device), []
         for i, batch in enumerate(batches):
             with self._no_sync(last=i == len(batches) - 1):
                 result = self._compute_batch(batch)
-                self.booster.backward(result.loss / normalizer, self.optimizer)
-            self._record(result.metrics)
-        self._record_grad_norm(apply_gradients(self.optimizer, self.lr_scheduler, self.grad_clip))
+                loss = result.loss / normalizer
+                self.booster.backward(loss, self.optimizer)
+            step_loss += loss.detach()
+            metrics.append(result.metrics)
+        if self._apply_gradients(self.optimizer, self.lr_scheduler, self.grad_clip, step_loss, f"step {self.step + 1}"):
+            for batch_metrics in metrics:
+                self._record(batch_metrics)
         self.step += 1
 
     def _loss_normalizer(self, batches: List[Batch]) -> float:
@@ -347,7 +374,7 @@ class SLTrainer(_TrainerCore, ABC):
         path = save_checkpoint(self.save_dir, self.booster, self.model, self.optimizer, self.lr_scheduler,
                                epoch=epoch, step=self.step, batch_size=self._batch_size(),
                                coordinator=self.coordinator, sample_start_index=sample_index,
-                               keep_last=self.keep_last)
+                               keep_last=self.keep_last, extra_state={"nonfinite_skipped": self.nonfinite.skipped})
         self._last_saved_step = self.step
         self.coordinator.print_on_master(f"saved checkpoint {path}")
         fire(self.callbacks, "on_checkpoint_saved", str(path))
@@ -360,6 +387,7 @@ class SLTrainer(_TrainerCore, ABC):
         self.start_epoch, self.step, self._resume_sample_index = load_checkpoint(
             path, self.booster, self.model, self.optimizer, self.lr_scheduler
         )
+        self.nonfinite.skipped = read_running_state(path).get("nonfinite_skipped", 0)
         self._last_saved_step = self.step
 
 
@@ -369,8 +397,8 @@ class OLTrainer(_TrainerCore, ABC):
     Hooks fired in order (see `Callback`): on_fit_start; per episode on_episode_start, then per
     collect step on_make_experience_start/end(experience), then per update step
     on_learn_epoch_start, on_learn_batch_start/end(experience) per batch, on_learn_epoch_end; then
-    on_episode_end; on_fit_end even when training raises. Metrics recorded with `_record` are
-    reduced and logged once per episode.
+    on_episode_end (even when the episode raises); on_fit_end even when training raises. Metrics
+    recorded with `_record` are reduced and logged once per episode.
 
     Subclasses implement `_make_experience(collect_step)` and `_learn_step(experience)`, and may
     override `_update_batches()` (default: the buffered experiences, in order).
@@ -385,8 +413,9 @@ class OLTrainer(_TrainerCore, ABC):
         *,
         start_episode: int = 0,
         coordinator: Optional[DistCoordinator] = None,
+        skip_nonfinite: int = 0,
     ) -> None:
-        super().__init__(callbacks, coordinator)
+        super().__init__(callbacks, coordinator, skip_nonfinite)
         self.actor_booster, self.critic_booster = actor_booster, critic_booster
         self.data_buffer = data_buffer if data_buffer is not None else []
         self.start_episode = start_episode
@@ -422,14 +451,16 @@ class OLTrainer(_TrainerCore, ABC):
         for episode in tqdm(range(self.start_episode, num_episodes), desc="Episodes", disable=not is_rank_0()):
             self.episode = episode
             fire(self.callbacks, "on_episode_start", episode)
-            for collect_step in range(num_collect_steps):
-                self._collect(collect_step)
-            for update_step in range(num_update_steps):
-                self._update(update_step)
-            self.data_buffer.clear()
-            self._flush_metrics(episode + 1)
-            self._after_episode(episode)
-            fire(self.callbacks, "on_episode_end", episode)
+            try:
+                for collect_step in range(num_collect_steps):
+                    self._collect(collect_step)
+                for update_step in range(num_update_steps):
+                    self._update(update_step)
+                self.data_buffer.clear()
+                self._flush_metrics(episode + 1)
+                self._after_episode(episode)
+            finally:
+                fire(self.callbacks, "on_episode_end", episode)
             if self._should_stop():
                 break
 

@@ -10,7 +10,6 @@ from coati.models.logprobs import label_logps
 from coati.models.loss import ValueLoss, masked_mean, masked_var
 from coati.utils.ckpt_io import ModelState
 
-from .base import apply_gradients
 from .rollout import CyclingLoader, RolloutTrainer
 
 
@@ -68,11 +67,11 @@ class PPOTrainer(RolloutTrainer):
         values = action_values(self.critic, experience.sequences, experience.attention_mask, experience.prompt_length)
         loss = self.value_loss(values, experience.values, experience.returns, mask)
         self.critic_booster.backward(loss, self.critic_optim)
-        self._record_grad_norm(apply_gradients(self.critic_optim, self.critic_lr_scheduler, self.grad_clip),
-                               "critic_grad_norm")
-        self._record({"value_loss": (loss.item(), 1),
-                      "explained_variance": (explained_variance(values.detach(), experience.returns, mask), 1),
-                      "values": (masked_mean(values.detach(), mask.float()).item(), 1)})
+        if self._apply_gradients(self.critic_optim, self.critic_lr_scheduler, self.grad_clip, loss, self._where(),
+                                 "critic", "critic_grad_norm"):
+            self._record({"value_loss": (loss.item(), 1),
+                          "explained_variance": (explained_variance(values.detach(), experience.returns, mask), 1),
+                          "values": (masked_mean(values.detach(), mask.float()).item(), 1)})
 
     def _extra_state(self) -> Dict[str, Any]:
         state = super()._extra_state()

@@ -42,7 +42,7 @@ def _total_steps(args: argparse.Namespace) -> int:
 
 
 def _reward_fn(args: argparse.Namespace) -> Optional[WeightedReward]:
-    return WeightedReward.from_specs(args.reward_fn) if args.reward_fn else None
+    return WeightedReward.from_specs(args.reward_fn, args.reward_timeout) if args.reward_fn else None
 
 
 def _trainer_kwargs(args: argparse.Namespace, setup: Any, coordinator: Any, held_out: Any) -> Dict[str, Any]:
@@ -50,7 +50,8 @@ def _trainer_kwargs(args: argparse.Namespace, setup: Any, coordinator: Any, held
                 entropy_coef=args.entropy_coef, grad_clip=setup.grad_clip if setup.trainer_clips_grad else 0.0,
                 save_interval=args.save_interval, save_dir=args.save_dir, keep_last=args.keep_last,
                 eval_dataloader=held_out, eval_interval=args.eval_interval,
-                sample_log_interval=args.sample_log_interval, coordinator=coordinator)
+                sample_log_interval=args.sample_log_interval, coordinator=coordinator,
+                skip_nonfinite=args.skip_nonfinite)
 
 
 def _run(args: argparse.Namespace, build: Callable[..., RolloutTrainer]) -> RolloutTrainer:
@@ -105,7 +106,8 @@ def _rollout_side(args: argparse.Namespace, tokenizer: Any, settings: GRPOSettin
                          args.generator_max_restarts, args.seed)
     workflow = RLVRWorkflow(_reward_fn(args), tokenizer, settings.sampling, args.num_generations)
     executor = WorkflowExecutor(pool, workflow, args.batch_size * world_size(),
-                                args.max_concurrent_rollouts or 2 * args.batch_size * world_size(), args.max_staleness)
+                                args.max_concurrent_rollouts or 2 * args.batch_size * world_size(), args.max_staleness,
+                                batches_per_version=args.num_collect_steps)
     return dict(executor=executor, pool=pool, prompt_stream=PromptStream(load_prepared(args.dataset, "prompt"), args.seed))
 
 
@@ -121,6 +123,10 @@ def run_grpo(args: argparse.Namespace) -> GRPOTrainer:
     """GRPO as the flags say: held-out reward before and after (with `--eval_dataset`), then the export."""
     if not args.reward_fn:
         raise CoatiUsageError("--reward_fn: GRPO needs at least one reward function")
+    if args.num_generations < 2:
+        raise CoatiUsageError(f"--num_generations {args.num_generations}: GRPO needs at least 2 completions per prompt, "
+                              "since each completion's advantage is its reward relative to the others of its group")
+    _reward_fn(args)   # an unknown or unimportable reward function is refused before anything is loaded
     if args.async_rollout:
         _check_async(args)
     return _run(args, _build_grpo)
@@ -165,4 +171,5 @@ def run_ppo(args: argparse.Namespace) -> PPOTrainer:
     `--critic_pretrain` (default: the reward model), KL-penalised to the reference; then the export."""
     if not args.rm_pretrain and not args.reward_fn:
         raise CoatiUsageError("PPO needs a reward: --rm_pretrain (a trained reward model) and/or --reward_fn")
+    _reward_fn(args)
     return _run(args, _build_ppo)

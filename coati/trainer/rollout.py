@@ -14,7 +14,7 @@ from coati.models.logprobs import action_logps
 from coati.models.loss import PolicyLoss, aggregate, token_entropy
 from coati.utils.ckpt_io import ModelState, load_checkpoint, read_running_state, save_checkpoint
 
-from .base import OLTrainer, apply_gradients, move_to_device
+from .base import OLTrainer, move_to_device
 from .callbacks import Callback, fire
 
 SAMPLE_TABLE = "samples"
@@ -57,7 +57,7 @@ class RolloutTrainer(OLTrainer):
     what `_extra_actor_loss` adds (GRPO's KL term, PPO's ptx loss). Every `eval_interval` episodes (and
     before the first and after the last) the held-out prompts are completed greedily and scored;
     every `sample_log_interval` episodes a sample table goes to the metrics logger. Checkpoints every
-    `save_interval` episodes hold every trained model (`_trained_models`), the episode, the prompt
+    `save_interval` episodes and after the last (with `save_dir`) hold every trained model (`_trained_models`), the episode, the prompt
     order's position, the token count and RNG, so a resumed run continues identically.
     """
 
@@ -82,8 +82,10 @@ class RolloutTrainer(OLTrainer):
         sample_log_interval: int = 0,
         callbacks: Sequence[Callback] = (),
         coordinator: Optional[Any] = None,
+        skip_nonfinite: int = 0,
     ) -> None:
-        super().__init__(actor_booster, critic_booster, [], callbacks, coordinator=coordinator)
+        super().__init__(actor_booster, critic_booster, [], callbacks, coordinator=coordinator,
+                         skip_nonfinite=skip_nonfinite)
         self.actor, self.optimizer, self.lr_scheduler = actor, actor_optim, lr_scheduler
         self.maker = experience_maker
         self.policy_loss = policy_loss or PolicyLoss()
@@ -159,9 +161,13 @@ class RolloutTrainer(OLTrainer):
         if extra is not None:
             loss = loss + extra
         self.actor_booster.backward(loss, self.optimizer)
-        self._record_grad_norm(apply_gradients(self.optimizer, self.lr_scheduler, self.grad_clip))
-        self._record({**metrics, **extra_metrics, "loss": (loss.item(), 1),
-                      "lr": (float(self.optimizer.param_groups[0]["lr"]), 1)})
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        if self._apply_gradients(self.optimizer, self.lr_scheduler, self.grad_clip, loss, self._where(), "policy"):
+            self._record({**metrics, **extra_metrics, "loss": (loss.item(), 1), "lr": (lr, 1)})
+
+    def _where(self) -> str:
+        """The current position, for messages about a step."""
+        return f"episode {self.episode + 1}"
 
     def _flush_metrics(self, step: int, prefix: str = "train/", extra: Optional[Dict[str, float]] = None) -> Dict[str, float]:
         if prefix == "train/":
@@ -202,7 +208,8 @@ class RolloutTrainer(OLTrainer):
         due = self.eval_interval and done % self.eval_interval == 0
         if self.eval_dataloader is not None and (due or done == self._num_episodes):
             self.evaluate(step=done)
-        if self.save_dir and self.save_interval and done % self.save_interval == 0:
+        due = self.save_interval and done % self.save_interval == 0
+        if self.save_dir and (due or done == self._num_episodes):
             path = save_checkpoint(self.save_dir, self.actor_booster, self.actor, self.optimizer, self.lr_scheduler,
                                    epoch=self.prompts.epoch, step=done, batch_size=self.prompts.dataloader.batch_size,
                                    coordinator=self.coordinator, sample_start_index=self.prompts.seen,
@@ -212,10 +219,11 @@ class RolloutTrainer(OLTrainer):
             fire(self.callbacks, "on_checkpoint_saved", str(path))
 
     def _extra_state(self) -> Dict[str, Any]:
-        return {"tokens_seen": self.tokens_seen}
+        return {"tokens_seen": self.tokens_seen, "nonfinite_skipped": self.nonfinite.skipped}
 
     def _restore_extra_state(self, state: Dict[str, Any]) -> None:
         self.tokens_seen = state.get("tokens_seen", 0)
+        self.nonfinite.skipped = state.get("nonfinite_skipped", 0)
 
     def load_checkpoint(self, path: str) -> None:
         """Restore every trained model with its optimizer and scheduler, RNG, the episode, the prompt
