@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -9,12 +10,30 @@ from typing import Any, Dict, List, Optional
 from coati.distributed.comm import is_rank_0
 
 JSONL_NAME = "metrics.jsonl"
-_SECRET_HINTS = ("key", "token", "secret", "password")
+TENSORBOARD_DIR = "tensorboard"
+PREVIOUS_RUNS_DIR = "previous_runs"
+_SECRET_NAME = re.compile(r"(^|_)(api_?key|key|token|secret|password|passwd|credentials?)$")
+"""Names of secrets: `api_key`, `wandb_key`, `hf_token`, `password`, `client_secret`; not `tokenizer_dir`."""
 
 
 def _public_config(config: Dict[str, Any]) -> Dict[str, Any]:
-    """The run config without values whose name suggests a secret (they never reach a log)."""
-    return {k: v for k, v in config.items() if not any(h in k.lower() for h in _SECRET_HINTS)}
+    """The run config without values whose name is a secret's (they never reach a log)."""
+    return {k: v for k, v in config.items() if not _SECRET_NAME.search(k.lower())}
+
+
+def set_aside_previous_run(log_dir: Path) -> Optional[Path]:
+    """Move an earlier run's metrics and TensorBoard events out of `log_dir` (into
+    `previous_runs/<time>/`) so a fresh run does not mix with them; returns where they went."""
+    found = [log_dir / name for name in (JSONL_NAME, TENSORBOARD_DIR) if (log_dir / name).exists()]
+    if not found:
+        return None
+    target = log_dir / PREVIOUS_RUNS_DIR / time.strftime("%Y%m%d-%H%M%S")
+    while target.exists():
+        target = target.with_name(target.name + "_")
+    target.mkdir(parents=True)
+    for path in found:
+        os.replace(path, target / path.name)
+    return target
 
 
 class MetricsLogger:
@@ -23,7 +42,8 @@ class MetricsLogger:
     Values are written at full precision. With `log_dir` unset only W&B (if asked) is written.
     W&B honours `WANDB_MODE=offline` and writes its files under `log_dir` when given. A run resumed
     at optimizer step `resume_step` first drops what an interrupted run logged after that step from
-    the JSONL file and TensorBoard, so each step appears once, from the run that continued.
+    the JSONL file and TensorBoard, so each step appears once, from the run that continued. A fresh run
+    (no `resume_step`) into a `log_dir` that holds another run's logs first moves those aside.
     """
 
     def __init__(
@@ -48,8 +68,12 @@ class MetricsLogger:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             if resume_step is not None:
                 _truncate_jsonl(self.log_dir / JSONL_NAME, resume_step)
+            else:
+                moved = set_aside_previous_run(self.log_dir)
+                if moved:
+                    print(f"{self.log_dir} held an earlier run's logs; moved them to {moved}", flush=True)
             purge_step = resume_step + 1 if resume_step is not None else None
-            self._tb = SummaryWriter(log_dir=str(self.log_dir / "tensorboard"), purge_step=purge_step)
+            self._tb = SummaryWriter(log_dir=str(self.log_dir / TENSORBOARD_DIR), purge_step=purge_step)
             self._jsonl = open(self.log_dir / JSONL_NAME, "a")
         if use_wandb:
             import wandb
