@@ -125,13 +125,13 @@ def test_ol_hooks_fire_in_order():
     ]
 
 
-def test_on_fit_end_fires_when_training_raises():
+def test_on_episode_end_and_on_fit_end_fire_when_an_episode_raises():
     recorder = Recorder()
     with pytest.raises(RuntimeError, match="generation failed"):
         ToyOL([recorder], fail_at_episode=1).fit(num_episodes=3, num_collect_steps=1, num_update_steps=1)
-    names = [c[0] for c in recorder.calls]
-    assert names[-3:] == ["on_episode_start", "on_make_experience_start", "on_fit_end"]
-    assert names.count("on_episode_end") == 1
+    assert recorder.calls[-4:] == [("on_episode_start", 1), ("on_make_experience_start",), ("on_episode_end", 1),
+                                   ("on_fit_end",)]
+    assert [c[0] for c in recorder.calls].count("on_episode_end") == 2
 
 
 def test_max_steps_stops_at_that_optimizer_step_and_checkpoints_the_position(world_of_one, tmp_path):

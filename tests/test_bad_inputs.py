@@ -1,0 +1,304 @@
+"""A sweep of bad inputs a new user gives: flags out of range, wrong paths, broken models, checkpoints and data
+files. Each must end with exit status 2 and our one `error:` line before anything is loaded: no traceback,
+no hang. Every case runs in-process through the script's `main` (the code path of the command line); a
+sample of them also runs as a real process under plain `python` and under `torchrun`, where torchrun's
+failure summary must name our error."""
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, SCRIPTS, TORCHRUN_ENV, torchrun
+
+PREPARE = REPO / "examples" / "data_preparation_scripts" / "prepare_dataset.py"
+
+
+@lru_cache(maxsize=None)
+def _script(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def bad(tiny_assets, tmp_path_factory):
+    """The good assets plus broken ones: paths by name."""
+    from coati.models.tiny import write_tiny_model
+    from coati.dataset.demo_data import tokenizer_corpus
+
+    root = tmp_path_factory.mktemp("bad")
+    paths = {k: str(v) for k, v in tiny_assets.items()}
+    paths["sft_train_raw"] = str(Path(tiny_assets["sft_train"]).parent / "sft_train.jsonl")
+    (root / "empty").mkdir()
+    paths["empty"] = str(root / "empty")
+    (root / "a_file").write_text("not a directory\n")
+    paths["file"] = str(root / "a_file")
+    truncated = root / "truncated_model"
+    shutil.copytree(tiny_assets["model"], truncated)
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    paths["truncated_model"] = str(truncated)
+    bad_config = root / "bad_config_model"
+    shutil.copytree(tiny_assets["model"], bad_config)
+    (bad_config / "config.json").write_text('{"model_type": "llama", "hidden_size": 64,\n')
+    paths["bad_config_model"] = str(bad_config)
+    no_weights = root / "no_weights_model"
+    shutil.copytree(tiny_assets["model"], no_weights)
+    (no_weights / "model.safetensors").unlink()
+    paths["no_weights_model"] = str(no_weights)
+    paths["small_model"] = str(write_tiny_model(root / "small_model", tokenizer_corpus(400), size="small"))
+    paths.update(_checkpoints(root, tiny_assets))
+    paths.update(_raw_files(root, tiny_assets))
+    return paths
+
+
+def _checkpoints(root: Path, assets) -> dict:
+    """A complete checkpoint of the tiny model, one of another size, a truncated and an incomplete copy."""
+    result = torchrun(SCRIPTS / "train_sft.py", 1, "--pretrain", str(assets["model"]), "--dataset",
+                      str(assets["sft_train"]), "--batch_size", "16", "--max_steps", "1", "--save_dir",
+                      str(root / "ckpt"), "--plugin", "ddp")
+    assert result.returncode == 0, result.stderr[-3000:]
+    good = next((root / "ckpt").iterdir())
+    other = root / "other_size_run"
+    result = torchrun(SCRIPTS / "train_sft.py", 1, "--pretrain", str(root / "small_model"), "--dataset",
+                      str(assets["sft_train"]), "--batch_size", "16", "--max_steps", "1", "--save_dir", str(other),
+                      "--plugin", "ddp")
+    assert result.returncode == 0, result.stderr[-3000:]
+    truncated = root / "ckpt_truncated" / good.name
+    shutil.copytree(good, truncated)
+    optimizer = truncated / "optimizer.bin"
+    optimizer.write_bytes(optimizer.read_bytes()[:100])
+    incomplete = root / "ckpt_incomplete" / good.name
+    shutil.copytree(good, incomplete)
+    (incomplete / "COMPLETE").unlink()
+    return {"ckpt": str(good), "ckpt_dir": str(root / "ckpt"), "ckpt_other_size": str(next(other.iterdir())),
+            "ckpt_truncated": str(truncated), "ckpt_incomplete": str(incomplete)}
+
+
+def _raw_files(root: Path, assets) -> dict:
+    raw = {"binary": root / "binary.jsonl", "latin1": root / "latin1.jsonl", "malformed": root / "malformed.jsonl",
+           "missing_field": root / "missing_field.jsonl", "template_bad_json": root / "template.json",
+           "template_no_field": root / "template_no_field.json"}
+    raw["binary"].write_bytes(bytes(range(256)) * 4)
+    raw["latin1"].write_bytes('{"messages": [{"role": "user", "content": "caf\xe9"}]}\n'.encode("latin-1"))
+    raw["malformed"].write_text('{"messages": [}\n')
+    raw["missing_field"].write_text('{"msgs": []}\n')
+    raw["template_bad_json"].write_text('{"chat_template": "{{ x }}",\n "end_of_turn_token": }\n')
+    raw["template_no_field"].write_text('{"end_of_turn_token": "</s>"}\n')
+    (root / "raw_dir").mkdir()
+    (root / "raw_dir" / "notes.txt").write_text("no data here\n")
+    paths = {k: str(v) for k, v in raw.items()}
+    paths["raw_dir"] = str(root / "raw_dir")
+    return paths
+
+
+def _sft(p, *extra):
+    return ("train_sft", ["--pretrain", p["model"], "--dataset", p["sft_train"], *extra])
+
+
+def _grpo(p, *extra):
+    return ("train_grpo", ["--pretrain", p["model"], "--prompt_dataset", p["prompt_train"], *extra])
+
+
+def _ppo(p, *extra):
+    return ("train_ppo", ["--pretrain", p["model"], "--prompt_dataset", p["prompt_train"], "--reward_fn", "math_answer",
+                          *extra])
+
+
+def _pref(script, p, *extra):
+    return (script, ["--pretrain", p["model"], "--dataset", p["pref_train"], *extra])
+
+
+def _prep(p, *extra, data="sft_train_raw", kind="sft"):
+    inputs = p.get(data, data)
+    return ("prepare_dataset", ["--type", kind, "--data_input_dirs", inputs, "--tokenizer_dir", p["model"],
+                                "--data_output_dirs", str(Path(p["empty"]).parent / "prep_out"), *extra])
+
+
+# (case id, builder(paths) -> (script, argv), text the error line must contain)
+CASES = [
+    ("batch_size_0", lambda p: _sft(p, "--batch_size", "0"), "--batch_size: must be >= 1"),
+    ("lr_negative", lambda p: _sft(p, "--lr", "-1"), "--lr: must be > 0"),
+    ("lr_not_a_number", lambda p: _sft(p, "--lr", "abc"), "--lr: expected a number"),
+    ("lr_nan", lambda p: _sft(p, "--lr", "nan"), "--lr: expected a finite number"),
+    ("accumulation_0", lambda p: _sft(p, "--accumulation_steps", "0"), "--accumulation_steps: must be >= 1"),
+    ("max_length_negative", lambda p: _sft(p, "--max_length", "-5"), "--max_length: must be >= 0"),
+    ("max_steps_negative", lambda p: _sft(p, "--max_steps", "-1"), "--max_steps: must be >= 0"),
+    ("max_epochs_0", lambda p: _sft(p, "--max_epochs", "0"), "--max_epochs: must be >= 1"),
+    ("lora_rank_negative", lambda p: _sft(p, "--lora_rank", "-1"), "--lora_rank: must be >= 0"),
+    ("lora_dropout_1", lambda p: _sft(p, "--lora_dropout", "1"), "--lora_dropout: must be in [0, 1)"),
+    ("warmup_negative", lambda p: _sft(p, "--warmup_steps", "-3"), "--warmup_steps: must be >= 0"),
+    ("save_interval_negative", lambda p: _sft(p, "--save_interval", "-1"), "--save_interval: must be >= 0"),
+    ("keep_last_negative", lambda p: _sft(p, "--keep_last", "-2"), "--keep_last: must be >= 0"),
+    ("log_interval_0", lambda p: _sft(p, "--log_interval", "0"), "--log_interval: must be >= 1"),
+    ("grad_clip_negative", lambda p: _sft(p, "--grad_clip", "-1"), "--grad_clip: must be >= 0"),
+    ("weight_decay_negative", lambda p: _sft(p, "--weight_decay", "-0.1"), "--weight_decay: must be >= 0"),
+    ("tp_0", lambda p: _sft(p, "--tp", "0"), "--tp: must be >= 1"),
+    ("dist_timeout_0", lambda p: _sft(p, "--dist_timeout", "0"), "--dist_timeout: must be > 0"),
+    ("skip_nonfinite_negative", lambda p: _sft(p, "--skip_nonfinite", "-1"), "--skip_nonfinite: must be >= 0"),
+    ("unknown_plugin", lambda p: _sft(p, "--plugin", "nosuch"), "--plugin: invalid choice"),
+    ("cuda_plugin_on_cpu", lambda p: _sft(p, "--plugin", "zero2"), "--plugin zero2 needs CUDA"),
+    ("unknown_flag", lambda p: _sft(p, "--bacth_size", "8"), "unrecognized arguments: --bacth_size"),
+    ("missing_required", lambda p: ("train_sft", ["--dataset", p["sft_train"]]), "the following arguments are required: --pretrain"),
+    ("num_generations_0", lambda p: _grpo(p, "--num_generations", "0"), "--num_generations: must be >= 1"),
+    ("num_generations_1", lambda p: _grpo(p, "--num_generations", "1"), "GRPO needs at least 2 completions"),
+    ("max_new_tokens_0", lambda p: _grpo(p, "--max_new_tokens", "0"), "--max_new_tokens: must be >= 1"),
+    ("temperature_0", lambda p: _grpo(p, "--temperature", "0"), "--temperature: must be > 0"),
+    ("top_p_0", lambda p: _grpo(p, "--top_p", "0"), "--top_p: must be in (0, 1]"),
+    ("top_p_above_1", lambda p: _grpo(p, "--top_p", "1.5"), "--top_p: must be in (0, 1]"),
+    ("num_episodes_0", lambda p: _grpo(p, "--num_episodes", "0"), "--num_episodes: must be >= 1"),
+    ("rl_max_steps", lambda p: _grpo(p, "--max_steps", "3"), "unrecognized arguments: --max_steps 3"),
+    ("rl_accumulation", lambda p: _grpo(p, "--accumulation_steps", "2"), "unrecognized arguments: --accumulation_steps"),
+    ("rl_max_epochs", lambda p: _grpo(p, "--max_epochs", "2"), "unrecognized arguments: --max_epochs"),
+    ("kl_coef_negative", lambda p: _grpo(p, "--kl_coef", "-0.1"), "--kl_coef: must be >= 0"),
+    ("reward_timeout_0", lambda p: _grpo(p, "--reward_timeout", "0"), "--reward_timeout: must be > 0"),
+    ("clip_eps_low_above_1", lambda p: _grpo(p, "--clip_eps_low", "1.5"), "--clip_eps_low: must be in [0, 1)"),
+    ("max_staleness_negative", lambda p: _grpo(p, "--max_staleness", "-1"), "--max_staleness: must be >= 0"),
+    ("unknown_reward_fn", lambda p: _grpo(p, "--reward_fn", "nosuch"), "unknown reward function 'nosuch'"),
+    ("unimportable_reward_fn", lambda p: _grpo(p, "--reward_fn", "no_such_pkg.mod:fn"), "cannot be imported"),
+    ("reward_weight_not_a_number", lambda p: _grpo(p, "--reward_fn", "math_answer=abc"), "is not a number"),
+    ("rl_save_interval_without_save_dir", lambda p: _grpo(p, "--save_interval", "2"), "--save_interval needs --save_dir"),
+    ("ppo_gamma_above_1", lambda p: _ppo(p, "--gamma", "1.5"), "--gamma: must be in [0, 1]"),
+    ("ppo_lam_negative", lambda p: _ppo(p, "--lam", "-0.1"), "--lam: must be in [0, 1]"),
+    ("ppo_value_clip_0", lambda p: _ppo(p, "--value_clip", "0"), "--value_clip: must be > 0"),
+    ("ppo_critic_lr_0", lambda p: _ppo(p, "--critic_lr", "0"), "--critic_lr: must be > 0"),
+    ("ppo_without_reward", lambda p: ("train_ppo", ["--pretrain", p["model"], "--prompt_dataset", p["prompt_train"]]),
+     "PPO needs a reward"),
+    ("ppo_rm_missing", lambda p: _ppo(p, "--rm_pretrain", p["empty"] + "/nope"), "--rm_pretrain"),
+    ("dpo_beta_0", lambda p: _pref("train_dpo", p, "--beta", "0"), "--beta: must be > 0"),
+    ("dpo_label_smoothing", lambda p: _pref("train_dpo", p, "--label_smoothing", "0.7"), "--label_smoothing: must be in [0, 0.5)"),
+    ("dpo_ref_empty", lambda p: _pref("train_dpo", p, "--ref_pretrain", p["empty"]), "config.json: file not found"),
+    ("kto_weight_0", lambda p: _pref("train_kto", p, "--desirable_weight", "0"), "--desirable_weight: must be > 0"),
+    ("orpo_lam_negative", lambda p: _pref("train_orpo", p, "--lam", "-1"), "--lam: must be >= 0"),
+    ("rm_unknown_loss", lambda p: _pref("train_rm", p, "--loss_fn", "nope"), "--loss_fn: invalid choice"),
+    ("pretrain_missing", lambda p: ("train_sft", ["--pretrain", p["empty"] + "/nope", "--dataset", p["sft_train"]]),
+     "--pretrain"),
+    ("pretrain_empty_dir", lambda p: ("train_sft", ["--pretrain", p["empty"], "--dataset", p["sft_train"]]),
+     "config.json: file not found"),
+    ("pretrain_truncated_weights", lambda p: ("train_sft", ["--pretrain", p["truncated_model"], "--dataset", p["sft_train"]]),
+     "model.safetensors is truncated"),
+    ("pretrain_bad_config", lambda p: ("train_sft", ["--pretrain", p["bad_config_model"], "--dataset", p["sft_train"]]),
+     "config.json:2: invalid JSON"),
+    ("pretrain_no_weights", lambda p: ("train_sft", ["--pretrain", p["no_weights_model"], "--dataset", p["sft_train"]]),
+     "holds no model weights"),
+    ("pretrain_is_a_file", lambda p: ("train_sft", ["--pretrain", p["file"], "--dataset", p["sft_train"]]),
+     "is not a directory"),
+    ("tokenizer_dir_missing", lambda p: _sft(p, "--tokenizer_dir", p["empty"] + "/nope"), "--tokenizer_dir"),
+    ("dataset_missing", lambda p: ("train_sft", ["--pretrain", p["model"], "--dataset", p["empty"] + "/nope"]),
+     "--dataset"),
+    ("prompt_dataset_missing", lambda p: ("train_grpo", ["--pretrain", p["model"], "--prompt_dataset", p["file"]]),
+     "--prompt_dataset"),
+    ("eval_dataset_missing", lambda p: _sft(p, "--eval_dataset", p["empty"] + "/nope"), "--eval_dataset"),
+    ("output_dir_under_file", lambda p: _sft(p, "--output_dir", p["file"] + "/out"), "is a file"),
+    ("save_dir_under_file", lambda p: _sft(p, "--save_dir", p["file"] + "/ckpt"), "is a file"),
+    ("log_dir_under_file", lambda p: _sft(p, "--log_dir", p["file"] + "/logs"), "is a file"),
+    ("output_dir_is_file", lambda p: _sft(p, "--output_dir", p["file"]), "is a file, not a directory"),
+    ("save_interval_without_save_dir", lambda p: _sft(p, "--save_interval", "5"), "--save_interval needs --save_dir"),
+    ("latest_without_save_dir", lambda p: _sft(p, "--checkpoint_path", "latest"), "needs --save_dir"),
+    ("checkpoint_missing", lambda p: _sft(p, "--checkpoint_path", p["empty"] + "/nope"), "does not exist"),
+    ("checkpoint_incomplete", lambda p: _sft(p, "--checkpoint_path", p["ckpt_incomplete"]), "is incomplete"),
+    ("checkpoint_truncated", lambda p: _sft(p, "--checkpoint_path", p["ckpt_truncated"]), "optimizer.bin is not a complete torch file"),
+    ("checkpoint_other_size", lambda p: _sft(p, "--checkpoint_path", p["ckpt_other_size"]),
+     "was written for a model of another shape (hidden_size 128 vs 64"),
+    ("prep_max_length_negative", lambda p: _prep(p, "--max_length", "-5"), "--max_length: must be >= 1"),
+    ("prep_unknown_type", lambda p: _prep(p, kind="nosuch"), "--type: invalid choice"),
+    ("prep_input_missing", lambda p: _prep(p, data=p["empty"] + "/nope.jsonl"), "data input not found"),
+    ("prep_binary_file", lambda p: _prep(p, data="binary"), "binary.jsonl:1: field '<line>'"),
+    ("prep_invalid_utf8", lambda p: _prep(p, data="latin1"), "latin1.jsonl:1: field '<line>': not valid UTF-8"),
+    ("prep_malformed_json", lambda p: _prep(p, data="malformed"), "malformed.jsonl:1: field '<line>': invalid JSON"),
+    ("prep_missing_field", lambda p: _prep(p, data="missing_field"), "missing_field.jsonl:1: field 'messages': missing"),
+    ("prep_empty_folder", lambda p: _prep(p, data="empty"), "the data input folder is empty"),
+    ("prep_unreadable_folder", lambda p: _prep(p, data="raw_dir"), "neither JSONL files nor a dataset folder"),
+    ("prep_template_missing", lambda p: _prep(p, "--conversation_template_config", p["empty"] + "/t.json"),
+     "t.json: file not found (--conversation_template_config)"),
+    ("prep_template_bad_json", lambda p: _prep(p, "--conversation_template_config", p["template_bad_json"]),
+     "template.json:2: invalid JSON"),
+    ("prep_template_no_field", lambda p: _prep(p, "--conversation_template_config", p["template_no_field"]),
+     "field 'chat_template' is missing"),
+    ("prep_everything_truncated", lambda p: _prep(p, "--max_length", "3"), "all 96 rows were dropped by truncation"),
+    ("prep_tokenizer_missing", lambda p: ("prepare_dataset", ["--type", "sft", "--data_input_dirs", p["sft_train_raw"],
+                                                              "--tokenizer_dir", p["empty"] + "/nope",
+                                                              "--data_output_dirs", p["empty"] + "/o"]),
+     "tokenizer directory"),
+    ("prep_tokenizer_empty", lambda p: ("prepare_dataset", ["--type", "sft", "--data_input_dirs", p["sft_train_raw"],
+                                                            "--tokenizer_dir", p["empty"],
+                                                            "--data_output_dirs", p["empty"] + "/o"]),
+     "no tokenizer could be loaded"),
+    ("prep_output_under_file", lambda p: ("prepare_dataset", ["--type", "sft", "--data_input_dirs", p["sft_train_raw"],
+                                                              "--tokenizer_dir", p["model"],
+                                                              "--data_output_dirs", p["file"] + "/o"]),
+     "--data_output_dirs"),
+]
+
+
+def _script_path(name: str) -> Path:
+    return PREPARE if name == "prepare_dataset" else SCRIPTS / f"{name}.py"
+
+
+def _check_one_error_line(err: str, expected: str) -> None:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err[-2000:]
+    assert expected in lines[0], lines[0]
+
+
+def _check_process_output(err: str, expected: str) -> str:
+    """Our `error:` line is printed once, it is the last line, and no traceback frame is ours; returns it."""
+    ours = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(ours) == 1 and expected in ours[0], err[-3000:]
+    assert not re.search(r'File ".*/(coati|examples)/', err), err[-3000:]
+    return ours[0]
+
+
+def test_the_sweep_has_at_least_60_cases():
+    assert len(CASES) >= 60 and len({case[0] for case in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_gives_one_error_line_and_status_2(bad, case, capsys):
+    name, build, expected = case
+    script, argv = build(bad)
+    with pytest.raises(SystemExit) as exited:
+        _script(_script_path(script)).main(argv)
+    assert exited.value.code == 2
+    _check_one_error_line(capsys.readouterr().err, expected)
+
+
+AS_PROCESSES = ["batch_size_0", "num_generations_1", "rl_max_steps", "output_dir_under_file",
+                "pretrain_truncated_weights", "checkpoint_other_size", "prep_binary_file"]
+
+
+def _case(name: str):
+    return next(c for c in CASES if c[0] == name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", AS_PROCESSES)
+def test_bad_input_as_a_python_process(bad, name):
+    _, build, expected = _case(name)
+    script, argv = build(bad)
+    result = subprocess.run([sys.executable, str(_script_path(script)), *argv], capture_output=True, text=True,
+                            timeout=300, env={**os.environ, **TORCHRUN_ENV}, cwd=REPO)
+    assert result.returncode == 2
+    line = _check_process_output(result.stderr, expected)
+    assert result.stderr.strip().splitlines()[-1] == line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in AS_PROCESSES if n != "prep_binary_file"])
+def test_bad_input_under_torchrun_names_our_error_in_the_summary(bad, name):
+    """torchrun exits 1 with its own failure report; our line is printed once (by local rank 0), and the
+    report's root cause is our line, not 'To enable traceback see ...'. No traceback comes from our code."""
+    _, build, expected = _case(name)
+    script, argv = build(bad)
+    result = torchrun(_script_path(script), 2, *argv, timeout=300)
+    assert result.returncode == 1
+    line = _check_process_output(result.stderr, expected)
+    assert f"traceback : {line}" in result.stderr and "exitcode  : 2" in result.stderr
+    assert "To enable traceback" not in result.stderr

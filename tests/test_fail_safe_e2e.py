@@ -1,0 +1,82 @@
+"""Failing safe, as real processes: workers die with a killed torchrun, a reward function that hangs ends the
+run with one line, an on-policy run checkpoints at its end, and asynchronous GRPO with several collect steps
+per episode does not stall."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from conftest import REPO, SCRIPTS, TORCHRUN_ENV, start_torchrun, torchrun_cmd
+
+
+def _grpo_args(assets, *extra):
+    return ["--pretrain", str(assets["model"]), "--prompt_dataset", str(assets["prompt_train"]), "--plugin", "ddp",
+            "--batch_size", "2", "--num_generations", "2", "--max_new_tokens", "8", "--sample_log_interval", "0",
+            *extra]
+
+
+def _python(script, *args, env=None, timeout=600):
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **TORCHRUN_ENV, **(env or {})}, cwd=REPO)
+
+
+@pytest.mark.slow
+def test_workers_exit_when_torchrun_itself_is_killed(tiny_assets, tmp_path):
+    proc = start_torchrun(SCRIPTS / "train_sft.py", 2, "--pretrain", str(tiny_assets["model"]), "--dataset",
+                          str(tiny_assets["sft_train"]), "--batch_size", "2", "--max_epochs", "1000", "--plugin", "ddp",
+                          log=tmp_path / "log.txt")
+    try:
+        deadline = time.monotonic() + 300
+        while "Epoch 0" not in (tmp_path / "log.txt").read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "log.txt").read_text()[-3000:]
+            time.sleep(1)
+        workers = psutil.Process(proc.pid).children(recursive=True)
+        assert len(workers) >= 2
+        proc.kill()                                   # SIGKILL: torchrun gets no chance to stop its workers
+        proc.wait()
+        gone, alive = psutil.wait_procs(workers, timeout=20)
+        assert not alive, f"workers still running 20 s after torchrun was killed: {[p.pid for p in alive]}"
+    finally:
+        for child in psutil.Process().children(recursive=True):
+            child.kill()
+
+
+@pytest.mark.slow
+def test_a_reward_function_that_never_returns_ends_the_run_with_one_line(tiny_assets, tmp_path):
+    (tmp_path / "stuck_reward.py").write_text("import time\n\ndef reward(prompts, completions, **fields):\n"
+                                             "    time.sleep(3600)\n")
+    start = time.monotonic()
+    result = subprocess.run(
+        torchrun_cmd(SCRIPTS / "train_grpo.py", 2, *_grpo_args(tiny_assets, "--reward_fn", "stuck_reward:reward",
+                                                               "--reward_timeout", "3", "--num_episodes", "2")),
+        capture_output=True, text=True, timeout=600, cwd=REPO,
+        env={**os.environ, **TORCHRUN_ENV, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"})
+    assert time.monotonic() - start < 300
+    assert result.returncode != 0
+    ours = [line for line in result.stderr.splitlines() if "did not return" in line]
+    assert ours and ours[0] == "error: reward function stuck_reward:reward did not return within --reward_timeout 3 s"
+    assert "traceback : error: reward function stuck_reward:reward did not return" in result.stderr
+
+
+@pytest.mark.slow
+def test_an_on_policy_run_without_save_interval_checkpoints_at_its_end(tiny_assets, tmp_path):
+    result = _python(SCRIPTS / "train_grpo.py", *_grpo_args(tiny_assets, "--num_episodes", "2", "--save_dir",
+                                                            str(tmp_path / "ckpt")))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [p.name for p in (tmp_path / "ckpt").iterdir()] == ["epoch-0_step-2"]
+    assert (tmp_path / "ckpt" / "epoch-0_step-2" / "COMPLETE").is_file()
+
+
+@pytest.mark.slow
+def test_async_grpo_with_two_collect_steps_per_episode_runs_to_the_end(tiny_assets, tmp_path):
+    result = _python(SCRIPTS / "train_grpo.py", *_grpo_args(tiny_assets, "--num_episodes", "3", "--num_collect_steps",
+                                                            "2", "--async_rollout", "--max_staleness", "1",
+                                                            "--log_dir", str(tmp_path / "logs")), timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(r["train/rollout/staleness@trained/max"] <= 1 for r in records)
