@@ -32,6 +32,7 @@ def test_demo_runs_every_stage_and_writes_the_report(tmp_path):
     markdown = (out / "REPORT.md").read_text()
     for name, value in accuracy.items():
         assert f"| {name} | {value:.3f} | 256 |" in markdown
+    assert "## Did RL help?" in markdown and f"held-out accuracy {accuracy['sft']:.3f} -> {accuracy['ppo']:.3f}" in markdown
     images = sorted((out / "plots").glob("*.png"))
     assert [p.name for p in images] == ["heldout_accuracy.png", "rl_kl_length.png", "rl_reward.png", "rm_accuracy.png",
                                         "sft_loss.png"]

@@ -49,6 +49,29 @@ def plot(path: Path, title: str, panels: Sequence[Tuple[str, Sequence[Tuple[str,
     return path
 
 
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def reward_vs_accuracy(stage: str, records: List[Dict[str, float]], reward_metric: str, start_accuracy: float,
+                       end_accuracy: float, window: int = 5) -> Optional[str]:
+    """A plain sentence on how `stage`'s training reward (mean of its first and last `window` logged values)
+    moved against its held-out accuracy; a warning when the reward rose while the accuracy fell (the policy
+    exploits the reward instead of solving the task). None without logged rewards."""
+    _, values = series(records, reward_metric)
+    if len(values) < 2:
+        return None
+    n = max(1, min(window, len(values) // 2))
+    first, last = _mean(values[:n]), _mean(values[-n:])
+    moved = (f"{stage}: training reward ({reward_metric}) {first:.3f} -> {last:.3f}; held-out accuracy "
+             f"{start_accuracy:.3f} -> {end_accuracy:.3f}.")
+    if last > first and end_accuracy < start_accuracy:
+        return (f"WARNING: {moved} The reward rose while held-out accuracy fell: the policy learned to please "
+                f"the reward, not to solve the task (reward over-optimisation). Do not read the reward curve as "
+                f"progress; give the reward model wrong-answer examples, raise --kl_coef, or add a verifiable reward.")
+    return moved
+
+
 def bar_chart(path: Path, title: str, values: Dict[str, float]) -> Path:
     fig, ax = plt.subplots(figsize=(5, 3.2))
     bars = ax.bar(list(values), list(values.values()), color="#4c72b0")

@@ -3,7 +3,8 @@
     python applications/demo/run_demo.py --out output/demo
 
 build a tokenizer, a small random Llama and the arithmetic task's data -> prepare datasets -> SFT ->
-reward model -> PPO (with that reward model) and GRPO (with the verifiable math reward) -> held-out
+reward model -> PPO (that reward model's score plus the verifiable math reward, KL-penalised) and GRPO
+(the verifiable math reward) -> held-out
 accuracy of every model -> REPORT.md / REPORT.html with plots. Each training stage runs the real
 `examples/training_scripts` under `torchrun --nproc_per_node 2 --plugin ddp`, its outputs feeding the next.
 Copy this file and point `--pretrain`-style paths at your own model and data to reuse the pipeline.
@@ -29,7 +30,7 @@ from coati.models.tiny import MODEL_SIZES, write_tiny_model
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "examples" / "training_scripts"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import bar_chart, plot, read_metrics, write_report  # noqa: E402
+from report import bar_chart, plot, read_metrics, reward_vs_accuracy, write_report  # noqa: E402
 
 STAGES = ("sft", "rm", "ppo", "grpo")
 MODELS = {"initial": "model_init", "sft": "sft/model", "ppo": "ppo/model", "grpo": "grpo/model"}
@@ -96,8 +97,8 @@ def run_stage(name: str, out: Path, steps: int, nproc: int) -> None:
     elif name == "ppo":
         torchrun("train_ppo.py", nproc, "--pretrain", str(out / "sft" / "model"), "--rm_pretrain", str(out / "rm" / "model"),
                  "--prompt_dataset", str(data / "prompt_train"), "--eval_dataset", str(data / "prompt_eval"),
-                 "--reward_fn", "math_answer=0", "--batch_size", "16", "--num_episodes", str(max(steps // 2, 2)),
-                 "--lr", "1e-4", "--critic_lr", "5e-4", "--warmup_steps", "10", "--kl_coef", "0.05", "--num_update_steps", "2",
+                 "--reward_fn", "math_answer", "--batch_size", "16", "--num_episodes", str(max(steps // 2, 2)),
+                 "--lr", "1e-4", "--critic_lr", "5e-4", "--warmup_steps", "10", "--kl_coef", "0.1", "--num_update_steps", "2",
                  "--max_new_tokens", str(MAX_NEW_TOKENS), "--eval_interval", str(max(steps // 8, 1)),
                  "--save_interval", str(max(steps // 4, 1)), "--sample_log_interval", str(max(steps // 4, 1)),
                  *common_flags(out, "ppo"))
@@ -151,11 +152,25 @@ def report(out: Path, results: Dict[str, Dict], timings: Dict[str, float]) -> Pa
                     "Accuracy = exact final answer of a greedy completion (the math_answer reward)."),
               ("h2", "Held-out accuracy"),
               ("table", [["model", "accuracy", "prompts"]] + [[k, f"{v['accuracy']:.3f}", len(v["samples"])] for k, v in results.items()]),
+              ("h2", "Did RL help?")] + [("p", line) for line in reward_checks(logs, results)] + [
               ("h2", "Stage wall times"),
               ("table", [["stage", "seconds"]] + [[k, f"{v:.1f}"] for k, v in timings.items()]),
               ("h2", "Plots")] + [("image", str(path)) for path in images if path is not None]
     blocks += sample_blocks(results)
     return write_report(out, blocks, "coati demo report")[0]
+
+
+RL_REWARDS = {"ppo": "train/rewards/reward_model", "grpo": "train/reward"}
+"""The reward each RL stage optimises that is not held-out accuracy itself: PPO's learned reward model score."""
+
+
+def reward_checks(logs: Dict[str, List[Dict]], results: Dict[str, Dict]) -> List[str]:
+    """For each RL stage that ran, its reward's trend against its held-out accuracy (SFT model -> RL model)."""
+    if "sft" not in results:
+        return []
+    lines = [reward_vs_accuracy(name.upper(), logs[name], metric, results["sft"]["accuracy"], results[name]["accuracy"])
+             for name, metric in RL_REWARDS.items() if name in results]
+    return [line for line in lines if line]
 
 
 def sample_blocks(results: Dict[str, Dict], count: int = 6) -> list:
