@@ -29,6 +29,7 @@ def test_workers_exit_when_torchrun_itself_is_killed(tiny_assets, tmp_path):
     proc = start_torchrun(SCRIPTS / "train_sft.py", 2, "--pretrain", str(tiny_assets["model"]), "--dataset",
                           str(tiny_assets["sft_train"]), "--batch_size", "2", "--max_epochs", "1000", "--plugin", "ddp",
                           log=tmp_path / "log.txt")
+    workers = []
     try:
         deadline = time.monotonic() + 300
         while "Epoch 0" not in (tmp_path / "log.txt").read_text():
@@ -41,8 +42,11 @@ def test_workers_exit_when_torchrun_itself_is_killed(tiny_assets, tmp_path):
         gone, alive = psutil.wait_procs(workers, timeout=20)
         assert not alive, f"workers still running 20 s after torchrun was killed: {[p.pid for p in alive]}"
     finally:
-        for child in psutil.Process().children(recursive=True):
-            child.kill()
+        for worker in workers + psutil.Process().children(recursive=True):
+            try:
+                worker.kill()
+            except psutil.NoSuchProcess:
+                pass
 
 
 @pytest.mark.slow
