@@ -56,9 +56,10 @@ class RolloutTrainer(OLTrainer):
     The actor's step (`_policy_step`) is `policy_loss` minus `entropy_coef` times the entropy plus
     what `_extra_actor_loss` adds (GRPO's KL term, PPO's ptx loss). Every `eval_interval` episodes (and
     before the first and after the last) the held-out prompts are completed greedily and scored;
-    every `sample_log_interval` episodes a sample table goes to the metrics logger. Checkpoints every
-    `save_interval` episodes and after the last (with `save_dir`) hold every trained model (`_trained_models`), the episode, the prompt
-    order's position, the token count and RNG, so a resumed run continues identically.
+    every `sample_log_interval` episodes a sample table goes to the metrics logger. Checkpoints (with
+    `save_dir`) every `save_interval` episodes and after the last hold every trained model
+    (`_trained_models`), the episode, the prompt order's position, the token count and RNG, so a resumed
+    run continues identically.
     """
 
     def __init__(
@@ -161,9 +162,9 @@ class RolloutTrainer(OLTrainer):
         if extra is not None:
             loss = loss + extra
         self.actor_booster.backward(loss, self.optimizer)
-        lr = float(self.optimizer.param_groups[0]["lr"])
         if self._apply_gradients(self.optimizer, self.lr_scheduler, self.grad_clip, loss, self._where(), "policy"):
-            self._record({**metrics, **extra_metrics, "loss": (loss.item(), 1), "lr": (lr, 1)})
+            self._record({**metrics, **extra_metrics, "loss": (loss.item(), 1),
+                          "lr": (float(self.optimizer.param_groups[0]["lr"]), 1)})
 
     def _where(self) -> str:
         """The current position, for messages about a step."""
