@@ -299,3 +299,47 @@ def test_bad_input_under_torchrun_names_our_error_in_the_summary(bad, name):
     line = _check_error_line(result.stderr, expected, under_torchrun=True)
     assert f"traceback : {line}" in result.stderr and "exitcode  : 2" in result.stderr
     assert "To enable traceback" not in result.stderr
+
+
+BAD_REWARDS = '''import math
+import time
+
+NOT_CALLABLE = 3
+
+
+def raises(prompts, completions, **fields):
+    raise KeyError("gt")
+
+
+def wrong_length(prompts, completions, **fields):
+    return [1.0]
+
+
+def nan_value(prompts, completions, **fields):
+    return [math.nan] * len(completions)
+
+
+def hangs(prompts, completions, **fields):
+    time.sleep(3600)
+'''
+
+REWARD_CASES = [
+    ("raises", "reward function bad_rewards:raises raised KeyError: 'gt'"),
+    ("wrong_length", "reward function bad_rewards:wrong_length returned 1 values for 4 completions"),
+    ("nan_value", "reward function bad_rewards:nan_value returned a NaN or infinite value"),
+    ("hangs", "reward function bad_rewards:hangs did not return within --reward_timeout 2 s"),
+    ("NOT_CALLABLE", "reward function 'bad_rewards:NOT_CALLABLE' is not callable"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,expected", REWARD_CASES, ids=[c[0] for c in REWARD_CASES])
+def test_a_broken_reward_function_ends_the_run_with_one_line(bad, tmp_path, name, expected):
+    (tmp_path / "bad_rewards.py").write_text(BAD_REWARDS)
+    argv = ["--pretrain", bad["model"], "--prompt_dataset", bad["prompt_train"], "--batch_size", "2",
+            "--num_generations", "2", "--max_new_tokens", "8", "--num_episodes", "2", "--reward_timeout", "2",
+            "--reward_fn", f"bad_rewards:{name}"]
+    result = subprocess.run([sys.executable, str(SCRIPTS / "train_grpo.py"), *argv], capture_output=True, text=True,
+                            timeout=300, cwd=REPO, env={**os.environ, **TORCHRUN_ENV, "PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 2
+    _check_error_line(result.stderr, expected)
