@@ -343,3 +343,12 @@ def test_a_broken_reward_function_ends_the_run_with_one_line(bad, tmp_path, name
                             timeout=300, cwd=REPO, env={**os.environ, **TORCHRUN_ENV, "PYTHONPATH": str(tmp_path)})
     assert result.returncode == 2
     _check_error_line(result.stderr, expected)
+
+
+def test_help_shows_each_flags_range(capsys):
+    with pytest.raises(SystemExit) as exited:
+        _script(SCRIPTS / "train_grpo.py").main(["--help"])
+    assert exited.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "prompts per rank per collect step (default: 4) [>= 1]" in text
+    assert "reaches P (default: 1.0) [in (0, 1]]" in text and "sampling temperature (default: 1.0) [> 0]" in text

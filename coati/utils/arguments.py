@@ -23,7 +23,7 @@ def training_parser(description: str, dataset_flag: str = "--dataset", on_policy
     model.add_argument("--grad_checkpoint", action="store_true", help="recompute activations in backward to save memory")
     model.add_argument("--lora_rank", type=at_least(0), default=0, help="train rank-r LoRA adapters only (0: full fine-tuning)")
     model.add_argument("--lora_alpha", type=positive(), default=16, help="LoRA scaling numerator (scale = alpha / rank)")
-    model.add_argument("--lora_dropout", type=in_range(0, 1, high_open=True), default=0.0)
+    model.add_argument("--lora_dropout", type=in_range(0, 1, high_open=True), default=0.0, help="dropout on the LoRA path")
     model.add_argument("--lora_target_modules", nargs="+", default=["all-linear"],
                        help="module names to adapt, or 'all-linear' for every linear layer but the output head")
 
@@ -36,16 +36,17 @@ def training_parser(description: str, dataset_flag: str = "--dataset", on_policy
 
     optim = parser.add_argument_group("optimisation")
     if not on_policy:
-        optim.add_argument("--max_epochs", type=at_least(1), default=1)
+        optim.add_argument("--max_epochs", type=at_least(1), default=1, help="passes over the training data")
         optim.add_argument("--max_steps", type=at_least(0), default=0, help="stop after this many optimizer steps (0: no limit)")
         optim.add_argument("--accumulation_steps", type=at_least(1), default=1, help="micro-batches per optimizer step")
     optim.add_argument("--batch_size", type=at_least(1), default=4,
                        help="prompts per rank per collect step" if on_policy else "micro-batch size per rank")
-    optim.add_argument("--lr", type=positive(), default=5e-5)
-    optim.add_argument("--weight_decay", type=non_negative(), default=0.0)
-    optim.add_argument("--lr_scheduler", default="cosine", choices=("cosine", "linear", "constant_with_warmup"))
+    optim.add_argument("--lr", type=positive(), default=5e-5, help="peak learning rate")
+    optim.add_argument("--weight_decay", type=non_negative(), default=0.0, help="AdamW weight decay")
+    optim.add_argument("--lr_scheduler", default="cosine", choices=("cosine", "linear", "constant_with_warmup"),
+                       help="learning-rate schedule after the warm-up")
     optim.add_argument("--warmup_steps", type=at_least(0), default=0, help="learning-rate warm-up, in optimizer steps")
-    optim.add_argument("--seed", type=int, default=42)
+    optim.add_argument("--seed", type=int, default=42, help="seeds every RNG and the data order")
     optim.add_argument("--skip_nonfinite", type=at_least(0), default=0,
                        help="skip up to N optimizer steps whose loss or gradient norm is NaN/inf (counted in "
                             "the metrics); one more stops the run (0: the first one stops it)")
@@ -64,7 +65,7 @@ def training_parser(description: str, dataset_flag: str = "--dataset", on_policy
     if not on_policy:
         log.add_argument("--log_interval", type=at_least(1), default=10, help="log every N optimizer steps")
     log.add_argument("--use_wandb", action="store_true", help="also log to Weights & Biases (WANDB_MODE=offline works)")
-    log.add_argument("--wandb_project", default="coati")
+    log.add_argument("--wandb_project", default="coati", help="W&B project of the run")
 
     add_plugin_args(parser)
     parser.set_defaults(dataset_flag=dataset_flag)
@@ -89,9 +90,10 @@ def add_grpo_args(parser: argparse.ArgumentParser) -> None:
     rl.add_argument("--num_update_steps", type=at_least(1), default=1, help="passes over an episode's experience")
     rl.add_argument("--num_generations", type=at_least(1), default=8,
                     help="completions per prompt (GRPO's group: at least 2)")
-    rl.add_argument("--max_new_tokens", type=at_least(1), default=64)
-    rl.add_argument("--temperature", type=positive(), default=1.0, help="sampling temperature (> 0)")
-    rl.add_argument("--top_p", type=in_range(0, 1, low_open=True), default=1.0)
+    rl.add_argument("--max_new_tokens", type=at_least(1), default=64, help="longest completion, in tokens")
+    rl.add_argument("--temperature", type=positive(), default=1.0, help="sampling temperature")
+    rl.add_argument("--top_p", type=in_range(0, 1, low_open=True), default=1.0,
+                    help="nucleus sampling: sample from the smallest set of tokens whose probability reaches P")
     rl.add_argument("--top_k", type=at_least(0), default=0, help="0: no top-k cut")
     rl.add_argument("--reward_fn", nargs="+", default=["math_answer"],
                     help="reward functions, by built-in name or package.module:function, each optionally =weight")
@@ -99,15 +101,16 @@ def add_grpo_args(parser: argparse.ArgumentParser) -> None:
                     help="seconds one call of a reward function may take; a call that takes longer stops the run")
     rl.add_argument("--kl_coef", type=non_negative(), default=0.0,
                     help="weight of the KL to the reference in the loss (0: no reference)")
-    rl.add_argument("--kl_estimator", default="k3", choices=("k1", "k2", "k3"))
-    rl.add_argument("--clip_eps_low", type=in_range(0, 1, high_open=True), default=0.2)
+    rl.add_argument("--kl_estimator", default="k3", choices=("k1", "k2", "k3"), help="estimator of the KL to the reference")
+    rl.add_argument("--clip_eps_low", type=in_range(0, 1, high_open=True), default=0.2,
+                    help="the ratio is clipped below at 1 - this")
     rl.add_argument("--clip_eps_high", type=non_negative(), default=0.2, help="DAPO's clip-higher uses 0.28")
     rl.add_argument("--loss_agg", default="token-mean",
                     choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
                     help="token-mean (DAPO), seq-mean-token-mean (GRPO), seq-mean-token-sum-norm (Dr. GRPO)")
     rl.add_argument("--no_std_normalize", action="store_true", help="Dr. GRPO: do not divide advantages by the group std")
     rl.add_argument("--drop_tied_groups", action="store_true", help="DAPO: mask out groups whose rewards all tie")
-    rl.add_argument("--entropy_coef", type=non_negative(), default=0.0)
+    rl.add_argument("--entropy_coef", type=non_negative(), default=0.0, help="weight of the entropy bonus")
     rl.add_argument("--eval_interval", type=at_least(0), default=0,
                     help="held-out evaluation every N episodes (always before the first and after the last)")
     rl.add_argument("--sample_log_interval", type=at_least(0), default=10,

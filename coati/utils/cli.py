@@ -10,11 +10,20 @@ from typing import Callable, NoReturn, Optional
 from coati.utils.errors import USAGE_EXIT_CODE, fail
 
 
+class RangeHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Help with each flag's default and, for flags typed by `in_range`, its range: `(default: 4) [>= 1]`."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = super()._get_help_string(action)
+        wanted = getattr(action.type, "wanted", None)
+        return f"{text} [{wanted}]" if wanted else text
+
+
 class CoatiArgumentParser(argparse.ArgumentParser):
     """`argparse.ArgumentParser` whose errors are one line (`error: argument --x: ...`), not usage + error."""
 
     def __init__(self, *args, **kwargs) -> None:
-        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        kwargs.setdefault("formatter_class", RangeHelpFormatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
@@ -51,6 +60,7 @@ def in_range(low: Optional[float] = None, high: Optional[float] = None, kind: ty
         return value
 
     parse.__name__ = f"{kind.__name__} {wanted}"
+    parse.wanted = wanted
     return parse
 
 

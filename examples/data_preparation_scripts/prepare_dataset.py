@@ -16,16 +16,16 @@ from coati.utils.preflight import check_writable_dir
 @exit_cleanly
 def main(argv=None) -> None:
     parser = CoatiArgumentParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument("--type", required=True, choices=("sft", "preference", "prompt", "kto"))
+    parser.add_argument("--type", required=True, choices=("sft", "preference", "prompt", "kto"), help="what the rows are")
     parser.add_argument("--data_input_dirs", nargs="+", required=True,
                         help="JSONL files, folders of them, or local dataset folders that datasets.load_dataset reads")
-    parser.add_argument("--tokenizer_dir", required=True)
+    parser.add_argument("--tokenizer_dir", required=True, help="tokenizer (with its chat template) to tokenize with")
     parser.add_argument("--data_output_dirs", required=True, help="where the prepared dataset is saved")
     parser.add_argument("--max_length", type=at_least(1), default=2048, help="tokens per sequence; longer ones are cut from the right")
     parser.add_argument("--conversation_template_config", default=None,
                         help='JSON with "chat_template" (and optional "end_of_turn_token") for a tokenizer without one')
     parser.add_argument("--skip_invalid", action="store_true", help="skip and count invalid rows instead of stopping")
-    parser.add_argument("--trust_remote_code", action="store_true")
+    parser.add_argument("--trust_remote_code", action="store_true", help="allow custom tokenizer code")
     args = parser.parse_args(argv)
     check_writable_dir(args.data_output_dirs, "--data_output_dirs")
     tokenizer = load_tokenizer(args.tokenizer_dir, args.trust_remote_code, args.conversation_template_config)
