@@ -250,12 +250,12 @@ def verify_checkpoint(load_dir: PathLike, shape: Optional[Dict[str, Any]] = None
     Returns its running state; a problem is one `CoatiUsageError` naming the file."""
     state = read_running_state(load_dir)
     path = Path(load_dir)
-    for folder in [path, *(p for p in path.iterdir() if (p / "modeling").is_dir())]:
-        if not (folder / "modeling").is_dir():
-            raise CorruptFileError(f"{folder / 'modeling'} is missing: {path} holds no model weights")
-        check_weights_dir(folder / "modeling")
+    if not (path / "modeling").is_dir():
+        raise CorruptFileError(f"{path / 'modeling'} is missing: {path} holds no model weights")
+    for modeling in path.rglob("modeling"):
+        check_weights_dir(modeling)
     for file in sorted(path.rglob("*")):
-        if file.suffix in (".safetensors", ".bin", ".pt"):
+        if file.suffix in (".bin", ".pt") and file.parent.name != "modeling":
             check_weight_file(file)
     mismatch = signature_mismatch(state.get("model", {}), shape or {})
     if mismatch:

@@ -8,7 +8,7 @@ named with what is wrong before any process group or model exists.
 import json
 import zipfile
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, List, Optional
 
 from coati.utils.errors import CoatiUsageError
 
@@ -120,8 +120,3 @@ def signature_mismatch(saved: Dict[str, Any], current: Dict[str, Any]) -> Option
     """'field: saved vs current' for the fields both name and that differ, or None."""
     diffs = [f"{name} {saved[name]} vs {current[name]}" for name in saved if name in current and saved[name] != current[name]]
     return ", ".join(diffs) or None
-
-
-def check_files(paths: Iterable[Path]) -> None:
-    for path in paths:
-        check_weight_file(path)
