@@ -3,6 +3,7 @@ run with one line, an on-policy run checkpoints at its end, and asynchronous GRP
 per episode does not stall."""
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -84,3 +85,27 @@ def test_async_grpo_with_two_collect_steps_per_episode_runs_to_the_end(tiny_asse
     records = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all(r["train/rollout/staleness@trained/max"] <= 1 for r in records)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["train_sft.py", "train_grpo.py"])
+def test_a_diverging_run_stops_with_one_line_and_saves_no_nan(tiny_assets, tmp_path, script):
+    """An absurd learning rate makes the weights diverge within a few steps: SFT stops at the step whose loss
+    is NaN, GRPO when the policy's logits are (sampling from them would crash); the checkpoints written
+    before hold finite weights only, and nothing is exported."""
+    from safetensors.torch import load_file
+
+    data = ["--dataset", str(tiny_assets["sft_train"]), "--batch_size", "8", "--max_steps", "12"]
+    if script == "train_grpo.py":
+        data = _grpo_args(tiny_assets, "--num_episodes", "12", "--entropy_coef", "0.1")[2:]   # a gradient without rewards
+    result = _python(SCRIPTS / script, "--pretrain", str(tiny_assets["model"]), *data, "--lr", "1e20", "--grad_clip",
+                     "0", "--save_dir", str(tmp_path / "ckpt"), "--save_interval", "1", "--output_dir",
+                     str(tmp_path / "out"))
+    assert result.returncode == 2, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    expected = {"train_sft.py": r"error: step \d+: the loss is NaN or infinite; the run stops",
+                "train_grpo.py": r"error: generation: the policy's next-token logits are NaN or infinite"}[script]
+    assert re.match(expected, last), last
+    assert not (tmp_path / "out").exists()
+    for shard in (tmp_path / "ckpt").rglob("*.safetensors"):
+        assert all(bool(t.isfinite().all()) for t in load_file(shard).values()), shard

@@ -11,6 +11,8 @@ from typing import Protocol, Sequence, Tuple
 import torch
 from transformers import DynamicCache
 
+from coati.utils.errors import NonFiniteError
+
 from .logprobs import mask_positions
 
 
@@ -83,6 +85,9 @@ class HFEngine:
         cache = DynamicCache()
         positions = mask_positions(attention_mask)
         logits = self._forward(input_ids, attention_mask, positions, cache)
+        if not torch.isfinite(logits).all():
+            raise NonFiniteError("generation: the policy's next-token logits are NaN or infinite, so its weights "
+                                 "diverged at the last update; lower --lr, or resume from the last checkpoint")
         active = torch.arange(rows, device=input_ids.device)
         mask, next_position = attention_mask, positions[:, -1] + 1
         for step in range(config.max_new_tokens):

@@ -7,11 +7,7 @@ import torch
 import torch.distributed as dist
 
 from coati.distributed.comm import is_distributed, is_rank_0
-from coati.utils.errors import CoatiUsageError
-
-
-class NonFiniteError(CoatiUsageError):
-    """A loss or gradient norm was NaN or infinite and no skips were left; the message names the step."""
+from coati.utils.errors import NonFiniteError
 
 
 def all_ranks_finite(value: torch.Tensor) -> bool:

@@ -27,6 +27,10 @@ class CoatiUsageError(Exception):
     """A problem the user can fix (a flag, a path, a file's content); the message says how."""
 
 
+class NonFiniteError(CoatiUsageError):
+    """Training diverged: a loss, gradient norm or model output is NaN or infinite; the message says where."""
+
+
 def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
@@ -69,10 +73,18 @@ def record_error(message: str) -> None:
         pass
 
 
+def _close_progress_bars() -> None:
+    """End open tqdm bars now, so a bar cut short is not left mid-line or redrawn after our message."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
+        bar.close()
+
+
 def fail(message: str, code: int, every_rank: bool = False) -> NoReturn:
-    """Print `message` (one line; on one process per node unless `every_rank`), record it for torchrun,
-    and exit with `code`."""
+    """Print `message` (one line, the last this process prints; on one process per node unless
+    `every_rank`), record it for torchrun, and exit with `code`."""
     record_error(message)
+    _close_progress_bars()
     if every_rank or _is_local_rank_0():
         sys.stdout.flush()
         print(message, file=sys.stderr, flush=True)
