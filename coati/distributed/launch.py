@@ -1,6 +1,5 @@
 """Process-group start-up for training scripts, under torchrun, `colossalai run`, or plain `python`."""
 import os
-import socket
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -11,25 +10,24 @@ DEFAULT_TIMEOUT_S = 600
 """How long a collective waits for a peer before this rank gives up (NCCL's default; gloo's is 30 min)."""
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def init_distributed(seed: int = 42, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
     """Start the process group (gloo on CPU, NCCL on GPU, as colossalai's accelerator says) and seed every RNG.
 
     What colossalai's `launch_from_torch` does, plus a collective timeout: a rank whose peer hangs or
     becomes unreachable fails after `timeout_s` seconds instead of waiting forever. A script started
-    with plain `python` runs as a world of one on a free local port.
+    with plain `python` runs as a world of one whose store listens on a port the OS picks as it binds
+    (a port chosen beforehand can be taken by another process in between: EADDRINUSE).
     """
-    if "RANK" not in os.environ:
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     accelerator = get_accelerator()
-    dist.init_process_group(backend=accelerator.communication_backend, init_method="env://",
-                            timeout=timedelta(seconds=timeout_s))
+    timeout = timedelta(seconds=timeout_s)
+    if "RANK" in os.environ:
+        dist.init_process_group(backend=accelerator.communication_backend, init_method="env://", timeout=timeout)
+    else:
+        store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timeout)   # port 0: the OS picks a free one
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port))
+        dist.init_process_group(backend=accelerator.communication_backend, store=store, rank=0, world_size=1,
+                                timeout=timeout)
     if accelerator.support_set_device:
         accelerator.set_device(int(os.environ["LOCAL_RANK"]))
     set_seed(seed)
