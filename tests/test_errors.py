@@ -1,4 +1,6 @@
-"""How a script fails: usage errors and lost peers become one line and their own exit status."""
+"""How a script fails: usage errors, lost peers, a full disk and Ctrl-C become one line and their own exit status."""
+import errno
+
 import pytest
 import torch.distributed as dist
 
@@ -37,3 +39,25 @@ def test_a_lost_peer_prints_what_happened_and_exits_3(capsys, error):
 def test_other_errors_keep_their_traceback():
     with pytest.raises(RuntimeError, match="shape mismatch"):
         _failing(RuntimeError("shape mismatch"))()
+
+
+def test_ctrl_c_is_one_line_and_exit_130(capsys):
+    with pytest.raises(SystemExit) as exited:
+        _failing(KeyboardInterrupt())()
+    assert exited.value.code == 130
+    assert capsys.readouterr().err == ("error: interrupted; complete checkpoints are kept (resume with "
+                                       "--checkpoint_path latest)\n")
+
+
+def test_a_full_disk_is_one_line_naming_the_file(capsys):
+    with pytest.raises(SystemExit) as exited:
+        _failing(OSError(errno.ENOSPC, "No space left on device", "/ckpt/epoch-0_step-4/optimizer.bin"))()
+    assert exited.value.code == USAGE_EXIT_CODE
+    err = capsys.readouterr().err
+    assert err.startswith("error: no space left on the device while writing /ckpt/epoch-0_step-4/optimizer.bin;")
+    assert err.count("\n") == 1
+
+
+def test_other_os_errors_keep_their_traceback():
+    with pytest.raises(PermissionError):
+        _failing(PermissionError(errno.EACCES, "Permission denied", "/x"))()

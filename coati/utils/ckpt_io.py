@@ -234,6 +234,9 @@ def read_running_state(load_dir: PathLike) -> Dict[str, Any]:
     path = Path(load_dir)
     if not path.is_dir():
         raise CoatiUsageError(f"checkpoint {path} does not exist")
+    if not is_complete(path) and list_checkpoints(path, complete_only=False):
+        raise CoatiUsageError(f"{path} holds checkpoints but is not one: pass one of its checkpoint folders, or "
+                              f"--checkpoint_path latest --save_dir {path}")
     if not is_complete(path):
         latest = latest_checkpoint(path.parent)
         hint = f"; the newest complete one is {latest}" if latest else ""

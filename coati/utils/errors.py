@@ -4,6 +4,7 @@ Under torchrun each worker also records that line in the error file torchrun nam
 (`TORCHELASTIC_ERROR_FILE`), so the root-cause section of torchrun's failure summary shows our message
 instead of "To enable traceback see ...". A worker started by torchrun exits when torchrun itself dies.
 """
+import errno
 import functools
 import json
 import os
@@ -14,6 +15,7 @@ from typing import Callable, NoReturn, TypeVar
 
 USAGE_EXIT_CODE = 2
 PEER_LOST_EXIT_CODE = 3
+INTERRUPTED_EXIT_CODE = 130
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 T = TypeVar("T")
 
@@ -92,11 +94,12 @@ def fail(message: str, code: int, every_rank: bool = False) -> NoReturn:
 
 
 def exit_cleanly(main: Callable[..., T]) -> Callable[..., T]:
-    """Run a script's `main`, turning the two failures a user meets into one line and an exit status.
+    """Run a script's `main`, turning the failures a user meets into one line and an exit status.
 
     - `CoatiUsageError`: `error: ...` once per node, exit 2 on every rank.
     - A collective that fails because a peer died or timed out: the message above on each rank that
       sees it, exit 3, so the launcher stops the run instead of it hanging.
+    - A full disk: one line naming the file, exit 2. Ctrl-C: one line, exit 130.
     - Anything else keeps its traceback, and its last line goes to torchrun's error file.
     Ranks leave without waiting on peers. A worker of torchrun dies with it (`follow_launcher`).
     """
@@ -110,9 +113,15 @@ def exit_cleanly(main: Callable[..., T]) -> Callable[..., T]:
             return main(*args, **kwargs)
         except CoatiUsageError as error:
             fail(f"error: {error}", USAGE_EXIT_CODE)
+        except KeyboardInterrupt:
+            fail("error: interrupted; complete checkpoints are kept (resume with --checkpoint_path latest)",
+                 INTERRUPTED_EXIT_CODE)
         except Exception as error:
             if is_peer_failure(error):
                 fail(peer_lost_message(error), PEER_LOST_EXIT_CODE, every_rank=True)
+            if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+                fail(f"error: no space left on the device while writing {error.filename or 'a file'}; complete "
+                     "checkpoints are kept: free space, then resume with --checkpoint_path latest", USAGE_EXIT_CODE)
             record_error(traceback.format_exc())
             raise
 

@@ -28,11 +28,19 @@ def check_writable_dir(path: str, flag: str) -> None:
         raise CoatiUsageError(f"{flag} {path} cannot be written: no write permission on {existing}")
 
 
+PREPARED_MARKERS = ("state.json", "dataset_dict.json")
+"""Files `datasets.save_to_disk` writes into every dataset (or dataset dict) folder."""
+
+
 def check_data_dirs(paths: Optional[Sequence[str]], flag: str) -> None:
+    """Each path is a folder that `prepare_dataset.py` (`datasets.save_to_disk`) wrote."""
     for path in paths or ():
         if not Path(path).is_dir():
             raise CoatiUsageError(f"{flag} {path} does not exist or is not a directory (a folder written by "
                                   "prepare_dataset.py)")
+        if not any((Path(path) / marker).is_file() for marker in PREPARED_MARKERS):
+            raise CoatiUsageError(f"{flag} {path} is not a prepared dataset (no {PREPARED_MARKERS[0]}); "
+                                  "write one from raw data with prepare_dataset.py")
 
 
 def check_run_paths(args: argparse.Namespace) -> Dict[str, dict]:
