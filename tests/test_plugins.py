@@ -1,5 +1,6 @@
 """Plugin selection: CUDA-only plugins are refused on a CPU machine with one line and exit status 2."""
 import argparse
+import os
 import subprocess
 import sys
 
@@ -54,3 +55,14 @@ def test_ddp_booster_clips_in_the_trainer_and_uses_fp32_on_cpu(world_of_one):
     setup = build_booster(_args("--plugin", "ddp", "--mixed_precision", "fp32", "--grad_clip", "0.5"))
     assert setup.trainer_clips_grad and setup.grad_clip == 0.5
     assert setup.precision == "fp32"
+
+
+def test_a_refused_plugin_is_the_only_line_printed_even_with_python_warnings_on(tmp_path):
+    """What a user sees, with Python's default warning filters: no third-party import notes before our line."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    result = subprocess.run([sys.executable, str(SCRIPTS / "train_rm.py"), "--pretrain", str(tmp_path / "m"),
+                             "--dataset", str(tmp_path), "--plugin", "gemini"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env)
+    assert result.returncode == 2
+    assert result.stdout.splitlines() == [
+        "error: --plugin gemini needs CUDA GPUs and this machine has none; use --plugin ddp to train on the CPU"]

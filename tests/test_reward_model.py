@@ -1,17 +1,21 @@
 """Pairwise losses against their formulas; the reward-model trainer's forward, metrics and HF round trip."""
+import json
 import math
 
 import pytest
 import torch
 from colossalai.booster import Booster
 from colossalai.booster.plugin import TorchDDPPlugin
+from colossalai.cluster import DistCoordinator
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from coati.dataset import PreferenceCollator, pad_sequences, tokenize_preference
+from coati.dataset import PreferenceCollator, load_prepared, pad_sequences, tokenize_preference
 from coati.dataset.demo_data import generate_problems, preference_records
 from coati.models.loss import LogExpLoss, LogSigLoss
 from coati.models.reward_model import load_reward_model, sequence_rewards
 from coati.trainer.rm import RewardModelTrainer
+from coati.trainer.runner import build_dataloader
+from coati.utils import CoatiUsageError
 
 
 def test_pairwise_losses_match_hand_computed_values():
@@ -55,7 +59,7 @@ def test_trainer_metrics_match_separate_forwards(world_of_one, tiny_assets, rm_b
     with torch.no_grad():
         result = trainer._compute_batch(batch)
     pairs = len(chosen)
-    expected_loss = LogSigLoss(reduction="sum")(chosen, rejected).item()
+    expected_loss = LogSigLoss(beta=0.1, reduction="sum")(chosen, rejected).item()   # the published default beta
     assert result.loss.item() == pytest.approx(expected_loss, rel=1e-5)
     assert result.metrics["chosen_rewards"][0] == pytest.approx(chosen.sum().item(), rel=1e-5, abs=1e-5)
     assert result.metrics["margin"][0] == pytest.approx((chosen - rejected).sum().item(), rel=1e-4, abs=1e-5)
@@ -83,3 +87,66 @@ def test_reward_is_read_at_the_last_non_pad_token_under_right_and_left_padding(t
         alone = torch.cat([sequence_rewards(model, torch.tensor([r]), torch.ones(1, len(r), dtype=torch.long)) for r in rows])
     assert torch.allclose(right, alone, atol=1e-5)
     assert torch.allclose(left, alone, atol=1e-5)
+
+
+def _rm_setup(tiny_assets, tokenizer):
+    model = load_reward_model(str(tiny_assets["model"]), tokenizer.pad_token_id)
+    plugin = TorchDDPPlugin()
+    booster = Booster(plugin=plugin)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    model, optimizer, _, _, scheduler = booster.boost(model, optimizer, lr_scheduler=scheduler)
+    return model, booster, optimizer, plugin, scheduler
+
+
+def test_published_signature_and_fit_keywords_write_eval_results_into_save_dir(world_of_one, tiny_assets, tmp_path):
+    """ColossalChat's positional arguments (with beta), its fit keywords, and evaluation results in save_dir."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
+    model, booster, optimizer, plugin, scheduler = _rm_setup(tiny_assets, tokenizer)
+    collator = PreferenceCollator(tokenizer.pad_token_id)
+    train = build_dataloader(plugin, load_prepared([tiny_assets["pref_train"]]), 16, collator, True, 0)
+    held_out = build_dataloader(plugin, load_prepared([tiny_assets["pref_eval"]]), 16, collator, False, 0)
+    trainer = RewardModelTrainer(model, booster, optimizer, plugin, scheduler, tokenizer, None, 1, 0.5, 1, 0, 0,
+                                 str(tmp_path / "ckpt"), DistCoordinator())
+    assert isinstance(trainer.loss_fn, LogSigLoss) and trainer.loss_fn.beta == 0.5
+    assert all(callable(getattr(trainer, name)) for name in ("_before_fit", "_train", "_eval"))
+    trainer.fit(train_preference_dataloader=train, eval_preference_dataloader=held_out, log_dir=str(tmp_path / "logs"),
+                use_wandb=False)
+    results = json.loads((tmp_path / "ckpt" / "eval_result_epoch0.json").read_text())
+    assert results["epoch"] == 0 and 0 <= results["accuracy"] <= 1 and results["loss"] > 0
+    assert (tmp_path / "ckpt" / "eval_result_epoch0.txt").read_text().startswith("epoch 0, optimizer step 6")
+
+
+def _colossalchat_mean_loss(chosen, rejected):
+    return -torch.nn.functional.logsigmoid(chosen - rejected).mean()
+
+
+@pytest.mark.parametrize("loss_fn", [LogSigLoss(reduction="none"), LogSigLoss(reduction="mean"),
+                                     LogSigLoss(reduction="sum"), _colossalchat_mean_loss],
+                         ids=["none", "mean", "sum", "colossalchat_mean"])
+def test_a_reducing_loss_gives_the_per_pair_loss_and_gradient(world_of_one, tiny_assets, rm_batch, loss_fn):
+    tokenizer, _ = rm_batch
+    trainer = RewardModelTrainer(*_rm_setup(tiny_assets, tokenizer), tokenizer, loss_fn)
+    chosen = torch.tensor([2.0, -1.0, 0.5, 0.3], requires_grad=True)
+    rejected = torch.tensor([0.0, 1.0, 0.5, -0.2])
+    for _ in range(2):                                        # measured on the first call, reused after
+        summed = trainer._summed_loss(chosen, rejected)
+        expected = -torch.nn.functional.logsigmoid(chosen - rejected).sum()
+        assert summed.item() == pytest.approx(expected.item(), rel=1e-6)
+        grad, = torch.autograd.grad(summed, chosen)
+        expected_grad, = torch.autograd.grad(expected, chosen)
+        assert torch.allclose(grad, expected_grad, atol=1e-7)
+
+
+def test_a_loss_reduced_some_other_way_is_refused_by_name(world_of_one, tiny_assets, rm_batch):
+    def worst_pair(chosen, rejected):
+        return (-torch.nn.functional.logsigmoid(chosen - rejected)).max()
+
+    tokenizer, _ = rm_batch
+    trainer = RewardModelTrainer(*_rm_setup(tiny_assets, tokenizer), tokenizer, worst_pair)
+    with pytest.raises(CoatiUsageError, match="loss_fn worst_pair reduces its per-pair losses neither to their mean"):
+        trainer._summed_loss(torch.tensor([2.0, -1.0, 0.5]), torch.tensor([0.0, 1.0, 0.2]))
+    trainer.loss_fn = lambda chosen, rejected: torch.zeros(2, 2)
+    trainer._reduction = None
+    with pytest.raises(CoatiUsageError, match=r"returned a tensor of shape \(2, 2\) for 3 pairs"):
+        trainer._summed_loss(torch.tensor([2.0, -1.0, 0.5]), torch.tensor([0.0, 1.0, 0.2]))

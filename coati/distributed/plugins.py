@@ -1,6 +1,5 @@
 """`--plugin` and its flags -> a colossalai `Plugin` and `Booster`: the one place that knows the plugins."""
 import argparse
-import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict
 
@@ -10,7 +9,7 @@ from colossalai.booster.plugin import GeminiPlugin, HybridParallelPlugin, LowLev
 
 from coati.distributed.launch import DEFAULT_TIMEOUT_S
 from coati.utils.cli import at_least, non_negative, positive
-from coati.utils.errors import CoatiUsageError
+from coati.utils.errors import CoatiUsageError, warn_user
 
 PLUGIN_HELP = {
     "ddp": "torch DistributedDataParallel; CPU (gloo) or GPU",
@@ -91,7 +90,7 @@ def check_plugin_available(name: str) -> None:
 def resolve_precision(requested: str) -> str:
     """The precision that will really be used: fp32 when there is no GPU to run half precision on."""
     if requested != "fp32" and not torch.cuda.is_available():
-        warnings.warn(f"--mixed_precision {requested} needs CUDA; training in fp32 on this machine")
+        warn_user(f"--mixed_precision {requested} needs CUDA; training in fp32 on this machine")
         return "fp32"
     return requested
 

@@ -8,13 +8,15 @@ import torch
 from transformers import AutoConfig, AutoModelForTokenClassification, PreTrainedModel
 
 from .logprobs import mask_positions
+from .reward_model import from_pretrained_with_head
 
 
 def load_critic(path: str, pad_token_id: int, trust_remote_code: bool = False) -> PreTrainedModel:
     """A critic from `path` (reward model, earlier critic or causal LM), with no dropout on its values."""
     config = AutoConfig.from_pretrained(path, num_labels=1, trust_remote_code=trust_remote_code)
     config.classifier_dropout = 0.0
-    model = AutoModelForTokenClassification.from_pretrained(path, config=config, trust_remote_code=trust_remote_code)
+    model = from_pretrained_with_head(AutoModelForTokenClassification, path, "critic", config=config,
+                                      trust_remote_code=trust_remote_code)
     model.config.pad_token_id = pad_token_id
     return model
 

@@ -16,14 +16,15 @@ def _reduce(loss: torch.Tensor, reduction: str) -> torch.Tensor:
 
 
 class LogSigLoss(torch.nn.Module):
-    """Bradley-Terry pairwise loss, -log sigmoid(r_chosen - r_rejected) (InstructGPT, Ouyang et al. 2022)."""
+    """Bradley-Terry pairwise loss, -log sigmoid(beta (r_chosen - r_rejected)) (InstructGPT, Ouyang et al.
+    2022); `beta` scales the margin (1: the plain loss)."""
 
-    def __init__(self, reduction: str = "mean") -> None:
+    def __init__(self, beta: float = 1.0, reduction: str = "mean") -> None:
         super().__init__()
-        self.reduction = reduction
+        self.beta, self.reduction = beta, reduction
 
     def forward(self, chosen_reward: torch.Tensor, reject_reward: torch.Tensor) -> torch.Tensor:
-        return _reduce(-F.logsigmoid(chosen_reward - reject_reward), self.reduction)
+        return _reduce(-F.logsigmoid(self.beta * (chosen_reward - reject_reward)), self.reduction)
 
 
 class LogExpLoss(torch.nn.Module):

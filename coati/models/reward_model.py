@@ -3,15 +3,36 @@
 Stored that way, `from_pretrained` loads the backbone and its head, and any causal-LM checkpoint starts
 one (the head is then new). The reward of a sequence is read at its last non-pad token.
 """
+from typing import Any
+
 import torch
+import transformers
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
+
+from coati.utils.errors import warn_user
 
 from .logprobs import mask_positions
 
 
+def from_pretrained_with_head(auto_cls: Any, path: str, role: str, **kwargs: Any) -> PreTrainedModel:
+    """`auto_cls.from_pretrained(path, **kwargs)` for a model with a head that `path` may lack (a causal LM
+    to start from): a new head is said in one line of ours, instead of transformers' two-line notice."""
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        model, info = auto_cls.from_pretrained(path, output_loading_info=True, **kwargs)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    if info["missing_keys"]:
+        warn_user(f"{role}: {path} has no {', '.join(sorted(info['missing_keys']))}; it starts from random weights "
+                  "(as expected when starting from a causal LM)")
+    return model
+
+
 def load_reward_model(path: str, pad_token_id: int, trust_remote_code: bool = False) -> PreTrainedModel:
     """A reward model from `path`: an earlier reward model, or a causal LM to start one from."""
-    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, trust_remote_code=trust_remote_code)
+    model = from_pretrained_with_head(AutoModelForSequenceClassification, path, "reward model", num_labels=1,
+                                      trust_remote_code=trust_remote_code)
     model.config.pad_token_id = pad_token_id
     return model
 

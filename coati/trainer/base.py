@@ -360,14 +360,16 @@ class SLTrainer(_TrainerCore, ABC):
         self.model.train()
 
     def _write_eval_results(self, epoch: int, results: Dict[str, float]) -> None:
-        """`eval_result_epoch{N}.json` and `.txt` in `output_dir`; nothing is written when it is unset."""
-        if self.output_dir is None or not self.coordinator.is_master():
+        """`eval_result_epoch{N}.json` and `.txt` in `output_dir`, else in `save_dir` (as ColossalChat's
+        trainers write them); nothing is written when neither is set."""
+        folder = self.output_dir or (Path(self.save_dir) if self.save_dir else None)
+        if folder is None or not self.coordinator.is_master():
             return
-        self.output_dir.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
         record = {"epoch": epoch, "step": self.step, **results}
-        (self.output_dir / f"eval_result_epoch{epoch}.json").write_text(json.dumps(record, indent=2))
+        (folder / f"eval_result_epoch{epoch}.json").write_text(json.dumps(record, indent=2))
         lines = [f"epoch {epoch}, optimizer step {self.step}"] + [f"{k}: {v:.6g}" for k, v in results.items()]
-        (self.output_dir / f"eval_result_epoch{epoch}.txt").write_text("\n".join(lines) + "\n")
+        (folder / f"eval_result_epoch{epoch}.txt").write_text("\n".join(lines) + "\n")
 
     # ---- checkpoints --------------------------------------------------------------------------
     def _save(self, epoch: int, sample_index: int) -> None:

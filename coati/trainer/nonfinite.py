@@ -6,8 +6,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from coati.distributed.comm import is_distributed, is_rank_0
-from coati.utils.errors import NonFiniteError
+from coati.distributed.comm import is_distributed
+from coati.utils.errors import NonFiniteError, warn_user
 
 
 def all_ranks_finite(value: torch.Tensor) -> bool:
@@ -46,6 +46,5 @@ class NonFiniteGuard:
                                  "was neither applied nor saved. Lower --lr, check the data, or resume from the last "
                                  "checkpoint")
         self.skipped += 1
-        if is_rank_0():
-            print(f"warning: {where}: the {what} is NaN or infinite; step skipped "
-                  f"({self.skipped} of --skip_nonfinite {self.max_skips})", flush=True)
+        warn_user(f"{where}: the {what} is NaN or infinite; step skipped ({self.skipped} of --skip_nonfinite "
+                  f"{self.max_skips})")

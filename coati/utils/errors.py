@@ -82,6 +82,12 @@ def _close_progress_bars() -> None:
         bar.close()
 
 
+def warn_user(message: str) -> None:
+    """One `warning: ...` line on stderr, once per node: a fact the user should know that does not stop the run."""
+    if _is_local_rank_0():
+        print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
 def fail(message: str, code: int, every_rank: bool = False) -> NoReturn:
     """Print `message` (one line, the last this process prints; on one process per node unless
     `every_rank`), record it for torchrun, and exit with `code`."""
