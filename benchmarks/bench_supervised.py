@@ -38,6 +38,7 @@ def _record(out: Path, times: List[float], tokens: List[int]) -> None:
 
 def run_coati(args: argparse.Namespace) -> None:
     """The real training path, with a callback that stamps each optimizer step's end."""
+    from coati.models.loss import LogSigLoss
     from coati.trainer.callbacks import Callback, count_samples_and_tokens
     from coati.trainer.rm import RewardModelTrainer
     from coati.trainer.runner import load_reward_model_from_args, run_supervised
@@ -58,7 +59,7 @@ def run_coati(args: argparse.Namespace) -> None:
         run_supervised(train_args, SFTTrainer, "sft", callbacks=[StepClock()])
     else:
         run_supervised(train_args, RewardModelTrainer, "preference", model_loader=load_reward_model_from_args,
-                       callbacks=[StepClock()])
+                       trainer_kwargs={"loss_fn": LogSigLoss(reduction="none")}, callbacks=[StepClock()])
     _record(Path(args.worker_out), times, tokens)
 
 
