@@ -48,6 +48,16 @@ def world_of_one():
 
 
 TORCHRUN_ENV = {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+PROCESS_GROUP_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+"""What `world_of_one` leaves in this process's environment: a child started with it would join this
+process's store instead of starting its own."""
+
+
+def child_env(**extra: str) -> dict:
+    """The environment for a script started from a test: this one without the process-group variables, with
+    TORCHRUN_ENV and `extra`."""
+    env = {k: v for k, v in os.environ.items() if k not in PROCESS_GROUP_ENV}
+    return {**env, **TORCHRUN_ENV, **extra}
 
 
 def torchrun_cmd(script: Path, nproc: int, *args: str) -> list:
@@ -57,7 +67,7 @@ def torchrun_cmd(script: Path, nproc: int, *args: str) -> list:
 def torchrun(script: Path, nproc: int, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     """Launch `script` with real torchrun processes and capture its output."""
     return subprocess.run(torchrun_cmd(script, nproc, *args), capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **TORCHRUN_ENV}, cwd=REPO)
+                          env=child_env(), cwd=REPO)
 
 
 def dist_script_result(name: str, nproc: int = 2) -> dict:
@@ -72,7 +82,7 @@ def start_torchrun(script: Path, nproc: int, *args: str, log: Path) -> subproces
     """Start `script` under torchrun in the background, output to `log`."""
     with open(log, "w") as out:
         return subprocess.Popen(torchrun_cmd(script, nproc, *args), stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, **TORCHRUN_ENV}, cwd=REPO)
+                                env=child_env(), cwd=REPO)
 
 
 def kill_run(proc: subprocess.Popen) -> int:

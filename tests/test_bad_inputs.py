@@ -4,7 +4,6 @@ no hang. Every case runs in-process through the script's `main` (the code path o
 sample of them also runs as a real process under plain `python` and under `torchrun`, where torchrun's
 failure summary must name our error."""
 import importlib.util
-import os
 import re
 import shutil
 import subprocess
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SCRIPTS, TORCHRUN_ENV, torchrun
+from conftest import REPO, SCRIPTS, child_env, torchrun
 
 PREPARE = REPO / "examples" / "data_preparation_scripts" / "prepare_dataset.py"
 
@@ -286,7 +285,7 @@ def test_bad_input_as_a_python_process(bad, name):
     _, build, expected = _case(name)
     script, argv = build(bad)
     result = subprocess.run([sys.executable, str(_script_path(script)), *argv], capture_output=True, text=True,
-                            timeout=300, env={**os.environ, **TORCHRUN_ENV}, cwd=REPO)
+                            timeout=300, env=child_env(), cwd=REPO)
     assert result.returncode == 2
     _check_error_line(result.stderr, expected)
 
@@ -344,7 +343,7 @@ def test_a_broken_reward_function_ends_the_run_with_one_line(bad, tmp_path, name
             "--num_generations", "2", "--max_new_tokens", "8", "--num_episodes", "2", "--reward_timeout", "2",
             "--reward_fn", f"bad_rewards:{name}"]
     result = subprocess.run([sys.executable, str(SCRIPTS / "train_grpo.py"), *argv], capture_output=True, text=True,
-                            timeout=300, cwd=REPO, env={**os.environ, **TORCHRUN_ENV, "PYTHONPATH": str(tmp_path)})
+                            timeout=300, cwd=REPO, env=child_env(PYTHONPATH=str(tmp_path)))
     assert result.returncode == 2
     _check_error_line(result.stderr, expected)
 

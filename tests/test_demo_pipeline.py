@@ -1,14 +1,13 @@
 """The demo pipeline end to end at a small size: every stage's outputs, the held-out table, the plots
 and the report (Markdown and standalone HTML)."""
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 from PIL import Image
 
-from conftest import REPO, TORCHRUN_ENV
+from conftest import REPO, child_env
 
 
 @pytest.mark.slow
@@ -16,7 +15,7 @@ def test_demo_runs_every_stage_and_writes_the_report(tmp_path):
     out = tmp_path / "demo"
     result = subprocess.run([sys.executable, str(REPO / "applications" / "demo" / "run_demo.py"), "--out", str(out),
                              "--steps", "12", "--model_size", "tiny"], capture_output=True, text=True, cwd=REPO,
-                            env={**os.environ, **TORCHRUN_ENV}, timeout=900)
+                            env=child_env(), timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     lines = [line for line in result.stdout.splitlines() if line.startswith("[demo]")]
     for name in ("sft", "rm", "ppo", "grpo", "report"):

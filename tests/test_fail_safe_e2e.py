@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from conftest import REPO, SCRIPTS, TORCHRUN_ENV, start_torchrun, torchrun_cmd
+from conftest import REPO, SCRIPTS, child_env, start_torchrun, torchrun_cmd
 
 
 def _grpo_args(assets, *extra):
@@ -22,7 +22,7 @@ def _grpo_args(assets, *extra):
 
 def _python(script, *args, env=None, timeout=600):
     return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **TORCHRUN_ENV, **(env or {})}, cwd=REPO)
+                          env=child_env(**(env or {})), cwd=REPO)
 
 
 @pytest.mark.slow
@@ -59,7 +59,7 @@ def test_a_reward_function_that_never_returns_ends_the_run_with_one_line(tiny_as
         torchrun_cmd(SCRIPTS / "train_grpo.py", 2, *_grpo_args(tiny_assets, "--reward_fn", "stuck_reward:reward",
                                                                "--reward_timeout", "3", "--num_episodes", "2")),
         capture_output=True, text=True, timeout=600, cwd=REPO,
-        env={**os.environ, **TORCHRUN_ENV, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"})
+        env=child_env(PYTHONPATH=f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"))
     assert time.monotonic() - start < 300
     assert result.returncode != 0
     ours = [line for line in result.stderr.splitlines() if "did not return" in line]

@@ -1,14 +1,13 @@
 """The GSM8K-style RLVR recipe on a small generated file in GSM8K's format: save and evaluation cadence,
 held-out accuracy printed, the run resumable."""
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
 from coati.dataset.demo_data import generate_problems, gsm8k_records, write_jsonl
-from conftest import REPO, TORCHRUN_ENV
+from conftest import REPO, child_env
 
 RECIPE = REPO / "applications" / "gsm8k_rlvr" / "run_gsm8k.py"
 
@@ -22,7 +21,7 @@ def test_gsm8k_recipe_saves_and_evaluates_on_its_cadence(tiny_assets, tmp_path, 
     cmd = [sys.executable, str(RECIPE), "--pretrain", str(tiny_assets["model"]), "--train_file", str(train),
            "--test_file", str(test), "--out", str(out), "--episodes", "6", "--save_every", "3", "--eval_every", "2",
            *rollout, "--", "--batch_size", "2", "--num_generations", "4", "--max_new_tokens", "8"]
-    result = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env={**os.environ, **TORCHRUN_ENV}, timeout=600)
+    result = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["epoch-0_step-3", "epoch-0_step-6"]
     history = json.loads((out / "eval_results.json").read_text())

@@ -1,6 +1,5 @@
 """Plugin selection: CUDA-only plugins are refused on a CPU machine with one line and exit status 2."""
 import argparse
-import os
 import subprocess
 import sys
 
@@ -9,7 +8,7 @@ import torch
 
 from coati.distributed.plugins import CUDA_ONLY, PLUGINS, add_plugin_args, build_booster, check_plugin_available
 from coati.utils import CoatiUsageError
-from conftest import REPO, SCRIPTS
+from conftest import REPO, SCRIPTS, child_env
 
 needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 
@@ -59,7 +58,7 @@ def test_ddp_booster_clips_in_the_trainer_and_uses_fp32_on_cpu(world_of_one):
 
 def test_a_refused_plugin_is_the_only_line_printed_even_with_python_warnings_on(tmp_path):
     """What a user sees, with Python's default warning filters: no third-party import notes before our line."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    env = {k: v for k, v in child_env().items() if k != "PYTHONWARNINGS"}
     result = subprocess.run([sys.executable, str(SCRIPTS / "train_rm.py"), "--pretrain", str(tmp_path / "m"),
                              "--dataset", str(tmp_path), "--plugin", "gemini"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env)
