@@ -12,6 +12,8 @@ from coati.utils.file_checks import check_model_dir
 MODEL_FLAGS = ("pretrain", "ref_pretrain", "rm_pretrain", "critic_pretrain")
 DATA_FLAGS = ("dataset", "eval_dataset", "ptx_dataset")
 OUTPUT_FLAGS = ("output_dir", "save_dir", "log_dir")
+PREPARED_MARKERS = ("state.json", "dataset_dict.json")
+"""Files `datasets.save_to_disk` writes into every dataset (or dataset dict) folder."""
 
 
 def check_writable_dir(path: str, flag: str) -> None:
@@ -26,10 +28,6 @@ def check_writable_dir(path: str, flag: str) -> None:
         raise CoatiUsageError(f"{flag} {path} cannot be created: {existing} is a file")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise CoatiUsageError(f"{flag} {path} cannot be written: no write permission on {existing}")
-
-
-PREPARED_MARKERS = ("state.json", "dataset_dict.json")
-"""Files `datasets.save_to_disk` writes into every dataset (or dataset dict) folder."""
 
 
 def check_data_dirs(paths: Optional[Sequence[str]], flag: str) -> None:
