@@ -163,3 +163,42 @@ def test_gsm8k_answer_without_final_mark_is_refused(tiny_assets, tmp_path):
     result = _prepare(tiny_assets, "prompt", [bad], tmp_path / "out")
     assert result.returncode == 2
     assert f"{bad}:1: field 'answer': a GSM8K answer is a solution ending in '#### <number>'" in result.stderr
+
+
+def test_sharegpt_conversations_and_colossalchat_kto_rows_prepare_like_ours(tiny_assets, tmp_path):
+    from coati.dataset import prepare_dataset
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
+    sharegpt = _write(tmp_path / "sharegpt.jsonl", [{"conversations": [
+        {"from": "system", "value": "Be brief."}, {"from": "human", "value": "1 + 1?"}, {"from": "gpt", "value": "2"}]}])
+    ours = _write(tmp_path / "ours.jsonl", [{"messages": [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "1 + 1?"},
+        {"role": "assistant", "content": "2"}]}])
+    for name, raw in (("sharegpt", sharegpt), ("ours", ours)):
+        assert prepare_dataset([raw], "sft", tokenizer, 64, tmp_path / name)["kept"] == 1
+    assert load_from_disk(str(tmp_path / "sharegpt"))[0] == load_from_disk(str(tmp_path / "ours"))[0]
+
+    prompts = _write(tmp_path / "prompts.jsonl", [{"conversations": [{"from": "human", "value": "2 + 2?"}],
+                                                   "gt_answer": "4"}])
+    prepare_dataset([prompts], "prompt", tokenizer, 64, tmp_path / "prompts")
+    row = load_from_disk(str(tmp_path / "prompts"))[0]
+    assert row["gt_answer"] == "4" and "conversations" not in row
+
+    kto = _write(tmp_path / "kto.jsonl", [
+        {"prompt": [{"from": "user", "content": "2 + 2?"}], "completion": {"from": "assistant", "content": "4"},
+         "label": True}])
+    plain = _write(tmp_path / "kto_plain.jsonl", [{"prompt": "2 + 2?", "completion": "4", "label": True}])
+    prepare_dataset([kto], "kto", tokenizer, 64, tmp_path / "kto")
+    prepare_dataset([plain], "kto", tokenizer, 64, tmp_path / "kto_plain")
+    assert load_from_disk(str(tmp_path / "kto"))[0] == load_from_disk(str(tmp_path / "kto_plain"))[0]
+
+
+def test_data_prepared_by_colossalchat_is_refused_with_how_to_prepare_it_again(tmp_path):
+    from coati.utils import CoatiUsageError
+
+    Dataset.from_dict({"chosen_input_ids": [[1, 2]], "chosen_loss_mask": [[0, 1]], "rejected_input_ids": [[1, 3]],
+                       "rejected_loss_mask": [[0, 1]]}).save_to_disk(str(tmp_path / "cc"))
+    with pytest.raises(CoatiUsageError, match=r"prepared by ColossalChat's prepare_dataset.py \(it has a "
+                                              r"'chosen_loss_mask' column\); prepare the raw data again with "
+                                              r"examples/data_preparation_scripts/prepare_dataset.py --type preference"):
+        load_prepared([tmp_path / "cc"], "preference")

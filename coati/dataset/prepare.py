@@ -132,9 +132,28 @@ def load_prepared(paths: Sequence[PathLike], data_type: Optional[str] = None) ->
             raise CoatiUsageError(f"dataset {path} was prepared as {found} data; this script needs {data_type} data "
                                   f"(prepare_dataset.py --type {data_type})")
     parts = [load_from_disk(str(p)) for p in paths]
+    for path, part in zip(paths, parts):
+        _refuse_colossalchat_data(path, part.column_names, data_type)
     columns = sorted({c for part in parts for c in part.column_names})
     parts = [_with_columns(part, columns) for part in parts]
     return concatenate_datasets(parts)
+
+
+COLOSSALCHAT_COLUMNS = ("loss_mask", "inputs_decode", "labels_decode", "label_decode", "seq_category")
+"""Column (name endings) that ColossalChat's prepare_dataset.py writes and coati's never does."""
+
+
+def _refuse_colossalchat_data(path: PathLike, columns: Sequence[str], data_type: Optional[str]) -> None:
+    """A folder ColossalChat's prepare_dataset.py wrote (its masks and decoded text, not coati's labels) is
+    refused with how to prepare it again: the same raw JSONL goes through coati's script."""
+    if prepared_type(path):
+        return
+    found = next((c for c in columns if c.endswith(COLOSSALCHAT_COLUMNS)), None)
+    if found:
+        kind = data_type or "sft|preference|prompt|kto"
+        raise CoatiUsageError(f"dataset {path} was prepared by ColossalChat's prepare_dataset.py (it has a {found!r} "
+                              f"column); prepare the raw data again with examples/data_preparation_scripts/"
+                              f"prepare_dataset.py --type {kind}, which reads the same JSONL")
 
 
 def _with_columns(dataset: Dataset, columns: Sequence[str]) -> Dataset:

@@ -2,12 +2,14 @@
 
 Accepted shapes (ColossalChat's and OpenAI/HF's):
 - sft: `messages` = [{role|from, content|value}, ...]: an optional system turn, then user/assistant
-  turns alternating, ending with a non-empty assistant turn.
+  turns alternating, ending with a non-empty assistant turn. ShareGPT's `conversations` (`from`:
+  human/gpt/system, `value`) is read the same way, for prompt data too.
 - preference: `context` + `chosen` + `rejected` message lists, or `prompt`/`chosen`/`rejected` strings.
 - prompt: `messages` ending with a user turn, or a `prompt` string; every other field (e.g.
   `gt_answer`) is carried through unchanged for the reward function.
-- kto: `prompt` + `completion` (strings, or a message list and assistant turns) + boolean `label`
-  (desirable or not), or `messages` ending with the assistant completion + `label`.
+- kto: `prompt` + `completion` (strings, or a message list and assistant turns, or ColossalChat's single
+  completion message object) + boolean `label` (desirable or not), or `messages` ending with the assistant
+  completion + `label`.
 - GSM8K's `question` + `answer` (a worked solution ending in `#### N`, as in openai/gsm8k), for sft
   (the solution is the assistant turn) and prompt (`gt_answer` = N, commas dropped; `solution` kept).
 """
@@ -108,17 +110,29 @@ def gsm8k_answer(row: Row, where: str) -> str:
     return answer.rsplit(GSM8K_MARK, 1)[1].strip().replace(",", "")
 
 
+SHAREGPT_FIELD = "conversations"
+
+
+def conversation_field(row: Any) -> str:
+    """Where a row keeps its conversation: `messages`, or ShareGPT's `conversations` when only that is there."""
+    return SHAREGPT_FIELD if isinstance(row, dict) and "messages" not in row and SHAREGPT_FIELD in row else "messages"
+
+
 def validate_sft(row: Any, where: str) -> Row:
     if is_gsm8k(row):
         gsm8k_answer(row, where)
         return {"messages": [{"role": "user", "content": row["question"]}, {"role": "assistant", "content": row["answer"]}]}
-    messages = normalize_messages(_require(row, "messages", where), where, "messages")
-    check_turn_order(messages, where, "messages", last_role="assistant")
+    field = conversation_field(row)
+    messages = normalize_messages(_require(row, field, where), where, field)
+    check_turn_order(messages, where, field, last_role="assistant")
     return {"messages": messages}
 
 
 def _response(row: Row, field: str, where: str) -> List[Dict[str, str]]:
+    """Assistant turns from a string, a message list, or one message object (ColossalChat's KTO completion)."""
     value = _require(row, field, where)
+    if isinstance(value, dict):
+        value = [value]
     turns = [{"role": "assistant", "content": value}] if isinstance(value, str) else normalize_messages(value, where, field)
     if any(t["role"] != "assistant" for t in turns):
         raise DataValidationError(where, field, "must hold assistant turns only")
@@ -146,8 +160,9 @@ def validate_prompt(row: Any, where: str) -> Row:
         extra = {k: v for k, v in row.items() if k not in ("question", "answer")}
         return {"messages": [{"role": "user", "content": row["question"]}], **extra,
                 "gt_answer": gsm8k_answer(row, where), "solution": row["answer"]}
-    messages = _prompt_turns(row, "messages", where)
-    extra = {k: v for k, v in row.items() if k not in ("messages", "prompt")}
+    field = conversation_field(row)
+    messages = _prompt_turns(row, field, where)
+    extra = {k: v for k, v in row.items() if k not in (field, "prompt")}
     return {"messages": messages, **extra}
 
 
