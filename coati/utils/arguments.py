@@ -17,7 +17,8 @@ def training_parser(description: str, dataset_flag: str = "--dataset", on_policy
     count `--num_episodes` instead of epochs, steps and accumulation, so those flags are not theirs."""
     parser = CoatiArgumentParser(description=description)
     model = parser.add_argument_group("model")
-    model.add_argument("--pretrain", required=True, help="model directory loadable with from_pretrained")
+    model.add_argument("--pretrain", required=True,
+                       help="model directory, or a Hugging Face model id (from the local HF cache; downloaded when online)")
     model.add_argument("--tokenizer_dir", default=None, help="tokenizer directory (default: --pretrain)")
     model.add_argument("--trust_remote_code", action="store_true", help="allow custom modelling code shipped with the model")
     model.add_argument("--grad_checkpoint", action="store_true", help="recompute activations in backward to save memory")

@@ -3,10 +3,11 @@ every path a flag names (models, tokenizer, data, output folders, the checkpoint
 the run stops with one line naming the flag. Every rank runs them, so all ranks stop together."""
 import argparse
 import os
+import re
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
-from coati.utils.errors import CoatiUsageError
+from coati.utils.errors import CoatiUsageError, first_line
 from coati.utils.file_checks import check_model_dir
 
 MODEL_FLAGS = ("pretrain", "ref_pretrain", "rm_pretrain", "critic_pretrain")
@@ -41,8 +42,42 @@ def check_data_dirs(paths: Optional[Sequence[str]], flag: str) -> None:
                                   "write one from raw data with prepare_dataset.py")
 
 
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+"""A Hugging Face model id (`org/name`), as opposed to a path."""
+
+
+def resolve_model_dir(value: str, flag: str) -> str:
+    """`value` itself when it is a directory; for a Hugging Face model id (`org/name`) that is not one, its
+    snapshot folder in the local HF cache (`HF_HOME`), downloaded first where the machine is online and
+    `HF_HUB_OFFLINE` is unset, as every HF-based trainer resolves `from_pretrained` ids."""
+    if Path(value).is_dir() or not HUB_ID.match(value):
+        return value
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(value, local_files_only=True)
+    except Exception as cached_error:
+        if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+            raise CoatiUsageError(f"{flag} {value} is neither a directory nor a model in the Hugging Face cache "
+                                  f"({first_line(cached_error)}); HF_HUB_OFFLINE is set, so it is not downloaded") from None
+    try:
+        return snapshot_download(value)
+    except Exception as error:
+        raise CoatiUsageError(f"{flag} {value} is neither a directory nor a model in the Hugging Face cache, and "
+                              f"downloading it failed ({type(error).__name__}: {first_line(error)})") from None
+
+
+def resolve_model_flags(args: argparse.Namespace) -> None:
+    """Replace Hugging Face model ids among the model and tokenizer flags by their local snapshot folders."""
+    for name in (*MODEL_FLAGS, "tokenizer_dir"):
+        if getattr(args, name, None):
+            setattr(args, name, resolve_model_dir(getattr(args, name), f"--{name}"))
+
+
 def check_run_paths(args: argparse.Namespace) -> Dict[str, dict]:
-    """Check every path flag `args` has; returns the model configs read, by flag name."""
+    """Resolve model ids (`resolve_model_flags`), then check every path flag `args` has; returns the model
+    configs read, by flag name."""
+    resolve_model_flags(args)
     configs = {}
     for name in MODEL_FLAGS:
         if getattr(args, name, None):

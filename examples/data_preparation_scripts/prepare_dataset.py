@@ -10,7 +10,7 @@ from coati.dataset.prepare import prepare_dataset
 from coati.dataset.tokenization import load_tokenizer
 from coati.utils.cli import CoatiArgumentParser, at_least
 from coati.utils.errors import CoatiUsageError, exit_cleanly
-from coati.utils.preflight import check_writable_dir
+from coati.utils.preflight import check_writable_dir, resolve_model_dir
 
 
 @exit_cleanly
@@ -19,7 +19,7 @@ def main(argv=None) -> None:
     parser.add_argument("--type", required=True, choices=("sft", "preference", "prompt", "kto"), help="what the rows are")
     parser.add_argument("--data_input_dirs", nargs="+", required=True,
                         help="JSONL files, folders of them, or local dataset folders that datasets.load_dataset reads")
-    parser.add_argument("--tokenizer_dir", required=True, help="tokenizer (with its chat template) to tokenize with")
+    parser.add_argument("--tokenizer_dir", required=True, help="tokenizer (with its chat template): a folder or a Hugging Face model id")
     parser.add_argument("--data_output_dirs", required=True, help="where the prepared dataset is saved")
     parser.add_argument("--max_length", type=at_least(1), default=2048, help="tokens per sequence; longer ones are cut from the right")
     parser.add_argument("--conversation_template_config", default=None,
@@ -28,6 +28,7 @@ def main(argv=None) -> None:
     parser.add_argument("--trust_remote_code", action="store_true", help="allow custom tokenizer code")
     args = parser.parse_args(argv)
     check_writable_dir(args.data_output_dirs, "--data_output_dirs")
+    args.tokenizer_dir = resolve_model_dir(args.tokenizer_dir, "--tokenizer_dir")
     tokenizer = load_tokenizer(args.tokenizer_dir, args.trust_remote_code, args.conversation_template_config)
     if not tokenizer.chat_template:
         raise CoatiUsageError(f"the tokenizer in {args.tokenizer_dir} has no chat template; pass --conversation_template_config")
