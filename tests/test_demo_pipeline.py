@@ -25,7 +25,7 @@ def test_demo_runs_every_stage_and_writes_the_report(tmp_path):
         assert (out / stage / "model" / "config.json").is_file(), stage
         assert (out / stage / "logs" / "metrics.jsonl").stat().st_size > 0, stage
         assert any((out / stage / "checkpoints").iterdir()), stage
-    assert (out / "ppo" / "logs" / "samples").is_dir() and (out / "grpo" / "eval_results.json").is_file()
+    assert (out / "ppo" / "logs" / "rich_completions").is_dir() and (out / "grpo" / "eval_results.json").is_file()
     accuracy = json.loads((out / "heldout_accuracy.json").read_text())
     assert set(accuracy) == {"initial", "sft", "ppo", "grpo"} and all(0 <= v <= 1 for v in accuracy.values())
     markdown = (out / "REPORT.md").read_text()

@@ -48,3 +48,17 @@ def test_performance_evaluator_reports_rates_after_warmup():
     assert evaluator.learn.samples == 8 and evaluator.learn.tokens == 64      # the first call is warm-up
     assert summary["learn/tokens_per_s"] == summary["learn/samples_per_s"] * 8
     assert "make_experience/seconds" not in summary
+
+
+def test_sample_tables_as_json_sidecars_and_at_most_n_rows_to_wandb(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    rows = [{"prompt": f"q{i}", "completion": f"a{i}", "reward": float(i)} for i in range(10)]
+    logger = MetricsLogger(log_dir=str(tmp_path), use_wandb=True, wandb_table_rows=4)
+    path = logger.log_table("completions", rows, step=7)
+    logger.close()
+    assert path == tmp_path / "rich_completions" / "completions_step_000007.json"
+    assert json.loads(path.read_text()) == {"columns": ["prompt", "completion", "reward"],
+                                            "data": [[f"q{i}", f"a{i}", float(i)] for i in range(10)]}
+    sent = list((tmp_path / "wandb").rglob("completions_*.table.json"))
+    assert len(sent) == 1 and json.loads(sent[0].read_text())["data"] == [[f"q{i}", f"a{i}", float(i)] for i in range(4)]

@@ -40,8 +40,9 @@ def test_killed_rl_run_resumes_with_the_same_metrics(tiny_assets, tmp_path, scri
     expected = _train_records(full / "logs")
     assert [r["step"] for r in expected] == list(range(1, EPISODES + 1))
     assert AutoModelForCausalLM.from_pretrained(full / "model").config.model_type == "llama"
-    table = json.loads((full / "logs" / "samples" / "step_6.json").read_text())
-    assert table and {"prompt", "completion", "reward", "answer_format", "advantage"} <= table[0].keys()
+    table = json.loads((full / "logs" / "rich_completions" / "completions_step_000006.json").read_text())
+    assert table["data"] and {"prompt", "completion", "reward", "answer_format", "advantage"} <= set(table["columns"])
+    assert all(len(row) == len(table["columns"]) for row in table["data"])
     if script == "train_ppo.py":
         assert (full / "ckpt" / f"epoch-0_step-{EPISODES}" / "critic" / "modeling").is_dir()
         assert all("train/ptx_loss" in r and "train/value_loss" in r for r in expected)

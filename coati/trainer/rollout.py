@@ -17,7 +17,7 @@ from coati.utils.ckpt_io import ModelState, load_checkpoint, read_running_state,
 from .base import OLTrainer, move_to_device
 from .callbacks import Callback, fire
 
-SAMPLE_TABLE = "samples"
+SAMPLE_TABLE = "completions"
 MAX_SAMPLE_ROWS = 64
 
 

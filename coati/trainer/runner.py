@@ -174,7 +174,7 @@ def build_scheduler(optimizer: torch.optim.Optimizer, args: argparse.Namespace, 
 
 def open_logger(args: argparse.Namespace, trainer_cls: type, resume_step: Optional[int]) -> MetricsLogger:
     return MetricsLogger(args.log_dir, args.use_wandb, args.wandb_project, trainer_cls.__name__, vars(args),
-                         resume_step=resume_step)
+                         resume_step=resume_step, wandb_table_rows=args.wandb_table_rows)
 
 
 def run_supervised(

@@ -7,6 +7,7 @@ import argparse
 
 from coati.distributed.plugins import add_plugin_args
 from coati.utils.cli import CoatiArgumentParser, at_least, in_range, non_negative, positive
+from coati.utils.metrics_logger import DEFAULT_WANDB_TABLE_ROWS
 
 DEFAULT_REWARD_TIMEOUT_S = 600.0
 
@@ -67,6 +68,8 @@ def training_parser(description: str, dataset_flag: str = "--dataset", on_policy
         log.add_argument("--log_interval", type=at_least(1), default=10, help="log every N optimizer steps")
     log.add_argument("--use_wandb", action="store_true", help="also log to Weights & Biases (WANDB_MODE=offline works)")
     log.add_argument("--wandb_project", default="coati", help="W&B project of the run")
+    log.add_argument("--wandb_table_rows", type=at_least(0), default=DEFAULT_WANDB_TABLE_ROWS,
+                     help="rows of each sample table sent to W&B (the JSON sidecar under --log_dir keeps them all)")
 
     add_plugin_args(parser)
     parser.set_defaults(dataset_flag=dataset_flag)
@@ -116,7 +119,7 @@ def add_grpo_args(parser: argparse.ArgumentParser) -> None:
                     help="held-out evaluation every N episodes (always before the first and after the last)")
     rl.add_argument("--sample_log_interval", type=at_least(0), default=10,
                     help="a table of prompts, completions, rewards and advantages every N episodes (0: never): "
-                         "JSON under --log_dir/samples, and a W&B table with --use_wandb")
+                         "JSON under --log_dir/rich_completions, and a W&B table with --use_wandb")
 
 
 def add_async_args(parser: argparse.ArgumentParser) -> None:

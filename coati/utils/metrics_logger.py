@@ -11,6 +11,8 @@ from coati.distributed.comm import is_rank_0
 
 JSONL_NAME = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
+TABLES_DIR = "rich_completions"
+DEFAULT_WANDB_TABLE_ROWS = 4
 PREVIOUS_RUNS_DIR = "previous_runs"
 _SECRET_NAME = re.compile(r"(^|_)(api_?key|key|token|secret|password|passwd|credentials?)$")
 """Names of secrets: `api_key`, `wandb_key`, `hf_token`, `password`, `client_secret`; not `tokenizer_dir`."""
@@ -54,9 +56,11 @@ class MetricsLogger:
         run_name: Optional[str] = None,
         config: Optional[Dict[str, Any]] = None,
         resume_step: Optional[int] = None,
+        wandb_table_rows: int = DEFAULT_WANDB_TABLE_ROWS,
     ) -> None:
         self.active = is_rank_0()
         self.log_dir = Path(log_dir) if log_dir else None
+        self.wandb_table_rows = wandb_table_rows
         self._tb = None
         self._jsonl = None
         self._wandb_run = None
@@ -98,21 +102,22 @@ class MetricsLogger:
             self._wandb_run.log(dict(metrics), step=step)
 
     def log_table(self, name: str, rows: List[Dict[str, Any]], step: int) -> Optional[Path]:
-        """A table of `rows` (dicts with the same keys): `<log_dir>/<name>/step_<step>.json` always when
-        `log_dir` is set, and a W&B table when W&B is on. Returns the JSON file's path."""
+        """A table of `rows` (dicts with the same keys): always, when `log_dir` is set, a JSON sidecar
+        `<log_dir>/rich_completions/<name>_step_%06d.json` holding `{"columns": [...], "data": [[...], ...]}`;
+        and, with W&B on, a W&B table of the first `wandb_table_rows` rows. Returns the sidecar's path."""
         if not self.active or not rows:
             return None
+        columns = list(rows[0])
+        data = [[row[c] for c in columns] for row in rows]
         path = None
         if self.log_dir is not None:
-            path = self.log_dir / name / f"step_{step}.json"
+            path = self.log_dir / TABLES_DIR / f"{name}_step_{step:06d}.json"
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(rows, indent=1))
-        if self._wandb_run is not None:
+            path.write_text(json.dumps({"columns": columns, "data": data}, indent=1))
+        if self._wandb_run is not None and self.wandb_table_rows > 0:
             import wandb
 
-            columns = list(rows[0])
-            self._wandb_run.log({name: wandb.Table(columns=columns, data=[[r[c] for c in columns] for r in rows])},
-                                step=step)
+            self._wandb_run.log({name: wandb.Table(columns=columns, data=data[:self.wandb_table_rows])}, step=step)
         return path
 
     def close(self) -> None:
