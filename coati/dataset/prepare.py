@@ -22,6 +22,8 @@ from .validation import jsonl_entries, validate_rows
 PathLike = Union[str, Path]
 JSONL_SUFFIXES = (".jsonl", ".json")
 PREPARED_INFO = "coati_prepared.json"
+COLOSSALCHAT_COLUMNS = ("loss_mask", "inputs_decode", "labels_decode", "label_decode", "seq_category")
+"""Column-name endings that ColossalChat's prepare_dataset.py writes and coati's never does."""
 
 
 def _jsonl_files(path: Path) -> List[Path]:
@@ -137,10 +139,6 @@ def load_prepared(paths: Sequence[PathLike], data_type: Optional[str] = None) ->
     columns = sorted({c for part in parts for c in part.column_names})
     parts = [_with_columns(part, columns) for part in parts]
     return concatenate_datasets(parts)
-
-
-COLOSSALCHAT_COLUMNS = ("loss_mask", "inputs_decode", "labels_decode", "label_decode", "seq_category")
-"""Column (name endings) that ColossalChat's prepare_dataset.py writes and coati's never does."""
 
 
 def _refuse_colossalchat_data(path: PathLike, columns: Sequence[str], data_type: Optional[str]) -> None:
