@@ -37,20 +37,20 @@ def test_policy_loss_clips_with_separate_bounds():
     logps, old = T([[-1.0, -2.0]]), T([[-1.2, -1.0]])
     mask = T([[1, 1]])
     r1, r2 = math.exp(0.2), math.exp(-1.0)
-    loss, stats = PolicyLoss(0.2, 0.28)(logps, old, T([1.0]), mask)
+    loss, stats = PolicyLoss(clip_eps_low=0.2, clip_eps_high=0.28)(logps, old, T([1.0]), mask)
     assert loss.item() == pytest.approx(-(r1 + r2) / 2, rel=1e-5)             # neither ratio is clipped for A > 0
     assert stats["clip_ratio/region"].item() == 0.0
-    loss, stats = PolicyLoss(0.2, 0.1)(logps, old, T([1.0]), mask)
+    loss, stats = PolicyLoss(clip_eps_low=0.2, clip_eps_high=0.1)(logps, old, T([1.0]), mask)
     assert loss.item() == pytest.approx(-(1.1 + r2) / 2, rel=1e-5)            # 1.2214 clipped to 1 + 0.1
     assert [stats[f"clip_ratio/{k}"].item() for k in ("low", "high", "region")] == [0.0, 0.5, 0.5]
-    loss, stats = PolicyLoss(0.2, 0.2)(logps, old, T([-1.0]), mask)
+    loss, stats = PolicyLoss(0.2)(logps, old, T([-1.0]), mask)
     assert loss.item() == pytest.approx((r1 + 0.8) / 2, rel=1e-5)              # pessimistic: max(r, clip(r)) * |A|
     assert [stats[f"clip_ratio/{k}"].item() for k in ("low", "high", "region")] == [0.5, 0.0, 0.5]   # e^-1 < 0.8
     assert stats["approx_kl"].item() == pytest.approx((0.2 ** 2 + 1.0) / 4, rel=1e-5)
 
 
 def test_value_loss_takes_the_larger_of_clipped_and_unclipped():
-    loss = ValueLoss(0.2)(T([[1.0, 0.0]]), T([[0.5, 0.0]]), T([[2.0, 0.0]]), T([[1, 0]]))
+    loss = ValueLoss(0.2)(T([[1.0, 0.0]]), T([[0.5, 0.0]]), T([[1.5, 0.0]]), T([[1, 0]]))    # returns 1.5 + 0.5
     assert loss.item() == pytest.approx(0.5 * (0.7 - 2.0) ** 2)
 
 
@@ -80,12 +80,12 @@ def test_policy_loss_weights_tokens_by_the_capped_behaviour_ratio():
     behaviour = torch.tensor([[-1.2, -4.0, -0.7]])   # ratios e^0.1, e^2 (capped at 3), 1
     advantages = torch.tensor([1.0])
     mask = torch.ones(1, 3)
-    loss, stats = PolicyLoss(0.2, 0.2, behaviour_cap=3.0)(logps, prox, advantages, mask, behaviour)
+    loss, stats = PolicyLoss(0.2, behaviour_cap=3.0)(logps, prox, advantages, mask, behaviour)
     ratio = torch.exp(logps - prox)
     clipped = -torch.min(ratio, ratio.clamp(0.8, 1.2))
     weights = torch.tensor([[math.exp(0.1), 3.0, 1.0]])
     assert loss.item() == pytest.approx((clipped * weights).mean().item(), rel=1e-6)
     assert stats["behaviour_weight"].item() == pytest.approx(weights.mean().item(), rel=1e-6)
     assert stats["behaviour_capped"].item() == pytest.approx(1 / 3)
-    plain, _ = PolicyLoss(0.2, 0.2)(logps, prox, advantages, mask)
+    plain, _ = PolicyLoss(0.2)(logps, prox, advantages, mask)
     assert plain.item() == pytest.approx(clipped.mean().item(), rel=1e-6)

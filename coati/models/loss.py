@@ -1,7 +1,7 @@
 """Every training loss in one place: pairwise reward-model losses, the DPO family, and PPO/GRPO's policy
 and value losses with their KL estimators and aggregation. Each states its equation in its docstring."""
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Dict, Iterator, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -47,19 +47,25 @@ class PreferenceLossOutput:
     rejected_rewards: torch.Tensor
     extras: Dict[str, torch.Tensor] = field(default_factory=dict)
 
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        """Unpacks as ColossalChat's losses return: `losses, chosen_rewards, rejected_rewards = loss_fn(...)`."""
+        return iter((self.losses, self.chosen_rewards, self.rejected_rewards))
+
 
 class DPOLoss(torch.nn.Module):
-    """DPO (Rafailov et al. 2023): -log sigmoid(beta * [(pi_c - ref_c) - (pi_r - ref_r)]) on summed log-probs,
-    with cDPO label smoothing eps (Mitchell 2023): -(1-eps) log sigmoid(h) - eps log sigmoid(-h).
+    """DPO (Rafailov et al. 2023): -log sigmoid(beta * [(pi_c - ref_c) - (pi_r - ref_r)] - gamma) on summed
+    log-probs, gamma being SimPO's target margin (0: plain DPO), with cDPO label smoothing eps (Mitchell 2023):
+    -(1-eps) log sigmoid(h) - eps log sigmoid(-h).
     `loss_type="ipo"` (Azar et al. 2023): ([(pi_c - ref_c) - (pi_r - ref_r)] - 1 / (2 beta))^2 on length-normalised log-probs."""
 
     needs_reference = True
 
-    def __init__(self, beta: float = 0.1, label_smoothing: float = 0.0, loss_type: str = "sigmoid") -> None:
+    def __init__(self, beta: float = 0.1, label_smoothing: float = 0.0, loss_type: str = "sigmoid",
+                 gamma: float = 0.0) -> None:
         super().__init__()
         if loss_type not in ("sigmoid", "ipo"):
             raise ValueError(f"unknown DPO loss_type {loss_type!r}; expected 'sigmoid' or 'ipo'")
-        self.beta, self.label_smoothing, self.loss_type = beta, label_smoothing, loss_type
+        self.beta, self.label_smoothing, self.loss_type, self.gamma = beta, label_smoothing, loss_type, gamma
         self.length_normalized = loss_type == "ipo"
 
     def forward(self, chosen: torch.Tensor, rejected: torch.Tensor, ref_chosen: torch.Tensor,
@@ -69,8 +75,25 @@ class DPOLoss(torch.nn.Module):
         if self.loss_type == "ipo":
             losses = (h - 1 / (2 * self.beta)) ** 2
         else:
-            losses = _smoothed_logsigmoid_loss(self.beta * h, self.label_smoothing)
+            losses = _smoothed_logsigmoid_loss(self.beta * h - self.gamma, self.label_smoothing)
         return PreferenceLossOutput(losses, self.beta * chosen_ratio.detach(), self.beta * rejected_ratio.detach())
+
+
+class DpoLoss(DPOLoss):
+    """ColossalChat's DPO loss, `DpoLoss(beta=0.1, gamma=0.0)`: `DPOLoss` with SimPO's margin `gamma`. Its
+    `forward` also takes ColossalChat's arguments: per-token log-probs (batch, T) with their masks, summed
+    here, and reference log-probs of None for a reference-free loss."""
+
+    def __init__(self, beta: float = 0.1, gamma: float = 0.0) -> None:
+        super().__init__(beta=beta, gamma=gamma)
+
+    def forward(self, chosen: torch.Tensor, rejected: torch.Tensor, ref_chosen: Optional[torch.Tensor] = None,
+                ref_rejected: Optional[torch.Tensor] = None, chosen_mask: Optional[torch.Tensor] = None,
+                reject_mask: Optional[torch.Tensor] = None) -> PreferenceLossOutput:
+        chosen, rejected = _sequence_logps(chosen, chosen_mask), _sequence_logps(rejected, reject_mask)
+        ref_chosen = torch.zeros_like(chosen) if ref_chosen is None else _sequence_logps(ref_chosen, chosen_mask)
+        ref_rejected = torch.zeros_like(rejected) if ref_rejected is None else _sequence_logps(ref_rejected, reject_mask)
+        return super().forward(chosen, rejected, ref_chosen, ref_rejected)
 
 
 class SimPOLoss(torch.nn.Module):
@@ -108,6 +131,16 @@ class ORPOLoss(torch.nn.Module):
                                     {"nll_loss": nll.detach(), "log_odds_ratio": log_odds.detach()})
 
 
+class OddsRatioLoss(ORPOLoss):
+    """ColossalChat's ORPO loss, `OddsRatioLoss()`: `ORPOLoss` (lam 0.1). Its `forward` also takes ColossalChat's
+    arguments: per-token log-probs (batch, T) with their loss masks, length-normalised here."""
+
+    def forward(self, chosen: torch.Tensor, rejected: torch.Tensor, chosen_loss_mask: Optional[torch.Tensor] = None,
+                reject_loss_mask: Optional[torch.Tensor] = None) -> PreferenceLossOutput:
+        return super().forward(_sequence_logps(chosen, chosen_loss_mask, mean=True),
+                               _sequence_logps(rejected, reject_loss_mask, mean=True))
+
+
 class KTOLoss(torch.nn.Module):
     """KTO (Ethayarajh et al. 2024): with r = pi - ref (summed log-probs) and z0 the batch KL estimate,
     desirable items cost w_D (1 - sigmoid(beta (r - z0))), undesirable ones w_U (1 - sigmoid(beta (z0 - r)))."""
@@ -123,6 +156,13 @@ class KTOLoss(torch.nn.Module):
         desirable_loss = self.desirable_weight * (1 - torch.sigmoid(self.beta * (ratio - kl)))
         undesirable_loss = self.undesirable_weight * (1 - torch.sigmoid(self.beta * (kl - ratio)))
         return torch.where(desirable, desirable_loss, undesirable_loss)
+
+
+def _sequence_logps(logps: torch.Tensor, mask: Optional[torch.Tensor], mean: bool = False) -> torch.Tensor:
+    """Per-sequence log-probs: `logps` as given without a mask, else their masked sum (or mean) over the tokens."""
+    if mask is None:
+        return logps
+    return masked_mean(logps, mask, dim=-1) if mean else (logps * mask.to(logps.dtype)).sum(-1)
 
 
 def _smoothed_logsigmoid_loss(logits: torch.Tensor, label_smoothing: float) -> torch.Tensor:
@@ -182,19 +222,27 @@ def kl_penalty(logps: torch.Tensor, ref_logps: torch.Tensor, kind: str = "k3") -
 
 class PolicyLoss(torch.nn.Module):
     """PPO clipped surrogate (Schulman et al. 2017) with separate bounds (DAPO's clip-higher):
-    -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), r = exp(log pi - log pi_old), per token, aggregated."""
+    -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), r = exp(log pi - log pi_old), per token, aggregated.
 
-    def __init__(self, clip_eps_low: float = 0.2, clip_eps_high: float = 0.2, aggregation: str = "token-mean",
-                 norm_length: int = 0, behaviour_cap: float = 5.0) -> None:
+    Constructed as ColossalChat's: `PolicyLoss(clip_eps=0.2, skip_threshold=20.0)`. `clip_eps` is both bounds
+    unless `clip_eps_low` / `clip_eps_high` are given; when the mean ratio over the completion tokens exceeds
+    `skip_threshold` (old log-probs far from the current policy), the batch contributes no gradient."""
+
+    def __init__(self, clip_eps: float = 0.2, skip_threshold: float = 20.0, *, clip_eps_low: Optional[float] = None,
+                 clip_eps_high: Optional[float] = None, aggregation: str = "token-mean", norm_length: int = 0,
+                 behaviour_cap: float = 5.0) -> None:
         super().__init__()
-        self.clip_eps_low, self.clip_eps_high = clip_eps_low, clip_eps_high
+        self.clip_eps_low = clip_eps if clip_eps_low is None else clip_eps_low
+        self.clip_eps_high = clip_eps if clip_eps_high is None else clip_eps_high
+        self.skip_threshold = skip_threshold
         self.aggregation, self.norm_length, self.behaviour_cap = aggregation, norm_length, behaviour_cap
 
     def forward(self, logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 behaviour_logps: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
         """(loss, stats); `advantages` per token (batch, T) or per row (batch,). Stats, as fractions of
-        tokens (TRL's names): `clip_ratio/low` (r < 1 - eps_low with A < 0), `clip_ratio/high`
-        (r > 1 + eps_high with A > 0), `clip_ratio/region` (either), and `approx_kl` (mean (log r)^2 / 2).
+        tokens: `clip_ratio/low` (r < 1 - eps_low with A < 0), `clip_ratio/high` (r > 1 + eps_high with
+        A > 0), `clip_ratio/region` (either), `approx_kl` (mean (log r)^2 / 2), `token_loss` (the mean
+        per-token loss, whatever the aggregation) and `skipped` (1 when the ratio passed `skip_threshold`).
 
         With `behaviour_logps` (samples generated by older weights than `old_logps`, the proximal policy),
         each token's loss is weighted by min(pi_old / pi_behaviour, `behaviour_cap`): decoupled PPO's
@@ -212,13 +260,17 @@ class PolicyLoss(torch.nn.Module):
             capped = weights.clamp(max=self.behaviour_cap)
             token_losses = token_losses * capped
         loss = aggregate(token_losses, mask, self.aggregation, self.norm_length)
+        skip = bool(masked_mean(ratio.detach(), mask) > self.skip_threshold)
+        if skip:
+            loss = loss * 0.0
         with torch.no_grad():
             mask = mask.float()
             low = (ratio < 1 - self.clip_eps_low) & (advantages < 0)
             high = (ratio > 1 + self.clip_eps_high) & (advantages > 0)
             stats = {"clip_ratio/low": masked_mean(low.float(), mask), "clip_ratio/high": masked_mean(high.float(), mask),
                      "clip_ratio/region": masked_mean((low | high).float(), mask),
-                     "approx_kl": masked_mean(0.5 * (logps - old_logps) ** 2, mask)}
+                     "approx_kl": masked_mean(0.5 * (logps - old_logps) ** 2, mask),
+                     "token_loss": masked_mean(token_losses, mask), "skipped": torch.tensor(float(skip))}
             if weights is not None:
                 stats["behaviour_weight"] = masked_mean(capped, mask)
                 stats["behaviour_capped"] = masked_mean((weights > self.behaviour_cap).float(), mask)
@@ -226,14 +278,17 @@ class PolicyLoss(torch.nn.Module):
 
 
 class ValueLoss(torch.nn.Module):
-    """PPO clipped value loss: 0.5 max((V - R)^2, (V_old + clip(V - V_old, -eps, eps) - R)^2), masked mean."""
+    """PPO clipped value loss: 0.5 max((V - R)^2, (V_old + clip(V - V_old, -eps, eps) - R)^2), masked mean,
+    with returns R = A + V_old. Called as ColossalChat's: `(values, old_values, advantages, mask)`, the
+    advantages before any normalisation."""
 
     def __init__(self, clip_eps: float = 0.2) -> None:
         super().__init__()
         self.clip_eps = clip_eps
 
-    def forward(self, values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+    def forward(self, values: torch.Tensor, old_values: torch.Tensor, advantages: torch.Tensor,
                 mask: torch.Tensor) -> torch.Tensor:
+        returns = advantages + old_values
         clipped = old_values + (values - old_values).clamp(-self.clip_eps, self.clip_eps)
         losses = 0.5 * torch.max((values - returns) ** 2, (clipped - returns) ** 2)
         return masked_mean(losses, mask.to(losses.dtype))

@@ -65,7 +65,7 @@ class PPOTrainer(RolloutTrainer):
     def _critic_step(self, experience: Experience) -> None:
         mask = experience.action_mask
         values = action_values(self.critic, experience.sequences, experience.attention_mask, experience.prompt_length)
-        loss = self.value_loss(values, experience.values, experience.returns, mask)
+        loss = self.value_loss(values, experience.values, experience.returns - experience.values, mask)
         self.critic_booster.backward(loss, self.critic_optim)
         if self._apply_gradients(self.critic_optim, self.critic_lr_scheduler, self.grad_clip, loss, self._where(),
                                  "critic", "critic_grad_norm"):

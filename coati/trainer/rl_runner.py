@@ -46,7 +46,8 @@ def _reward_fn(args: argparse.Namespace) -> Optional[WeightedReward]:
 
 
 def _trainer_kwargs(args: argparse.Namespace, setup: Any, coordinator: Any, held_out: Any) -> Dict[str, Any]:
-    return dict(policy_loss=PolicyLoss(args.clip_eps_low, args.clip_eps_high, args.loss_agg, args.max_new_tokens),
+    return dict(policy_loss=PolicyLoss(clip_eps_low=args.clip_eps_low, clip_eps_high=args.clip_eps_high,
+                                       aggregation=args.loss_agg, norm_length=args.max_new_tokens),
                 entropy_coef=args.entropy_coef, grad_clip=setup.grad_clip if setup.trainer_clips_grad else 0.0,
                 save_interval=args.save_interval, save_dir=args.save_dir, keep_last=args.keep_last,
                 eval_dataloader=held_out, eval_interval=args.eval_interval,
