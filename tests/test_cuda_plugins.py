@@ -1,14 +1,15 @@
-"""Every CUDA plugin trains, checkpoints, exports and resumes through the real script (needs a GPU).
+"""Every trainer, on every CUDA plugin, trains, checkpoints, exports and resumes through its real script
+(needs a GPU).
 
-Run on a GPU machine with `python -m pytest tests/test_cuda_plugins.py`; on a machine without CUDA
-these tests are skipped and `test_plugins.py` checks the refusal instead.
+Run on a GPU machine with `python -m pytest tests/test_cuda_plugins.py`; on a machine without CUDA these
+tests are skipped and `test_plugins.py` checks the refusal instead.
 """
 import json
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 from conftest import SCRIPTS, torchrun
 
@@ -24,33 +25,77 @@ PLUGIN_FLAGS = {
     "3d": ["--plugin", "3d", "--mixed_precision", "bf16", "--zero_stage", "1"],
 }
 
+SUPERVISED = {"sft": ("train_sft.py", "sft"), "rm": ("train_rm.py", "pref"), "dpo": ("train_dpo.py", "pref"),
+              "orpo": ("train_orpo.py", "pref"), "kto": ("train_kto.py", "kto")}
+"""Supervised trainer -> (script, data): 96 rows, batch 8, accumulation 2: six optimizer steps."""
+SUPERVISED_STEPS, SUPERVISED_SAVE = 6, 2
+RL_EPISODES, RL_SAVE = 4, 2
 
-def _run(assets, out: Path, plugin: str, *extra: str):
-    args = ["--pretrain", str(assets["model"]), "--dataset", str(assets["sft_train"]),
-            "--eval_dataset", str(assets["sft_eval"]), "--batch_size", "8", "--accumulation_steps", "2",
-            "--max_epochs", "1", "--lr", "1e-3", "--log_interval", "1", "--save_interval", "2",
-            "--save_dir", str(out / "ckpt"), "--log_dir", str(out / "logs"), "--output_dir", str(out / "final"),
-            *PLUGIN_FLAGS[plugin], *extra]
-    result = torchrun(SCRIPTS / "train_sft.py", 1, *args)
+
+@pytest.fixture(scope="module")
+def assets(tiny_assets, tmp_path_factory):
+    """The tiny assets plus a prepared KTO train/eval set."""
+    from coati.dataset.demo_data import generate_problems, kto_records, write_jsonl
+    from coati.dataset.prepare import prepare_dataset
+
+    root = tmp_path_factory.mktemp("kto")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
+    paths = dict(tiny_assets)
+    for split, n in (("train", 96), ("eval", 32)):
+        raw = write_jsonl(kto_records(generate_problems(n, split)), root / f"kto_{split}.jsonl")
+        prepare_dataset([raw], "kto", tokenizer, 128, root / f"kto_{split}")
+        paths[f"kto_{split}"] = root / f"kto_{split}"
+    return paths
+
+
+def _trainer_args(trainer: str, assets) -> list:
+    if trainer in SUPERVISED:
+        data = SUPERVISED[trainer][1]
+        return ["--dataset", str(assets[f"{data}_train"]), "--eval_dataset", str(assets[f"{data}_eval"]),
+                "--batch_size", "8", "--accumulation_steps", "2", "--max_epochs", "1", "--lr", "1e-3",
+                "--log_interval", "1", "--save_interval", str(SUPERVISED_SAVE)]
+    common = ["--prompt_dataset", str(assets["prompt_train"]), "--batch_size", "2", "--max_new_tokens", "8",
+              "--num_episodes", str(RL_EPISODES), "--lr", "1e-3", "--save_interval", str(RL_SAVE)]
+    if trainer == "grpo":
+        return common + ["--num_generations", "4", "--kl_coef", "0.05", "--reward_fn", "math_answer", "answer_format"]
+    return common + ["--rm_pretrain", str(assets["model"]), "--reward_fn", "answer_format", "--num_update_steps", "2"]
+
+
+def _run(trainer: str, assets, out: Path, plugin: str, *extra: str) -> list:
+    script = SUPERVISED[trainer][0] if trainer in SUPERVISED else f"train_{trainer}.py"
+    args = ["--pretrain", str(assets["model"]), *_trainer_args(trainer, assets), "--save_dir", str(out / "ckpt"),
+            "--log_dir", str(out / "logs"), "--output_dir", str(out / "final"), *PLUGIN_FLAGS[plugin], *extra]
+    result = torchrun(SCRIPTS / script, 1, *args)
     assert result.returncode == 0, result.stderr[-6000:]
     records = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
     return [r for r in records if "train/loss" in r]
 
 
-@pytest.mark.parametrize("plugin", sorted(PLUGIN_FLAGS))
-def test_plugin_trains_checkpoints_exports_and_resumes(plugin, tiny_assets, tmp_path):
-    records = _run(tiny_assets, tmp_path / "full", plugin)
-    assert [r["step"] for r in records] == list(range(1, 7))       # 96 rows, batch 8, accumulation 2
-    assert all(torch.isfinite(torch.tensor(r["train/loss"])) for r in records)
-    assert records[-1]["train/loss"] < records[0]["train/loss"]
-    mid = tmp_path / "full" / "ckpt" / "epoch-0_step-2"
-    assert (mid / "COMPLETE").is_file()
-    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "full" / "final" / "model")
-    assert (tmp_path / "full" / "final" / "eval_result_epoch0.json").is_file()
+def _weights(trainer: str, model_dir: Path) -> dict:
+    """The exported model's weights, loaded with the class its trainer exports."""
+    model_class = AutoModelForSequenceClassification if trainer == "rm" else AutoModelForCausalLM
+    return model_class.from_pretrained(model_dir).state_dict()
 
-    resumed = _run(tiny_assets, tmp_path / "resumed", plugin, "--checkpoint_path", str(mid))
-    assert [r["step"] for r in resumed] == list(range(3, 7))
-    assert resumed[0]["train/loss"] == pytest.approx(records[2]["train/loss"], rel=2e-2)
-    again = AutoModelForCausalLM.from_pretrained(tmp_path / "resumed" / "final" / "model")
-    for (name, a), b in zip(exported.state_dict().items(), again.state_dict().values()):
-        assert torch.allclose(a, b, atol=2e-2, rtol=0), name
+
+@pytest.mark.parametrize("plugin", sorted(PLUGIN_FLAGS))
+@pytest.mark.parametrize("trainer", [*SUPERVISED, "grpo", "ppo"])
+def test_trainer_on_plugin_trains_checkpoints_exports_and_resumes(trainer, plugin, assets, tmp_path):
+    supervised = trainer in SUPERVISED
+    steps, every = (SUPERVISED_STEPS, SUPERVISED_SAVE) if supervised else (RL_EPISODES, RL_SAVE)
+    records = _run(trainer, assets, tmp_path / "full", plugin)
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    assert all(torch.isfinite(torch.tensor(r["train/loss"])) for r in records)
+    if supervised:
+        assert records[-1]["train/loss"] < records[0]["train/loss"]
+    mid = tmp_path / "full" / "ckpt" / f"epoch-0_step-{every}"
+    assert (mid / "COMPLETE").is_file()
+    exported = _weights(trainer, tmp_path / "full" / "final" / "model")
+
+    resumed = _run(trainer, assets, tmp_path / "resumed", plugin, "--checkpoint_path", str(mid))
+    assert [r["step"] for r in resumed] == list(range(every + 1, steps + 1))
+    if supervised:
+        assert resumed[0]["train/loss"] == pytest.approx(records[every]["train/loss"], rel=2e-2)
+    if supervised:
+        again = _weights(trainer, tmp_path / "resumed" / "final" / "model")
+        for (name, a), b in zip(exported.items(), again.values()):
+            assert torch.allclose(a, b, atol=2e-2, rtol=0), name
