@@ -29,7 +29,7 @@ def test_async_grpo_trains_within_the_staleness_bound_and_resumes(tiny_assets, t
     for r in records:
         assert 0 <= r["train/rollout/staleness@trained/min"] <= r["train/rollout/staleness@trained/max"] <= 1
         assert r["train/behaviour_weight"] > 0 and "train/time/rollout_wait" in r
-        assert 0 <= r["train/rewards/answer_format"] <= 1
+        assert 0 <= r["train/rewards/answer_format/mean"] <= 1
     state = json.loads((tmp_path / "ckpt" / "epoch-0_step-4" / "running_states.json").read_text())
     # rank 0 drew the 4 episodes' 2 x 2 prompts, and at most the default 2 x 4 more for rollouts in flight
     assert 4 * 2 * 2 <= state["prompt_index"] <= 4 * 2 * 2 + 8

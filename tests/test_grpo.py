@@ -52,5 +52,5 @@ def test_hooks_fire_in_order_with_real_experiences(world_of_one, tiny_assets, tm
         assert experience.action_log_probs.shape == experience.action_mask.shape
         assert torch.allclose(experience.advantages.view(-1, 4).sum(-1), torch.zeros(2), atol=1e-4)
     logged = [args[1] for name, args in recorder.events if name == "on_log"]
-    assert [set(m) >= {"train/reward", "train/rewards/math_answer", "train/rewards/answer_format", "train/policy_loss"}
+    assert [set(m) >= {"train/reward", "train/rewards/math_answer/mean", "train/rewards/answer_format/mean", "train/loss/policy"}
             for m in logged] == [True, True]

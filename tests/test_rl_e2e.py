@@ -45,7 +45,7 @@ def test_killed_rl_run_resumes_with_the_same_metrics(tiny_assets, tmp_path, scri
     assert all(len(row) == len(table["columns"]) for row in table["data"])
     if script == "train_ppo.py":
         assert (full / "ckpt" / f"epoch-0_step-{EPISODES}" / "critic" / "modeling").is_dir()
-        assert all("train/ptx_loss" in r and "train/value_loss" in r for r in expected)
+        assert all("train/loss/ptx" in r and "train/loss/value" in r for r in expected)
 
     run = tmp_path / "killed"
     run.mkdir()

@@ -55,3 +55,7 @@ def test_export_reduces_across_two_ranks_as_computed_by_hand():
     # wrong lengths: rank 0's 9, rank 1's 3 and 12
     assert reduced["rollout/length@wrong/avg"] == pytest.approx((9 + 3 + 12) / 3)
     assert reduced["rollout/length@wrong/min"] == 3.0 and reduced["rollout/length@wrong/max"] == 12.0
+    # a window of two steps: each step's mean over both ranks, then the steps weighted equally
+    assert reduced["window"]["loss"] == pytest.approx((6.0 + 1.75) / 2)   # not (10 + 2 + 3 + 4) / 6
+    assert reduced["window"]["only_step2"] == 7.0
+    assert reduced["window"]["low"] == 0.1 and reduced["window"]["high"] == 0.9

@@ -141,8 +141,8 @@ def report(out: Path, results: Dict[str, Dict], timings: Dict[str, float]) -> Pa
                                    ("GRPO", logs["grpo"], "eval/rewards/math_answer")])]),
         plot(plots / "rl_kl_length.png", "RL: KL and completion length", [
             ("KL to the SFT model", [("PPO", logs["ppo"], "train/kl"), ("GRPO (only with --kl_coef)", logs["grpo"], "train/kl")]),
-            ("completion length", [("PPO", logs["ppo"], "train/completions/mean_length"),
-                                   ("GRPO", logs["grpo"], "train/completions/mean_length")])]),
+            ("completion length", [("PPO", logs["ppo"], "train/completions/mean_length_sampled"),
+                                   ("GRPO", logs["grpo"], "train/completions/mean_length_sampled")])]),
     ]
     accuracy = {name: r["accuracy"] for name, r in results.items()}
     if accuracy:
@@ -160,7 +160,7 @@ def report(out: Path, results: Dict[str, Dict], timings: Dict[str, float]) -> Pa
     return write_report(out, blocks, "coati demo report")[0]
 
 
-RL_REWARDS = {"ppo": "train/rewards/reward_model", "grpo": "train/reward"}
+RL_REWARDS = {"ppo": "train/rewards/reward_model/mean", "grpo": "train/reward"}
 """The reward each RL stage optimises that is not held-out accuracy itself: PPO's learned reward model score."""
 
 

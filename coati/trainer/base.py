@@ -26,6 +26,7 @@ from coati.distributed.comm import is_distributed, is_rank_0
 from coati.distributed.plugins import trainer_clips_gradients
 from coati.trainer.callbacks.base import Callback, fire
 from coati.trainer.nonfinite import NonFiniteGuard
+from coati.utils.cadence import LogCadence
 from coati.utils.ckpt_io import load_checkpoint, read_running_state, save_checkpoint
 from coati.utils.errors import CoatiUsageError
 from coati.utils.metrics_logger import MetricsLogger
@@ -73,9 +74,10 @@ class _TrainerCore:
     steps guarded against non-finite losses and gradients (`skip_nonfinite` such steps may be skipped)."""
 
     def __init__(self, callbacks: Sequence[Callback], coordinator: Optional[DistCoordinator],
-                 skip_nonfinite: int = 0) -> None:
+                 skip_nonfinite: int = 0, logging: Optional[LogCadence] = None) -> None:
         self.callbacks = list(callbacks)
         self.coordinator = coordinator or DistCoordinator()
+        self.logging = logging or LogCadence()
         self.stats = StatsTracker()
         self.metrics_logger: Optional[MetricsLogger] = None
         self.nonfinite = NonFiniteGuard(skip_nonfinite)
@@ -117,9 +119,11 @@ class _TrainerCore:
         if norm is not None:
             self._record({name: (norm, 1)})
 
-    def _flush_metrics(self, step: int, prefix: str = "train/", extra: Optional[Dict[str, float]] = None) -> Dict[str, float]:
-        """Reduce the stats across ranks (once), log them at `step`, fire `on_log`; the stats start afresh."""
-        reduced = self.stats.export()
+    def _flush_metrics(self, step: int, prefix: str = "train/", extra: Optional[Dict[str, float]] = None,
+                       stats: Optional[StatsTracker] = None) -> Dict[str, float]:
+        """Reduce the stats (`self.stats` unless given) across ranks (once), log them at `step`, fire `on_log`;
+        the stats start afresh."""
+        reduced = (stats or self.stats).export()
         metrics = {f"{prefix}{k}": v for k, v in reduced.items()}
         if self.nonfinite.max_skips and prefix == "train/":
             metrics["train/skipped_nonfinite_steps"] = float(self.nonfinite.skipped)
@@ -127,6 +131,21 @@ class _TrainerCore:
         self.metrics_logger.log(metrics, step)
         fire(self.callbacks, "on_log", step, metrics)
         return metrics
+
+    def _end_step(self, step: int, last: bool) -> Optional[Dict[str, float]]:
+        """Close step `step`'s training metrics; log the window when `self.logging` says so, or at the `last`
+        step. With logging off they are dropped. Returns what was logged, if anything."""
+        if not self.logging.enabled:
+            self.stats = StatsTracker()
+            return None
+        self.stats.end_step()
+        if self.logging.due(step) or last:
+            return self._flush_metrics(step, extra=self._step_extras())
+        return None
+
+    def _step_extras(self) -> Dict[str, float]:
+        """Values logged with each window of training metrics as they are at its end (counters, settings)."""
+        return {}
 
     def _should_stop(self) -> bool:
         return any(cb.stop_training for cb in self.callbacks)
@@ -182,8 +201,9 @@ class SLTrainer(_TrainerCore, ABC):
         coordinator: Optional[DistCoordinator] = None,
         callbacks: Sequence[Callback] = (),
         skip_nonfinite: int = 0,
+        logging: Optional[LogCadence] = None,
     ) -> None:
-        super().__init__(callbacks, coordinator, skip_nonfinite)
+        super().__init__(callbacks, coordinator, skip_nonfinite, logging or LogCadence(steps=log_interval))
         if accumulation_steps < 1 or log_interval < 1 or save_interval < 0:
             raise CoatiUsageError("accumulation_steps and log_interval must be >= 1, save_interval >= 0")
         if save_interval and not save_dir:
@@ -270,7 +290,7 @@ class SLTrainer(_TrainerCore, ABC):
             samples_seen += sum(self._rows(b) for b in batches)
             fire(self.callbacks, "on_learn_batch_end", batches)
             bar.update()
-            if self.step % self.log_interval == 0:
+            if self.logging.due(self.step):
                 logged = self._flush_metrics(self.step, extra={"train/lr": self._current_lr(), "train/epoch": epoch})
                 bar.set_postfix({k.split("/", 1)[1]: f"{v:.4g}" for k, v in logged.items() if k.endswith("loss")})
             at_interval = self.save_interval and self.step % self.save_interval == 0
@@ -280,7 +300,9 @@ class SLTrainer(_TrainerCore, ABC):
             if self._should_stop() or self._reached_max_steps():
                 break
         bar.close()
-        if not self.stats.is_empty():
+        if not self.logging.enabled:
+            self.stats = StatsTracker()
+        elif not self.stats.is_empty():
             self._flush_metrics(self.step, extra={"train/lr": self._current_lr(), "train/epoch": epoch})
         self._resume_sample_index = 0
         self._set_start_index(0)
@@ -400,7 +422,8 @@ class OLTrainer(_TrainerCore, ABC):
     collect step on_make_experience_start/end(experience), then per update step
     on_learn_epoch_start, on_learn_batch_start/end(experience) per batch, on_learn_epoch_end; then
     on_episode_end (even when the episode raises); on_fit_end even when training raises. Metrics
-    recorded with `_record` are reduced and logged once per episode.
+    recorded with `_record` are reduced and logged at the episodes `logging` names (default: each), as
+    the mean over the episodes since the last log.
 
     Subclasses implement `_make_experience(collect_step)` and `_learn_step(experience)`, and may
     override `_update_batches()` (default: the buffered experiences, in order).
@@ -416,8 +439,9 @@ class OLTrainer(_TrainerCore, ABC):
         start_episode: int = 0,
         coordinator: Optional[DistCoordinator] = None,
         skip_nonfinite: int = 0,
+        logging: Optional[LogCadence] = None,
     ) -> None:
-        super().__init__(callbacks, coordinator, skip_nonfinite)
+        super().__init__(callbacks, coordinator, skip_nonfinite, logging)
         self.actor_booster, self.critic_booster = actor_booster, critic_booster
         self.data_buffer = data_buffer if data_buffer is not None else []
         self.start_episode = start_episode
@@ -459,7 +483,7 @@ class OLTrainer(_TrainerCore, ABC):
                 for update_step in range(num_update_steps):
                     self._update(update_step)
                 self.data_buffer.clear()
-                self._flush_metrics(episode + 1)
+                self._end_step(episode + 1, last=episode + 1 == num_episodes or self._should_stop())
                 self._after_episode(episode)
             finally:
                 fire(self.callbacks, "on_episode_end", episode)

@@ -20,6 +20,10 @@ class GRPOTrainer(RolloutTrainer):
         super().__init__(*args, **kwargs)
         self.kl_coef = kl_coef
 
+    def _step_extras(self) -> Dict[str, float]:
+        """The KL coefficient, under both of the published module's names."""
+        return {**super()._step_extras(), "train/beta": self.kl_coef, "train/kl_coeff": self.kl_coef}
+
     def _group_size(self) -> int:
         return self.maker.settings.num_generations
 
@@ -28,4 +32,4 @@ class GRPOTrainer(RolloutTrainer):
         if self.kl_coef <= 0 or experience.ref_log_probs is None:
             return None, {}
         kl = aggregate(kl_penalty(logps, experience.ref_log_probs, self.maker.settings.kl_estimator), mask)
-        return self.kl_coef * kl, {"kl_loss": (kl.item(), 1)}
+        return self.kl_coef * kl, {"loss/kl": (self.kl_coef * kl.item(), 1)}

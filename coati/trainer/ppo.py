@@ -54,7 +54,7 @@ class PPOTrainer(RolloutTrainer):
         logits = self.actor(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         token_logps, label_mask = label_logps(logits, batch["labels"])
         ptx_loss = -masked_mean(token_logps, label_mask)
-        return self.ptx_coef * ptx_loss, {"ptx_loss": (ptx_loss.item(), 1)}
+        return self.ptx_coef * ptx_loss, {"loss/ptx": (ptx_loss.item(), 1)}
 
     def _learn_step(self, experience: Experience) -> None:
         super()._learn_step(experience)
@@ -68,8 +68,8 @@ class PPOTrainer(RolloutTrainer):
         loss = self.value_loss(values, experience.values, experience.returns - experience.values, mask)
         self.critic_booster.backward(loss, self.critic_optim)
         if self._apply_gradients(self.critic_optim, self.critic_lr_scheduler, self.grad_clip, loss, self._where(),
-                                 "critic", "critic_grad_norm"):
-            self._record({"value_loss": (loss.item(), 1),
+                                 "critic", "grad_norm/critic"):
+            self._record({"loss/value": (loss.item(), 1),
                           "explained_variance": (explained_variance(values.detach(), experience.returns, mask), 1),
                           "values": (masked_mean(values.detach(), mask.float()).item(), 1)})
 

@@ -21,6 +21,7 @@ from coati.rewards import WeightedReward
 from coati.distributed.comm import rank, world_size
 from coati.distributed.plugins import build_booster
 from coati.rollout import GeneratorPool, PromptStream, RLVRWorkflow, WorkflowExecutor
+from coati.utils.arguments import log_cadence
 from coati.utils.errors import CoatiUsageError
 
 from .async_grpo import AsyncGRPOTrainer
@@ -51,7 +52,7 @@ def _trainer_kwargs(args: argparse.Namespace, setup: Any, coordinator: Any, held
                 entropy_coef=args.entropy_coef, grad_clip=setup.grad_clip if setup.trainer_clips_grad else 0.0,
                 save_interval=args.save_interval, save_dir=args.save_dir, keep_last=args.keep_last,
                 eval_dataloader=held_out, eval_interval=args.eval_interval,
-                sample_log_interval=args.sample_log_interval, coordinator=coordinator,
+                sample_log_interval=args.sample_log_interval, coordinator=coordinator, logging=log_cadence(args),
                 skip_nonfinite=args.skip_nonfinite)
 
 

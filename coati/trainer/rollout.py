@@ -13,12 +13,26 @@ from coati.experience.metrics import rollout_metrics, tokens_in
 from coati.models.logprobs import action_logps
 from coati.models.loss import PolicyLoss, aggregate, token_entropy
 from coati.utils.ckpt_io import ModelState, load_checkpoint, read_running_state, save_checkpoint
+from coati.utils.stats_tracker import StatsTracker
 
-from .base import OLTrainer, move_to_device
+from .base import LogCadence, OLTrainer, move_to_device
 from .callbacks import Callback, fire
 
 SAMPLE_TABLE = "completions"
+POLICY_LOSS_METRICS = {"clip_ratio/region": ("clip_ratio", "clip_ratio/region_mean"), "clip_ratio/low": ("clip_ratio/low_mean",),
+                       "clip_ratio/high": ("clip_ratio/high_mean",), "token_loss": ("loss_per_completion_token",),
+                       "skipped": ("policy_skipped",)}
+"""`PolicyLoss` stats -> the logged names of the published GRPO module (the others keep their own)."""
 MAX_SAMPLE_ROWS = 64
+
+
+def policy_loss_metrics(stats: Dict[str, torch.Tensor]) -> Dict[str, Tuple[float, float]]:
+    """One step's `PolicyLoss` stats as metrics under their published names (POLICY_LOSS_METRICS)."""
+    metrics = {}
+    for name, value in stats.items():
+        for logged in POLICY_LOSS_METRICS.get(name, (name,)):
+            metrics[logged] = (value.item(), 1)
+    return metrics
 
 
 class CyclingLoader:
@@ -43,6 +57,10 @@ class CyclingLoader:
                 continue
             self.seen += batch["input_ids"].size(0)
             return move_to_device(batch, self.device)
+
+    def progress(self) -> float:
+        """Epochs done, with the fraction of the current one: this rank's samples seen over its share."""
+        return self.epoch + self.seen / max(self.dataloader.sampler.num_samples, 1)
 
     def restore(self, epoch: int, seen: int) -> None:
         self.epoch, self.seen, self._iter = epoch, seen, None
@@ -84,9 +102,10 @@ class RolloutTrainer(OLTrainer):
         callbacks: Sequence[Callback] = (),
         coordinator: Optional[Any] = None,
         skip_nonfinite: int = 0,
+        logging: Optional[LogCadence] = None,
     ) -> None:
         super().__init__(actor_booster, critic_booster, [], callbacks, coordinator=coordinator,
-                         skip_nonfinite=skip_nonfinite)
+                         skip_nonfinite=skip_nonfinite, logging=logging)
         self.actor, self.optimizer, self.lr_scheduler = actor, actor_optim, lr_scheduler
         self.maker = experience_maker
         self.policy_loss = policy_loss or PolicyLoss()
@@ -98,6 +117,7 @@ class RolloutTrainer(OLTrainer):
         self.sample_log_interval = sample_log_interval
         self.eval_history: Dict[int, Dict[str, float]] = {}
         self.tokens_seen = 0
+        self.global_step = 0
         self._num_episodes = 0
 
     # ---- what a subclass may add ------------------------------------------------------------------
@@ -153,9 +173,9 @@ class RolloutTrainer(OLTrainer):
                                      experience.prompt_length, return_logits=True)
         loss, stats = self.policy_loss(logps, experience.action_log_probs, experience.advantages, mask,
                                        experience.behaviour_log_probs)
-        metrics = {"policy_loss": (loss.item(), 1), **{k: (v.item(), 1) for k, v in stats.items()}}
+        metrics = {"loss/policy": (loss.item(), 1), **policy_loss_metrics(stats)}
         entropy = aggregate(token_entropy(logits), mask)
-        metrics["entropy"] = (entropy.item(), 1)
+        metrics["policy_entropy"] = (entropy.item(), 1)
         if self.entropy_coef > 0:
             loss = loss - self.entropy_coef * entropy
         extra, extra_metrics = self._extra_actor_loss(experience, logps, mask)
@@ -163,17 +183,20 @@ class RolloutTrainer(OLTrainer):
             loss = loss + extra
         self.actor_booster.backward(loss, self.optimizer)
         if self._apply_gradients(self.optimizer, self.lr_scheduler, self.grad_clip, loss, self._where(), "policy"):
+            self.global_step += 1
             self._record({**metrics, **extra_metrics, "loss": (loss.item(), 1),
-                          "lr": (float(self.optimizer.param_groups[0]["lr"]), 1)})
+                          "learning_rate": (float(self.optimizer.param_groups[0]["lr"]), 1)})
+            self.stats.minimum(**{"clip_ratio/low_min": stats["clip_ratio/low"].item()})
+            self.stats.maximum(**{"clip_ratio/high_max": stats["clip_ratio/high"].item()})
 
     def _where(self) -> str:
         """The current position, for messages about a step."""
         return f"episode {self.episode + 1}"
 
-    def _flush_metrics(self, step: int, prefix: str = "train/", extra: Optional[Dict[str, float]] = None) -> Dict[str, float]:
-        if prefix == "train/":
-            extra = {"train/num_tokens": float(self.tokens_seen), **(extra or {})}
-        return super()._flush_metrics(step, prefix, extra)
+    def _step_extras(self) -> Dict[str, float]:
+        """Tokens trained on so far (prompts and completions), actor optimizer steps, and prompt epochs done."""
+        return {"train/num_tokens": float(self.tokens_seen), "train/global_step": float(self.global_step),
+                "train/epoch": self.prompts.progress()}
 
     # ---- sample tables ----------------------------------------------------------------------------
     def _sample_table_due(self, collect_step: int) -> bool:
@@ -192,14 +215,15 @@ class RolloutTrainer(OLTrainer):
         in `eval_history`. Runs before training, every `eval_interval` episodes, and after the last."""
         self._set_train_mode(False)
         greedy = replace(self.maker.settings.sampling, do_sample=False)
+        stats = StatsTracker()
         for batch in self.eval_dataloader:
             batch = move_to_device(batch, self.device)
             out = self.maker.engine.generate(batch["input_ids"], batch["attention_mask"], greedy)
             total, components = self.maker.score(batch, out)
-            rows = len(total)
-            self._record({"reward": (float(sum(total)), rows),
-                          **{f"rewards/{k}": (float(sum(v)), rows) for k, v in components.items()}})
-        self.eval_history[step] = super()._flush_metrics(step, prefix="eval/")
+            stats.add("reward", float(sum(total)), len(total))
+            for name, values in components.items():
+                stats.add(f"rewards/{name}", float(sum(values)), len(values))
+        self.eval_history[step] = self._flush_metrics(step, prefix="eval/", stats=stats)
         fire(self.callbacks, "on_evaluate", step, self.eval_history[step])
         return self.eval_history[step]
 
@@ -220,10 +244,12 @@ class RolloutTrainer(OLTrainer):
             fire(self.callbacks, "on_checkpoint_saved", str(path))
 
     def _extra_state(self) -> Dict[str, Any]:
-        return {"tokens_seen": self.tokens_seen, "nonfinite_skipped": self.nonfinite.skipped}
+        return {"tokens_seen": self.tokens_seen, "global_step": self.global_step,
+                "nonfinite_skipped": self.nonfinite.skipped}
 
     def _restore_extra_state(self, state: Dict[str, Any]) -> None:
         self.tokens_seen = state.get("tokens_seen", 0)
+        self.global_step = state.get("global_step", 0)
         self.nonfinite.skipped = state.get("nonfinite_skipped", 0)
 
     def load_checkpoint(self, path: str) -> None:

@@ -6,6 +6,7 @@ before anything is loaded.
 import argparse
 
 from coati.distributed.plugins import add_plugin_args
+from coati.utils.cadence import LOGGING_STRATEGIES, LogCadence
 from coati.utils.cli import CoatiArgumentParser, at_least, in_range, non_negative, positive
 from coati.utils.metrics_logger import DEFAULT_WANDB_TABLE_ROWS
 
@@ -64,8 +65,11 @@ def training_parser(description: str, dataset_flag: str = "--dataset", on_policy
 
     log = parser.add_argument_group("logging")
     log.add_argument("--log_dir", default=None, help="TensorBoard events and metrics.jsonl")
-    if not on_policy:
-        log.add_argument("--log_interval", type=at_least(1), default=10, help="log every N optimizer steps")
+    log.add_argument("--logging_steps", "--log_interval", dest="log_interval", type=at_least(1), default=1 if on_policy else 10,
+                     help=f"log the mean of the metrics every N {'episodes' if on_policy else 'optimizer steps'}")
+    log.add_argument("--logging_strategy", choices=LOGGING_STRATEGIES, default="steps",
+                     help="'steps': log every --logging_steps; 'no': log no training metrics (evaluation still logs)")
+    log.add_argument("--logging_first_step", action="store_true", help="also log after the first step")
     log.add_argument("--use_wandb", action="store_true", help="also log to Weights & Biases (WANDB_MODE=offline works)")
     log.add_argument("--wandb_project", default="coati", help="W&B project of the run")
     log.add_argument("--wandb_table_rows", type=at_least(0), default=DEFAULT_WANDB_TABLE_ROWS,
@@ -74,6 +78,11 @@ def training_parser(description: str, dataset_flag: str = "--dataset", on_policy
     add_plugin_args(parser)
     parser.set_defaults(dataset_flag=dataset_flag)
     return parser
+
+
+def log_cadence(args: argparse.Namespace) -> LogCadence:
+    """The logging flags as the trainers take them."""
+    return LogCadence(args.logging_strategy, args.log_interval, args.logging_first_step)
 
 
 def add_reference_args(parser: argparse.ArgumentParser, precompute: bool = True) -> None:

@@ -11,7 +11,7 @@
 """
 import time
 from contextlib import contextmanager
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -23,8 +23,10 @@ from .accumulative_meter import AccumulativeMeanMeter, _collective_device, all_r
 
 class StatsTracker:
     """Scalars averaged over the step (`scalar`, `add`), tensor stats reduced under a boolean mask
-    (`denominator`, `stat`: mean, min and max over the masked elements), and timings. `export()`
-    reduces every rank's records (sums and counts summed, min of mins, max of maxes) and starts a new step."""
+    (`denominator`, `stat`: mean, min and max over the masked elements), extremes (`minimum`, `maximum`) and
+    timings. `export()` reduces every rank's records (sums and counts summed, min of mins, max of maxes) and
+    starts a new step. A log window of several steps closes each with `end_step()`: `export()` then gives
+    each step's mean equal weight."""
 
     def __init__(self) -> None:
         self._scopes: List[str] = []
@@ -32,6 +34,8 @@ class StatsTracker:
         self._mins: Dict[str, float] = {}
         self._maxs: Dict[str, float] = {}
         self._masks: Dict[str, torch.Tensor] = {}
+        self._window = AccumulativeMeanMeter()
+        self._steps = 0
 
     def _key(self, name: str) -> str:
         return "/".join([*self._scopes, name])
@@ -53,6 +57,18 @@ class StatsTracker:
         """Each value counts once; exported as the mean of the step's values."""
         for name, value in values.items():
             self.add(name, value, 1)
+
+    def minimum(self, **values: float) -> None:
+        """Exported as the least value recorded, on any rank, since the last export."""
+        for name, value in values.items():
+            key = self._key(name)
+            self._mins[key] = min(self._mins.get(key, float("inf")), float(value))
+
+    def maximum(self, **values: float) -> None:
+        """Exported as the largest value recorded, on any rank, since the last export."""
+        for name, value in values.items():
+            key = self._key(name)
+            self._maxs[key] = max(self._maxs.get(key, float("-inf")), float(value))
 
     def denominator(self, **masks: torch.Tensor) -> None:
         """Boolean masks that later `stat` calls reduce under, by name (in the current scope)."""
@@ -77,9 +93,15 @@ class StatsTracker:
                 self._mins[f"{key}/min"] = min(self._mins.get(f"{key}/min", float("inf")), values.min().item())
                 self._maxs[f"{key}/max"] = max(self._maxs.get(f"{key}/max", float("-inf")), values.max().item())
 
+    def end_step(self) -> None:
+        """Close one step of the log window: its means are kept apart, to be weighed equally at `export()`."""
+        for name, variable in self._means.variable_dict.items():
+            self._window.add(f"{name}{_STEP}{self._steps}", variable.sum, variable.count)
+        self._means, self._steps = AccumulativeMeanMeter(), self._steps + 1
+
     def is_empty(self) -> bool:
         """True when nothing was recorded on this rank since the last export."""
-        return not (self._means.names() or self._mins or self._maxs)
+        return not (self._means.names() or self._window.names() or self._mins or self._maxs)
 
     @contextmanager
     def record_timing(self, name: str) -> Iterator[None]:
@@ -93,23 +115,40 @@ class StatsTracker:
     def export(self, group: Optional[dist.ProcessGroup] = None) -> Dict[str, float]:
         """Every rank's records of this step, reduced; a collective (call it on every rank). A mean whose
         elements were all masked out on every rank is left out. Resets for the next step."""
-        totals = all_reduce_totals(self._means, group)
-        result = {name: total / count for name, (total, count) in totals.items() if count > 0}
+        if self._steps:
+            self.end_step()
+            result = _mean_of_step_means(all_reduce_totals(self._window, group))
+        else:
+            totals = all_reduce_totals(self._means, group)
+            result = {name: total / count for name, (total, count) in totals.items() if count > 0}
         result.update(_reduce_extremes(self._mins, self._maxs, group))
         self._means, self._mins, self._maxs, self._masks = AccumulativeMeanMeter(), {}, {}, {}
+        self._window, self._steps = AccumulativeMeanMeter(), 0
         return dict(sorted(result.items()))
+
+
+_STEP = "\x00step"
+"""Separates a metric's name from its step's index in a log window's keys."""
+
+
+def _mean_of_step_means(totals: Dict[str, Tuple[float, float]]) -> Dict[str, float]:
+    """Each metric's mean over the steps of the window that recorded it, from (sum, count) per `name<_STEP>i`."""
+    means: Dict[str, List[float]] = {}
+    for key, (total, count) in totals.items():
+        if count > 0:
+            means.setdefault(key.rsplit(_STEP, 1)[0], []).append(total / count)
+    return {name: sum(values) / len(values) for name, values in means.items()}
 
 
 def _reduce_extremes(mins: Dict[str, float], maxs: Dict[str, float],
                      group: Optional[dist.ProcessGroup]) -> Dict[str, float]:
     """The min over ranks of every `mins` entry and the max of every `maxs` entry (one gather of names)."""
-    names = sorted({*mins, *maxs})
+    low, high = sorted(mins), sorted(maxs)
     if is_distributed() and dist.get_world_size(group) > 1:
-        gathered: List[Optional[List[str]]] = [None] * dist.get_world_size(group)
-        dist.all_gather_object(gathered, names, group=group)
-        names = sorted(set().union(*gathered))
-    low = [n for n in names if n.endswith("/min")]
-    high = [n for n in names if n.endswith("/max")]
+        gathered: List[Optional[Tuple[List[str], List[str]]]] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(gathered, (low, high), group=group)
+        low = sorted(set().union(*(g[0] for g in gathered)))
+        high = sorted(set().union(*(g[1] for g in gathered)))
     result = {}
     device = _collective_device(group) if is_distributed() else torch.device("cpu")
     for keys, values, op, neutral in ((low, mins, dist.ReduceOp.MIN, float("inf")),

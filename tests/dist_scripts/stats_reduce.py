@@ -22,6 +22,18 @@ with stats.scope("rollout"):
     if r == 1:
         stats.scalar(only_rank1=5.0)
 reduced = stats.export()   # a collective: every rank calls it
+
+window = StatsTracker()    # a log window of two steps, each closed with end_step
+# step 1: rank 0 loss 10, rank 1 loss 2 (mean 6); step 2: rank 0 three losses of 1, rank 1 one of 4 (mean 1.75)
+for total in ([10.0], [2.0])[r]:
+    window.add("loss", total)
+window.minimum(low=[0.3, 0.1][r])
+window.end_step()
+for total in ([1.0, 1.0, 1.0], [4.0])[r]:
+    window.add("loss", total)
+window.scalar(only_step2=7.0)
+window.maximum(high=[0.5, 0.9][r])
+reduced["window"] = window.export()
 if r == 0:
     print("RESULT " + json.dumps(reduced), flush=True)
 barrier()   # leave together, as the training scripts do (their last step is a barrier)
