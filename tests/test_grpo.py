@@ -13,6 +13,7 @@ from coati.rewards import WeightedReward
 from coati.trainer.callbacks import Callback
 from coati.trainer.grpo import GRPOTrainer
 from coati.trainer.runner import build_dataloader
+from coati.utils.cadence import Evaluator, Saver
 from coati.utils.metrics_logger import MetricsLogger
 
 
@@ -26,20 +27,25 @@ class Recorder(Callback):
         return super().__getattribute__(name)
 
 
-def test_hooks_fire_in_order_with_real_experiences(world_of_one, tiny_assets, tmp_path):
-    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
+def _grpo_trainer(assets, **kwargs) -> GRPOTrainer:
+    """A GRPOTrainer on 8 prompts, 2 per batch (an epoch of prompts every 4 batches), with `kwargs`."""
+    tokenizer = AutoTokenizer.from_pretrained(assets["model"])
     rows = [tokenize_prompt(tokenizer, r, 64) for r in prompt_records(generate_problems(8, "train"))]
     plugin = TorchDDPPlugin()
     booster = Booster(plugin=plugin)
     loader = build_dataloader(plugin, rows, 2, PromptCollator(tokenizer.pad_token_id), True, 0)
-    model = AutoModelForCausalLM.from_pretrained(tiny_assets["model"])
+    model = AutoModelForCausalLM.from_pretrained(assets["model"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     actor, optimizer, *_ = booster.boost(model, optimizer)
     engine = HFEngine(actor.unwrap(), tokenizer.pad_token_id, [tokenizer.eos_token_id])
     settings = GRPOSettings(num_generations=4, sampling=SamplingConfig(max_new_tokens=8))
     maker = GRPOExperienceMaker(actor, engine, tokenizer, WeightedReward.from_specs(["math_answer", "answer_format"]), settings)
+    return GRPOTrainer(actor, optimizer, booster, maker, loader, **kwargs)
+
+
+def test_hooks_fire_in_order_with_real_experiences(world_of_one, tiny_assets, tmp_path):
     recorder = Recorder()
-    trainer = GRPOTrainer(actor, optimizer, booster, maker, loader, callbacks=[recorder])
+    trainer = _grpo_trainer(tiny_assets, callbacks=[recorder])
     trainer.fit(num_episodes=2, num_collect_steps=2, num_update_steps=1,
                 metrics_logger=MetricsLogger(str(tmp_path / "logs")))
     names = [name for name, _ in recorder.events if name != "on_log"]
@@ -54,3 +60,12 @@ def test_hooks_fire_in_order_with_real_experiences(world_of_one, tiny_assets, tm
     logged = [args[1] for name, args in recorder.events if name == "on_log"]
     assert [set(m) >= {"train/reward", "train/rewards/math_answer/mean", "train/rewards/answer_format/mean", "train/loss/policy"}
             for m in logged] == [True, True]
+
+
+def test_saver_and_evaluator_decide_by_steps_epochs_and_the_last_episode(world_of_one, tiny_assets, tmp_path):
+    held_out = _grpo_trainer(tiny_assets).prompts.dataloader
+    trainer = _grpo_trainer(tiny_assets, save_dir=str(tmp_path / "ckpt"), eval_dataloader=held_out,
+                            saver=Saver(freq_steps=4), evaluator=Evaluator(freq_epochs=1))
+    trainer.fit(num_episodes=7, num_collect_steps=1, num_update_steps=1, metrics_logger=MetricsLogger(str(tmp_path / "logs")))
+    assert sorted(trainer.eval_history) == [0, 4, 7]         # before training, when the 8 prompts are done, last
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["epoch-0_step-4", "epoch-1_step-7"]

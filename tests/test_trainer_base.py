@@ -120,7 +120,7 @@ def test_ol_hooks_fire_in_order():
         ("on_learn_batch_start",), ("on_learn_batch_end", {"collect_step": 0}),
         ("on_learn_batch_start",), ("on_learn_batch_end", {"collect_step": 1}),
         ("on_learn_epoch_end", 0),
-        ("on_log", 1, {"train/reward": 1.0}),
+        ("on_log", 1, {"train/reward": 1.0, "train/epoch": 0.0, "train/global_step": 0.0}),
         ("on_episode_end", 0), ("on_fit_end",),
     ]
 

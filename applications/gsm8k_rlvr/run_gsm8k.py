@@ -1,5 +1,7 @@
-"""GSM8K-style RLVR: GRPO with the verifiable math reward on local GSM8K-format files, saving every
-`--save_every` episodes and measuring held-out accuracy every `--eval_every` episodes.
+"""GSM8K-style RLVR: GRPO with the verifiable math reward on local GSM8K-format files. coati's `Saver` writes a
+checkpoint every `--save_every` episodes (and every `--save_every_secs` seconds, if set); its `Evaluator`
+measures held-out accuracy every `--eval_every` episodes (and after every `--eval_every_epochs` passes over the
+training questions, if set).
 
     torchrun-free entry point; it launches train_grpo.py itself:
     python applications/gsm8k_rlvr/run_gsm8k.py --pretrain SFT_MODEL \
@@ -37,7 +39,8 @@ def grpo_command(args: argparse.Namespace, out: Path, extra: list) -> list:
             str(TRAIN_GRPO), "--pretrain", args.pretrain, "--prompt_dataset", str(out / "data" / "train"),
             "--eval_dataset", str(out / "data" / "test"), "--reward_fn", "math_answer", "answer_format=0.1",
             "--num_episodes", str(args.episodes), "--save_interval", str(args.save_every),
-            "--eval_interval", str(args.eval_every), "--save_dir", str(out / "checkpoints"),
+            "--eval_interval", str(args.eval_every), "--save_freq_secs", str(args.save_every_secs),
+            "--eval_freq_epochs", str(args.eval_every_epochs), "--save_dir", str(out / "checkpoints"),
             "--log_dir", str(out / "logs"), "--output_dir", str(out), "--checkpoint_path", "latest",
             *(["--async_rollout", "--max_staleness", str(args.async_rollout)] if args.async_rollout is not None else []),
             *extra]
@@ -53,7 +56,10 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default="output/gsm8k")
     parser.add_argument("--episodes", type=int, default=200)
     parser.add_argument("--save_every", type=int, default=50, help="checkpoint every N episodes (resumable)")
+    parser.add_argument("--save_every_secs", type=float, default=0, help="also checkpoint every S seconds (0: off)")
     parser.add_argument("--eval_every", type=int, default=25, help="held-out accuracy every M episodes")
+    parser.add_argument("--eval_every_epochs", type=int, default=0,
+                        help="also measure it after every E passes over the training questions (0: off)")
     parser.add_argument("--max_prompt_length", type=int, default=512)
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--async_rollout", type=int, default=None, metavar="K",

@@ -75,6 +75,10 @@ class AsyncGRPOTrainer(GRPOTrainer):
             if self.executor is not None:
                 self.stats.scalar(dropped_stale=float(self.executor.dropped))
 
+    def _prompts_per_epoch(self) -> int:
+        """The stream (rank 0's) draws each prompt once per pass."""
+        return len(self.prompts.dataloader.dataset)
+
     def _after_episode(self, episode: int) -> None:
         self._publish(episode + 1)
         super()._after_episode(episode)

@@ -26,10 +26,10 @@ from coati.distributed.comm import is_distributed, is_rank_0
 from coati.distributed.plugins import trainer_clips_gradients
 from coati.trainer.callbacks.base import Callback, fire
 from coati.trainer.nonfinite import NonFiniteGuard
-from coati.utils.cadence import LogCadence
+from coati.utils.cadence import LogCadence, Saver
 from coati.utils.ckpt_io import load_checkpoint, read_running_state, save_checkpoint
 from coati.utils.errors import CoatiUsageError
-from coati.utils.metrics_logger import MetricsLogger
+from coati.utils.metrics_logger import MetricsLogger, StatsLogger
 from coati.utils.stats_tracker import StatsTracker
 
 Batch = Dict[str, Any]
@@ -108,6 +108,7 @@ class _TrainerCore:
     def _open_logger(self, log_dir: Optional[str], use_wandb: bool, metrics_logger: Optional[MetricsLogger]) -> None:
         self.metrics_logger = metrics_logger or MetricsLogger(log_dir=log_dir, use_wandb=use_wandb,
                                                               run_name=type(self).__name__)
+        self.stats_logger = StatsLogger(self.metrics_logger)
 
     def _record(self, metrics: Dict[str, Tuple[float, float]]) -> None:
         """Add a batch's (total, count) metrics to the stats of the current log window."""
@@ -128,9 +129,18 @@ class _TrainerCore:
         if self.nonfinite.max_skips and prefix == "train/":
             metrics["train/skipped_nonfinite_steps"] = float(self.nonfinite.skipped)
         metrics.update(extra or {})
-        self.metrics_logger.log(metrics, step)
+        if prefix == "train/":
+            epoch, global_step = self._position()
+            metrics = self.stats_logger.commit(epoch, step, global_step, metrics)
+        else:
+            self.metrics_logger.log(metrics, step)
         fire(self.callbacks, "on_log", step, metrics)
         return metrics
+
+    def _position(self) -> Tuple[float, int]:
+        """(epochs done, with the current one's fraction where known; optimizer steps done), logged with the
+        training metrics."""
+        raise NotImplementedError
 
     def _end_step(self, step: int, last: bool) -> Optional[Dict[str, float]]:
         """Close step `step`'s training metrics; log the window when `self.logging` says so, or at the `last`
@@ -167,7 +177,8 @@ class SLTrainer(_TrainerCore, ABC):
     - The last group of an epoch may be partial; it still makes an optimizer step, and losses are
       normalised by the item count of the step's own micro-batches over all ranks (`_count_items`),
       so a partial group weighs each item the same as a full one.
-    - `log_interval` and `save_interval` count optimizer steps. Metrics are reduced across ranks
+    - `log_interval` and `save_interval` count optimizer steps (`logging` and `saver`, when given, decide
+      instead: a `LogCadence`, and a `Saver` that may also count epochs or seconds). Metrics are reduced across ranks
       once per logged step. A final checkpoint is written at the end when `save_dir` is set.
     - `max_steps` > 0 ends training after that many optimizer steps (counted from the start of the
       run, resumed runs included); the checkpoint written there can be resumed with a larger limit.
@@ -202,6 +213,7 @@ class SLTrainer(_TrainerCore, ABC):
         callbacks: Sequence[Callback] = (),
         skip_nonfinite: int = 0,
         logging: Optional[LogCadence] = None,
+        saver: Optional[Saver] = None,
     ) -> None:
         super().__init__(callbacks, coordinator, skip_nonfinite, logging or LogCadence(steps=log_interval))
         if accumulation_steps < 1 or log_interval < 1 or save_interval < 0:
@@ -215,12 +227,14 @@ class SLTrainer(_TrainerCore, ABC):
         self.lr_scheduler = lr_scheduler
         self.max_epochs, self.start_epoch = max_epochs, start_epoch
         self.accumulation_steps, self.log_interval = accumulation_steps, log_interval
-        self.save_interval, self.save_dir, self.keep_last = save_interval, save_dir, keep_last
+        self.save_dir, self.keep_last = save_dir, keep_last
+        self.saver = saver or Saver(freq_steps=save_interval)
         self.output_dir = Path(output_dir) if output_dir else None
         self.grad_clip = grad_clip if trainer_clips_gradients(plugin) else 0.0
         self.max_steps = max_steps
         self.device = get_accelerator().get_current_device()
         self.step = 0
+        self.epoch = start_epoch
         self._resume_sample_index = 0
         self._last_saved_step: Optional[int] = None
         self.train_dataloader: Optional[DataLoader] = None
@@ -274,7 +288,11 @@ class SLTrainer(_TrainerCore, ABC):
         elif index:
             raise CoatiUsageError("resuming mid-epoch needs a StatefulDistributedSampler in the train dataloader")
 
+    def _position(self) -> Tuple[float, int]:
+        return float(self.epoch), self.step
+
     def _train(self, epoch: int) -> None:
+        self.epoch = epoch
         sampler = getattr(self.train_dataloader, "sampler", None)
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
@@ -291,19 +309,19 @@ class SLTrainer(_TrainerCore, ABC):
             fire(self.callbacks, "on_learn_batch_end", batches)
             bar.update()
             if self.logging.due(self.step):
-                logged = self._flush_metrics(self.step, extra={"train/lr": self._current_lr(), "train/epoch": epoch})
+                logged = self._flush_metrics(self.step, extra={"train/lr": self._current_lr()})
                 bar.set_postfix({k.split("/", 1)[1]: f"{v:.4g}" for k, v in logged.items() if k.endswith("loss")})
-            at_interval = self.save_interval and self.step % self.save_interval == 0
-            if at_interval or (self.save_dir and self._reached_max_steps()):
+            if self.save_dir:
                 finished = index == num_steps
-                self._save(epoch + 1 if finished else epoch, 0 if finished else samples_seen)
+                self.saver.save(lambda: self._save(epoch + 1 if finished else epoch, 0 if finished else samples_seen),
+                                epoch + finished, self.step, epoch_ended=finished, last=self._reached_max_steps())
             if self._should_stop() or self._reached_max_steps():
                 break
         bar.close()
         if not self.logging.enabled:
             self.stats = StatsTracker()
         elif not self.stats.is_empty():
-            self._flush_metrics(self.step, extra={"train/lr": self._current_lr(), "train/epoch": epoch})
+            self._flush_metrics(self.step, extra={"train/lr": self._current_lr()})
         self._resume_sample_index = 0
         self._set_start_index(0)
         fire(self.callbacks, "on_learn_epoch_end", epoch)
@@ -446,6 +464,7 @@ class OLTrainer(_TrainerCore, ABC):
         self.data_buffer = data_buffer if data_buffer is not None else []
         self.start_episode = start_episode
         self.episode = start_episode
+        self.global_step = 0
 
     @abstractmethod
     def _make_experience(self, collect_step: int) -> Any:
@@ -457,6 +476,10 @@ class OLTrainer(_TrainerCore, ABC):
 
     def _update_batches(self) -> Iterable[Any]:
         return list(self.data_buffer)
+
+    def _position(self) -> Tuple[float, int]:
+        """(0, optimizer steps counted in `global_step`); a trainer that knows its epochs says so."""
+        return 0.0, self.global_step
 
     def _after_episode(self, episode: int) -> None:
         """Called after each episode's metrics are logged, before `on_episode_end`: a checkpoint, say."""

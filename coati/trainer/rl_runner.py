@@ -21,7 +21,7 @@ from coati.rewards import WeightedReward
 from coati.distributed.comm import rank, world_size
 from coati.distributed.plugins import build_booster
 from coati.rollout import GeneratorPool, PromptStream, RLVRWorkflow, WorkflowExecutor
-from coati.utils.arguments import log_cadence
+from coati.utils.arguments import evaluator, log_cadence, saver
 from coati.utils.errors import CoatiUsageError
 
 from .async_grpo import AsyncGRPOTrainer
@@ -50,9 +50,9 @@ def _trainer_kwargs(args: argparse.Namespace, setup: Any, coordinator: Any, held
     return dict(policy_loss=PolicyLoss(clip_eps_low=args.clip_eps_low, clip_eps_high=args.clip_eps_high,
                                        aggregation=args.loss_agg, norm_length=args.max_new_tokens),
                 entropy_coef=args.entropy_coef, grad_clip=setup.grad_clip if setup.trainer_clips_grad else 0.0,
-                save_interval=args.save_interval, save_dir=args.save_dir, keep_last=args.keep_last,
-                eval_dataloader=held_out, eval_interval=args.eval_interval,
+                save_dir=args.save_dir, keep_last=args.keep_last, eval_dataloader=held_out,
                 sample_log_interval=args.sample_log_interval, coordinator=coordinator, logging=log_cadence(args),
+                saver=saver(args), evaluator=evaluator(args),
                 skip_nonfinite=args.skip_nonfinite)
 
 

@@ -12,6 +12,7 @@ from coati.distributed.comm import gather_lists
 from coati.experience.metrics import rollout_metrics, tokens_in
 from coati.models.logprobs import action_logps
 from coati.models.loss import PolicyLoss, aggregate, token_entropy
+from coati.utils.cadence import Evaluator, Saver
 from coati.utils.ckpt_io import ModelState, load_checkpoint, read_running_state, save_checkpoint
 from coati.utils.stats_tracker import StatsTracker
 
@@ -58,10 +59,6 @@ class CyclingLoader:
             self.seen += batch["input_ids"].size(0)
             return move_to_device(batch, self.device)
 
-    def progress(self) -> float:
-        """Epochs done, with the fraction of the current one: this rank's samples seen over its share."""
-        return self.epoch + self.seen / max(self.dataloader.sampler.num_samples, 1)
-
     def restore(self, epoch: int, seen: int) -> None:
         self.epoch, self.seen, self._iter = epoch, seen, None
         self.dataloader.sampler.set_start_index(seen)
@@ -72,10 +69,11 @@ class RolloutTrainer(OLTrainer):
     `experience_maker`, then takes `num_update_steps` passes of `_learn_step` over them.
 
     The actor's step (`_policy_step`) is `policy_loss` minus `entropy_coef` times the entropy plus
-    what `_extra_actor_loss` adds (GRPO's KL term, PPO's ptx loss). Every `eval_interval` episodes (and
-    before the first and after the last) the held-out prompts are completed greedily and scored;
-    every `sample_log_interval` episodes a sample table goes to the metrics logger. Checkpoints (with
-    `save_dir`) every `save_interval` episodes and after the last hold every trained model
+    what `_extra_actor_loss` adds (GRPO's KL term, PPO's ptx loss). When `evaluator` says so (default: every
+    `eval_interval` episodes), before the first and after the last, the held-out prompts are completed
+    greedily and scored; every `sample_log_interval` episodes a sample table goes to the metrics logger.
+    Checkpoints (with `save_dir`), when `saver` says so (default: every `save_interval` episodes) and after
+    the last, hold every trained model
     (`_trained_models`), the episode, the prompt order's position, the token count and RNG, so a resumed
     run continues identically.
     """
@@ -103,6 +101,8 @@ class RolloutTrainer(OLTrainer):
         coordinator: Optional[Any] = None,
         skip_nonfinite: int = 0,
         logging: Optional[LogCadence] = None,
+        saver: Optional[Saver] = None,
+        evaluator: Optional[Evaluator] = None,
     ) -> None:
         super().__init__(actor_booster, critic_booster, [], callbacks, coordinator=coordinator,
                          skip_nonfinite=skip_nonfinite, logging=logging)
@@ -110,14 +110,16 @@ class RolloutTrainer(OLTrainer):
         self.maker = experience_maker
         self.policy_loss = policy_loss or PolicyLoss()
         self.entropy_coef, self.grad_clip = entropy_coef, grad_clip
-        self.save_interval, self.save_dir, self.keep_last = save_interval, save_dir, keep_last
+        self.save_dir, self.keep_last = save_dir, keep_last
+        self.saver = saver or Saver(freq_steps=save_interval)
+        self.evaluator = evaluator or Evaluator(freq_steps=eval_interval)
         self.device = next(actor.parameters()).device
         self.prompts = CyclingLoader(prompt_dataloader, self.device)
-        self.eval_dataloader, self.eval_interval = eval_dataloader, eval_interval
+        self.eval_dataloader = eval_dataloader
         self.sample_log_interval = sample_log_interval
         self.eval_history: Dict[int, Dict[str, float]] = {}
         self.tokens_seen = 0
-        self.global_step = 0
+        self.prompts_trained = 0
         self._num_episodes = 0
 
     # ---- what a subclass may add ------------------------------------------------------------------
@@ -141,6 +143,7 @@ class RolloutTrainer(OLTrainer):
     def _episodes(self, num_episodes: int, num_collect_steps: int, num_update_steps: int) -> None:
         """The held-out evaluation before the first episode, then the episodes."""
         self._num_episodes = num_episodes
+        self._epochs_done = int(self._epoch_progress())
         if self.eval_dataloader is not None and self.start_episode == 0:
             self.evaluate(step=0)
         super()._episodes(num_episodes, num_collect_steps, num_update_steps)
@@ -155,7 +158,9 @@ class RolloutTrainer(OLTrainer):
         """Rollout metrics, the token count and (when due) the sample table of one experience batch."""
         metrics = rollout_metrics(experience, self._group_size())
         metrics.update({f"time/{k}": v for k, v in experience.info["timing"].items()})
-        self.tokens_seen += int(sum(gather_lists([tokens_in(experience)])))
+        counts = gather_lists([(tokens_in(experience), experience.sequences.size(0) // self._group_size())])
+        self.tokens_seen += sum(tokens for tokens, _ in counts)
+        self.prompts_trained += sum(prompts for _, prompts in counts)
         self._record({name: (value, 1) for name, value in metrics.items()})
         if self._sample_table_due(collect_step):
             self._log_samples(experience)
@@ -194,9 +199,20 @@ class RolloutTrainer(OLTrainer):
         return f"episode {self.episode + 1}"
 
     def _step_extras(self) -> Dict[str, float]:
-        """Tokens trained on so far (prompts and completions), actor optimizer steps, and prompt epochs done."""
-        return {"train/num_tokens": float(self.tokens_seen), "train/global_step": float(self.global_step),
-                "train/epoch": self.prompts.progress()}
+        """Tokens trained on so far, prompts and completions."""
+        return {"train/num_tokens": float(self.tokens_seen)}
+
+    def _position(self) -> Tuple[float, int]:
+        """Passes over the prompts (fractional) and actor optimizer steps."""
+        return self._epoch_progress(), self.global_step
+
+    def _epoch_progress(self) -> float:
+        """Passes over the prompt set that training has made, from the prompts trained on by every rank."""
+        return self.prompts_trained / max(self._prompts_per_epoch(), 1)
+
+    def _prompts_per_epoch(self) -> int:
+        """Prompts in one pass over the set: every rank's equal share (the sampler pads the last one)."""
+        return self.prompts.dataloader.sampler.total_size
 
     # ---- sample tables ----------------------------------------------------------------------------
     def _sample_table_due(self, collect_step: int) -> bool:
@@ -212,7 +228,7 @@ class RolloutTrainer(OLTrainer):
     def evaluate(self, step: int) -> Dict[str, float]:
         """Greedy completions of the held-out prompts scored like rollouts: eval/reward and
         eval/rewards/<component> (with `math_answer`, exact-answer accuracy), logged at `step` and kept
-        in `eval_history`. Runs before training, every `eval_interval` episodes, and after the last."""
+        in `eval_history`. Runs before training, when the `evaluator` says so, and after the last episode."""
         self._set_train_mode(False)
         greedy = replace(self.maker.settings.sampling, do_sample=False)
         stats = StatsTracker()
@@ -229,27 +245,33 @@ class RolloutTrainer(OLTrainer):
 
     # ---- checkpoints ------------------------------------------------------------------------------
     def _after_episode(self, episode: int) -> None:
-        done = episode + 1
-        due = self.eval_interval and done % self.eval_interval == 0
-        if self.eval_dataloader is not None and (due or done == self._num_episodes):
-            self.evaluate(step=done)
-        due = self.save_interval and done % self.save_interval == 0
-        if self.save_dir and (due or done == self._num_episodes):
-            path = save_checkpoint(self.save_dir, self.actor_booster, self.actor, self.optimizer, self.lr_scheduler,
-                                   epoch=self.prompts.epoch, step=done, batch_size=self.prompts.dataloader.batch_size,
-                                   coordinator=self.coordinator, sample_start_index=self.prompts.seen,
-                                   keep_last=self.keep_last, extra_state=self._extra_state(),
-                                   extra_models=self._trained_models())
-            self.coordinator.print_on_master(f"saved checkpoint {path}")
-            fire(self.callbacks, "on_checkpoint_saved", str(path))
+        """Evaluation, then a checkpoint, when their `Evaluator` and `Saver` say they are due (and after the last
+        episode)."""
+        done, last = episode + 1, episode + 1 == self._num_episodes
+        epochs = int(self._epoch_progress())
+        ended, self._epochs_done = epochs > self._epochs_done, epochs
+        if self.eval_dataloader is not None:
+            self.evaluator.evaluate(lambda: self.evaluate(step=done), epochs, done, epoch_ended=ended, last=last)
+        if self.save_dir:
+            self.saver.save(lambda: self._save(done), epochs, done, epoch_ended=ended, last=last)
+
+    def _save(self, step: int) -> None:
+        path = save_checkpoint(self.save_dir, self.actor_booster, self.actor, self.optimizer, self.lr_scheduler,
+                               epoch=self.prompts.epoch, step=step, batch_size=self.prompts.dataloader.batch_size,
+                               coordinator=self.coordinator, sample_start_index=self.prompts.seen,
+                               keep_last=self.keep_last, extra_state=self._extra_state(),
+                               extra_models=self._trained_models())
+        self.coordinator.print_on_master(f"saved checkpoint {path}")
+        fire(self.callbacks, "on_checkpoint_saved", str(path))
 
     def _extra_state(self) -> Dict[str, Any]:
-        return {"tokens_seen": self.tokens_seen, "global_step": self.global_step,
-                "nonfinite_skipped": self.nonfinite.skipped}
+        return {"tokens_seen": self.tokens_seen, "prompts_trained": self.prompts_trained,
+                "global_step": self.global_step, "nonfinite_skipped": self.nonfinite.skipped}
 
     def _restore_extra_state(self, state: Dict[str, Any]) -> None:
         self.tokens_seen = state.get("tokens_seen", 0)
         self.global_step = state.get("global_step", 0)
+        self.prompts_trained = state.get("prompts_trained", 0)
         self.nonfinite.skipped = state.get("nonfinite_skipped", 0)
 
     def load_checkpoint(self, path: str) -> None:

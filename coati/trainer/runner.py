@@ -28,7 +28,7 @@ from coati.models.reference import load_reference_model, with_reference_logps
 from coati.models.reward_model import load_reward_model
 from coati.trainer.base import SLTrainer
 from coati.trainer.callbacks import Callback, PerformanceEvaluator
-from coati.utils.arguments import log_cadence
+from coati.utils.arguments import log_cadence, saver
 from coati.utils.ckpt_io import latest_checkpoint, read_running_state, save_hf_model, verify_checkpoint
 from coati.utils.errors import CoatiUsageError
 from coati.utils.file_checks import model_signature
@@ -207,7 +207,7 @@ def run_supervised(
     trainer = trainer_cls(
         booster=setup.booster, max_epochs=args.max_epochs, model=model, optimizer=optimizer, plugin=setup.plugin,
         lr_scheduler=scheduler, accumulation_steps=args.accumulation_steps, log_interval=args.log_interval,
-        logging=log_cadence(args),
+        logging=log_cadence(args), saver=saver(args),
         save_interval=args.save_interval, save_dir=args.save_dir, keep_last=args.keep_last,
         output_dir=args.output_dir, grad_clip=args.grad_clip, max_steps=args.max_steps, coordinator=coordinator,
         skip_nonfinite=args.skip_nonfinite,

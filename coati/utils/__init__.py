@@ -7,7 +7,8 @@ from .errors import CoatiUsageError, exit_cleanly
 
 _LAZY = {
     "latest_checkpoint": "ckpt_io", "load_checkpoint": "ckpt_io", "save_checkpoint": "ckpt_io",
-    "save_hf_model": "ckpt_io", "MetricsLogger": "metrics_logger",
+    "save_hf_model": "ckpt_io", "MetricsLogger": "metrics_logger", "StatsLogger": "metrics_logger",
+    "Saver": "cadence", "Evaluator": "cadence", "Frequency": "cadence", "LogCadence": "cadence",
 }
 
 __all__ = ["AccumulativeMeanMeter", "AccumulativeMeanVariable", "all_reduce_meter", "CoatiUsageError",

@@ -6,7 +6,7 @@ before anything is loaded.
 import argparse
 
 from coati.distributed.plugins import add_plugin_args
-from coati.utils.cadence import LOGGING_STRATEGIES, LogCadence
+from coati.utils.cadence import LOGGING_STRATEGIES, Evaluator, LogCadence, Saver
 from coati.utils.cli import CoatiArgumentParser, at_least, in_range, non_negative, positive
 from coati.utils.metrics_logger import DEFAULT_WANDB_TABLE_ROWS
 
@@ -58,6 +58,10 @@ def training_parser(description: str, dataset_flag: str = "--dataset", on_policy
     ckpt.add_argument("--save_dir", default=None, help="where checkpoints epoch-{e}_step-{s} are written")
     ckpt.add_argument("--save_interval", type=at_least(0), default=0,
                       help=f"save every N {'episodes' if on_policy else 'optimizer steps'} (0: only at the end)")
+    ckpt.add_argument("--save_freq_epochs", type=at_least(0), default=0,
+                      help=f"also save when every N-th {'pass over the prompts' if on_policy else 'epoch'} ends (0: off)")
+    ckpt.add_argument("--save_freq_secs", type=non_negative(), default=0,
+                      help="also save once N seconds have passed since the last checkpoint (0: off)")
     ckpt.add_argument("--keep_last", type=at_least(0), default=0, help="keep only the N newest checkpoints (0: keep all)")
     ckpt.add_argument("--checkpoint_path", default=None,
                       help="resume from this checkpoint directory, or 'latest' for the newest complete one in --save_dir")
@@ -83,6 +87,16 @@ def training_parser(description: str, dataset_flag: str = "--dataset", on_policy
 def log_cadence(args: argparse.Namespace) -> LogCadence:
     """The logging flags as the trainers take them."""
     return LogCadence(args.logging_strategy, args.log_interval, args.logging_first_step)
+
+
+def saver(args: argparse.Namespace) -> Saver:
+    """When checkpoints are due, from `--save_interval`, `--save_freq_epochs` and `--save_freq_secs`."""
+    return Saver(args.save_freq_epochs, args.save_interval, args.save_freq_secs)
+
+
+def evaluator(args: argparse.Namespace) -> Evaluator:
+    """When held-out evaluation is due, from `--eval_interval`, `--eval_freq_epochs` and `--eval_freq_secs`."""
+    return Evaluator(args.eval_freq_epochs, args.eval_interval, args.eval_freq_secs)
 
 
 def add_reference_args(parser: argparse.ArgumentParser, precompute: bool = True) -> None:
@@ -126,6 +140,10 @@ def add_grpo_args(parser: argparse.ArgumentParser) -> None:
     rl.add_argument("--entropy_coef", type=non_negative(), default=0.0, help="weight of the entropy bonus")
     rl.add_argument("--eval_interval", type=at_least(0), default=0,
                     help="held-out evaluation every N episodes (always before the first and after the last)")
+    rl.add_argument("--eval_freq_epochs", type=at_least(0), default=0,
+                    help="also evaluate when every N-th pass over the prompts ends (0: off)")
+    rl.add_argument("--eval_freq_secs", type=non_negative(), default=0,
+                    help="also evaluate once N seconds have passed since the last evaluation (0: off)")
     rl.add_argument("--sample_log_interval", type=at_least(0), default=10,
                     help="a table of prompts, completions, rewards and advantages every N episodes (0: never): "
                          "JSON under --log_dir/rich_completions, and a W&B table with --use_wandb")

@@ -5,7 +5,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from coati.distributed.comm import is_rank_0
 
@@ -129,6 +129,24 @@ class MetricsLogger:
             self._wandb_run.finish()
         self._tb = self._jsonl = self._wandb_run = None
 
+
+class StatsLogger:
+    """The asynchronous RLVR guide's logger over a `MetricsLogger`: `commit(epoch, step, global_step, stats)`
+    logs one step's reduced statistics (a dict, or a list of dicts merged in order) at `step`, with the
+    position as `<prefix>epoch` and `<prefix>global_step`."""
+
+    def __init__(self, metrics_logger: MetricsLogger, prefix: str = "train/") -> None:
+        self.metrics_logger, self.prefix = metrics_logger, prefix
+
+    def commit(self, epoch: float, step: int, global_step: int,
+               stats: Union[Dict[str, float], Sequence[Dict[str, float]]]) -> Dict[str, float]:
+        """Log `stats` at `step` and return what was logged."""
+        merged: Dict[str, float] = {}
+        for part in ([stats] if isinstance(stats, dict) else stats):
+            merged.update(part)
+        record = {**merged, f"{self.prefix}epoch": float(epoch), f"{self.prefix}global_step": float(global_step)}
+        self.metrics_logger.log(record, step)
+        return record
 
 def _truncate_jsonl(path: Path, last_step: int) -> None:
     """Keep the records up to `last_step` (atomically); a torn last line from a crash goes too."""

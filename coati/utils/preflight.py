@@ -91,6 +91,7 @@ def check_run_paths(args: argparse.Namespace) -> Dict[str, dict]:
     for name in OUTPUT_FLAGS:
         if getattr(args, name, None):
             check_writable_dir(getattr(args, name), f"--{name}")
-    if getattr(args, "save_interval", 0) and not getattr(args, "save_dir", None):
-        raise CoatiUsageError("--save_interval needs --save_dir, the directory checkpoints are written to")
+    for flag in ("save_interval", "save_freq_epochs", "save_freq_secs"):
+        if getattr(args, flag, 0) and not getattr(args, "save_dir", None):
+            raise CoatiUsageError(f"--{flag} needs --save_dir, the directory checkpoints are written to")
     return configs
