@@ -13,6 +13,7 @@ from coati.rewards import WeightedReward
 from coati.trainer.callbacks import Callback
 from coati.trainer.grpo import GRPOTrainer
 from coati.trainer.runner import build_dataloader
+from coati.models.loss import PolicyLoss
 from coati.utils.cadence import Evaluator, Saver
 from coati.utils.metrics_logger import MetricsLogger
 
@@ -27,7 +28,7 @@ class Recorder(Callback):
         return super().__getattribute__(name)
 
 
-def _grpo_trainer(assets, **kwargs) -> GRPOTrainer:
+def _grpo_trainer(assets, optimizer_cls=torch.optim.AdamW, **kwargs) -> GRPOTrainer:
     """A GRPOTrainer on 8 prompts, 2 per batch (an epoch of prompts every 4 batches), with `kwargs`."""
     tokenizer = AutoTokenizer.from_pretrained(assets["model"])
     rows = [tokenize_prompt(tokenizer, r, 64) for r in prompt_records(generate_problems(8, "train"))]
@@ -35,7 +36,7 @@ def _grpo_trainer(assets, **kwargs) -> GRPOTrainer:
     booster = Booster(plugin=plugin)
     loader = build_dataloader(plugin, rows, 2, PromptCollator(tokenizer.pad_token_id), True, 0)
     model = AutoModelForCausalLM.from_pretrained(assets["model"])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer = optimizer_cls(model.parameters(), lr=1e-3)
     actor, optimizer, *_ = booster.boost(model, optimizer)
     engine = HFEngine(actor.unwrap(), tokenizer.pad_token_id, [tokenizer.eos_token_id])
     settings = GRPOSettings(num_generations=4, sampling=SamplingConfig(max_new_tokens=8))
@@ -69,3 +70,27 @@ def test_saver_and_evaluator_decide_by_steps_epochs_and_the_last_episode(world_o
     trainer.fit(num_episodes=7, num_collect_steps=1, num_update_steps=1, metrics_logger=MetricsLogger(str(tmp_path / "logs")))
     assert sorted(trainer.eval_history) == [0, 4, 7]         # before training, when the 8 prompts are done, last
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["epoch-0_step-4", "epoch-1_step-7"]
+
+
+def test_micro_batches_with_accumulation_take_the_whole_batch_step(world_of_one, tiny_assets):
+    """8 completions learned whole, or as 2 micro-batches of 4 accumulated into one step: the same update
+    (with per-sequence loss aggregation the mean over the batch is the mean of the micro-batch means)."""
+    policy_loss = lambda: PolicyLoss(aggregation="seq-mean-token-mean")
+    whole = _grpo_trainer(tiny_assets, torch.optim.SGD, policy_loss=policy_loss())
+    parts = _grpo_trainer(tiny_assets, torch.optim.SGD, policy_loss=policy_loss(), train_batch_size=4,
+                          accumulation_steps=2)
+    torch.manual_seed(0)
+    experience = whole.maker.make(whole.prompts.next())
+    experience.advantages = torch.linspace(-1.0, 1.0, experience.sequences.size(0))   # untied, so there is a gradient
+    for trainer in (whole, parts):
+        trainer.data_buffer[:] = [experience]
+        batches = trainer._update_batches()
+        for batch in batches:
+            trainer._learn_step(batch)
+        assert trainer.global_step == 1
+    assert [b.sequences.size(0) for b in parts._update_batches()] == [4, 4]
+    for (name, a), b in zip(whole.actor.named_parameters(), parts.actor.parameters()):
+        assert torch.allclose(a, b, atol=1e-6), name
+    moved = any(not torch.equal(a, b) for a, b in zip(whole.actor.parameters(),
+                                                      _grpo_trainer(tiny_assets).actor.parameters()))
+    assert moved

@@ -58,13 +58,15 @@ def test_lengths_and_kl_per_sequence_and_per_token():
     assert stats["kl"] == pytest.approx((0.4 + 0.2) / 2) and stats["kl_per_completion_token"] == pytest.approx(0.6 / 3)
 
 
-def _grpo(assets, out, *extra):
+def _grpo(assets, out, *extra, output=None):
     result = torchrun(SCRIPTS / "train_grpo.py", 2, "--pretrain", str(assets["model"]), "--prompt_dataset",
                       str(assets["prompt_train"]), "--plugin", "ddp", "--batch_size", "2", "--num_generations", "4",
                       "--max_new_tokens", "8", "--num_episodes", "5", "--lr", "1e-3", "--kl_coef", "0.05",
                       "--reward_fn", "math_answer", "answer_format", "--sample_log_interval", "2",
                       "--log_dir", str(out / "logs"), *extra)
     assert result.returncode == 0, result.stderr[-4000:]
+    if output is not None:
+        output.append(result.stdout + result.stderr)
     path = out / "logs" / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
@@ -88,5 +90,9 @@ def test_grpo_run_logs_every_published_name_on_its_cadence(tiny_assets, tmp_path
     table = json.loads((tmp_path / "logs" / "rich_completions" / "completions_step_000002.json").read_text())
     assert set(table) == {"columns", "data"} and all(len(row) == len(table["columns"]) for row in table["data"])
 
-    quiet = _grpo(tiny_assets, tmp_path / "quiet", "--logging_strategy", "no")
+    output = []
+    quiet = _grpo(tiny_assets, tmp_path / "quiet", "--logging_strategy", "no", "--config_file",
+                  str(tmp_path / "quiet" / "config.json"), "--use_flash_attn", output=output)
     assert quiet == []
+    assert json.loads((tmp_path / "quiet" / "config.json").read_text())["logging_strategy"] == "no"   # ColossalChat's
+    assert output[0].count("warning: --use_flash_attn: FlashAttention-2 needs CUDA") == 1

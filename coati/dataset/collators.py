@@ -22,9 +22,13 @@ def pad_sequences(sequences: Sequence[Sequence[int]], value: int, left: bool = F
 
 
 class _Collator:
-    def __init__(self, pad_token_id: int, max_length: int = 0) -> None:
+    """`loss_on_every_token` (ColossalChat's `--disable_loss_mask`) makes every token of a row a label, the
+    prompt's included, instead of the response's alone."""
+
+    def __init__(self, pad_token_id: int, max_length: int = 0, loss_on_every_token: bool = False) -> None:
         self.pad_token_id = pad_token_id
         self.max_length = max_length
+        self.loss_on_every_token = loss_on_every_token
 
     def _cut(self, sequence: Sequence[int], keep_end: bool = False) -> Sequence[int]:
         """`sequence` cut to `max_length`: its start kept, or its end with `keep_end`."""
@@ -33,7 +37,9 @@ class _Collator:
         return sequence[-self.max_length:] if keep_end else sequence[:self.max_length]
 
     def _column(self, rows: List[Dict[str, Sequence[int]]], key: str) -> List[Sequence[int]]:
-        """`key` of every row, cut to `max_length`."""
+        """`key` of every row, cut to `max_length` (labels are the input ids with `loss_on_every_token`)."""
+        if self.loss_on_every_token and key.endswith("labels"):
+            key = key[:-len("labels")] + "input_ids"
         return [self._cut(row[key]) for row in rows]
 
     def _padded(self, ids: List[Sequence[int]], labels: List[Sequence[int]], prefix: str = "") -> Dict[str, torch.Tensor]:

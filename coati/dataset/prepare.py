@@ -7,6 +7,7 @@ dropped and counted.
 """
 import functools
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -32,12 +33,12 @@ def _jsonl_files(path: Path) -> List[Path]:
     return sorted(p for p in path.iterdir() if p.suffix in JSONL_SUFFIXES) if path.is_dir() else []
 
 
-def _dataset_entries(path: Path) -> Iterator[Tuple[str, Callable[[], Dict]]]:
+def _dataset_entries(path: Path, cache_dir: Optional[PathLike] = None) -> Iterator[Tuple[str, Callable[[], Dict]]]:
     """(`folder row N`, reader) for every row of a local dataset folder read by `datasets.load_dataset`."""
     if path.is_dir() and not any(path.iterdir()):
         raise CoatiUsageError(f"{path}: the data input folder is empty (expected JSONL files or a dataset folder)")
     try:
-        dataset = load_dataset(str(path), split="train")
+        dataset = load_dataset(str(path), split="train", cache_dir=None if cache_dir is None else str(cache_dir))
     except Exception as error:   # datasets raises many types for unreadable folders
         raise CoatiUsageError(f"{path}: neither JSONL files nor a dataset folder that datasets.load_dataset reads "
                               f"({type(error).__name__}: {first_line(error)})") from None
@@ -45,30 +46,56 @@ def _dataset_entries(path: Path) -> Iterator[Tuple[str, Callable[[], Dict]]]:
         yield f"{path} row {index}", functools.partial(dict, row)
 
 
-def load_rows(inputs: Sequence[PathLike], data_type: str, skip_invalid: bool = False) -> Tuple[List[Dict], int]:
-    """Validated, normalised rows of every input; returns (rows, number skipped)."""
+def load_rows(inputs: Sequence[PathLike], data_type: str, skip_invalid: bool = False,
+              cache_dir: Optional[PathLike] = None) -> Tuple[List[Dict], int]:
+    """Validated, normalised rows of every input (dataset folders read through `datasets`' cache in `cache_dir`,
+    its default when None); returns (rows, number skipped)."""
     rows, skipped = [], 0
     for raw in inputs:
         path = Path(raw)
         if not path.exists():
             raise CoatiUsageError(f"data input not found: {path}")
         files = _jsonl_files(path)
-        entries = jsonl_entries(files) if files else _dataset_entries(path)
+        entries = jsonl_entries(files) if files else _dataset_entries(path, cache_dir)
         found, bad = validate_rows(entries, data_type, skip_invalid)
         rows += found
         skipped += bad
     return rows, skipped
 
 
-def _prepare(rows: List[Dict], encode: Callable[[Dict], Optional[Dict]], out_dir: PathLike) -> Dict[str, int]:
-    """Encode each row, drop those `encode` returns None for (cut away by truncation), save; returns counts."""
+@dataclass(frozen=True)
+class OutputLayout:
+    """How a prepared dataset is written: `num_shards` arrow files, and with `jsonl_dir` the same rows as
+    JSONL files too, `rows_per_jsonl` rows each (0: one file). ColossalChat's prepare_dataset.py flags
+    `--num_spliced_dataset_bins`, `--data_jsonl_output_dir` and `--num_samples_per_datafile` set them."""
+
+    num_shards: int = 1
+    jsonl_dir: Optional[PathLike] = None
+    rows_per_jsonl: int = 0
+
+    def write(self, encoded: List[Dict], out_dir: PathLike) -> None:
+        Dataset.from_list(encoded).save_to_disk(str(out_dir), num_shards=min(self.num_shards, len(encoded)))
+        if self.jsonl_dir is None:
+            return
+        folder = Path(self.jsonl_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        size = self.rows_per_jsonl or len(encoded)
+        for part, start in enumerate(range(0, len(encoded), size)):
+            with open(folder / f"part-{part:05d}.jsonl", "w") as out:
+                out.writelines(json.dumps(row) + "\n" for row in encoded[start:start + size])
+
+
+def _prepare(rows: List[Dict], encode: Callable[[Dict], Optional[Dict]], out_dir: PathLike,
+             layout: OutputLayout = OutputLayout()) -> Dict[str, int]:
+    """Encode each row, drop those `encode` returns None for (cut away by truncation), save as `layout`
+    says; returns counts."""
     if not rows:
         raise CoatiUsageError("no usable rows in the input data")
     encoded = [e for e in (encode(row) for row in tqdm(rows, desc="tokenizing")) if e is not None]
     if not encoded:
         raise CoatiUsageError(f"all {len(rows)} rows were dropped by truncation (each response would be cut away "
                               "entirely at this --max_length); raise --max_length. Nothing was written")
-    Dataset.from_list(encoded).save_to_disk(str(out_dir))
+    layout.write(encoded, out_dir)
     return {"rows": len(rows), "kept": len(encoded), "dropped": len(rows) - len(encoded)}
 
 
@@ -103,10 +130,12 @@ def tokenize_prompt(tokenizer: PreTrainedTokenizerBase, row: Dict, max_length: i
 
 
 def prepare_dataset(inputs: Sequence[PathLike], data_type: str, tokenizer: PreTrainedTokenizerBase, max_length: int,
-                    out_dir: PathLike, skip_invalid: bool = False) -> Dict[str, int]:
-    """Validate, tokenize and save; returns rows read, kept, dropped by truncation, and skipped as invalid."""
-    rows, skipped = load_rows(inputs, data_type, skip_invalid)
-    counts = {**_prepare(rows, encoder(data_type, tokenizer, max_length), out_dir), "skipped": skipped}
+                    out_dir: PathLike, skip_invalid: bool = False, layout: OutputLayout = OutputLayout(),
+                    cache_dir: Optional[PathLike] = None) -> Dict[str, int]:
+    """Validate, tokenize and save (as `layout` says); returns rows read, kept, dropped by truncation, and
+    skipped as invalid. `cache_dir` is `datasets`' cache for input dataset folders."""
+    rows, skipped = load_rows(inputs, data_type, skip_invalid, cache_dir)
+    counts = {**_prepare(rows, encoder(data_type, tokenizer, max_length), out_dir, layout), "skipped": skipped}
     _write_info(out_dir, data_type, max_length, counts)
     return counts
 

@@ -1,4 +1,5 @@
 """One batch of on-policy experience, and the experience makers of GRPO and PPO that produce it."""
+import dataclasses
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,6 +39,28 @@ class Experience:
     loss_mask: Optional[torch.Tensor] = None
     behaviour_log_probs: Optional[torch.Tensor] = None
     info: Dict[str, Any] = field(default_factory=dict)
+
+    def split(self, rows: int) -> List["Experience"]:
+        """Consecutive parts of at most `rows` rows (the whole batch when `rows` is 0 or covers it): every
+        per-row tensor and list is sliced, everything else (the prompt length, timings) is shared."""
+        total = self.sequences.size(0)
+        if rows <= 0 or rows >= total:
+            return [self]
+        return [_slice_rows(self, start, min(start + rows, total)) for start in range(0, total, rows)]
+
+
+def _slice_rows(experience: Experience, start: int, end: int) -> Experience:
+    def part(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            return value[start:end]
+        if isinstance(value, list):
+            return value[start:end]
+        if isinstance(value, dict) and value and all(isinstance(v, list) for v in value.values()):
+            return {k: v[start:end] for k, v in value.items()}
+        return value
+
+    fields_ = {f.name: part(getattr(experience, f.name)) for f in dataclasses.fields(experience) if f.name != "info"}
+    return Experience(**fields_, info={k: part(v) for k, v in experience.info.items()})
 
 
 @dataclass

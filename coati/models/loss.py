@@ -56,20 +56,23 @@ class DPOLoss(torch.nn.Module):
     """DPO (Rafailov et al. 2023): -log sigmoid(beta * [(pi_c - ref_c) - (pi_r - ref_r)] - gamma) on summed
     log-probs, gamma being SimPO's target margin (0: plain DPO), with cDPO label smoothing eps (Mitchell 2023):
     -(1-eps) log sigmoid(h) - eps log sigmoid(-h).
-    `loss_type="ipo"` (Azar et al. 2023): ([(pi_c - ref_c) - (pi_r - ref_r)] - 1 / (2 beta))^2 on length-normalised log-probs."""
-
-    needs_reference = True
+    `loss_type="ipo"` (Azar et al. 2023): ([(pi_c - ref_c) - (pi_r - ref_r)] - 1 / (2 beta))^2 on length-normalised log-probs.
+    `reference_free` takes the reference log-probs as 0 (no reference model); `length_normalization` divides
+    every log-prob by its response's length (as IPO always does)."""
 
     def __init__(self, beta: float = 0.1, label_smoothing: float = 0.0, loss_type: str = "sigmoid",
-                 gamma: float = 0.0) -> None:
+                 gamma: float = 0.0, reference_free: bool = False, length_normalization: bool = False) -> None:
         super().__init__()
         if loss_type not in ("sigmoid", "ipo"):
             raise ValueError(f"unknown DPO loss_type {loss_type!r}; expected 'sigmoid' or 'ipo'")
         self.beta, self.label_smoothing, self.loss_type, self.gamma = beta, label_smoothing, loss_type, gamma
-        self.length_normalized = loss_type == "ipo"
+        self.needs_reference = not reference_free
+        self.length_normalized = loss_type == "ipo" or length_normalization
 
-    def forward(self, chosen: torch.Tensor, rejected: torch.Tensor, ref_chosen: torch.Tensor,
-                ref_rejected: torch.Tensor) -> PreferenceLossOutput:
+    def forward(self, chosen: torch.Tensor, rejected: torch.Tensor, ref_chosen: Optional[torch.Tensor] = None,
+                ref_rejected: Optional[torch.Tensor] = None) -> PreferenceLossOutput:
+        ref_chosen = torch.zeros_like(chosen) if ref_chosen is None else ref_chosen
+        ref_rejected = torch.zeros_like(rejected) if ref_rejected is None else ref_rejected
         chosen_ratio, rejected_ratio = chosen - ref_chosen, rejected - ref_rejected
         h = chosen_ratio - rejected_ratio
         if self.loss_type == "ipo":
@@ -91,8 +94,10 @@ class DpoLoss(DPOLoss):
                 ref_rejected: Optional[torch.Tensor] = None, chosen_mask: Optional[torch.Tensor] = None,
                 reject_mask: Optional[torch.Tensor] = None) -> PreferenceLossOutput:
         chosen, rejected = _sequence_logps(chosen, chosen_mask), _sequence_logps(rejected, reject_mask)
-        ref_chosen = torch.zeros_like(chosen) if ref_chosen is None else _sequence_logps(ref_chosen, chosen_mask)
-        ref_rejected = torch.zeros_like(rejected) if ref_rejected is None else _sequence_logps(ref_rejected, reject_mask)
+        if ref_chosen is not None:
+            ref_chosen = _sequence_logps(ref_chosen, chosen_mask)
+        if ref_rejected is not None:
+            ref_rejected = _sequence_logps(ref_rejected, reject_mask)
         return super().forward(chosen, rejected, ref_chosen, ref_rejected)
 
 

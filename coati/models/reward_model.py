@@ -3,7 +3,7 @@
 Stored that way, `from_pretrained` loads the backbone and its head, and any causal-LM checkpoint starts
 one (the head is then new). The reward of a sequence is read at its last non-pad token.
 """
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import transformers
@@ -29,10 +29,11 @@ def from_pretrained_with_head(auto_cls: Any, path: str, role: str, **kwargs: Any
     return model
 
 
-def load_reward_model(path: str, pad_token_id: int, trust_remote_code: bool = False) -> PreTrainedModel:
+def load_reward_model(path: str, pad_token_id: int, trust_remote_code: bool = False,
+                      attn_implementation: Optional[str] = None) -> PreTrainedModel:
     """A reward model from `path`: an earlier reward model, or a causal LM to start one from."""
     model = from_pretrained_with_head(AutoModelForSequenceClassification, path, "reward model", num_labels=1,
-                                      trust_remote_code=trust_remote_code)
+                                      trust_remote_code=trust_remote_code, attn_implementation=attn_implementation)
     model.config.pad_token_id = pad_token_id
     return model
 

@@ -1,13 +1,37 @@
 """KTO: preference optimisation from single completions labelled desirable or undesirable."""
+from typing import Optional, Sequence
+
 import torch
 import torch.distributed as dist
 
 from coati.distributed.comm import is_distributed
 from coati.models.logprobs import sequence_logps
 from coati.models.loss import KTOLoss
+from coati.utils.errors import warn_user
 
 from .base import Batch, BatchResult
 from .dpo import PreferenceTrainer
+
+
+KTO_WEIGHT_BOUNDS = (1.0, 4 / 3)
+"""Where w_D n_D / (w_U n_U) should lie (Ethayarajh et al. 2024, eq. 8)."""
+
+
+def balance_kto_weights(loss: KTOLoss, desirable: Sequence[bool]) -> Optional[float]:
+    """ColossalChat's `--auto_weight`: when w_D n_D / (w_U n_U) over the training rows lies outside
+    KTO_WEIGHT_BOUNDS, divide `loss.desirable_weight` by it (the ratio becomes 1) and say so. Returns the new
+    weight, or None when it was left alone."""
+    n_desirable = sum(bool(d) for d in desirable)
+    n_undesirable = len(desirable) - n_desirable
+    if not n_desirable or not n_undesirable:
+        return None
+    ratio = loss.desirable_weight * n_desirable / (loss.undesirable_weight * n_undesirable)
+    if KTO_WEIGHT_BOUNDS[0] <= ratio <= KTO_WEIGHT_BOUNDS[1]:
+        return None
+    loss.desirable_weight /= ratio
+    warn_user(f"--auto_weight: {n_desirable} desirable and {n_undesirable} undesirable rows gave a weighted ratio of "
+              f"{ratio:.3g}, outside [1, 4/3]; desirable_weight is now {loss.desirable_weight:.4g}")
+    return loss.desirable_weight
 
 
 class KTOTrainer(PreferenceTrainer):

@@ -10,7 +10,7 @@ from coati.models.logprobs import label_logps
 from coati.models.loss import ValueLoss, masked_mean, masked_var
 from coati.utils.ckpt_io import ModelState
 
-from .rollout import CyclingLoader, RolloutTrainer
+from .rollout import Accumulation, CyclingLoader, RolloutTrainer
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
@@ -36,6 +36,7 @@ class PPOTrainer(RolloutTrainer):
         super().__init__(*args, critic_booster=critic_booster, **kwargs)
         self.critic, self.critic_optim, self.critic_lr_scheduler = critic, critic_optim, critic_lr_scheduler
         self.value_loss = value_loss or ValueLoss()
+        self.critic_accumulation = Accumulation(self.actor_accumulation.steps)
         self.ptx = CyclingLoader(ptx_dataloader, self.device) if ptx_dataloader is not None and ptx_coef > 0 else None
         self.ptx_coef = ptx_coef
 
@@ -66,12 +67,22 @@ class PPOTrainer(RolloutTrainer):
         mask = experience.action_mask
         values = action_values(self.critic, experience.sequences, experience.attention_mask, experience.prompt_length)
         loss = self.value_loss(values, experience.values, experience.returns - experience.values, mask)
-        self.critic_booster.backward(loss, self.critic_optim)
+        scale = self.critic_accumulation.scale()
+        self.critic_booster.backward(loss * scale, self.critic_optim)
+        record = {"loss/value": (loss.item(), 1),
+                  "explained_variance": (explained_variance(values.detach(), experience.returns, mask), 1),
+                  "values": (masked_mean(values.detach(), mask.float()).item(), 1)}
+        if not self.critic_accumulation.add(loss * scale, record):
+            return
+        loss, records = self.critic_accumulation.take()
         if self._apply_gradients(self.critic_optim, self.critic_lr_scheduler, self.grad_clip, loss, self._where(),
                                  "critic", "grad_norm/critic"):
-            self._record({"loss/value": (loss.item(), 1),
-                          "explained_variance": (explained_variance(values.detach(), experience.returns, mask), 1),
-                          "values": (masked_mean(values.detach(), mask.float()).item(), 1)})
+            for record in records:
+                self._record(record)
+
+    def _begin_pass(self, micro_batches: int) -> None:
+        super()._begin_pass(micro_batches)
+        self.critic_accumulation.begin(micro_batches)
 
     def _extra_state(self) -> Dict[str, Any]:
         state = super()._extra_state()

@@ -5,6 +5,7 @@ reward model and ptx data); everything else is `_run`.
 """
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
@@ -39,7 +40,10 @@ def _sampling(args: argparse.Namespace) -> SamplingConfig:
 
 
 def _total_steps(args: argparse.Namespace) -> int:
-    return args.num_episodes * args.num_collect_steps * args.num_update_steps
+    """Optimizer steps of the whole run: per update pass, the collect steps' micro-batches in accumulation groups."""
+    rows = args.batch_size * args.num_generations
+    micro_batches = args.num_collect_steps * (math.ceil(rows / args.train_batch_size) if args.train_batch_size else 1)
+    return args.num_episodes * args.num_update_steps * math.ceil(micro_batches / args.accumulation_steps)
 
 
 def _reward_fn(args: argparse.Namespace) -> Optional[WeightedReward]:
@@ -51,6 +55,7 @@ def _trainer_kwargs(args: argparse.Namespace, setup: Any, coordinator: Any, held
                                        aggregation=args.loss_agg, norm_length=args.max_new_tokens),
                 entropy_coef=args.entropy_coef, grad_clip=setup.grad_clip if setup.trainer_clips_grad else 0.0,
                 save_dir=args.save_dir, keep_last=args.keep_last, eval_dataloader=held_out,
+                train_batch_size=args.train_batch_size, accumulation_steps=args.accumulation_steps,
                 sample_log_interval=args.sample_log_interval, coordinator=coordinator, logging=log_cadence(args),
                 saver=saver(args), evaluator=evaluator(args),
                 skip_nonfinite=args.skip_nonfinite)
@@ -70,7 +75,7 @@ def _run(args: argparse.Namespace, build: Callable[..., RolloutTrainer]) -> Roll
     actor, optimizer, scheduler, _ = setup.boost(actor, optimizer, scheduler)
     reference = frozen_reference(args, setup) if args.kl_coef > 0 else None
     generator = actor.unwrap(unwrap_peft=False) if hasattr(actor, "unwrap") else actor
-    engine = HFEngine(generator, tokenizer.pad_token_id, [tokenizer.eos_token_id])
+    engine = HFEngine(generator, tokenizer.pad_token_id, [tokenizer.eos_token_id, *args.extra_stop_ids])
     trainer = build(args, setup, tokenizer, actor, optimizer, scheduler, engine, reference, prompts,
                     _trainer_kwargs(args, setup, coordinator, held_out))
     checkpoint = resolve_checkpoint(args)

@@ -3,7 +3,7 @@ metrics and sample tables, the actor's clipped policy-gradient step, held-out ev
 checkpoints of every model being trained."""
 import time
 from dataclasses import replace
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -34,6 +34,42 @@ def policy_loss_metrics(stats: Dict[str, torch.Tensor]) -> Dict[str, Tuple[float
         for logged in POLICY_LOSS_METRICS.get(name, (name,)):
             metrics[logged] = (value.item(), 1)
     return metrics
+
+
+class Accumulation:
+    """One update pass's micro-batches grouped into optimizer steps of `steps` micro-batches (the last group of a
+    pass may be shorter). Each micro-batch's loss is scaled by 1 / its group's size, so a step's gradient is
+    the mean over its micro-batches; the group's loss and per-micro-batch records wait for the step."""
+
+    def __init__(self, steps: int = 1) -> None:
+        if steps < 1:
+            raise ValueError(f"accumulation steps must be >= 1, got {steps}")
+        self.steps = steps
+        self.begin(1)
+
+    def begin(self, total: int) -> None:
+        """Start a pass of `total` micro-batches."""
+        self.total, self.index = total, 0
+        self._loss, self._records = 0.0, []
+
+    def scale(self) -> float:
+        """1 / the size of the group the next micro-batch belongs to."""
+        start = self.index - self.index % self.steps
+        return 1.0 / min(self.steps, max(self.total - start, 1))
+
+    def add(self, scaled_loss: torch.Tensor, record: Any) -> bool:
+        """Count one micro-batch (its scaled loss, detached, and what to record once stepped); whether it
+        completes its group."""
+        self.index += 1
+        self._loss = self._loss + scaled_loss.detach()
+        self._records.append(record)
+        return self.index % self.steps == 0 or self.index >= self.total
+
+    def take(self) -> Tuple[torch.Tensor, List[Any]]:
+        """The completed group's loss (the mean over its micro-batches) and records; the next group starts."""
+        loss, records = self._loss, self._records
+        self._loss, self._records = 0.0, []
+        return loss, records
 
 
 class CyclingLoader:
@@ -103,6 +139,8 @@ class RolloutTrainer(OLTrainer):
         logging: Optional[LogCadence] = None,
         saver: Optional[Saver] = None,
         evaluator: Optional[Evaluator] = None,
+        train_batch_size: int = 0,
+        accumulation_steps: int = 1,
     ) -> None:
         super().__init__(actor_booster, critic_booster, [], callbacks, coordinator=coordinator,
                          skip_nonfinite=skip_nonfinite, logging=logging)
@@ -110,6 +148,8 @@ class RolloutTrainer(OLTrainer):
         self.maker = experience_maker
         self.policy_loss = policy_loss or PolicyLoss()
         self.entropy_coef, self.grad_clip = entropy_coef, grad_clip
+        self.train_batch_size = train_batch_size
+        self.actor_accumulation = Accumulation(accumulation_steps)
         self.save_dir, self.keep_last = save_dir, keep_last
         self.saver = saver or Saver(freq_steps=save_interval)
         self.evaluator = evaluator or Evaluator(freq_steps=eval_interval)
@@ -172,7 +212,7 @@ class RolloutTrainer(OLTrainer):
         self._record({"time/learning": (time.perf_counter() - start, 1)})
 
     def _policy_step(self, experience: Experience) -> None:
-        """One optimizer step of the actor on `experience`."""
+        """The actor's loss on one micro-batch, backward; an optimizer step once its accumulation group is complete."""
         mask = experience.loss_mask if experience.loss_mask is not None else experience.action_mask
         logps, logits = action_logps(self.actor, experience.sequences, experience.attention_mask,
                                      experience.prompt_length, return_logits=True)
@@ -186,13 +226,30 @@ class RolloutTrainer(OLTrainer):
         extra, extra_metrics = self._extra_actor_loss(experience, logps, mask)
         if extra is not None:
             loss = loss + extra
-        self.actor_booster.backward(loss, self.optimizer)
+        scale = self.actor_accumulation.scale()
+        self.actor_booster.backward(loss * scale, self.optimizer)
+        record = ({**metrics, **extra_metrics, "loss": (loss.item(), 1)}, stats["clip_ratio/low"].item(),
+                  stats["clip_ratio/high"].item())
+        if not self.actor_accumulation.add(loss * scale, record):
+            return
+        loss, records = self.actor_accumulation.take()
         if self._apply_gradients(self.optimizer, self.lr_scheduler, self.grad_clip, loss, self._where(), "policy"):
             self.global_step += 1
-            self._record({**metrics, **extra_metrics, "loss": (loss.item(), 1),
-                          "learning_rate": (float(self.optimizer.param_groups[0]["lr"]), 1)})
-            self.stats.minimum(**{"clip_ratio/low_min": stats["clip_ratio/low"].item()})
-            self.stats.maximum(**{"clip_ratio/high_max": stats["clip_ratio/high"].item()})
+            self._record({"learning_rate": (float(self.optimizer.param_groups[0]["lr"]), 1)})
+            for metrics, low, high in records:
+                self._record(metrics)
+                self.stats.minimum(**{"clip_ratio/low_min": low})
+                self.stats.maximum(**{"clip_ratio/high_max": high})
+
+    def _update_batches(self) -> List[Experience]:
+        """The episode's experience in micro-batches of `train_batch_size` rows (whole batches with 0)."""
+        batches = [part for experience in self.data_buffer for part in experience.split(self.train_batch_size)]
+        self._begin_pass(len(batches))
+        return batches
+
+    def _begin_pass(self, micro_batches: int) -> None:
+        """An update pass of `micro_batches` starts: gradient accumulation groups them from here."""
+        self.actor_accumulation.begin(micro_batches)
 
     def _where(self) -> str:
         """The current position, for messages about a step."""

@@ -30,6 +30,7 @@ from coati.trainer.base import SLTrainer
 from coati.trainer.callbacks import Callback, PerformanceEvaluator
 from coati.utils.arguments import log_cadence, saver
 from coati.utils.ckpt_io import latest_checkpoint, read_running_state, save_hf_model, verify_checkpoint
+from coati.utils.colossalchat import attention_implementation, write_config_file
 from coati.utils.errors import CoatiUsageError
 from coati.utils.file_checks import model_signature
 from coati.utils.preflight import check_run_paths
@@ -44,12 +45,14 @@ def _require_dir(path: str, what: str) -> str:
 
 def load_causal_lm(args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module:
     path = _require_dir(args.pretrain, "--pretrain model directory")
-    return AutoModelForCausalLM.from_pretrained(path, trust_remote_code=args.trust_remote_code)
+    return AutoModelForCausalLM.from_pretrained(path, trust_remote_code=args.trust_remote_code,
+                                                attn_implementation=attention_implementation(args))
 
 
 def load_reward_model_from_args(args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module:
     path = _require_dir(args.pretrain, "--pretrain model directory")
-    return load_reward_model(path, tokenizer.pad_token_id, trust_remote_code=args.trust_remote_code)
+    return load_reward_model(path, tokenizer.pad_token_id, trust_remote_code=args.trust_remote_code,
+                             attn_implementation=attention_implementation(args))
 
 
 def build_dataloader(plugin: Plugin, dataset: Dataset, batch_size: int, collator: Callable, shuffle: bool, seed: int) -> DataLoader:
@@ -164,6 +167,7 @@ def start_run(args: argparse.Namespace) -> Tuple[BoostSetup, DistCoordinator, Pr
     """The checks of `preflight`, then the process group, booster and tokenizer."""
     preflight(args)
     init_distributed(args.seed, args.dist_timeout)
+    write_config_file(args)
     setup = build_booster(args)
     return setup, DistCoordinator(), load_tokenizer(args.tokenizer_dir or args.pretrain, args.trust_remote_code)
 
@@ -191,7 +195,7 @@ def run_supervised(
     `callbacks` run after the built-in performance report. `setup_hook(context)` runs once the process
     group, plugin and tokenizer exist, and returns extra trainer arguments (a reference model)."""
     setup, coordinator, tokenizer = start_run(args)
-    collator = COLLATORS[data_type](tokenizer.pad_token_id, args.max_length)
+    collator = COLLATORS[data_type](tokenizer.pad_token_id, args.max_length, args.disable_loss_mask)
     context = RunContext(args, setup, tokenizer, collator, lambda paths: load_prepared(paths, data_type))
     hook_kwargs = setup_hook(context) if setup_hook else {}
     train_loader = build_dataloader(setup.plugin, context.load_data(args.dataset), args.batch_size, collator, True, args.seed)

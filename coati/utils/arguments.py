@@ -41,9 +41,11 @@ def training_parser(description: str, dataset_flag: str = "--dataset", on_policy
     if not on_policy:
         optim.add_argument("--max_epochs", type=at_least(1), default=1, help="passes over the training data")
         optim.add_argument("--max_steps", type=at_least(0), default=0, help="stop after this many optimizer steps (0: no limit)")
-        optim.add_argument("--accumulation_steps", type=at_least(1), default=1, help="micro-batches per optimizer step")
     optim.add_argument("--batch_size", type=at_least(1), default=4,
                        help="prompts per rank per collect step" if on_policy else "micro-batch size per rank")
+    optim.add_argument("--accumulation_steps", type=at_least(1), default=1,
+                       help="learning micro-batches (--train_batch_size) per optimizer step" if on_policy
+                       else "micro-batches per optimizer step")
     optim.add_argument("--lr", type=positive(), default=5e-5, help="peak learning rate")
     optim.add_argument("--weight_decay", type=non_negative(), default=0.0, help="AdamW weight decay")
     optim.add_argument("--lr_scheduler", default="cosine", choices=("cosine", "linear", "constant_with_warmup"),
@@ -118,6 +120,8 @@ def add_grpo_args(parser: argparse.ArgumentParser) -> None:
     rl.add_argument("--num_generations", type=at_least(1), default=8,
                     help="completions per prompt (GRPO's group: at least 2)")
     rl.add_argument("--max_new_tokens", type=at_least(1), default=64, help="longest completion, in tokens")
+    rl.add_argument("--train_batch_size", type=at_least(0), default=0,
+                    help="completions per learning micro-batch on each rank (0: each collect step's whole batch)")
     rl.add_argument("--temperature", type=positive(), default=1.0, help="sampling temperature")
     rl.add_argument("--top_p", type=in_range(0, 1, low_open=True), default=1.0,
                     help="nucleus sampling: sample from the smallest set of tokens whose probability reaches P")

@@ -7,7 +7,7 @@ import argparse
 import math
 from typing import Callable, NoReturn, Optional
 
-from coati.utils.errors import USAGE_EXIT_CODE, fail
+from coati.utils.errors import USAGE_EXIT_CODE, CoatiUsageError, fail
 
 
 class RangeHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -28,6 +28,17 @@ class CoatiArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         fail(f"error: {message} (see {self.prog} --help)", USAGE_EXIT_CODE)
+
+    def parse_args(self, args=None, namespace=None) -> argparse.Namespace:
+        """Parse, then run the parser's `post_parse` steps (e.g. translating ColossalChat's flags); a step's
+        `CoatiUsageError` is reported like any other argument error."""
+        parsed = super().parse_args(args, namespace)
+        for step in getattr(self, "post_parse", []):
+            try:
+                step(parsed)
+            except CoatiUsageError as exc:
+                self.error(str(exc))
+        return parsed
 
 
 def _number(kind: type, text: str) -> float:

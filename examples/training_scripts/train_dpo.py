@@ -8,6 +8,7 @@ from coati.trainer.dpo import DPOTrainer
 from coati.trainer.runner import reference_hook, run_supervised
 from coati.utils.arguments import add_reference_args, training_parser
 from coati.utils.cli import in_range, non_negative, positive
+from coati.utils.colossalchat import add_colossalchat_flags
 from coati.utils.errors import exit_cleanly
 
 DEFAULT_BETA = {"sigmoid": 0.1, "ipo": 0.1, "simpo": 2.0}
@@ -21,14 +22,17 @@ def main(argv=None) -> None:
                        help="sigmoid: DPO; ipo: IPO; simpo: SimPO (no reference model)")
     group.add_argument("--beta", type=positive(), default=None, help="inverse temperature (default: 0.1; simpo 2.0)")
     group.add_argument("--label_smoothing", type=in_range(0, 0.5, high_open=True), default=0.0, help="cDPO: assumed rate of flipped labels")
-    group.add_argument("--gamma", type=non_negative(), default=0.5, help="simpo: target reward margin")
+    group.add_argument("--gamma", type=non_negative(), default=None,
+                       help="target reward margin (default: simpo 0.5; sigmoid 0, ColossalChat's DPO margin)")
     add_reference_args(parser)
+    add_colossalchat_flags(parser, "dpo")
     args = parser.parse_args(argv)
     beta = DEFAULT_BETA[args.loss_type] if args.beta is None else args.beta
     if args.loss_type == "simpo":
-        loss = SimPOLoss(beta, args.gamma, args.label_smoothing)
+        loss = SimPOLoss(beta, 0.5 if args.gamma is None else args.gamma, args.label_smoothing)
     else:
-        loss = DPOLoss(beta, args.label_smoothing, args.loss_type)
+        loss = DPOLoss(beta, args.label_smoothing, args.loss_type, args.gamma or 0.0,
+                       reference_free=args.disable_reference_model, length_normalization=args.length_normalization)
     run_supervised(args, DPOTrainer, "preference", trainer_kwargs={"loss_fn": loss},
                    setup_hook=reference_hook if loss.needs_reference else None)
 

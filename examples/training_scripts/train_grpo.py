@@ -8,6 +8,7 @@ Add `--async_rollout --max_staleness 1` to generate in Ray actors while the trai
 """
 from coati.trainer.rl_runner import run_grpo
 from coati.utils.arguments import add_async_args, add_grpo_args, add_reference_args, training_parser
+from coati.utils.colossalchat import add_colossalchat_flags
 from coati.utils.errors import exit_cleanly
 
 
@@ -17,6 +18,7 @@ def main(argv=None) -> None:
     add_grpo_args(parser)
     add_reference_args(parser, precompute=False)
     add_async_args(parser)
+    add_colossalchat_flags(parser, "grpo")
     run_grpo(parser.parse_args(argv))
 
 

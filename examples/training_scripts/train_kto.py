@@ -4,10 +4,11 @@
         --dataset data/kto --plugin ddp --batch_size 8 --beta 0.1 --save_dir ckpt/kto --output_dir out/kto
 """
 from coati.models.loss import KTOLoss
-from coati.trainer.kto import KTOTrainer
+from coati.trainer.kto import KTOTrainer, balance_kto_weights
 from coati.trainer.runner import reference_hook, run_supervised
 from coati.utils.arguments import add_reference_args, training_parser
 from coati.utils.cli import positive
+from coati.utils.colossalchat import add_colossalchat_flags
 from coati.utils.errors import exit_cleanly
 
 
@@ -19,9 +20,16 @@ def main(argv=None) -> None:
     group.add_argument("--desirable_weight", type=positive(), default=1.0, help="weight of desirable completions")
     group.add_argument("--undesirable_weight", type=positive(), default=1.0, help="weight of undesirable completions")
     add_reference_args(parser, precompute=False)
+    add_colossalchat_flags(parser, "kto")
     args = parser.parse_args(argv)
     loss = KTOLoss(args.beta, args.desirable_weight, args.undesirable_weight)
-    run_supervised(args, KTOTrainer, "kto", trainer_kwargs={"loss_fn": loss}, setup_hook=reference_hook)
+
+    def setup(context):
+        if args.auto_weight:
+            balance_kto_weights(loss, context.load_data(args.dataset)["desirable"])
+        return reference_hook(context)
+
+    run_supervised(args, KTOTrainer, "kto", trainer_kwargs={"loss_fn": loss}, setup_hook=setup)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from coati.trainer.dpo import ORPOTrainer
 from coati.trainer.runner import run_supervised
 from coati.utils.arguments import training_parser
 from coati.utils.cli import non_negative
+from coati.utils.colossalchat import add_colossalchat_flags
 from coati.utils.errors import exit_cleanly
 
 
@@ -15,6 +16,7 @@ from coati.utils.errors import exit_cleanly
 def main(argv=None) -> None:
     parser = training_parser(__doc__.strip().splitlines()[0])
     parser.add_argument("--lam", type=non_negative(), default=0.1, help="weight of the odds-ratio term")
+    add_colossalchat_flags(parser, "orpo")
     args = parser.parse_args(argv)
     run_supervised(args, ORPOTrainer, "preference", trainer_kwargs={"loss_fn": ORPOLoss(args.lam)})
 

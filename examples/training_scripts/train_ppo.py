@@ -6,6 +6,7 @@
 """
 from coati.trainer.rl_runner import run_ppo
 from coati.utils.arguments import add_grpo_args, add_ppo_args, add_reference_args, training_parser
+from coati.utils.colossalchat import add_colossalchat_flags
 from coati.utils.errors import exit_cleanly
 
 
@@ -15,6 +16,7 @@ def main(argv=None) -> None:
     add_grpo_args(parser)
     add_ppo_args(parser)
     add_reference_args(parser, precompute=False)
+    add_colossalchat_flags(parser, "ppo")
     run_ppo(parser.parse_args(argv))
 
 

@@ -6,12 +6,15 @@
 from coati.trainer.runner import run_supervised
 from coati.trainer.sft import SFTTrainer
 from coati.utils.arguments import training_parser
+from coati.utils.colossalchat import add_colossalchat_flags
 from coati.utils.errors import exit_cleanly
 
 
 @exit_cleanly
 def main(argv=None) -> None:
-    args = training_parser(__doc__.strip().splitlines()[0]).parse_args(argv)
+    parser = training_parser(__doc__.strip().splitlines()[0])
+    add_colossalchat_flags(parser, "sft")
+    args = parser.parse_args(argv)
     run_supervised(args, SFTTrainer, "sft")
 
 

@@ -1,0 +1,197 @@
+"""ColossalChat's flags on coati's scripts, so a ColossalChat user's command lines run unchanged.
+
+`add_colossalchat_flags(parser, script)` registers every flag of ColossalChat's script of that name that
+coati does not define itself: each is accepted with ColossalChat's meaning (an alias of ours, or translated
+after parsing by `CoatiArgumentParser`'s post-parse step) or refused with one line naming what to use
+instead. The README's table lists them all.
+"""
+import argparse
+import json
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+from coati.utils.errors import CoatiUsageError, warn_user
+
+SUPERVISED = ("sft", "rm", "dpo", "kto", "orpo")
+ON_POLICY = ("ppo", "grpo")
+
+COLOSSALCHAT_REWARDS = {"gsm8k_reward_fn": ["math_answer", "answer_format"],
+                        "math_competition_reward_fn": ["math_answer", "answer_format"]}
+"""ColossalChat's RLVR reward functions -> coati's: the answer checked against `gt_answer`, plus its format."""
+
+LORA_KEYS = {"r": "lora_rank", "lora_alpha": "lora_alpha", "linear_lora_dropout": "lora_dropout",
+             "target_modules": "lora_target_modules"}
+LORA_FIXED = {"embedding_lora_dropout": 0.0, "lora_train_bias": "none", "lora_initialization_method": "kaiming_uniform"}
+"""ColossalChat `LoraConfig` fields coati has no setting for, with the only value it can honour."""
+
+REFUSED: Dict[str, Dict[str, str]] = {
+    "--inference_batch_size": {s: "generation runs on each rank's --batch_size prompts at once; lower --batch_size"
+                               for s in ON_POLICY},
+    "--logits_forward_batch_size": {s: "log-probs are computed per --train_batch_size micro-batch" for s in ON_POLICY},
+    "--initial_temperature": {"grpo": "use --temperature (no schedule)"},
+    "--final_temperature": {"grpo": "use --temperature (no schedule)"},
+    "--max_tokens_thinking": {"grpo": "use --max_new_tokens to bound the whole completion"},
+    "--rm_checkpoint_path": {s: "pass the exported reward model (train_rm.py --output_dir/model) as --rm_pretrain"
+                             for s in ON_POLICY},
+    "--critic_checkpoint_path": {"ppo": "pass the critic's model folder as --critic_pretrain, or resume actor and "
+                                        "critic together with --checkpoint_path"},
+    "--rm_pretrain": {"grpo": "GRPO scores with --reward_fn; train with a reward model in train_ppo.py --rm_pretrain"},
+    "--ptx_dataset": {"grpo": "the ptx loss is PPO's: train_ppo.py --ptx_dataset"},
+    "--ptx_coef": {"grpo": "the ptx loss is PPO's: train_ppo.py --ptx_coef"},
+    "--ptx_batch_size": {"grpo": "the ptx loss is PPO's: train_ppo.py --ptx_batch_size"},
+    "--disable_loss_mask": {s: "no replacement: the loss covers each completion's own tokens and never its padding"
+                            for s in ON_POLICY},
+}
+"""ColossalChat flag -> {script: what to use instead} for the scripts where coati refuses it."""
+
+
+class _Refuse(argparse.Action):
+    """A flag that stops the parse with one line naming what to use instead."""
+
+    def __init__(self, option_strings: List[str], dest: str, instead: str = "", **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs="*", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        self.instead = instead
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        parser.error(f"{option_string} is ColossalChat's and coati does not take it: {self.instead}")
+
+
+def add_colossalchat_flags(parser: argparse.ArgumentParser, script: str) -> None:
+    """Register ColossalChat's flags of `script` (sft, rm, dpo, kto, orpo, ppo, grpo) on `parser`."""
+    group = parser.add_argument_group("ColossalChat's flags (see the README's table)")
+    alias = dict(default=argparse.SUPPRESS)
+    group.add_argument("--config_file", default=None, help="also write the run's flags to this JSON file")
+    group.add_argument("--use_flash_attn", action="store_true",
+                       help="FlashAttention-2 where CUDA and flash-attn are there (else a warning and PyTorch SDPA)")
+    group.add_argument("--enable_sequence_parallelism", action="store_true",
+                       help="3d: sequence parallelism (--sp_mode, default split_gather)")
+    group.add_argument("--lora_config", default=None, help="ColossalChat LoraConfig JSON: sets --lora_rank, "
+                       "--lora_alpha, --lora_dropout and --lora_target_modules")
+    if script in ("sft", "ppo", "grpo"):
+        group.add_argument("--save_path", default=None, help="--save_dir and --output_dir both (unless given)")
+    if script in SUPERVISED:
+        group.add_argument("--max_len", dest="max_length", type=int, help="alias of --max_length", **alias)
+    if script in ("sft", "dpo", "kto", "orpo"):
+        group.add_argument("--disable_loss_mask", action="store_true",
+                           help="train on every token, the prompt included (default: the response's tokens)")
+    if script in ("dpo", "orpo"):
+        group.add_argument("--model_type", default=None, help="read and not used, as in ColossalChat")
+        group.add_argument("--disable_reference_model", action="store_true",
+                           help="dpo: reference-free (reference log-probs taken as 0); orpo has no reference anyway")
+    if script == "dpo":
+        group.add_argument("--length_normalization", action="store_true", help="length-normalised log-probs")
+        group.add_argument("--ref_tp", type=int, default=None, help="must equal --tp: the reference is sharded like the policy")
+    if script == "kto":
+        group.add_argument("--auto_weight", action="store_true", help="scale --desirable_weight so that "
+                           "desirable_weight x desirable rows / (undesirable_weight x undesirable rows) is in [1, 4/3]")
+    if script in ON_POLICY:
+        group.add_argument("--experience_batch_size", dest="batch_size", type=int, help="alias of --batch_size", **alias)
+        group.add_argument("--max_seq_len", dest="max_new_tokens", type=int, help="alias of --max_new_tokens", **alias)
+        group.add_argument("--reward_functions", dest="reward_fn", nargs="+",
+                           help="alias of --reward_fn; ColossalChat's gsm8k_reward_fn and math_competition_reward_fn "
+                                "mean math_answer and answer_format", **alias)
+        group.add_argument("--conversation_template_config", default=None,
+                           help='JSON whose "stop_ids" also end generation (its chat template applies when preparing)')
+    if script == "ppo":
+        group.add_argument("--no_neural_reward_model", action="store_true",
+                           help="no reward model: the rewards come from --reward_fn alone")
+    for flag, scripts in REFUSED.items():
+        if script in scripts:
+            group.add_argument(flag, action=_Refuse, instead=scripts[script])
+    parser.set_defaults(disable_loss_mask=False, extra_stop_ids=[])
+    add_post_parse(parser, translate)
+
+
+def add_post_parse(parser: argparse.ArgumentParser, step: Callable[[argparse.Namespace], None]) -> None:
+    """Run `step(args)` on the parsed flags (`CoatiArgumentParser` runs these after parsing)."""
+    parser.post_parse = [*getattr(parser, "post_parse", []), step]
+
+
+def translate(args: argparse.Namespace) -> None:
+    """ColossalChat's flags as coati's settings; a value coati cannot honour raises `CoatiUsageError`."""
+    if args.lora_config:
+        _apply_lora_config(args, Path(args.lora_config))
+    if getattr(args, "save_path", None):
+        args.save_dir = args.save_dir or args.save_path
+        args.output_dir = args.output_dir or args.save_path
+    if args.enable_sequence_parallelism:
+        if args.plugin != "3d":
+            raise CoatiUsageError("--enable_sequence_parallelism needs --plugin 3d")
+        args.sp_mode = args.sp_mode or "split_gather"
+    if getattr(args, "ref_tp", None) not in (None, args.tp):
+        raise CoatiUsageError(f"--ref_tp {args.ref_tp}: coati shards the reference model like the policy; "
+                              f"use --tp (now {args.tp}) for both")
+    if getattr(args, "model_type", None):
+        warn_user("--model_type is read and not used (as in ColossalChat)")
+    if isinstance(getattr(args, "reward_fn", None), list):
+        args.reward_fn = _reward_names(args.reward_fn)
+    if getattr(args, "no_neural_reward_model", False) and args.rm_pretrain:
+        raise CoatiUsageError("--no_neural_reward_model and --rm_pretrain contradict each other; drop one")
+    if getattr(args, "conversation_template_config", None):
+        args.extra_stop_ids = _stop_ids(Path(args.conversation_template_config))
+
+
+def write_config_file(args: argparse.Namespace) -> None:
+    """`--config_file`: the run's flags as JSON, as ColossalChat writes them (rank 0 only)."""
+    from coati.distributed.comm import is_rank_0
+
+    if args.config_file and is_rank_0():
+        path = Path(args.config_file)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({k: v for k, v in vars(args).items() if _jsonable(v)}, indent=2, sort_keys=True))
+
+
+def attention_implementation(args: argparse.Namespace) -> Optional[str]:
+    """`--use_flash_attn`: "flash_attention_2" where CUDA and the flash-attn package are there; otherwise one
+    warning and None (transformers' default, PyTorch SDPA)."""
+    if not args.use_flash_attn:
+        return None
+    import importlib.util
+
+    import torch
+
+    if torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    warn_user("--use_flash_attn: FlashAttention-2 needs CUDA and the flash-attn package; using PyTorch's SDPA attention")
+    return None
+
+
+def _apply_lora_config(args: argparse.Namespace, path: Path) -> None:
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CoatiUsageError(f"--lora_config {path}: {exc}") from None
+    for key, value in config.items():
+        if key in LORA_KEYS:
+            if value is not None:
+                setattr(args, LORA_KEYS[key], value)
+        elif key in LORA_FIXED:
+            if value != LORA_FIXED[key]:
+                raise CoatiUsageError(f"--lora_config {path}: {key}={value!r} is not supported; coati uses {LORA_FIXED[key]!r}")
+        else:
+            raise CoatiUsageError(f"--lora_config {path}: unknown key {key!r}; expected {', '.join([*LORA_KEYS, *LORA_FIXED])}")
+
+
+def _reward_names(specs: Sequence[str]) -> List[str]:
+    names: List[str] = []
+    for spec in specs:
+        for name in COLOSSALCHAT_REWARDS.get(spec, [spec]):
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def _stop_ids(path: Path) -> List[int]:
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CoatiUsageError(f"--conversation_template_config {path}: {exc}") from None
+    return [int(i) for i in config.get("stop_ids", [])]
+
+
+def _jsonable(value) -> bool:
+    try:
+        json.dumps(value)
+    except TypeError:
+        return False
+    return True

@@ -1,0 +1,205 @@
+"""Every flag of ColossalChat's training and data-preparation scripts, run through coati's scripts: accepted
+with its meaning, or refused with one line naming what to use instead; and what the accepted ones do."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import load_from_disk
+
+from coati.dataset.collators import PreferenceCollator, SupervisedCollator
+from coati.models.loss import DPOLoss, KTOLoss
+from coati.trainer.kto import balance_kto_weights
+from conftest import REPO, SCRIPTS
+
+COLOSSALCHAT_FLAGS = {
+    "sft": "--accumulation_steps --batch_size --checkpoint_path --config_file --dataset --disable_loss_mask "
+           "--enable_sequence_parallelism --eval_dataset --grad_checkpoint --grad_clip --log_dir --lora_config --lr "
+           "--max_epochs --max_len --microbatch_size --mixed_precision --plugin --pp --pretrain --save_interval "
+           "--save_path --sp --sp_mode --tokenizer_dir --tp --use_flash_attn --use_wandb --warmup_steps "
+           "--weight_decay --zero_cpu_offload --zero_stage",
+    "rm": "--accumulation_steps --batch_size --checkpoint_path --config_file --dataset --enable_sequence_parallelism "
+          "--eval_dataset --grad_checkpoint --grad_clip --log_dir --lora_config --loss_fn --lr --max_epochs "
+          "--max_length --mixed_precision --plugin --pp --pretrain --save_dir --save_interval --sp --sp_mode "
+          "--tokenizer_dir --tp --use_flash_attn --use_wandb --warmup_steps --weight_decay --zero_cpu_offload --zero_stage",
+    "dpo": "--accumulation_steps --batch_size --beta --checkpoint_path --config_file --dataset --disable_loss_mask "
+           "--disable_reference_model --enable_sequence_parallelism --eval_dataset --gamma --grad_checkpoint "
+           "--grad_clip --length_normalization --log_dir --lora_config --loss_type --lr --max_epochs --max_length "
+           "--microbatch_size --mixed_precision --model_type --plugin --pp --pretrain --ref_tp --save_dir "
+           "--save_interval --sp --sp_mode --tokenizer_dir --tp --use_flash_attn --use_wandb --warmup_steps "
+           "--weight_decay --zero_cpu_offload --zero_stage",
+    "kto": "--accumulation_steps --auto_weight --batch_size --beta --checkpoint_path --config_file --dataset "
+           "--desirable_weight --disable_loss_mask --enable_sequence_parallelism --eval_dataset --grad_checkpoint "
+           "--grad_clip --log_dir --lora_config --lr --max_epochs --max_length --mixed_precision --plugin --pp "
+           "--pretrain --save_dir --save_interval --sp --sp_mode --tokenizer_dir --tp --undesirable_weight "
+           "--use_flash_attn --use_wandb --warmup_steps --weight_decay --zero_cpu_offload --zero_stage",
+    "orpo": "--accumulation_steps --batch_size --checkpoint_path --config_file --dataset --disable_loss_mask "
+            "--disable_reference_model --enable_sequence_parallelism --eval_dataset --grad_checkpoint --grad_clip "
+            "--lam --log_dir --lora_config --lr --max_epochs --max_length --mixed_precision --model_type --plugin "
+            "--pp --pretrain --save_dir --save_interval --sp --sp_mode --tokenizer_dir --tp --use_flash_attn "
+            "--use_wandb --warmup_steps --weight_decay --zero_cpu_offload --zero_stage",
+    "ppo": "--accumulation_steps --checkpoint_path --conversation_template_config --critic_checkpoint_path "
+           "--critic_lr --disable_loss_mask --enable_sequence_parallelism --experience_batch_size --grad_checkpoint "
+           "--grad_clip --kl_coef --log_dir --lora_config --lr --max_length --max_seq_len --mixed_precision "
+           "--no_neural_reward_model --num_collect_steps --num_episodes --num_update_steps --plugin --pp --pretrain "
+           "--prompt_dataset --ptx_batch_size --ptx_coef --ptx_dataset --reward_functions --rm_checkpoint_path "
+           "--rm_pretrain --save_interval --save_path --sp --sp_mode --tokenizer_dir --tp --train_batch_size "
+           "--use_flash_attn --use_wandb --warmup_steps --weight_decay --zero_cpu_offload --zero_stage",
+    "grpo": "--accumulation_steps --checkpoint_path --conversation_template_config --disable_loss_mask "
+            "--enable_sequence_parallelism --experience_batch_size --final_temperature --grad_checkpoint --grad_clip "
+            "--inference_batch_size --initial_temperature --kl_coef --log_dir --logits_forward_batch_size "
+            "--lora_config --lr --max_length --max_seq_len --max_tokens_thinking --mixed_precision "
+            "--num_collect_steps --num_episodes --num_generations --num_update_steps --plugin --pp --pretrain "
+            "--prompt_dataset --ptx_batch_size --ptx_coef --ptx_dataset --reward_functions --rm_checkpoint_path "
+            "--rm_pretrain --save_interval --save_path --sp --sp_mode --tokenizer_dir --tp --train_batch_size "
+            "--use_flash_attn --use_wandb --warmup_steps --weight_decay --zero_cpu_offload --zero_stage",
+}
+"""ColossalChat's examples/training_scripts/train_<name>.py flags (hpcaitech/ColossalAI, applications/ColossalChat)."""
+
+SWITCHES = {"--disable_loss_mask", "--enable_sequence_parallelism", "--grad_checkpoint", "--use_flash_attn",
+            "--use_wandb", "--zero_cpu_offload", "--disable_reference_model", "--length_normalization",
+            "--auto_weight", "--no_neural_reward_model"}
+VALUES = {"--loss_fn": "log_sig", "--loss_type": "sigmoid", "--mixed_precision": "bf16", "--plugin": "3d",
+          "--sp_mode": "split_gather", "--zero_stage": "1", "--reward_functions": "gsm8k_reward_fn",
+          "--lr": "1e-5", "--critic_lr": "1e-5", "--grad_clip": "1.0", "--weight_decay": "0.0", "--beta": "0.1",
+          "--gamma": "0.0", "--lam": "0.1", "--kl_coef": "0.1", "--ptx_coef": "0.0", "--desirable_weight": "1.0",
+          "--undesirable_weight": "1.0", "--initial_temperature": "1.0", "--final_temperature": "0.9",
+          "--ref_tp": "1", "--tp": "1", "--pp": "1", "--sp": "1"}
+PATHS = {"--pretrain", "--tokenizer_dir", "--dataset", "--eval_dataset", "--prompt_dataset", "--ptx_dataset",
+         "--checkpoint_path", "--critic_checkpoint_path", "--rm_checkpoint_path", "--rm_pretrain", "--log_dir",
+         "--save_dir", "--save_path", "--config_file", "--model_type"}
+REQUIRED = {"sft": ["--pretrain", "m", "--dataset", "d"], "ppo": ["--pretrain", "m", "--prompt_dataset", "d"]}
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(f"colossalchat_check_{name}", SCRIPTS / f"train_{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _parse(name: str, argv, monkeypatch):
+    """The args `train_<name>.py` would run with (its run function is replaced by one that returns them)."""
+    module = _script(name)
+    runner = next(attr for attr in ("run_supervised", "run_ppo", "run_grpo") if hasattr(module, attr))
+    seen = {}
+    monkeypatch.setattr(module, runner, lambda args, *a, **k: seen.setdefault("args", args))
+    module.main(argv)
+    return seen["args"]
+
+
+def _value(flag: str, files: dict) -> list:
+    if flag in SWITCHES:
+        return [flag]
+    if flag in files:
+        return [flag, str(files[flag])]
+    if flag in PATHS:
+        return [flag, "some_path"]
+    return [flag, VALUES.get(flag, "2")]
+
+
+@pytest.fixture
+def files(tmp_path):
+    lora = tmp_path / "lora.json"
+    lora.write_text(json.dumps({"r": 8, "lora_alpha": 32, "linear_lora_dropout": 0.05, "lora_train_bias": "none"}))
+    template = tmp_path / "template.json"
+    template.write_text(json.dumps({"chat_template": "{{ messages }}", "stop_ids": [7, 9]}))
+    return {"--lora_config": lora, "--conversation_template_config": template}
+
+
+@pytest.mark.parametrize("name", sorted(COLOSSALCHAT_FLAGS))
+def test_every_colossalchat_flag_is_accepted_or_refused_naming_what_to_use(name, files, monkeypatch, capsys):
+    base = REQUIRED["ppo" if name in ("ppo", "grpo") else "sft"]
+    accepted, refused = [], []
+    for flag in COLOSSALCHAT_FLAGS[name].split():
+        argv = [*base, *_value(flag, files)]
+        if flag in ("--enable_sequence_parallelism", "--sp_mode", "--zero_stage"):
+            argv += ["--plugin", "3d"]
+        if flag == "--no_neural_reward_model":
+            argv += ["--reward_fn", "math_answer"]
+        try:
+            _parse(name, argv, monkeypatch)
+            accepted.append(flag)
+        except SystemExit as exit_:
+            message = capsys.readouterr().err.strip().splitlines()[-1]
+            assert exit_.code == 2 and f"error: {flag} is ColossalChat's and coati does not take it: " in message, message
+            assert len(message.split("does not take it: ")[1]) > 20, message          # it says what to use
+            refused.append(flag)
+    assert accepted and len(accepted) + len(refused) == len(COLOSSALCHAT_FLAGS[name].split())
+
+
+def test_a_colossalchat_sft_command_line_means_the_same_here(files, monkeypatch, tmp_path):
+    args = _parse("sft", ["--pretrain", "m", "--dataset", "d", "--save_path", str(tmp_path / "out"), "--max_len", "256",
+                          "--lora_config", str(files["--lora_config"]), "--disable_loss_mask", "--max_epochs", "2"],
+                  monkeypatch)
+    assert args.save_dir == args.output_dir == str(tmp_path / "out") and args.max_length == 256
+    assert (args.lora_rank, args.lora_alpha, args.lora_dropout) == (8, 32, 0.05) and args.disable_loss_mask
+
+
+def test_colossalchat_rl_flags_map_to_ours(files, monkeypatch):
+    args = _parse("grpo", ["--pretrain", "m", "--prompt_dataset", "d", "--experience_batch_size", "3", "--max_seq_len",
+                           "40", "--reward_functions", "gsm8k_reward_fn", "--conversation_template_config",
+                           str(files["--conversation_template_config"]), "--train_batch_size", "4",
+                           "--accumulation_steps", "2"], monkeypatch)
+    assert (args.batch_size, args.max_new_tokens, args.train_batch_size, args.accumulation_steps) == (3, 40, 4, 2)
+    assert args.reward_fn == ["math_answer", "answer_format"] and args.extra_stop_ids == [7, 9]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--enable_sequence_parallelism"], "--enable_sequence_parallelism needs --plugin 3d"),
+    (["--ref_tp", "2"], "--ref_tp 2: coati shards the reference model like the policy"),
+    (["--lora_config", "BAD"], "--lora_config"),
+])
+def test_colossalchat_values_coati_cannot_honour_are_refused(argv, message, monkeypatch, capsys, tmp_path):
+    if "BAD" in argv:
+        bad = tmp_path / "lora.json"
+        bad.write_text(json.dumps({"r": 4, "lora_train_bias": "all"}))
+        argv = ["--lora_config", str(bad)]
+        message = "lora_train_bias='all' is not supported"
+    with pytest.raises(SystemExit) as exit_:
+        _parse("dpo", ["--pretrain", "m", "--dataset", "d", *argv], monkeypatch)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_disable_loss_mask_makes_every_token_a_label():
+    rows = [{"input_ids": [5, 6, 7], "labels": [-100, -100, 7]}]
+    assert SupervisedCollator(0)(rows)["labels"].tolist() == [[-100, -100, 7]]
+    assert SupervisedCollator(0, loss_on_every_token=True)(rows)["labels"].tolist() == [[5, 6, 7]]
+    pair = [{"chosen_input_ids": [1, 2], "chosen_labels": [-100, 2], "rejected_input_ids": [1, 3],
+             "rejected_labels": [-100, 3]}]
+    batch = PreferenceCollator(0, loss_on_every_token=True)(pair)
+    assert batch["chosen_labels"].tolist() == [[1, 2]] and batch["rejected_labels"].tolist() == [[1, 3]]
+
+
+def test_reference_free_and_length_normalised_dpo():
+    loss = DPOLoss(beta=0.5, reference_free=True, length_normalization=True)
+    assert not loss.needs_reference and loss.length_normalized
+    out = loss(torch.tensor([-1.0]), torch.tensor([-3.0]))                  # references taken as 0
+    assert out.losses.item() == pytest.approx(-torch.nn.functional.logsigmoid(torch.tensor(0.5 * 2.0)).item())
+
+
+def test_auto_weight_brings_the_weighted_ratio_into_bounds():
+    loss = KTOLoss(desirable_weight=1.0, undesirable_weight=1.0)
+    assert balance_kto_weights(loss, [True] * 3 + [False] * 1) == pytest.approx(1 / 3)   # ratio 3 -> 1
+    kept = KTOLoss(desirable_weight=1.0, undesirable_weight=1.0)
+    assert balance_kto_weights(kept, [True] * 5 + [False] * 4) is None and kept.desirable_weight == 1.0  # 1.25
+
+
+def test_prepare_dataset_takes_colossalchat_output_flags(tiny_assets, tmp_path):
+    from coati.dataset.demo_data import generate_problems, sft_records, write_jsonl
+
+    spec = importlib.util.spec_from_file_location("prepare_check", REPO / "examples" / "data_preparation_scripts" /
+                                                  "prepare_dataset.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    raw = write_jsonl(sft_records(generate_problems(10, "train")), tmp_path / "raw.jsonl")
+    module.main(["--type", "sft", "--data_input_dirs", str(raw), "--tokenizer_dir", str(tiny_assets["model"]),
+                 "--data_arrow_output_dir", str(tmp_path / "arrow"), "--data_jsonl_output_dir", str(tmp_path / "jsonl"),
+                 "--num_spliced_dataset_bins", "2", "--num_samples_per_datafile", "4",
+                 "--data_cache_dir", str(tmp_path / "cache"), "--max_length", "128"])
+    assert len(load_from_disk(str(tmp_path / "arrow"))) == 10
+    assert len(list((tmp_path / "arrow").glob("data-*.arrow"))) == 2
+    files = sorted((tmp_path / "jsonl").iterdir())
+    assert [len(f.read_text().splitlines()) for f in files] == [4, 4, 2]
+    assert json.loads(files[0].read_text().splitlines()[0])["input_ids"]
