@@ -142,21 +142,6 @@ class _TrainerCore:
         training metrics."""
         raise NotImplementedError
 
-    def _end_step(self, step: int, last: bool) -> Optional[Dict[str, float]]:
-        """Close step `step`'s training metrics; log the window when `self.logging` says so, or at the `last`
-        step. With logging off they are dropped. Returns what was logged, if anything."""
-        if not self.logging.enabled:
-            self.stats = StatsTracker()
-            return None
-        self.stats.end_step()
-        if self.logging.due(step) or last:
-            return self._flush_metrics(step, extra=self._step_extras())
-        return None
-
-    def _step_extras(self) -> Dict[str, float]:
-        """Values logged with each window of training metrics as they are at its end (counters, settings)."""
-        return {}
-
     def _should_stop(self) -> bool:
         return any(cb.stop_training for cb in self.callbacks)
 
@@ -480,6 +465,21 @@ class OLTrainer(_TrainerCore, ABC):
     def _position(self) -> Tuple[float, int]:
         """(0, optimizer steps counted in `global_step`); a trainer that knows its epochs says so."""
         return 0.0, self.global_step
+
+    def _end_step(self, step: int, last: bool) -> Optional[Dict[str, float]]:
+        """Close step `step`'s training metrics; log the window when `self.logging` says so, or at the `last`
+        step. With logging off they are dropped. Returns what was logged, if anything."""
+        if not self.logging.enabled:
+            self.stats = StatsTracker()
+            return None
+        self.stats.end_step()
+        if self.logging.due(step) or last:
+            return self._flush_metrics(step, extra=self._step_extras())
+        return None
+
+    def _step_extras(self) -> Dict[str, float]:
+        """Values logged with each window of training metrics as they are at its end (counters, settings)."""
+        return {}
 
     def _after_episode(self, episode: int) -> None:
         """Called after each episode's metrics are logged, before `on_episode_end`: a checkpoint, say."""
