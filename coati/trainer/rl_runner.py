@@ -7,7 +7,7 @@ import argparse
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
@@ -37,6 +37,11 @@ from .runner import (_require_dir, build_dataloader, build_optimizer, build_sche
 def _sampling(args: argparse.Namespace) -> SamplingConfig:
     return SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                           top_k=args.top_k)
+
+
+def _stop_ids(args: argparse.Namespace, tokenizer: Any) -> List[int]:
+    """Tokens that end a completion: the tokenizer's end of sequence, and a conversation config's `stop_ids`."""
+    return [tokenizer.eos_token_id, *args.extra_stop_ids]
 
 
 def _total_steps(args: argparse.Namespace) -> int:
@@ -75,7 +80,7 @@ def _run(args: argparse.Namespace, build: Callable[..., RolloutTrainer]) -> Roll
     actor, optimizer, scheduler, _ = setup.boost(actor, optimizer, scheduler)
     reference = frozen_reference(args, setup) if args.kl_coef > 0 else None
     generator = actor.unwrap(unwrap_peft=False) if hasattr(actor, "unwrap") else actor
-    engine = HFEngine(generator, tokenizer.pad_token_id, [tokenizer.eos_token_id, *args.extra_stop_ids])
+    engine = HFEngine(generator, tokenizer.pad_token_id, _stop_ids(args, tokenizer))
     trainer = build(args, setup, tokenizer, actor, optimizer, scheduler, engine, reference, prompts,
                     _trainer_kwargs(args, setup, coordinator, held_out))
     checkpoint = resolve_checkpoint(args)
@@ -109,7 +114,7 @@ def _rollout_side(args: argparse.Namespace, tokenizer: Any, settings: GRPOSettin
     stream for `--async_rollout`; nothing on the other ranks."""
     if rank() != 0:
         return {}
-    pool = GeneratorPool(args.pretrain, tokenizer.pad_token_id, [tokenizer.eos_token_id], args.num_generators,
+    pool = GeneratorPool(args.pretrain, tokenizer.pad_token_id, _stop_ids(args, tokenizer), args.num_generators,
                          args.generator_max_restarts, args.seed)
     workflow = RLVRWorkflow(_reward_fn(args), tokenizer, settings.sampling, args.num_generations)
     executor = WorkflowExecutor(pool, workflow, args.batch_size * world_size(),
