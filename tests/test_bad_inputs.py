@@ -154,7 +154,7 @@ CASES = [
     ("top_p_above_1", lambda p: _grpo(p, "--top_p", "1.5"), "--top_p: must be in (0, 1]"),
     ("num_episodes_0", lambda p: _grpo(p, "--num_episodes", "0"), "--num_episodes: must be >= 1"),
     ("rl_max_steps", lambda p: _grpo(p, "--max_steps", "3"), "unrecognized arguments: --max_steps 3"),
-    ("rl_max_epochs", lambda p: _grpo(p, "--max_epochs", "2"), "unrecognized arguments: --max_epochs"),
+    ("save_freq_secs_without_save_dir", lambda p: _grpo(p, "--save_freq_secs", "60"), "--save_freq_secs needs --save_dir"),
     ("colossalchat_refused", lambda p: _grpo(p, "--inference_batch_size", "4"),
      "--inference_batch_size is ColossalChat's and coati does not take it: generation runs on each rank's"),
     ("rl_max_epochs", lambda p: _grpo(p, "--max_epochs", "2"), "unrecognized arguments: --max_epochs"),
