@@ -1,7 +1,16 @@
-"""Advantage estimators: GAE for PPO, group-normalised rewards for GRPO."""
-from typing import Tuple
+"""Advantage estimators: GAE for PPO, and the outcome-reward estimators `--adv_estimator` picks from
+(ADVANTAGE_ESTIMATORS: GRPO's group normalisation, RLOO, REINFORCE++)."""
+from typing import Callable, Tuple
 
 import torch
+import torch.distributed as dist
+
+from coati.utils.registry import Registry
+
+AdvantageFn = Callable[..., torch.Tensor]
+ADVANTAGE_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator")
+"""`fn(rewards (N,), group_size, scale_by_std=True) -> advantages (N,)`; `rewards` holds consecutive groups of
+`group_size` completions of one prompt. A new estimator is one decorated function."""
 
 
 def compute_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
@@ -21,15 +30,48 @@ def compute_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
     return advantages, (advantages + values) * mask
 
 
+@ADVANTAGE_ESTIMATORS.register("grpo")
 def group_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = True,
                      eps: float = 1e-6) -> torch.Tensor:
-    """GRPO (Shao et al. 2024): each reward minus its group's mean, divided by the group's std unless
+    """GRPO (Shao et al. 2024): A_i = (r_i - mean(r_group)) / std(r_group), without the division when
     `scale_by_std` is off (Dr. GRPO). `rewards` holds consecutive groups of `group_size`."""
     groups = rewards.view(-1, group_size)
     centred = groups - groups.mean(-1, keepdim=True)
     if scale_by_std:
         centred = centred / (groups.std(-1, keepdim=True) + eps)
     return centred.reshape(-1)
+
+
+@ADVANTAGE_ESTIMATORS.register("rloo")
+def leave_one_out_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = True) -> torch.Tensor:
+    """RLOO (Ahmadian et al. 2024): A_i = r_i - (1/(n-1)) sum_{j != i} r_j, the mean of the group's other
+    rewards as the baseline (unscaled; `scale_by_std` does not apply)."""
+    if group_size < 2:
+        raise ValueError("RLOO needs groups of at least 2 completions")
+    groups = rewards.view(-1, group_size)
+    others = (groups.sum(-1, keepdim=True) - groups) / (group_size - 1)
+    return (groups - others).reshape(-1)
+
+
+@ADVANTAGE_ESTIMATORS.register("reinforce_pp")
+def global_normalised_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = True,
+                                 eps: float = 1e-6) -> torch.Tensor:
+    """REINFORCE++ (Hu 2025), outcome rewards: A_i = (r_i - mean(r)) / std(r) over the global batch (every
+    rank's completions), not per group; without the division when `scale_by_std` is off."""
+    local = rewards.double()
+    totals = torch.stack([local.sum(), (local ** 2).sum(), torch.tensor(float(local.numel()), dtype=torch.float64)])
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+        totals = totals.to(device)
+        dist.all_reduce(totals)
+        totals = totals.cpu()
+    total, squares, count = totals.tolist()
+    mean = total / count
+    centred = rewards - mean
+    if scale_by_std:
+        std = max(squares / count - mean ** 2, 0.0) ** 0.5
+        centred = centred / (std + eps)
+    return centred
 
 
 def tied_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

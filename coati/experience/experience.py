@@ -14,7 +14,7 @@ from coati.models.loss import kl_penalty, masked_mean, masked_var
 from coati.models.reward_model import sequence_rewards
 from coati.rewards import WeightedReward
 
-from .advantages import compute_gae, group_advantages, tied_groups
+from .advantages import ADVANTAGE_ESTIMATORS, compute_gae, tied_groups
 
 REWARD_MODEL = "reward_model"
 
@@ -76,6 +76,7 @@ class GRPOSettings(RolloutSettings):
     num_generations: int = 8
     scale_rewards: bool = True
     drop_tied_groups: bool = False
+    advantage_estimator: str = "grpo"
 
 
 @dataclass
@@ -208,7 +209,7 @@ class GRPOExperienceMaker(ExperienceMaker):
 
     def _experience(self, r: _Rollout) -> Experience:
         n = self.settings.num_generations
-        advantages = group_advantages(r.rewards, n, self.settings.scale_rewards)
+        advantages = ADVANTAGE_ESTIMATORS.get(self.settings.advantage_estimator)(r.rewards, n, self.settings.scale_rewards)
         loss_mask = r.out.action_mask.clone()
         if self.settings.drop_tied_groups:
             loss_mask[tied_groups(r.rewards, n)] = False

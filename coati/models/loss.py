@@ -1,10 +1,12 @@
 """Every training loss in one place: pairwise reward-model losses, the DPO family, and PPO/GRPO's policy
 and value losses with their KL estimators and aggregation. Each states its equation in its docstring."""
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+
+from coati.utils.registry import Registry
 
 
 def _reduce(loss: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -192,37 +194,81 @@ def masked_var(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return masked_mean((values - masked_mean(values, mask)) ** 2, mask)
 
 
+AggregationFn = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+AGGREGATIONS: Registry[AggregationFn] = Registry("loss aggregation")
+"""`fn(token_losses (batch, T), mask (float), norm_length) -> loss`, by the name `--loss_agg` takes."""
+
+
+@AGGREGATIONS.register("token-mean")
+def token_mean(token_losses: torch.Tensor, mask: torch.Tensor, norm_length: int) -> torch.Tensor:
+    """Mean over all tokens of the batch (DAPO, Yu et al. 2025): sum_i,t l_it / sum_i |y_i|."""
+    return masked_mean(token_losses, mask)
+
+
+@AGGREGATIONS.register("seq-mean-token-mean")
+def seq_mean_token_mean(token_losses: torch.Tensor, mask: torch.Tensor, norm_length: int) -> torch.Tensor:
+    """Per-sequence means, then their mean (GRPO, Shao et al. 2024): (1/B) sum_i (1/|y_i|) sum_t l_it."""
+    return masked_mean(token_losses, mask, dim=-1).mean()
+
+
+@AGGREGATIONS.register("seq-mean-token-sum-norm")
+def seq_mean_token_sum_norm(token_losses: torch.Tensor, mask: torch.Tensor, norm_length: int) -> torch.Tensor:
+    """Token sums over batch x a constant length, so no length bias (Dr. GRPO, Liu et al. 2025):
+    sum_i,t l_it / (B * L), L = `norm_length` (the completion limit) or the padded width."""
+    return (token_losses * mask).sum() / (token_losses.size(0) * (norm_length or token_losses.size(-1)))
+
+
 def aggregate(token_losses: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", norm_length: int = 0) -> torch.Tensor:
-    """One loss from per-token losses (batch, T) under `mask`.
-
-    token-mean: over all tokens of the batch (DAPO, Yu et al. 2025); seq-mean-token-mean: per-sequence
-    means, then their mean (GRPO, Shao et al. 2024); seq-mean-token-sum-norm: token sums over
-    batch * `norm_length`, a constant, so no length bias (Dr. GRPO, Liu et al. 2025).
-    """
-    mask = mask.to(token_losses.dtype)
-    if mode == "token-mean":
-        return masked_mean(token_losses, mask)
-    if mode == "seq-mean-token-mean":
-        return masked_mean(token_losses, mask, dim=-1).mean()
-    if mode == "seq-mean-token-sum-norm":
-        return (token_losses * mask).sum() / (token_losses.size(0) * (norm_length or token_losses.size(-1)))
-    raise ValueError(f"unknown loss aggregation {mode!r}")
+    """One loss from per-token losses (batch, T) under `mask`, by the registered aggregation `mode`."""
+    return AGGREGATIONS.get(mode)(token_losses, mask.to(token_losses.dtype), norm_length)
 
 
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KLEstimator = Callable[[torch.Tensor], torch.Tensor]
+KL_ESTIMATORS: Registry[KLEstimator] = Registry("KL estimator")
+"""`fn(log_ratio) -> per-token estimate of KL(pi || ref)`, log_ratio = log pi - log ref of the sampled
+tokens (Schulman 2020), by the name `--kl_estimator` takes."""
+
+
+@KL_ESTIMATORS.register("k1")
+def kl_k1(log_ratio: torch.Tensor) -> torch.Tensor:
+    """k1 = log r: unbiased, high variance, can be negative."""
+    return log_ratio
+
+
+@KL_ESTIMATORS.register("k2")
+def kl_k2(log_ratio: torch.Tensor) -> torch.Tensor:
+    """k2 = (log r)^2 / 2: biased, low variance, never negative."""
+    return 0.5 * log_ratio ** 2
+
+
+@KL_ESTIMATORS.register("k3")
+def kl_k3(log_ratio: torch.Tensor) -> torch.Tensor:
+    """k3 = e^{-log r} - 1 + log r: unbiased for samples from pi, never negative."""
+    return torch.exp(-log_ratio) - 1 + log_ratio
 
 
 def kl_penalty(logps: torch.Tensor, ref_logps: torch.Tensor, kind: str = "k3") -> torch.Tensor:
-    """Per-token estimate of KL(pi || ref) from log-probs of the sampled tokens (Schulman 2020):
-    k1 = log r, k2 = (log r)^2 / 2, k3 = e^{-log r} - 1 + log r, with log r = log pi - log ref."""
-    log_ratio = logps - ref_logps
-    if kind == "k1":
-        return log_ratio
-    if kind == "k2":
-        return 0.5 * log_ratio ** 2
-    if kind == "k3":
-        return torch.exp(-log_ratio) - 1 + log_ratio
-    raise ValueError(f"unknown KL estimator {kind!r}; expected k1, k2 or k3")
+    """Per-token estimate of KL(pi || ref) from log-probs of the sampled tokens, by the registered estimator `kind`."""
+    return KL_ESTIMATORS.get(kind)(logps - ref_logps)
+
+
+RatioFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+POLICY_LOSSES: Registry[RatioFn] = Registry("policy loss")
+"""`fn(logps, old_logps, mask) -> per-token importance ratio (batch, T)`, which `PolicyLoss` clips: the
+policy losses by the name `--policy_loss` takes."""
+
+
+@POLICY_LOSSES.register("ppo")
+def token_ratio(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """PPO (Schulman et al. 2017): r_t = pi(y_t) / pi_old(y_t), clipped token by token."""
+    return torch.exp(logps - old_logps)
+
+
+@POLICY_LOSSES.register("gspo")
+def sequence_ratio(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GSPO (Zheng et al. 2025): s_i = exp((1/|y_i|) sum_t log(pi(y_it) / pi_old(y_it))), one ratio per sequence,
+    clipped as a whole (use small clip ranges, ~3e-4 / 4e-4, and --loss_agg seq-mean-token-mean)."""
+    return torch.exp(masked_mean(logps - old_logps, mask, dim=-1)).unsqueeze(-1).expand_as(logps)
 
 
 class PolicyLoss(torch.nn.Module):
@@ -231,16 +277,23 @@ class PolicyLoss(torch.nn.Module):
 
     Constructed as ColossalChat's: `PolicyLoss(clip_eps=0.2, skip_threshold=20.0)`. `clip_eps` is both bounds
     unless `clip_eps_low` / `clip_eps_high` are given; when the mean ratio over the completion tokens exceeds
-    `skip_threshold` (old log-probs far from the current policy), the batch contributes no gradient."""
+    `skip_threshold` (old log-probs far from the current policy), the batch contributes no gradient. `ratio`
+    names the registered importance ratio (POLICY_LOSSES: "ppo" per token, "gspo" per sequence)."""
 
     def __init__(self, clip_eps: float = 0.2, skip_threshold: float = 20.0, *, clip_eps_low: Optional[float] = None,
                  clip_eps_high: Optional[float] = None, aggregation: str = "token-mean", norm_length: int = 0,
-                 behaviour_cap: float = 5.0) -> None:
+                 behaviour_cap: float = 5.0, ratio: str = "ppo") -> None:
         super().__init__()
+        self.ratio = POLICY_LOSSES.get(ratio)
         self.clip_eps_low = clip_eps if clip_eps_low is None else clip_eps_low
         self.clip_eps_high = clip_eps if clip_eps_high is None else clip_eps_high
         self.skip_threshold = skip_threshold
         self.aggregation, self.norm_length, self.behaviour_cap = aggregation, norm_length, behaviour_cap
+
+    def aggregate(self, token_values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Per-token values (the policy term, or the KL and entropy terms beside it) as one number, by this loss's
+        aggregation, so every term of the actor's loss weighs tokens alike."""
+        return aggregate(token_values, mask, self.aggregation, self.norm_length)
 
     def forward(self, logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 behaviour_logps: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
@@ -255,7 +308,7 @@ class PolicyLoss(torch.nn.Module):
         the fraction of tokens capped (`behaviour_capped`)."""
         if advantages.dim() == 1:
             advantages = advantages.unsqueeze(-1)
-        ratio = torch.exp(logps - old_logps)
+        ratio = self.ratio(logps, old_logps, mask.to(logps.dtype))
         surrogate = ratio * advantages
         clipped = ratio.clamp(1 - self.clip_eps_low, 1 + self.clip_eps_high) * advantages
         token_losses = -torch.min(surrogate, clipped)
@@ -264,7 +317,7 @@ class PolicyLoss(torch.nn.Module):
             weights = torch.exp(old_logps - behaviour_logps).detach()
             capped = weights.clamp(max=self.behaviour_cap)
             token_losses = token_losses * capped
-        loss = aggregate(token_losses, mask, self.aggregation, self.norm_length)
+        loss = self.aggregate(token_losses, mask)
         skip = bool(masked_mean(ratio.detach(), mask) > self.skip_threshold)
         if skip:
             loss = loss * 0.0

@@ -4,7 +4,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from coati.experience.experience import Experience, GRPOExperienceMaker
-from coati.models.loss import aggregate, kl_penalty
+from coati.models.loss import kl_penalty
 
 from .rollout import RolloutTrainer
 
@@ -31,5 +31,5 @@ class GRPOTrainer(RolloutTrainer):
                           mask: torch.Tensor) -> Tuple[Optional[torch.Tensor], Dict[str, Tuple[float, float]]]:
         if self.kl_coef <= 0 or experience.ref_log_probs is None:
             return None, {}
-        kl = aggregate(kl_penalty(logps, experience.ref_log_probs, self.maker.settings.kl_estimator), mask)
+        kl = self.policy_loss.aggregate(kl_penalty(logps, experience.ref_log_probs, self.maker.settings.kl_estimator), mask)
         return self.kl_coef * kl, {"loss/kl": (self.kl_coef * kl.item(), 1)}

@@ -57,7 +57,8 @@ def _reward_fn(args: argparse.Namespace) -> Optional[WeightedReward]:
 
 def _trainer_kwargs(args: argparse.Namespace, setup: Any, coordinator: Any, held_out: Any) -> Dict[str, Any]:
     return dict(policy_loss=PolicyLoss(clip_eps_low=args.clip_eps_low, clip_eps_high=args.clip_eps_high,
-                                       aggregation=args.loss_agg, norm_length=args.max_new_tokens),
+                                       aggregation=args.loss_agg, norm_length=args.max_new_tokens,
+                                       ratio=args.policy_loss),
                 entropy_coef=args.entropy_coef, grad_clip=setup.grad_clip if setup.trainer_clips_grad else 0.0,
                 save_dir=args.save_dir, keep_last=args.keep_last, eval_dataloader=held_out,
                 train_batch_size=args.train_batch_size, accumulation_steps=args.accumulation_steps,
@@ -99,7 +100,8 @@ def _run(args: argparse.Namespace, build: Callable[..., RolloutTrainer]) -> Roll
 
 def _build_grpo(args, setup, tokenizer, actor, optimizer, scheduler, engine, reference, prompts, kwargs) -> GRPOTrainer:
     settings = GRPOSettings(sampling=_sampling(args), kl_estimator=args.kl_estimator, num_generations=args.num_generations,
-                            scale_rewards=not args.no_std_normalize, drop_tied_groups=args.drop_tied_groups)
+                            scale_rewards=not args.no_std_normalize, drop_tied_groups=args.drop_tied_groups,
+                            advantage_estimator=args.adv_estimator)
     maker = GRPOExperienceMaker(actor, engine, tokenizer, _reward_fn(args), settings, reference)
     if args.async_rollout:
         kwargs["policy_loss"].behaviour_cap = args.behaviour_cap

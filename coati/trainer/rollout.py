@@ -11,7 +11,7 @@ from coati.experience.experience import Experience, ExperienceMaker, completion_
 from coati.distributed.comm import gather_lists
 from coati.experience.metrics import rollout_metrics, tokens_in
 from coati.models.logprobs import action_logps
-from coati.models.loss import PolicyLoss, aggregate, token_entropy
+from coati.models.loss import PolicyLoss, token_entropy
 from coati.utils.cadence import Evaluator, Saver
 from coati.utils.ckpt_io import ModelState, load_checkpoint, read_running_state, save_checkpoint
 from coati.utils.stats_tracker import StatsTracker
@@ -219,7 +219,7 @@ class RolloutTrainer(OLTrainer):
         loss, stats = self.policy_loss(logps, experience.action_log_probs, experience.advantages, mask,
                                        experience.behaviour_log_probs)
         metrics = {"loss/policy": (loss.item(), 1), **policy_loss_metrics(stats)}
-        entropy = aggregate(token_entropy(logits), mask)
+        entropy = self.policy_loss.aggregate(token_entropy(logits), mask)
         metrics["policy_entropy"] = (entropy.item(), 1)
         if self.entropy_coef > 0:
             loss = loss - self.entropy_coef * entropy

@@ -6,6 +6,8 @@ before anything is loaded.
 import argparse
 
 from coati.distributed.plugins import add_plugin_args
+from coati.experience.advantages import ADVANTAGE_ESTIMATORS
+from coati.models.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from coati.utils.cadence import LOGGING_STRATEGIES, Evaluator, LogCadence, Saver
 from coati.utils.cli import CoatiArgumentParser, at_least, in_range, non_negative, positive
 from coati.utils.metrics_logger import DEFAULT_WANDB_TABLE_ROWS
@@ -132,12 +134,15 @@ def add_grpo_args(parser: argparse.ArgumentParser) -> None:
                     help="seconds one call of a reward function may take; a call that takes longer stops the run")
     rl.add_argument("--kl_coef", type=non_negative(), default=0.0,
                     help="weight of the KL to the reference in the loss (0: no reference)")
-    rl.add_argument("--kl_estimator", default="k3", choices=("k1", "k2", "k3"), help="estimator of the KL to the reference")
+    rl.add_argument("--kl_estimator", default="k3", choices=KL_ESTIMATORS.names(), help="estimator of the KL to the reference")
+    rl.add_argument("--policy_loss", default="ppo", type=POLICY_LOSSES.choice(),
+                    help=f"{' | '.join(POLICY_LOSSES.names())} | package.module:function. ppo: token-level clipped "
+                         "ratio; gspo: sequence-level ratio (GSPO; use --clip_eps_low/high ~3e-4/4e-4 and "
+                         "--loss_agg seq-mean-token-mean)")
     rl.add_argument("--clip_eps_low", type=in_range(0, 1, high_open=True), default=0.2,
                     help="the ratio is clipped below at 1 - this")
     rl.add_argument("--clip_eps_high", type=non_negative(), default=0.2, help="DAPO's clip-higher uses 0.28")
-    rl.add_argument("--loss_agg", default="token-mean",
-                    choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
+    rl.add_argument("--loss_agg", default="token-mean", choices=AGGREGATIONS.names(),
                     help="token-mean (DAPO), seq-mean-token-mean (GRPO), seq-mean-token-sum-norm (Dr. GRPO)")
     rl.add_argument("--no_std_normalize", action="store_true", help="Dr. GRPO: do not divide advantages by the group std")
     rl.add_argument("--drop_tied_groups", action="store_true", help="DAPO: mask out groups whose rewards all tie")
@@ -151,6 +156,15 @@ def add_grpo_args(parser: argparse.ArgumentParser) -> None:
     rl.add_argument("--sample_log_interval", type=at_least(0), default=10,
                     help="a table of prompts, completions, rewards and advantages every N episodes (0: never): "
                          "JSON under --log_dir/rich_completions, and a W&B table with --use_wandb")
+
+
+def add_group_advantage_args(parser: argparse.ArgumentParser) -> None:
+    """GRPO's choice of outcome-reward advantage estimator (the registry's names)."""
+    parser.add_argument_group("advantages").add_argument(
+        "--adv_estimator", default="grpo", type=ADVANTAGE_ESTIMATORS.choice(),
+        help=f"{' | '.join(ADVANTAGE_ESTIMATORS.names())} | package.module:function. grpo: group mean/std; rloo: "
+             "leave-one-out group baseline; reinforce_pp: REINFORCE++, global batch mean/std (--no_std_normalize "
+             "drops the std where one is used)")
 
 
 def add_async_args(parser: argparse.ArgumentParser) -> None:
