@@ -203,3 +203,15 @@ def test_prepare_dataset_takes_colossalchat_output_flags(tiny_assets, tmp_path):
     files = sorted((tmp_path / "jsonl").iterdir())
     assert [len(f.read_text().splitlines()) for f in files] == [4, 4, 2]
     assert json.loads(files[0].read_text().splitlines()[0])["input_ids"]
+
+
+@pytest.mark.parametrize("name, argv, message", [
+    ("sft", ["--max_len", "-5"], "argument --max_len: must be >= 0"),
+    ("grpo", ["--experience_batch_size", "0"], "argument --experience_batch_size: must be >= 1"),
+    ("ppo", ["--max_seq_len", "0"], "argument --max_seq_len: must be >= 1"),
+])
+def test_colossalchat_aliases_keep_our_ranges(name, argv, message, monkeypatch, capsys):
+    base = REQUIRED["ppo" if name in ("ppo", "grpo") else "sft"]
+    with pytest.raises(SystemExit) as exit_:
+        _parse(name, [*base, *argv], monkeypatch)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
+from coati.utils.cli import at_least
 from coati.utils.errors import CoatiUsageError, warn_user
 
 SUPERVISED = ("sft", "rm", "dpo", "kto", "orpo")
@@ -70,7 +71,7 @@ def add_colossalchat_flags(parser: argparse.ArgumentParser, script: str) -> None
     if script in ("sft", "ppo", "grpo"):
         group.add_argument("--save_path", default=None, help="--save_dir and --output_dir both (unless given)")
     if script in SUPERVISED:
-        group.add_argument("--max_len", dest="max_length", type=int, help="alias of --max_length", **alias)
+        group.add_argument("--max_len", dest="max_length", type=at_least(0), help="alias of --max_length", **alias)
     if script in ("sft", "dpo", "kto", "orpo"):
         group.add_argument("--disable_loss_mask", action="store_true",
                            help="train on every token, the prompt included (default: the response's tokens)")
@@ -80,13 +81,13 @@ def add_colossalchat_flags(parser: argparse.ArgumentParser, script: str) -> None
                            help="dpo: reference-free (reference log-probs taken as 0); orpo has no reference anyway")
     if script == "dpo":
         group.add_argument("--length_normalization", action="store_true", help="length-normalised log-probs")
-        group.add_argument("--ref_tp", type=int, default=None, help="must equal --tp: the reference is sharded like the policy")
+        group.add_argument("--ref_tp", type=at_least(1), default=None, help="must equal --tp: the reference is sharded like the policy")
     if script == "kto":
         group.add_argument("--auto_weight", action="store_true", help="scale --desirable_weight so that "
                            "desirable_weight x desirable rows / (undesirable_weight x undesirable rows) is in [1, 4/3]")
     if script in ON_POLICY:
-        group.add_argument("--experience_batch_size", dest="batch_size", type=int, help="alias of --batch_size", **alias)
-        group.add_argument("--max_seq_len", dest="max_new_tokens", type=int, help="alias of --max_new_tokens", **alias)
+        group.add_argument("--experience_batch_size", dest="batch_size", type=at_least(1), help="alias of --batch_size", **alias)
+        group.add_argument("--max_seq_len", dest="max_new_tokens", type=at_least(1), help="alias of --max_new_tokens", **alias)
         group.add_argument("--reward_functions", dest="reward_fn", nargs="+",
                            help="alias of --reward_fn; ColossalChat's gsm8k_reward_fn and math_competition_reward_fn "
                                 "mean math_answer and answer_format", **alias)
