@@ -2,7 +2,6 @@
 with its meaning, or refused with one line naming what to use instead; and what the accepted ones do."""
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
