@@ -5,6 +5,7 @@ from typing import Callable, Tuple
 import torch
 import torch.distributed as dist
 
+from coati.utils.accumulative_meter import _collective_device
 from coati.utils.registry import Registry
 
 AdvantageFn = Callable[..., torch.Tensor]
@@ -61,8 +62,7 @@ def global_normalised_advantages(rewards: torch.Tensor, group_size: int, scale_b
     local = rewards.double()
     totals = torch.stack([local.sum(), (local ** 2).sum(), torch.tensor(float(local.numel()), dtype=torch.float64)])
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-        totals = totals.to(device)
+        totals = totals.to(_collective_device())
         dist.all_reduce(totals)
         totals = totals.cpu()
     total, squares, count = totals.tolist()

@@ -67,18 +67,13 @@ class PPOTrainer(RolloutTrainer):
         mask = experience.action_mask
         values = action_values(self.critic, experience.sequences, experience.attention_mask, experience.prompt_length)
         loss = self.value_loss(values, experience.values, experience.returns - experience.values, mask)
-        scale = self.critic_accumulation.scale()
-        self.critic_booster.backward(loss * scale, self.critic_optim)
         record = {"loss/value": (loss.item(), 1),
                   "explained_variance": (explained_variance(values.detach(), experience.returns, mask), 1),
                   "values": (masked_mean(values.detach(), mask.float()).item(), 1)}
-        if not self.critic_accumulation.add(loss * scale, record):
-            return
-        loss, records = self.critic_accumulation.take()
-        if self._apply_gradients(self.critic_optim, self.critic_lr_scheduler, self.grad_clip, loss, self._where(),
-                                 "critic", "grad_norm/critic"):
-            for record in records:
-                self._record(record)
+        records = self._accumulated_step(self.critic_accumulation, self.critic_booster, self.critic_optim,
+                                         self.critic_lr_scheduler, loss, record, "critic", "grad_norm/critic")
+        for record in records or []:
+            self._record(record)
 
     def _begin_pass(self, micro_batches: int) -> None:
         super()._begin_pass(micro_batches)

@@ -226,20 +226,31 @@ class RolloutTrainer(OLTrainer):
         extra, extra_metrics = self._extra_actor_loss(experience, logps, mask)
         if extra is not None:
             loss = loss + extra
-        scale = self.actor_accumulation.scale()
-        self.actor_booster.backward(loss * scale, self.optimizer)
         record = ({**metrics, **extra_metrics, "loss": (loss.item(), 1)}, stats["clip_ratio/low"].item(),
                   stats["clip_ratio/high"].item())
-        if not self.actor_accumulation.add(loss * scale, record):
+        records = self._accumulated_step(self.actor_accumulation, self.actor_booster, self.optimizer,
+                                         self.lr_scheduler, loss, record, "policy")
+        if records is None:
             return
-        loss, records = self.actor_accumulation.take()
-        if self._apply_gradients(self.optimizer, self.lr_scheduler, self.grad_clip, loss, self._where(), "policy"):
-            self.global_step += 1
-            self._record({"learning_rate": (float(self.optimizer.param_groups[0]["lr"]), 1)})
-            for metrics, low, high in records:
-                self._record(metrics)
-                self.stats.minimum(**{"clip_ratio/low_min": low})
-                self.stats.maximum(**{"clip_ratio/high_max": high})
+        self.global_step += 1
+        self._record({"learning_rate": (float(self.optimizer.param_groups[0]["lr"]), 1)})
+        for metrics, low, high in records:
+            self._record(metrics)
+            self.stats.minimum(**{"clip_ratio/low_min": low})
+            self.stats.maximum(**{"clip_ratio/high_max": high})
+
+    def _accumulated_step(self, accumulation: Accumulation, booster: Any, optimizer: torch.optim.Optimizer,
+                          lr_scheduler: Optional[Any], loss: torch.Tensor, record: Any, model: str,
+                          metric: str = "grad_norm") -> Optional[List[Any]]:
+        """Backward one micro-batch's `loss`, scaled for its accumulation group; once the group is complete,
+        the guarded optimizer step. Returns the group's records when a step was applied, else None."""
+        scale = accumulation.scale()
+        booster.backward(loss * scale, optimizer)
+        if not accumulation.add(loss * scale, record):
+            return None
+        group_loss, records = accumulation.take()
+        applied = self._apply_gradients(optimizer, lr_scheduler, self.grad_clip, group_loss, self._where(), model, metric)
+        return records if applied else None
 
     def _update_batches(self) -> List[Experience]:
         """The episode's experience in micro-batches of `train_batch_size` rows (whole batches with 0)."""
