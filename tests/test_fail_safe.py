@@ -17,7 +17,7 @@ from coati.rewards import RewardFunctionError, RewardTimeoutError, WeightedRewar
 from coati.trainer.nonfinite import NonFiniteError
 from coati.utils import MetricsLogger, save_checkpoint, save_hf_model
 from coati.utils.ckpt_io import NonFiniteWeightsError, list_checkpoints
-from coati.utils.metrics_logger import PREVIOUS_RUNS_DIR, _public_config
+from coati.utils.metrics_logger import PREVIOUS_RUNS_DIR, public_config
 from test_trainer_base import _linear_trainer, _rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "applications" / "demo"))
@@ -147,7 +147,7 @@ def test_a_fresh_run_sets_an_earlier_runs_logs_aside_instead_of_mixing(tmp_path)
 def test_secrets_are_matched_by_name_not_by_substring():
     config = {"tokenizer_dir": "tok", "max_new_tokens": 64, "keep_last": 2, "api_key": "a", "wandb_key": "b",
               "hf_token": "c", "token": "d", "password": "e", "client_secret": "f", "secret": "g", "lora_alpha": 16}
-    assert _public_config(config) == {"tokenizer_dir": "tok", "max_new_tokens": 64, "keep_last": 2, "lora_alpha": 16}
+    assert public_config(config) == {"tokenizer_dir": "tok", "max_new_tokens": 64, "keep_last": 2, "lora_alpha": 16}
 
 
 def test_the_report_warns_when_a_learned_reward_rises_while_accuracy_falls():

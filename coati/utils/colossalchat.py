@@ -133,13 +133,16 @@ def translate(args: argparse.Namespace) -> None:
 
 
 def write_config_file(args: argparse.Namespace) -> None:
-    """`--config_file`: the run's flags as JSON, as ColossalChat writes them (rank 0 only)."""
+    """`--config_file`: the run's flags as JSON, as ColossalChat writes them (rank 0 only), secrets left out as
+    from every log."""
     from coati.distributed.comm import is_rank_0
+    from coati.utils.metrics_logger import public_config
 
     if args.config_file and is_rank_0():
         path = Path(args.config_file)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({k: v for k, v in vars(args).items() if _jsonable(v)}, indent=2, sort_keys=True))
+        config = {k: v for k, v in public_config(vars(args)).items() if _jsonable(v)}
+        path.write_text(json.dumps(config, indent=2, sort_keys=True))
 
 
 def attention_implementation(args: argparse.Namespace) -> Optional[str]:

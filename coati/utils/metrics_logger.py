@@ -18,7 +18,7 @@ _SECRET_NAME = re.compile(r"(^|_)(api_?key|key|token|secret|password|passwd|cred
 """Names of secrets: `api_key`, `wandb_key`, `hf_token`, `password`, `client_secret`; not `tokenizer_dir`."""
 
 
-def _public_config(config: Dict[str, Any]) -> Dict[str, Any]:
+def public_config(config: Dict[str, Any]) -> Dict[str, Any]:
     """The run config without values whose name is a secret's (they never reach a log)."""
     return {k: v for k, v in config.items() if not _SECRET_NAME.search(k.lower())}
 
@@ -84,7 +84,7 @@ class MetricsLogger:
 
             wandb_dir = str(self.log_dir) if self.log_dir is not None else None
             self._wandb_run = wandb.init(project=wandb_project, name=run_name, dir=wandb_dir,
-                                         config=_public_config(config or {}))
+                                         config=public_config(config or {}))
 
     def log(self, metrics: Dict[str, float], step: int) -> None:
         if not self.active or not metrics:
