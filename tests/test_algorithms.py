@@ -1,6 +1,7 @@
-"""The algorithm registries: RLOO, REINFORCE++ and GSPO against hand-computed values, the KL and entropy terms
-under --loss_agg, a bad name refused with the choices, and an advantage estimator added from outside the
-package that a GRPO step trains with."""
+"""The algorithm registries: RLOO, REINFORCE++, GSPO, MaxEnt weighting, the adaptive KL controller and DAPO's
+overlong shaping against hand-computed values, the KL and entropy terms under --loss_agg, a bad name refused with
+the choices, DAPO's dynamic sampling, and an advantage estimator added from outside the package that a GRPO step
+trains with."""
 import math
 
 import pytest
@@ -8,6 +9,7 @@ import torch
 
 from coati.experience.advantages import ADVANTAGE_ESTIMATORS
 from coati.models.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, PolicyLoss
+from coati.trainer.callbacks import Callback
 from coati.utils.errors import CoatiUsageError
 from conftest import dist_script_result
 
@@ -32,6 +34,8 @@ def test_reinforce_pp_statistics_span_every_rank():
     result = dist_script_result("advantages_reduce.py")
     # rank 0 holds rewards [0, 2], rank 1 [4, 6]: global mean 3, population std sqrt(5)
     assert result["rank0"] == pytest.approx([-3 / math.sqrt(5), -1 / math.sqrt(5)], rel=1e-5)
+    # the KL controller saw every rank's 4 completions, mean KL 4 against target 5: e = -0.2, beta = 0.1 * (1 - 0.2 * 4 / 100)
+    assert result["kl_values"] == pytest.approx([0.0992, 0.0992])
 
 
 def test_gspo_clips_one_sequence_level_ratio():
@@ -82,3 +86,158 @@ def test_an_estimator_from_outside_the_package_trains(world_of_one, tiny_assets,
     rewards = seen[0].rewards
     assert torch.equal(seen[0].advantages, sign_advantages(rewards, 4)) and trainer.global_step == 1
     assert ADVANTAGE_ESTIMATORS.get("test_algorithms:sign_advantages") is sign_advantages
+
+
+# ---- MaxEnt weighting, adaptive KL, overlong shaping, dynamic sampling --------------------------------------
+
+def test_maxent_advantages_are_n_times_the_softmax_weight_minus_one():
+    advantages = ADVANTAGE_ESTIMATORS.get("maxent")(T([1.0, 0.0, 0.0, 0.0, 2.0, 2.0, 2.0, 2.0]), 4, tau=1.0)
+    # w = (e, 1, 1, 1) / (e + 3) = (0.475367, 0.174878, ...): A = 4w - 1; a tied group has uniform weights, A = 0
+    assert advantages.tolist() == pytest.approx([0.901467, -0.300489, -0.300489, -0.300489, 0, 0, 0, 0], abs=1e-5)
+    sharp = ADVANTAGE_ESTIMATORS.get("maxent")(T([1.0, 0.0]), 2, tau=0.01)      # tau -> 0: best-of-n
+    assert sharp.tolist() == pytest.approx([1.0, -1.0], abs=1e-6)
+
+
+def test_temperature_controller_moves_tau_towards_the_target_entropy():
+    from types import SimpleNamespace
+    from coati.experience.controllers import TemperatureController
+
+    experience = SimpleNamespace(rewards=T([1.0, 0.0, 3.0, 3.0]))
+    controller = TemperatureController(1.0, target_entropy=1.0, lr=0.5)
+    metrics = controller.observe([experience], 2)
+    # group (1, 0): w = (0.731059, 0.268941), H / ln 2 = 0.839943; group (3, 3): uniform, 1
+    assert metrics["maxent/weight_entropy"] == pytest.approx((0.839943 + 1.0) / 2, abs=1e-5)
+    assert metrics["maxent/weighted_reward"] == pytest.approx((0.731059 + 3.0) / 2, abs=1e-5)
+    assert metrics["maxent/plain_reward"] == pytest.approx((0.5 + 3.0) / 2)
+    assert metrics["maxent/tau"] == 1.0                                 # the tau the episode used
+    assert controller.value == pytest.approx(math.exp(0.5 * (1.0 - 0.919971)), abs=1e-5)   # 1.040826: flatter
+    fixed = TemperatureController(2.0)
+    fixed.observe([experience], 2)
+    assert fixed.value == 2.0
+
+
+def test_adaptive_kl_controller_follows_the_instructgpt_update():
+    from coati.experience.controllers import KLController
+
+    controller = KLController(0.1, target=6.0, horizon=1000)
+    controller.update(kl=9.0, completions=100)             # e = clip(0.5, +-0.2) = 0.2: 0.1 * (1 + 0.2 * 0.1)
+    assert controller.value == pytest.approx(0.102) and controller.error == pytest.approx(0.2)
+    controller.update(kl=5.4, completions=100)             # e = -0.1: 0.102 * 0.99
+    assert controller.value == pytest.approx(0.10098)
+    assert controller.metrics() == pytest.approx({"kl_ctl/value": 0.10098, "kl_ctl/target": 6.0, "kl_ctl/error": -0.1})
+    fixed = KLController(0.05)
+    fixed.update(kl=100.0, completions=100)
+    assert fixed.value == 0.05 and fixed.metrics() == {"kl_ctl/value": 0.05}
+    with pytest.raises(ValueError, match="starting value above 0"):
+        KLController(0.0, target=6.0)
+
+
+def test_overlong_penalty_is_dapos_soft_punishment():
+    from coati.experience.shaping import REWARD_SHAPERS, ShapingConfig, shape_rewards
+
+    lengths = T([10, 15, 16, 18, 20])
+    # L_max 20, L_cache 5: 0 up to 15 tokens, then (15 - L) / 5 down to -1 at 20
+    assert REWARD_SHAPERS.get("overlong")(lengths, ShapingConfig(20, 5)).tolist() == pytest.approx([0, 0, -0.2, -0.6, -1.0])
+    assert REWARD_SHAPERS.get("overlong")(lengths, ShapingConfig(20, 5, 0.5)).tolist() == pytest.approx([0, 0, -0.1, -0.3, -0.5])
+    assert REWARD_SHAPERS.get("overlong")(T([12, 16]), ShapingConfig(16)).tolist() == pytest.approx([0, -1.0])  # buffer 16 / 4
+    components = {"math_answer": [1.0] * 5}
+    shaped = shape_rewards(T([1.0] * 5), components, lengths, ["overlong"], ShapingConfig(20, 5))
+    assert shaped.tolist() == pytest.approx([1, 1, 0.8, 0.4, 0]) and components["overlong"] == pytest.approx([0, 0, -0.2, -0.6, -1])
+
+
+class LogRecorder(Callback, list):
+    """The metrics of every `on_log`, in order."""
+
+    def on_log(self, step, metrics):
+        self.append(metrics)
+
+
+def constant_reward(prompts, completions, **_):
+    """A reward that ties every group (dynamic sampling has nothing to keep)."""
+    return [0.5] * len(completions)
+
+
+def _scored(rewards, first_token):
+    from coati.experience.experience import Scored
+    from coati.models.generation import GenerationOutput
+
+    n = len(rewards)
+    sequences = torch.tensor([[0, first_token + i, 7, 8] for i in range(n)])
+    out = GenerationOutput(sequences, torch.ones_like(sequences), torch.ones(n, 2, dtype=torch.bool), 2)
+    return Scored(out, T(rewards), [f"p{first_token}"] * n, [f"c{first_token + i}" for i in range(n)],
+                  {"r": list(rewards)})
+
+
+def test_scored_batches_of_different_widths_concatenate_padded():
+    from coati.experience.experience import Scored
+    from coati.models.generation import GenerationOutput
+
+    narrow = Scored(GenerationOutput(T([[5, 6]]), T([[1, 1]]), T([[True]]), 1), T([1.0]), ["a"], ["b"], {"r": [1.0]})
+    wide = Scored(GenerationOutput(T([[0, 7, 8, 9]]), T([[0, 1, 1, 1]]), T([[True, True]]), 2), T([0.0]), ["c"], ["d"],
+                  {"r": [0.0]})
+    both = Scored.concat([narrow, wide], pad_token_id=0)
+    assert both.out.prompt_length == 2 and both.out.sequences.tolist() == [[0, 5, 6, 0], [0, 7, 8, 9]]
+    assert both.out.attention_mask.tolist() == [[0, 1, 1, 0], [0, 1, 1, 1]]
+    assert both.out.action_mask.tolist() == [[True, False], [True, True]] and both.completions == ["b", "d"]
+
+
+def test_dynamic_sampling_replaces_tied_groups_with_new_prompts(world_of_one, tiny_assets):
+    from test_grpo import _grpo_trainer
+
+    maker = _grpo_trainer(tiny_assets).maker
+    maker.settings.num_generations, maker.settings.max_sampling_rounds = 2, 2
+    batch = _scored([1.0, 1.0, 0.0, 1.0], 10)                  # groups: tied, informative
+    more = iter([_scored([0.0, 0.0, 1.0, 1.0], 20), _scored([1.0, 0.0, 3.0, 3.0], 30)])
+    kept, extra = maker._informative(batch, lambda: next(more))
+    assert extra == 8                                          # two more batches of 4 completions were needed
+    assert kept.rewards.tolist() == [0.0, 1.0, 1.0, 0.0] and kept.completions == ["c12", "c13", "c30", "c31"]
+    assert kept.components["r"] == [0.0, 1.0, 1.0, 0.0] and kept.out.sequences[:, 1].tolist() == [12, 13, 30, 31]
+    only_ties = iter([_scored([0.0, 0.0, 1.0, 1.0], 20)] * 2)
+    kept, extra = maker._informative(_scored([1.0, 1.0, 0.0, 1.0], 10), lambda: next(only_ties))
+    assert extra == 8 and kept.completions == ["c12", "c13", "c10", "c11"]   # out of rounds: a tied group fills
+
+
+def test_dynamic_sampling_in_training_logs_its_extra_rollouts(world_of_one, tiny_assets, tmp_path):
+    from test_grpo import _grpo_trainer
+    from coati.rewards import WeightedReward
+    from coati.utils.metrics_logger import MetricsLogger
+
+    trainer = _grpo_trainer(tiny_assets)
+    trainer.maker.reward_fn = WeightedReward.from_specs(["test_algorithms:constant_reward"])
+    trainer.maker.settings.dynamic_sampling, trainer.maker.settings.max_sampling_rounds = True, 2
+    logged = LogRecorder()
+    trainer.callbacks.append(logged)
+    trainer.fit(num_episodes=1, num_collect_steps=1, num_update_steps=1, metrics_logger=MetricsLogger(str(tmp_path)))
+    # 2 prompts x 4 completions, every group tied: 2 more batches were drawn, then the tied groups fill the batch
+    assert logged[0]["train/dynamic_sampling/extra_rollouts"] == 16
+    assert logged[0]["train/epoch"] == pytest.approx(6 / 8)     # 6 of the 8 prompts were drawn
+    assert trainer.prompts.seen == 6
+
+
+def test_adaptive_coefficients_are_logged_and_resume_from_checkpoints(world_of_one, tiny_assets, tmp_path):
+    from test_grpo import _grpo_trainer
+    from coati.experience.controllers import KLController, TemperatureController
+    from coati.models.reference import load_reference_model
+    from coati.utils.metrics_logger import MetricsLogger
+
+    def trainer():
+        made = _grpo_trainer(tiny_assets, save_dir=str(tmp_path / "ckpt"),
+                             kl_controller=KLController(0.1, target=0.001, horizon=8))
+        made.maker.ref_model = load_reference_model(tiny_assets["model"], torch.device("cpu"))
+        made.maker.settings.advantage_estimator = "maxent"
+        made.maker.temperature = TemperatureController(1.0, target_entropy=0.5, lr=0.5)
+        made._adapt("maxent", made.maker.temperature)
+        return made
+
+    first = trainer()
+    logged = LogRecorder()
+    first.callbacks.append(logged)
+    first.fit(num_episodes=2, num_collect_steps=1, num_update_steps=1, metrics_logger=MetricsLogger(str(tmp_path / "l")))
+    assert logged[0]["train/kl_ctl/value"] == pytest.approx(0.1) and logged[0]["train/maxent/tau"] == 1.0
+    assert {"train/kl_ctl/error", "train/maxent/weight_entropy", "train/maxent/weighted_reward"} <= set(logged[0])
+    assert logged[1]["train/beta"] == pytest.approx(first.kl_controller.value)
+    assert first.kl_controller.value != pytest.approx(0.1) and first.maker.temperature.value != 1.0
+    resumed = trainer()
+    resumed.load_checkpoint(str(sorted((tmp_path / "ckpt").iterdir())[-1]))
+    assert resumed.kl_controller.value == first.kl_controller.value
+    assert resumed.maker.temperature.value == first.maker.temperature.value

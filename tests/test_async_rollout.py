@@ -156,8 +156,9 @@ def test_stack_trajectories_left_pads_prompts_and_aligns_completions():
                           {"prompts": ["p"] * len(completions), "completions": ["c"] * len(completions),
                            "reward_components": {"math_answer": [1.0] * len(completions)}})
 
-    out, behaviour, rewards, info = stack_trajectories(
+    scored, behaviour = stack_trajectories(
         [trajectory([5, 6, 7], [[8], [9, 10]], 0), trajectory([11], [[12, 13, 14], [15]], 1)], torch.device("cpu"))
+    out = scored.out
     assert out.prompt_length == 3
     assert out.sequences.tolist() == [[5, 6, 7, 8, 0, 0], [5, 6, 7, 9, 10, 0], [0, 0, 11, 12, 13, 14],
                                       [0, 0, 11, 15, 0, 0]]
@@ -165,7 +166,7 @@ def test_stack_trajectories_left_pads_prompts_and_aligns_completions():
                                            [0, 0, 1, 1, 0, 0]]
     assert out.action_mask.sum(-1).tolist() == [1, 2, 3, 1]
     assert behaviour.sum().item() == pytest.approx(-0.5 * 7)
-    assert rewards.tolist() == [1.0] * 4 and info["reward_components"]["math_answer"] == [1.0] * 4
+    assert scored.rewards.tolist() == [1.0] * 4 and scored.components["math_answer"] == [1.0] * 4
 
 
 def test_the_example_two_turn_workflow_masks_the_follow_up_question(pool, tokenizer, prompts):
@@ -179,7 +180,7 @@ def test_the_example_two_turn_workflow_masks_the_follow_up_question(pool, tokeni
     finally:
         executor.shutdown()
     follow_up = workflow.follow_up
-    packed, _, _, _ = stack_trajectories([trajectory], torch.device("cpu"))
+    packed = stack_trajectories([trajectory], torch.device("cpu"))[0].out
     spans = packed.attention_mask[:, packed.prompt_length:]
     for i, (row, mask) in enumerate(zip(trajectory.sequences[:, trajectory.prompt_length:], trajectory.action_mask)):
         tokens, masked = row.tolist(), (~mask).nonzero().flatten().tolist()

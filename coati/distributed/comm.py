@@ -2,6 +2,7 @@
 import os
 from typing import Any, List, Sequence
 
+import torch
 import torch.distributed as dist
 
 
@@ -38,3 +39,13 @@ def gather_lists(values: Sequence[Any]) -> List[Any]:
     gathered: List[List[Any]] = [[] for _ in range(world_size())]
     dist.all_gather_object(gathered, list(values))
     return [v for part in gathered for v in part]
+
+
+def all_reduce_sums(values: Sequence[float]) -> List[float]:
+    """Each value summed over every rank (float64); this rank's values alone without a group."""
+    if not is_distributed() or world_size() == 1:
+        return [float(v) for v in values]
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    totals = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
+    dist.all_reduce(totals)
+    return totals.tolist()

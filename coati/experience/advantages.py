@@ -1,17 +1,17 @@
 """Advantage estimators: GAE for PPO, and the outcome-reward estimators `--adv_estimator` picks from
-(ADVANTAGE_ESTIMATORS: GRPO's group normalisation, RLOO, REINFORCE++)."""
+(ADVANTAGE_ESTIMATORS: GRPO's group normalisation, RLOO, REINFORCE++, MaxEnt weighting)."""
 from typing import Callable, Tuple
 
 import torch
-import torch.distributed as dist
 
-from coati.utils.accumulative_meter import _collective_device
+from coati.distributed.comm import all_reduce_sums
 from coati.utils.registry import Registry
 
 AdvantageFn = Callable[..., torch.Tensor]
 ADVANTAGE_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator")
 """`fn(rewards (N,), group_size, scale_by_std=True) -> advantages (N,)`; `rewards` holds consecutive groups of
-`group_size` completions of one prompt. A new estimator is one decorated function."""
+`group_size` completions of one prompt. A new estimator is one decorated function. (`maxent` also takes `tau`,
+which the experience maker passes from its `TemperatureController`.)"""
 
 
 def compute_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
@@ -60,18 +60,26 @@ def global_normalised_advantages(rewards: torch.Tensor, group_size: int, scale_b
     """REINFORCE++ (Hu 2025), outcome rewards: A_i = (r_i - mean(r)) / std(r) over the global batch (every
     rank's completions), not per group; without the division when `scale_by_std` is off."""
     local = rewards.double()
-    totals = torch.stack([local.sum(), (local ** 2).sum(), torch.tensor(float(local.numel()), dtype=torch.float64)])
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        totals = totals.to(_collective_device())
-        dist.all_reduce(totals)
-        totals = totals.cpu()
-    total, squares, count = totals.tolist()
+    total, squares, count = all_reduce_sums([local.sum().item(), (local ** 2).sum().item(), local.numel()])
     mean = total / count
     centred = rewards - mean
     if scale_by_std:
         std = max(squares / count - mean ** 2, 0.0) ** 0.5
         centred = centred / (std + eps)
     return centred
+
+
+def maxent_weights(rewards: torch.Tensor, group_size: int, tau: float) -> torch.Tensor:
+    """w_i = softmax(r_group / tau)_i within each group of `group_size` consecutive completions."""
+    return torch.softmax(rewards.view(-1, group_size).double() / tau, dim=-1).to(rewards.dtype).reshape(-1)
+
+
+@ADVANTAGE_ESTIMATORS.register("maxent")
+def maxent_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = True, tau: float = 1.0) -> torch.Tensor:
+    """MaxEnt weighting: A_i = n * softmax(r_group / tau)_i - 1, the completion's weight against the uniform 1/n (sums to 0
+    over a group; tau -> 0 is best-of-n, large tau is a scaled mean baseline). `tau` comes from `--maxent_tau` and its
+    controller; `scale_by_std` does not apply."""
+    return group_size * maxent_weights(rewards, group_size, tau) - 1.0
 
 
 def tied_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -3,7 +3,7 @@ import dataclasses
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -15,6 +15,8 @@ from coati.models.reward_model import sequence_rewards
 from coati.rewards import WeightedReward
 
 from .advantages import ADVANTAGE_ESTIMATORS, compute_gae, tied_groups
+from .controllers import KLController, TemperatureController
+from .shaping import ShapingConfig, shape_rewards
 
 REWARD_MODEL = "reward_model"
 
@@ -22,8 +24,8 @@ REWARD_MODEL = "reward_model"
 @dataclass
 class Experience:
     """Rollouts and everything the update needs. Token tensors over completion columns are (batch, N);
-    `sequences`/`attention_mask` hold prompt + completion. `info` keeps text, reward components and
-    phase timings for logs."""
+    `sequences`/`attention_mask` hold prompt + completion. `extra_rollouts` counts the completions generated
+    beyond the batch to fill it (dynamic sampling). `info` keeps text, reward components and phase timings for logs."""
 
     sequences: torch.Tensor
     attention_mask: torch.Tensor
@@ -38,6 +40,7 @@ class Experience:
     kl: Optional[torch.Tensor] = None
     loss_mask: Optional[torch.Tensor] = None
     behaviour_log_probs: Optional[torch.Tensor] = None
+    extra_rollouts: int = 0
     info: Dict[str, Any] = field(default_factory=dict)
 
     def split(self, rows: int) -> List["Experience"]:
@@ -73,10 +76,18 @@ class RolloutSettings:
 
 @dataclass
 class GRPOSettings(RolloutSettings):
+    """`drop_tied_groups` masks groups whose rewards all tie out of the loss; `dynamic_sampling` (DAPO) replaces
+    them by groups of newly drawn prompts, up to `max_sampling_rounds` extra batches, before masking what is left.
+    `reward_shaping` names `REWARD_SHAPERS` applied with `shaping`."""
+
     num_generations: int = 8
     scale_rewards: bool = True
     drop_tied_groups: bool = False
     advantage_estimator: str = "grpo"
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 4
+    reward_shaping: Tuple[str, ...] = ()
+    shaping: Optional[ShapingConfig] = None
 
 
 @dataclass
@@ -88,6 +99,45 @@ class PPOSettings(RolloutSettings):
     gamma: float = 1.0
     lam: float = 0.95
     whiten_advantages: bool = True
+
+
+@dataclass
+class Scored:
+    """Completions with their text and rewards, before any forward pass: `components` maps each reward's name to
+    its per-completion values."""
+
+    out: GenerationOutput
+    rewards: torch.Tensor
+    prompts: List[str]
+    completions: List[str]
+    components: Dict[str, List[float]]
+
+    def rows(self, index: Sequence[int]) -> "Scored":
+        """The completions at `index`, in that order."""
+        at = torch.tensor(list(index), dtype=torch.long, device=self.rewards.device)
+        out = GenerationOutput(self.out.sequences[at], self.out.attention_mask[at], self.out.action_mask[at],
+                               self.out.prompt_length)
+        return Scored(out, self.rewards[at], [self.prompts[i] for i in index], [self.completions[i] for i in index],
+                      {k: [v[i] for i in index] for k, v in self.components.items()})
+
+    @staticmethod
+    def concat(parts: Sequence["Scored"], pad_token_id: int) -> "Scored":
+        """One batch of `parts` whose prompt and completion widths may differ: prompts left-padded, completions
+        right-padded to the widest."""
+        prompt_len = max(p.out.prompt_length for p in parts)
+        width = max(p.out.action_mask.size(1) for p in parts)
+
+        def padded(p: "Scored", tensor: torch.Tensor, value: int, left: bool = True) -> torch.Tensor:
+            pad = (prompt_len - p.out.prompt_length if left else 0, width - p.out.action_mask.size(1))
+            return torch.nn.functional.pad(tensor, pad, value=value)
+
+        out = GenerationOutput(torch.cat([padded(p, p.out.sequences, pad_token_id) for p in parts]),
+                               torch.cat([padded(p, p.out.attention_mask, 0) for p in parts]),
+                               torch.cat([padded(p, p.out.action_mask.long(), 0, left=False) for p in parts]).bool(),
+                               prompt_len)
+        return Scored(out, torch.cat([p.rewards for p in parts]), [x for p in parts for x in p.prompts],
+                      [x for p in parts for x in p.completions],
+                      {k: [x for p in parts for x in p.components[k]] for k in parts[0].components})
 
 
 @dataclass
@@ -155,19 +205,20 @@ class ExperienceMaker:
             total = [t + s for t, s in zip(total, scores)]
         return total, components
 
-    def _rollout(self, batch: Dict[str, Any], timer: _Timer) -> _Rollout:
+    def _scored(self, batch: Dict[str, Any], timer: _Timer) -> Scored:
+        """Completions of the batch's prompts, decoded and scored."""
         with timer.phase("generation"):
             out = self.engine.generate(batch["input_ids"], batch["attention_mask"], self.settings.sampling)
         with timer.phase("reward"):
             texts = self.decode(batch, out)
             total, components = self.score(batch, out, texts)
         rewards = torch.tensor(total, dtype=torch.float32, device=out.sequences.device)
-        info = {"prompts": texts[0], "completions": texts[1], "reward_components": components}
-        return self._with_log_probs(out, rewards, info, timer)
+        return Scored(out, rewards, texts[0], texts[1], components)
 
-    def _with_log_probs(self, out: GenerationOutput, rewards: torch.Tensor, info: Dict[str, Any],
-                        timer: _Timer) -> _Rollout:
+    def _with_log_probs(self, scored: Scored, timer: _Timer) -> _Rollout:
         """The actor's (and the reference's) log-probs of scored completions, and the KL between them."""
+        out, rewards = scored.out, scored.rewards
+        info = {"prompts": scored.prompts, "completions": scored.completions, "reward_components": scored.components}
         with timer.phase("actor_forward"):
             logps = action_logps(self.actor, out.sequences, out.attention_mask, out.prompt_length)
         ref_logps = kl = None
@@ -187,34 +238,73 @@ class ExperienceMaker:
 
 
 class GRPOExperienceMaker(ExperienceMaker):
-    """`num_generations` completions per prompt; advantages are the rewards normalised within each
-    prompt's group (no critic). With `drop_tied_groups` (DAPO), groups whose rewards all tie are kept
-    in the batch (every rank steps alike) but masked out of the loss."""
+    """`num_generations` completions per prompt; advantages come from the rewards of each prompt's group (no
+    critic), by the `advantage_estimator` of `ADVANTAGE_ESTIMATORS` (`maxent` at the temperature of `temperature`).
+    Groups whose rewards all tie carry no signal: with `dynamic_sampling` (DAPO) they are replaced by groups of
+    prompts that `make`'s `draw` supplies; with `drop_tied_groups`, and for those that dynamic sampling could not
+    replace, they stay in the batch (every rank steps alike) but are masked out of the loss."""
 
     settings: GRPOSettings
 
+    def __init__(self, *args: Any, temperature: Optional[TemperatureController] = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.settings.advantage_estimator == "maxent" and temperature is None:
+            temperature = TemperatureController()
+        self.temperature = temperature
+
     @torch.no_grad()
-    def make(self, batch: Dict[str, Any]) -> Experience:
-        return self._experience(self._rollout(repeat_prompts(batch, self.settings.num_generations), _Timer()))
+    def make(self, batch: Dict[str, Any], draw: Optional[Callable[[], Dict[str, Any]]] = None) -> Experience:
+        """Experience of the batch's prompts; `draw()` gives further prompt batches for dynamic sampling."""
+        timer, n = _Timer(), self.settings.num_generations
+        scored, extra = self._scored(repeat_prompts(batch, n), timer), 0
+        if self.settings.dynamic_sampling and draw is not None:
+            scored, extra = self._informative(scored, lambda: self._scored(repeat_prompts(draw(), n), timer))
+        experience = self._experience(scored, self._with_log_probs(scored, timer))
+        experience.extra_rollouts = extra
+        return experience
+
+    def _informative(self, scored: Scored, more: Callable[[], Scored]) -> Tuple[Scored, int]:
+        """DAPO's dynamic sampling: the batch's groups whose rewards do not all tie, topped up from `more()` (at most
+        `max_sampling_rounds` times) to the batch's size; tied groups fill what is still missing. Also returns how
+        many extra completions were generated."""
+        n = self.settings.num_generations
+        needed, extra = scored.rewards.numel() // n, 0
+        informative: List[Scored] = []
+        tied: List[Scored] = []
+        for round_ in range(self.settings.max_sampling_rounds + 1):
+            if round_:
+                scored = more()
+                extra += scored.rewards.numel()
+            for group, is_tied in enumerate(tied_groups(scored.rewards, n)[::n].tolist()):
+                (tied if is_tied else informative).append(scored.rows(range(group * n, (group + 1) * n)))
+            if len(informative) >= needed:
+                break
+        return Scored.concat((informative + tied)[:needed], self.tokenizer.pad_token_id), extra
 
     @torch.no_grad()
     def from_trajectories(self, trajectories: Sequence[Any], device: torch.device) -> Experience:
         """Experience from groups generated elsewhere (`coati.rollout.Trajectory`s of `num_generations`
         samples each): the actor's log-probs now are the proximal policy's, and the generators' go to
         `behaviour_log_probs` for the off-policy correction."""
-        out, behaviour, rewards, info = stack_trajectories(trajectories, device)
-        experience = self._experience(self._with_log_probs(out, rewards, info, _Timer()))
+        scored, behaviour = stack_trajectories(trajectories, device)
+        experience = self._experience(scored, self._with_log_probs(scored, _Timer()))
         experience.behaviour_log_probs = behaviour
         return experience
 
-    def _experience(self, r: _Rollout) -> Experience:
-        n = self.settings.num_generations
-        advantages = ADVANTAGE_ESTIMATORS.get(self.settings.advantage_estimator)(r.rewards, n, self.settings.scale_rewards)
+    def _experience(self, scored: Scored, r: _Rollout) -> Experience:
+        n, settings = self.settings.num_generations, self.settings
+        rewards = r.rewards
+        if settings.reward_shaping:
+            lengths = _through_last(r.out.action_mask.bool()).sum(-1)
+            rewards = shape_rewards(rewards, r.info["reward_components"], lengths, settings.reward_shaping,
+                                    settings.shaping or ShapingConfig(settings.sampling.max_new_tokens))
+        extra = {"tau": self.temperature.value} if self.temperature is not None else {}
+        advantages = ADVANTAGE_ESTIMATORS.get(settings.advantage_estimator)(rewards, n, settings.scale_rewards, **extra)
         loss_mask = r.out.action_mask.clone()
-        if self.settings.drop_tied_groups:
-            loss_mask[tied_groups(r.rewards, n)] = False
+        if settings.drop_tied_groups or settings.dynamic_sampling:
+            loss_mask[tied_groups(scored.rewards, n)] = False
         return Experience(r.out.sequences, r.out.attention_mask, r.out.action_mask, r.out.prompt_length, r.logps,
-                          r.rewards, advantages, ref_log_probs=r.ref_logps, kl=r.kl, loss_mask=loss_mask, info=r.info)
+                          rewards, advantages, ref_log_probs=r.ref_logps, kl=r.kl, loss_mask=loss_mask, info=r.info)
 
 
 def _through_last(mask: torch.Tensor) -> torch.Tensor:
@@ -224,8 +314,8 @@ def _through_last(mask: torch.Tensor) -> torch.Tensor:
 
 
 def stack_trajectories(trajectories: Sequence[Any], device: torch.device):
-    """One left-padded batch from trajectories whose prompts and completions differ in length:
-    (GenerationOutput, generating log-probs, rewards, info with text and reward components)."""
+    """One left-padded batch from trajectories whose prompts and completions differ in length: (`Scored`, the
+    generating log-probs)."""
     prompt_len = max(t.prompt_length for t in trajectories)
     completion_len = max(t.action_mask.size(1) for t in trajectories)
     rows = sum(t.sequences.size(0) for t in trajectories)
@@ -243,13 +333,13 @@ def stack_trajectories(trajectories: Sequence[Any], device: torch.device):
         action_mask[row:row + n, :c] = t.action_mask.bool()
         behaviour[row:row + n, :c] = t.logprobs
         row += n
-    info = {"prompts": [p for t in trajectories for p in t.info["prompts"]],
-            "completions": [c for t in trajectories for c in t.info["completions"]],
-            "reward_components": {name: [v for t in trajectories for v in t.info["reward_components"][name]]
-                                  for name in trajectories[0].info["reward_components"]}}
+    components = {name: [v for t in trajectories for v in t.info["reward_components"][name]]
+                  for name in trajectories[0].info["reward_components"]}
     out = GenerationOutput(sequences.to(device), attention.to(device), action_mask.to(device), prompt_len)
-    rewards = torch.cat([t.rewards for t in trajectories]).to(device)
-    return out, behaviour.to(device), rewards, info
+    scored = Scored(out, torch.cat([t.rewards for t in trajectories]).to(device),
+                    [p for t in trajectories for p in t.info["prompts"]],
+                    [c for t in trajectories for c in t.info["completions"]], components)
+    return scored, behaviour.to(device)
 
 
 def last_token_rewards(rewards: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
@@ -265,28 +355,32 @@ def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch
 
 
 class PPOExperienceMaker(ExperienceMaker):
-    """`samples_per_prompt` completions per prompt (default one). Token rewards are -`kl_coef` times the KL to the reference on every
-    token, plus the sequence's score (reward model and/or reward function) on its last token; the
-    critic's values turn them into GAE advantages and returns (Ouyang et al. 2022)."""
+    """`samples_per_prompt` completions per prompt (default one). Token rewards are -beta times the KL to the reference
+    on every token, plus the sequence's score (reward model and/or reward function) on its last token; the
+    critic's values turn them into GAE advantages and returns (Ouyang et al. 2022). beta is `kl_controller`'s value
+    (default: `settings.kl_coef`, fixed)."""
 
     settings: PPOSettings
 
     def __init__(self, actor: torch.nn.Module, critic: torch.nn.Module, engine: InferenceEngine, tokenizer: Any,
                  reward_fn: Optional[WeightedReward], settings: PPOSettings,
-                 ref_model: Optional[torch.nn.Module] = None, reward_model: Optional[torch.nn.Module] = None) -> None:
+                 ref_model: Optional[torch.nn.Module] = None, reward_model: Optional[torch.nn.Module] = None,
+                 kl_controller: Optional[KLController] = None) -> None:
         super().__init__(actor, engine, tokenizer, reward_fn, settings, ref_model, reward_model)
         self.critic = critic
+        self.kl_controller = kl_controller or KLController(settings.kl_coef)
 
     @torch.no_grad()
-    def make(self, batch: Dict[str, Any]) -> Experience:
+    def make(self, batch: Dict[str, Any], draw: Optional[Callable[[], Dict[str, Any]]] = None) -> Experience:
+        """Experience of the batch's prompts (`draw` is for makers that sample further prompts; PPO does not)."""
         timer = _Timer()
-        r = self._rollout(repeat_prompts(batch, self.settings.samples_per_prompt), timer)
+        r = self._with_log_probs(self._scored(repeat_prompts(batch, self.settings.samples_per_prompt), timer), timer)
         mask = r.out.action_mask
         with timer.phase("critic_forward"):
             values = action_values(self.critic, r.out.sequences, r.out.attention_mask, r.out.prompt_length) * mask
         token_rewards = last_token_rewards(r.rewards, mask)
         if r.kl is not None:
-            token_rewards = token_rewards - self.settings.kl_coef * r.kl
+            token_rewards = token_rewards - self.kl_controller.value * r.kl
         advantages, returns = compute_gae(token_rewards, values, mask, self.settings.gamma, self.settings.lam)
         if self.settings.whiten_advantages:
             advantages = whiten(advantages, mask)

@@ -481,6 +481,9 @@ class OLTrainer(_TrainerCore, ABC):
         """Values logged with each window of training metrics as they are at its end (counters, settings)."""
         return {}
 
+    def _after_updates(self) -> None:
+        """Called once an episode's update passes are done, while its experience is still buffered."""
+
     def _after_episode(self, episode: int) -> None:
         """Called after each episode's metrics are logged, before `on_episode_end`: a checkpoint, say."""
 
@@ -505,6 +508,7 @@ class OLTrainer(_TrainerCore, ABC):
                     self._collect(collect_step)
                 for update_step in range(num_update_steps):
                     self._update(update_step)
+                self._after_updates()
                 self.data_buffer.clear()
                 self._end_step(episode + 1, last=episode + 1 == num_episodes or self._should_stop())
                 self._after_episode(episode)

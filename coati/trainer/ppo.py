@@ -26,7 +26,8 @@ class PPOTrainer(RolloutTrainer):
 
     With `ptx_dataloader` (supervised batches) and `ptx_coef` > 0, the actor's loss also carries
     `ptx_coef` times the language-modelling loss on one such batch per step (InstructGPT's PPO-ptx),
-    which keeps the policy close to its supervised behaviour. Takes `RolloutTrainer`'s arguments."""
+    which keeps the policy close to its supervised behaviour. The maker's KL weight, when adaptive, moves after
+    every episode. Takes `RolloutTrainer`'s arguments."""
 
     maker: PPOExperienceMaker
 
@@ -39,6 +40,8 @@ class PPOTrainer(RolloutTrainer):
         self.critic_accumulation = Accumulation(self.actor_accumulation.steps)
         self.ptx = CyclingLoader(ptx_dataloader, self.device) if ptx_dataloader is not None and ptx_coef > 0 else None
         self.ptx_coef = ptx_coef
+        if self.maker.kl_controller.target > 0:
+            self._adapt("kl_ctl", self.maker.kl_controller)
 
     def _set_train_mode(self, training: bool) -> None:
         super()._set_train_mode(training)

@@ -13,7 +13,9 @@ import torch
 
 from coati.dataset.collators import PromptCollator, SupervisedCollator
 from coati.dataset.prepare import load_prepared
+from coati.experience.controllers import KLController, TemperatureController
 from coati.experience.experience import GRPOExperienceMaker, GRPOSettings, PPOExperienceMaker, PPOSettings
+from coati.experience.shaping import ShapingConfig
 from coati.models.critic import load_critic
 from coati.models.generation import HFEngine, SamplingConfig
 from coati.models.loss import PolicyLoss, ValueLoss
@@ -98,17 +100,27 @@ def _run(args: argparse.Namespace, build: Callable[..., RolloutTrainer]) -> Roll
     return trainer
 
 
+def _kl_controller(args: argparse.Namespace) -> KLController:
+    """`--kl_coef`, adapted towards `--kl_target` when one is given."""
+    return KLController(args.kl_coef, args.kl_target, args.kl_horizon, args.kl_max_step)
+
+
 def _build_grpo(args, setup, tokenizer, actor, optimizer, scheduler, engine, reference, prompts, kwargs) -> GRPOTrainer:
     settings = GRPOSettings(sampling=_sampling(args), kl_estimator=args.kl_estimator, num_generations=args.num_generations,
                             scale_rewards=not args.no_std_normalize, drop_tied_groups=args.drop_tied_groups,
-                            advantage_estimator=args.adv_estimator)
-    maker = GRPOExperienceMaker(actor, engine, tokenizer, _reward_fn(args), settings, reference)
+                            advantage_estimator=args.adv_estimator, dynamic_sampling=args.dynamic_sampling,
+                            max_sampling_rounds=args.max_sampling_rounds, reward_shaping=tuple(args.reward_shaping),
+                            shaping=ShapingConfig(args.max_new_tokens, args.overlong_buffer_len,
+                                                  args.overlong_penalty_factor))
+    temperature = (TemperatureController(args.maxent_tau, args.maxent_target_entropy, args.maxent_tau_lr)
+                   if args.adv_estimator == "maxent" else None)
+    maker = GRPOExperienceMaker(actor, engine, tokenizer, _reward_fn(args), settings, reference, temperature=temperature)
     if args.async_rollout:
         kwargs["policy_loss"].behaviour_cap = args.behaviour_cap
         return AsyncGRPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler,
-                                kl_coef=args.kl_coef, **_rollout_side(args, tokenizer, settings), **kwargs)
-    return GRPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler, kl_coef=args.kl_coef,
-                       **kwargs)
+                                kl_controller=_kl_controller(args), **_rollout_side(args, tokenizer, settings), **kwargs)
+    return GRPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler,
+                       kl_controller=_kl_controller(args), **kwargs)
 
 
 def _rollout_side(args: argparse.Namespace, tokenizer: Any, settings: GRPOSettings) -> Dict[str, Any]:
@@ -125,7 +137,16 @@ def _rollout_side(args: argparse.Namespace, tokenizer: Any, settings: GRPOSettin
     return dict(executor=executor, pool=pool, prompt_stream=PromptStream(load_prepared(args.dataset, "prompt"), args.seed))
 
 
+def _check_kl_control(args: argparse.Namespace) -> None:
+    if args.kl_target > 0 and args.kl_coef <= 0:
+        raise CoatiUsageError(f"--kl_target {args.kl_target} adapts --kl_coef, which must start above 0 (it is "
+                              f"{args.kl_coef}; adaptive KL multiplies it)")
+
+
 def _check_async(args: argparse.Namespace) -> None:
+    if args.dynamic_sampling:
+        raise CoatiUsageError("--dynamic_sampling works with synchronous rollouts only for now; with --async_rollout "
+                              "use --drop_tied_groups, which masks tied groups out of the loss")
     if args.plugin != "ddp":
         raise CoatiUsageError("--async_rollout supports --plugin ddp for now (publishing weights from ZeRO/Gemini "
                               "shards to the generators is not written yet)")
@@ -141,6 +162,10 @@ def run_grpo(args: argparse.Namespace) -> GRPOTrainer:
         raise CoatiUsageError(f"--num_generations {args.num_generations}: GRPO needs at least 2 completions per prompt, "
                               "since each completion's advantage is its reward relative to the others of its group")
     _reward_fn(args)   # an unknown or unimportable reward function is refused before anything is loaded
+    _check_kl_control(args)
+    if "overlong" in args.reward_shaping and args.overlong_buffer_len > args.max_new_tokens:
+        raise CoatiUsageError(f"--overlong_buffer_len {args.overlong_buffer_len} must be at most --max_new_tokens "
+                              f"{args.max_new_tokens}: the penalty grows over the last tokens before that limit")
     if args.async_rollout:
         _check_async(args)
     return _run(args, _build_grpo)
@@ -168,7 +193,7 @@ def _build_ppo(args, setup, tokenizer, actor, optimizer, scheduler, engine, refe
                            kl_coef=args.kl_coef, gamma=args.gamma, lam=args.lam,
                            whiten_advantages=not args.no_whiten_advantages)
     maker = PPOExperienceMaker(actor, critic, engine, tokenizer, _reward_fn(args), settings, reference,
-                               _frozen_reward_model(args, tokenizer))
+                               _frozen_reward_model(args, tokenizer), kl_controller=_kl_controller(args))
     ptx = None
     if args.ptx_coef > 0:
         if not args.ptx_dataset:
@@ -186,4 +211,5 @@ def run_ppo(args: argparse.Namespace) -> PPOTrainer:
     if not args.rm_pretrain and not args.reward_fn:
         raise CoatiUsageError("PPO needs a reward: --rm_pretrain (a trained reward model) and/or --reward_fn")
     _reward_fn(args)
+    _check_kl_control(args)
     return _run(args, _build_ppo)

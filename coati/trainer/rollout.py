@@ -160,6 +160,7 @@ class RolloutTrainer(OLTrainer):
         self.eval_history: Dict[int, Dict[str, float]] = {}
         self.tokens_seen = 0
         self.prompts_trained = 0
+        self.controllers: Dict[str, Any] = {}
         self._num_episodes = 0
 
     # ---- what a subclass may add ------------------------------------------------------------------
@@ -179,6 +180,11 @@ class RolloutTrainer(OLTrainer):
     def _set_train_mode(self, training: bool) -> None:
         self.actor.train(training)
 
+    def _adapt(self, name: str, controller: Any) -> None:
+        """Let `controller` (a `KLController`, a `TemperatureController`) observe every episode's experience once it
+        is learned, log its state, and keep that state in checkpoints under `name`."""
+        self.controllers[name] = controller
+
     # ---- the loop's parts -------------------------------------------------------------------------
     def _episodes(self, num_episodes: int, num_collect_steps: int, num_update_steps: int) -> None:
         """The held-out evaluation before the first episode, then the episodes."""
@@ -190,7 +196,7 @@ class RolloutTrainer(OLTrainer):
 
     def _make_experience(self, collect_step: int) -> Experience:
         self._set_train_mode(False)
-        experience = self.maker.make(self.prompts.next())
+        experience = self.maker.make(self.prompts.next(), draw=self.prompts.next)
         self._record_experience(experience, collect_step)
         return experience
 
@@ -198,7 +204,10 @@ class RolloutTrainer(OLTrainer):
         """Rollout metrics, the token count and (when due) the sample table of one experience batch."""
         metrics = rollout_metrics(experience, self._group_size())
         metrics.update({f"time/{k}": v for k, v in experience.info["timing"].items()})
-        counts = gather_lists([(tokens_in(experience), experience.sequences.size(0) // self._group_size())])
+        if getattr(self.maker.settings, "dynamic_sampling", False):
+            metrics["dynamic_sampling/extra_rollouts"] = float(experience.extra_rollouts)
+        drawn = (experience.sequences.size(0) + experience.extra_rollouts) // self._group_size()
+        counts = gather_lists([(tokens_in(experience), drawn)])
         self.tokens_seen += sum(tokens for tokens, _ in counts)
         self.prompts_trained += sum(prompts for _, prompts in counts)
         self._record({name: (value, 1) for name, value in metrics.items()})
@@ -251,6 +260,11 @@ class RolloutTrainer(OLTrainer):
         group_loss, records = accumulation.take()
         applied = self._apply_gradients(optimizer, lr_scheduler, self.grad_clip, group_loss, self._where(), model, metric)
         return records if applied else None
+
+    def _after_updates(self) -> None:
+        """Each controller looks at the episode's experience: its state is recorded, then it moves."""
+        for controller in self.controllers.values():
+            self._record({k: (v, 1) for k, v in controller.observe(self.data_buffer, self._group_size()).items()})
 
     def _update_batches(self) -> List[Experience]:
         """The episode's experience in micro-batches of `train_batch_size` rows (whole batches with 0)."""
@@ -334,13 +348,18 @@ class RolloutTrainer(OLTrainer):
 
     def _extra_state(self) -> Dict[str, Any]:
         return {"tokens_seen": self.tokens_seen, "prompts_trained": self.prompts_trained,
-                "global_step": self.global_step, "nonfinite_skipped": self.nonfinite.skipped}
+                "global_step": self.global_step, "nonfinite_skipped": self.nonfinite.skipped,
+                "controllers": {name: c.state() for name, c in self.controllers.items()}}
 
     def _restore_extra_state(self, state: Dict[str, Any]) -> None:
         self.tokens_seen = state.get("tokens_seen", 0)
         self.global_step = state.get("global_step", 0)
         self.prompts_trained = state.get("prompts_trained", 0)
         self.nonfinite.skipped = state.get("nonfinite_skipped", 0)
+        saved = state.get("controllers", {})
+        for name, controller in self.controllers.items():
+            if name in saved:
+                controller.restore(saved[name])
 
     def load_checkpoint(self, path: str) -> None:
         """Restore every trained model with its optimizer and scheduler, RNG, the episode, the prompt

@@ -7,6 +7,7 @@ import argparse
 
 from coati.distributed.plugins import add_plugin_args
 from coati.experience.advantages import ADVANTAGE_ESTIMATORS
+from coati.experience.shaping import REWARD_SHAPERS
 from coati.models.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from coati.utils.cadence import LOGGING_STRATEGIES, Evaluator, LogCadence, Saver
 from coati.utils.cli import CoatiArgumentParser, at_least, in_range, non_negative, positive
@@ -135,6 +136,13 @@ def add_grpo_args(parser: argparse.ArgumentParser) -> None:
     rl.add_argument("--kl_coef", type=non_negative(), default=0.0,
                     help="weight of the KL to the reference in the loss (0: no reference)")
     rl.add_argument("--kl_estimator", default="k3", choices=KL_ESTIMATORS.names(), help="estimator of the KL to the reference")
+    rl.add_argument("--kl_target", type=non_negative(), default=0.0,
+                    help="adaptive KL (InstructGPT): move --kl_coef after every episode towards the value that keeps "
+                         "the mean summed KL of a completion at this (0: --kl_coef stays fixed)")
+    rl.add_argument("--kl_horizon", type=at_least(1), default=10000,
+                    help="adaptive KL: completions over which the coefficient may move by the full step")
+    rl.add_argument("--kl_max_step", type=in_range(0, 1, low_open=True), default=0.2,
+                    help="adaptive KL: the proportional error KL/target - 1 is clipped to +-this")
     rl.add_argument("--policy_loss", default="ppo", type=POLICY_LOSSES.choice(),
                     help=f"{' | '.join(POLICY_LOSSES.names())} | package.module:function. ppo: token-level clipped "
                          "ratio; gspo: sequence-level ratio (GSPO; use --clip_eps_low/high ~3e-4/4e-4 and "
@@ -159,12 +167,32 @@ def add_grpo_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_group_advantage_args(parser: argparse.ArgumentParser) -> None:
-    """GRPO's choice of outcome-reward advantage estimator (the registry's names)."""
-    parser.add_argument_group("advantages").add_argument(
+    """GRPO's choice of outcome-reward advantage estimator (the registry's names), its MaxEnt temperature, DAPO's
+    dynamic sampling and the reward shapers."""
+    group = parser.add_argument_group("advantages")
+    group.add_argument(
         "--adv_estimator", default="grpo", type=ADVANTAGE_ESTIMATORS.choice(),
         help=f"{' | '.join(ADVANTAGE_ESTIMATORS.names())} | package.module:function. grpo: group mean/std; rloo: "
              "leave-one-out group baseline; reinforce_pp: REINFORCE++, global batch mean/std (--no_std_normalize "
-             "drops the std where one is used)")
+             "drops the std where one is used); maxent: n * softmax(rewards / tau) - 1 within the group")
+    group.add_argument("--maxent_tau", type=positive(), default=1.0, help="maxent: the softmax temperature tau")
+    group.add_argument("--maxent_target_entropy", type=in_range(0, 1), default=0.0,
+                       help="maxent: adapt tau after every episode towards this entropy of the weights, as a fraction "
+                            "of log(--num_generations) (0: tau stays fixed)")
+    group.add_argument("--maxent_tau_lr", type=positive(), default=0.1, help="maxent: step of log(tau) per episode")
+    group.add_argument("--dynamic_sampling", action="store_true",
+                       help="DAPO: replace groups whose rewards all tie by groups of newly drawn prompts until the "
+                            "batch is full (logged as dynamic_sampling/extra_rollouts)")
+    group.add_argument("--max_sampling_rounds", type=at_least(1), default=4,
+                       help="dynamic sampling: extra prompt batches drawn at most per collect step; tied groups fill "
+                            "what is still missing and are masked out of the loss")
+    group.add_argument("--reward_shaping", nargs="+", default=[], type=REWARD_SHAPERS.choice(),
+                       help=f"reward shapers added to each completion's reward: {' | '.join(REWARD_SHAPERS.names())}. "
+                            "overlong: DAPO's soft penalty over the last --overlong_buffer_len tokens before "
+                            "--max_new_tokens, from 0 down to -1")
+    group.add_argument("--overlong_buffer_len", type=at_least(0), default=0,
+                       help="overlong: tokens before --max_new_tokens where the penalty grows (0: a quarter of it)")
+    group.add_argument("--overlong_penalty_factor", type=non_negative(), default=1.0, help="overlong: the penalty's weight")
 
 
 def add_async_args(parser: argparse.ArgumentParser) -> None:
