@@ -51,7 +51,9 @@ def test_hooks_fire_in_order_with_real_experiences(world_of_one, tiny_assets, tm
                 metrics_logger=MetricsLogger(str(tmp_path / "logs")))
     names = [name for name, _ in recorder.events if name != "on_log"]
     episode = (["on_episode_start"] + ["on_make_experience_start", "on_make_experience_end"] * 2
-               + ["on_learn_epoch_start"] + ["on_learn_batch_start", "on_learn_batch_end"] * 2 + ["on_learn_epoch_end", "on_episode_end"])
+               + ["on_update_pass_start", "on_learn_epoch_start"]
+               + ["on_update_batch_start", "on_learn_batch_start", "on_update_batch_end", "on_learn_batch_end"] * 2
+               + ["on_update_pass_end", "on_learn_epoch_end", "on_episode_end"])
     assert names == ["on_fit_start"] + episode * 2 + ["on_fit_end"]
     experiences = [args[0] for name, args in recorder.events if name == "on_make_experience_end"]
     for experience in experiences:

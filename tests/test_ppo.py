@@ -102,7 +102,8 @@ def test_ppo_trainer_fires_hooks_logs_metrics_and_checkpoints_the_critic(ppo_par
     first.fit(num_episodes=2, num_collect_steps=1, num_update_steps=2, metrics_logger=MetricsLogger(str(tmp_path / "logs")))
     names = [name for name, _ in recorder.events if name not in ("on_log", "on_checkpoint_saved")]
     episode = (["on_episode_start", "on_make_experience_start", "on_make_experience_end"]
-               + ["on_learn_epoch_start", "on_learn_batch_start", "on_learn_batch_end", "on_learn_epoch_end"] * 2
+               + ["on_update_pass_start", "on_learn_epoch_start", "on_update_batch_start", "on_learn_batch_start",
+                  "on_update_batch_end", "on_learn_batch_end", "on_update_pass_end", "on_learn_epoch_end"] * 2
                + ["on_episode_end"])
     assert names == ["on_fit_start"] + episode * 2 + ["on_fit_end"]
     logged = [args[1] for name, args in recorder.events if name == "on_log"][-1]

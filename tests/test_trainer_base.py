@@ -65,8 +65,9 @@ def test_accumulation_counts_steps_and_keeps_partial_last_group(world_of_one):
     assert trainer.step == 2
     expected = _sgd_on_mean(_sgd_on_mean(w0, x[:4], y[:4], 0.1), x[4:], y[4:], 0.1)
     assert torch.allclose(trainer.model.unwrap().weight.detach(), expected, atol=1e-6)
-    step_sizes = [len(args[0]) for name, *args in recorder.calls if name == "on_learn_batch_end"]
+    step_sizes = [len(args[0]) for name, *args in recorder.calls if name == "on_optimizer_step_end"]
     assert step_sizes == [2, 1]
+    assert [len(args[0]) for name, *args in recorder.calls if name == "on_learn_batch_end"] == [2, 1]   # published name
 
 
 def test_sl_hooks_fire_in_documented_order(world_of_one):
@@ -75,12 +76,29 @@ def test_sl_hooks_fire_in_documented_order(world_of_one):
     trainer, loader, _ = _linear_trainer(rows, batch_size=2, accumulation_steps=1, lr=0.1, callbacks=[recorder])
     trainer.fit(loader)
     names = [c[0] for c in recorder.calls]
-    assert names == ["on_fit_start", "on_learn_epoch_start",
-                     "on_learn_batch_start", "on_learn_batch_end", "on_log",
-                     "on_learn_batch_start", "on_learn_batch_end", "on_log",
-                     "on_learn_epoch_end", "on_fit_end"]
+    step = ["on_optimizer_step_start", "on_learn_batch_start", "on_optimizer_step_end", "on_learn_batch_end", "on_log"]
+    assert names == ["on_fit_start", "on_learn_epoch_start", *step, *step, "on_learn_epoch_end", "on_fit_end"]
     logged = [c[2] for c in recorder.calls if c[0] == "on_log"]
     assert all("train/loss" in m and "train/lr" in m for m in logged)
+
+
+def test_a_callback_overriding_either_name_of_a_hook_is_called_once_per_step(world_of_one):
+    class New(Callback):
+        steps = []
+
+        def on_optimizer_step_end(self, micro_batches):
+            self.steps.append(len(micro_batches))
+
+    class Published(Callback):
+        steps = []
+
+        def on_learn_batch_end(self, batches):
+            self.steps.append(len(batches))
+
+    rows, _, _ = _rows(4)
+    trainer, loader, _ = _linear_trainer(rows, batch_size=2, accumulation_steps=1, lr=0.1, callbacks=[New(), Published()])
+    trainer.fit(loader)
+    assert New.steps == [1, 1] and Published.steps == [1, 1]
 
 
 def test_callback_can_stop_training(world_of_one):
@@ -116,10 +134,12 @@ def test_ol_hooks_fire_in_order():
         ("on_fit_start",), ("on_episode_start", 0),
         ("on_make_experience_start",), ("on_make_experience_end", {"collect_step": 0}),
         ("on_make_experience_start",), ("on_make_experience_end", {"collect_step": 1}),
-        ("on_learn_epoch_start", 0),
-        ("on_learn_batch_start",), ("on_learn_batch_end", {"collect_step": 0}),
-        ("on_learn_batch_start",), ("on_learn_batch_end", {"collect_step": 1}),
-        ("on_learn_epoch_end", 0),
+        ("on_update_pass_start", 0), ("on_learn_epoch_start", 0),
+        ("on_update_batch_start",), ("on_learn_batch_start",),
+        ("on_update_batch_end", {"collect_step": 0}), ("on_learn_batch_end", {"collect_step": 0}),
+        ("on_update_batch_start",), ("on_learn_batch_start",),
+        ("on_update_batch_end", {"collect_step": 1}), ("on_learn_batch_end", {"collect_step": 1}),
+        ("on_update_pass_end", 0), ("on_learn_epoch_end", 0),
         ("on_log", 1, {"train/reward": 1.0, "train/epoch": 0.0, "train/global_step": 0.0}),
         ("on_episode_end", 0), ("on_fit_end",),
     ]

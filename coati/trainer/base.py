@@ -169,7 +169,7 @@ class SLTrainer(_TrainerCore, ABC):
       run, resumed runs included); the checkpoint written there can be resumed with a larger limit.
     - `load_checkpoint(path)` resumes mid-epoch: the next optimizer step sees the next unseen batch.
     - Hooks fired (see `Callback`): on_fit_start/end, on_learn_epoch_start/end(epoch),
-      on_learn_batch_start/end(batches) per optimizer step, on_log(step, metrics),
+      on_optimizer_step_start/end(micro_batches) per optimizer step, on_log(step, metrics),
       on_evaluate(epoch, results), on_checkpoint_saved(path).
 
     Subclasses implement `_compute_batch(batch) -> BatchResult` and may override `_count_items`
@@ -288,10 +288,10 @@ class SLTrainer(_TrainerCore, ABC):
         bar_total = min(num_steps, self.max_steps - self.step) if self.max_steps else num_steps
         bar = tqdm(total=bar_total, desc=f"Epoch {epoch}", disable=not is_rank_0(), dynamic_ncols=True)
         for index, batches in enumerate(self._groups(self.train_dataloader), start=1):
-            fire(self.callbacks, "on_learn_batch_start")
+            fire(self.callbacks, "on_optimizer_step_start")
             self._optimizer_step(batches)
             samples_seen += sum(self._rows(b) for b in batches)
-            fire(self.callbacks, "on_learn_batch_end", batches)
+            fire(self.callbacks, "on_optimizer_step_end", batches)
             bar.update()
             if self.logging.due(self.step):
                 logged = self._flush_metrics(self.step, extra={"train/lr": self._current_lr()})
@@ -423,7 +423,8 @@ class OLTrainer(_TrainerCore, ABC):
 
     Hooks fired in order (see `Callback`): on_fit_start; per episode on_episode_start, then per
     collect step on_make_experience_start/end(experience), then per update step
-    on_learn_epoch_start, on_learn_batch_start/end(experience) per batch, on_learn_epoch_end; then
+    on_update_pass_start(pass_index), on_update_batch_start/end(experience) per micro-batch,
+    on_update_pass_end(pass_index); then
     on_episode_end (even when the episode raises); on_fit_end even when training raises. Metrics
     recorded with `_record` are reduced and logged at the episodes `logging` names (default: each), as
     the mean over the episodes since the last log.
@@ -524,9 +525,9 @@ class OLTrainer(_TrainerCore, ABC):
         self.data_buffer.append(experience)
 
     def _update(self, update_step: int) -> None:
-        fire(self.callbacks, "on_learn_epoch_start", update_step)
+        fire(self.callbacks, "on_update_pass_start", update_step)
         for experience in self._update_batches():
-            fire(self.callbacks, "on_learn_batch_start")
+            fire(self.callbacks, "on_update_batch_start")
             self._learn_step(experience)
-            fire(self.callbacks, "on_learn_batch_end", experience)
-        fire(self.callbacks, "on_learn_epoch_end", update_step)
+            fire(self.callbacks, "on_update_batch_end", experience)
+        fire(self.callbacks, "on_update_pass_end", update_step)

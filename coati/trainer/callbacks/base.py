@@ -1,6 +1,6 @@
 """The one `Callback` ABC that every coati trainer fires; subclass it and override only what you need."""
 from abc import ABC
-from typing import Any, Dict, Iterable
+from typing import Any, Dict, Iterable, List
 
 
 class Callback(ABC):
@@ -11,15 +11,20 @@ class Callback(ABC):
         on_fit_start
           on_episode_start(episode)
             on_make_experience_start / on_make_experience_end(experience)   per collect step
-            on_learn_epoch_start(update_step)
-              on_learn_batch_start / on_learn_batch_end(experience)         per training batch
-            on_learn_epoch_end(update_step)
+            on_update_pass_start(pass_index)                                per pass over the episode's experience
+              on_update_batch_start / on_update_batch_end(experience)       per training micro-batch
+            on_update_pass_end(pass_index)
           on_episode_end(episode)
         on_fit_end                                                          also when training raises
 
     Supervised trainers (`SLTrainer`) fire `on_fit_start/end`, `on_learn_epoch_start/end(epoch)` around
-    each epoch, and `on_learn_batch_start()` / `on_learn_batch_end(batches)` around each optimizer step,
-    where `batches` is the list of micro-batches (dicts of tensors) that formed the step.
+    each epoch, and `on_optimizer_step_start()` / `on_optimizer_step_end(micro_batches)` around each optimizer
+    step, where `micro_batches` is the list of micro-batches (dicts of tensors) that formed the step.
+
+    The published names of ColossalChat's hooks keep working: right after each of the hooks above, the same
+    callback's published counterpart is called with the same arguments (`PUBLISHED_NAMES`): on-policy,
+    `on_learn_epoch_start/end(pass_index)` and `on_learn_batch_start/end(experience)`; supervised,
+    `on_learn_batch_start/end(micro_batches)`. Override one name of each pair, not both.
 
     Every trainer also fires `on_log(step, metrics)` with the rank-reduced metrics it logs,
     `on_evaluate(epoch, results)` with evaluation results, and `on_checkpoint_saved(path)` once a
@@ -48,6 +53,24 @@ class Callback(ABC):
     def on_make_experience_end(self, experience: Any) -> None:
         pass
 
+    def on_update_pass_start(self, pass_index: int) -> None:
+        pass
+
+    def on_update_pass_end(self, pass_index: int) -> None:
+        pass
+
+    def on_update_batch_start(self) -> None:
+        pass
+
+    def on_update_batch_end(self, experience: Any) -> None:
+        pass
+
+    def on_optimizer_step_start(self) -> None:
+        pass
+
+    def on_optimizer_step_end(self, micro_batches: List[Any]) -> None:
+        pass
+
     def on_learn_epoch_start(self, epoch: int) -> None:
         pass
 
@@ -70,7 +93,16 @@ class Callback(ABC):
         pass
 
 
+PUBLISHED_NAMES = {"on_update_pass_start": "on_learn_epoch_start", "on_update_pass_end": "on_learn_epoch_end",
+                   "on_update_batch_start": "on_learn_batch_start", "on_update_batch_end": "on_learn_batch_end",
+                   "on_optimizer_step_start": "on_learn_batch_start", "on_optimizer_step_end": "on_learn_batch_end"}
+"""Hook -> the published ColossalChat hook that is called after it with the same arguments."""
+
+
 def fire(callbacks: Iterable[Callback], hook: str, *args: Any) -> None:
-    """Call `hook(*args)` on every callback, in order."""
+    """Call `hook(*args)` on every callback, in order, each followed by its published counterpart, if any."""
+    published = PUBLISHED_NAMES.get(hook)
     for callback in callbacks:
         getattr(callback, hook)(*args)
+        if published:
+            getattr(callback, published)(*args)
