@@ -1,7 +1,7 @@
 """`--plugin` and its flags -> a colossalai `Plugin` and `Booster`: the one place that knows the plugins."""
 import argparse
 from dataclasses import dataclass
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 import torch
 from colossalai.booster import Booster
@@ -43,6 +43,34 @@ def add_plugin_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dist_timeout", type=positive(), default=DEFAULT_TIMEOUT_S,
                        help="seconds a collective waits for a peer before the run stops with an error (a dead or "
                             "unreachable node); raise it when rank 0 alone writes very large checkpoints")
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    """The plugin and its settings (`--plugin` and the flags of `add_plugin_args`; see their help)."""
+
+    plugin: str = "ddp"
+    """One of PLUGINS."""
+    mixed_precision: str = "bf16"
+    """fp16, bf16 or fp32 compute; master weights stay fp32; fp32 where there is no CUDA."""
+    grad_clip: float = 1.0
+    """Global L2 norm gradients are clipped to (0: off); ZeRO, Gemini and 3d clip inside their optimizer."""
+    tp: int = 1
+    """3d: tensor-parallel size."""
+    pp: int = 1
+    """3d: pipeline-parallel size."""
+    sp: int = 1
+    """3d: sequence-parallel size."""
+    sp_mode: Optional[str] = None
+    """3d: one of SP_MODES; None turns sequence parallelism off."""
+    zero_stage: int = 0
+    """3d: ZeRO stage over the data-parallel group."""
+    zero_cpu_offload: bool = False
+    """3d: ZeRO optimizer states in CPU memory."""
+    microbatch_size: int = 1
+    """3d with pp > 1: the pipeline's micro-batch size."""
+    find_unused_parameters: bool = False
+    """ddp: tolerate parameters that get no gradient in a step (a library user's models; no flag sets it)."""
 
 
 @dataclass
@@ -95,66 +123,66 @@ def resolve_precision(requested: str) -> str:
     return requested
 
 
-def _ddp(args: argparse.Namespace, precision: str) -> Plugin:
-    return TorchDDPPlugin(find_unused_parameters=getattr(args, "find_unused_parameters", False))
+def _ddp(config: PluginConfig, precision: str) -> Plugin:
+    return TorchDDPPlugin(find_unused_parameters=config.find_unused_parameters)
 
 
-def _zero2(args: argparse.Namespace, precision: str, cpu_offload: bool = False) -> Plugin:
+def _zero2(config: PluginConfig, precision: str, cpu_offload: bool = False) -> Plugin:
     return LowLevelZeroPlugin(stage=2, precision=precision, initial_scale=INITIAL_LOSS_SCALE,
-                              max_norm=args.grad_clip, cpu_offload=cpu_offload)
+                              max_norm=config.grad_clip, cpu_offload=cpu_offload)
 
 
-def _gemini(args: argparse.Namespace, precision: str, placement_policy: str = "static") -> Plugin:
+def _gemini(config: PluginConfig, precision: str, placement_policy: str = "static") -> Plugin:
     return GeminiPlugin(precision=precision, placement_policy=placement_policy, initial_scale=INITIAL_LOSS_SCALE,
-                        max_norm=args.grad_clip, enable_gradient_accumulation=True)
+                        max_norm=config.grad_clip, enable_gradient_accumulation=True)
 
 
-def _hybrid(args: argparse.Namespace, precision: str) -> Plugin:
-    sp_enabled = args.sp_mode is not None
+def _hybrid(config: PluginConfig, precision: str) -> Plugin:
+    sp_enabled = config.sp_mode is not None
     return HybridParallelPlugin(
-        tp_size=args.tp,
-        pp_size=args.pp,
-        sp_size=args.sp if sp_enabled else None,
+        tp_size=config.tp,
+        pp_size=config.pp,
+        sp_size=config.sp if sp_enabled else None,
         enable_sequence_parallelism=sp_enabled,
-        sequence_parallelism_mode=args.sp_mode,
-        zero_stage=args.zero_stage,
-        cpu_offload=args.zero_stage >= 1 and args.zero_cpu_offload,
+        sequence_parallelism_mode=config.sp_mode,
+        zero_stage=config.zero_stage,
+        cpu_offload=config.zero_stage >= 1 and config.zero_cpu_offload,
         precision=precision,
-        max_norm=args.grad_clip,
+        max_norm=config.grad_clip,
         initial_scale=INITIAL_LOSS_SCALE,
-        microbatch_size=args.microbatch_size if args.pp > 1 else None,
+        microbatch_size=config.microbatch_size if config.pp > 1 else None,
         parallel_output=False,
     )
 
 
-_FACTORIES: Dict[str, Callable[[argparse.Namespace, str], Plugin]] = {
+_FACTORIES: Dict[str, Callable[[PluginConfig, str], Plugin]] = {
     "ddp": _ddp,
     "zero2": _zero2,
-    "zero2_cpu": lambda args, precision: _zero2(args, precision, cpu_offload=True),
+    "zero2_cpu": lambda config, precision: _zero2(config, precision, cpu_offload=True),
     "gemini": _gemini,
-    "gemini_auto": lambda args, precision: _gemini(args, precision, placement_policy="auto"),
+    "gemini_auto": lambda config, precision: _gemini(config, precision, placement_policy="auto"),
     "3d": _hybrid,
 }
 
 
-def _check_args(args: argparse.Namespace) -> None:
-    if args.plugin != "3d" and (args.tp, args.pp, args.sp, args.zero_stage) != (1, 1, 1, 0):
-        raise CoatiUsageError(f"--tp/--pp/--sp/--zero_stage apply to --plugin 3d only, not --plugin {args.plugin}")
-    if args.plugin == "ddp" and args.mixed_precision == "fp16" and torch.cuda.is_available():
+def _check_config(config: PluginConfig) -> None:
+    if config.plugin != "3d" and (config.tp, config.pp, config.sp, config.zero_stage) != (1, 1, 1, 0):
+        raise CoatiUsageError(f"--tp/--pp/--sp/--zero_stage apply to --plugin 3d only, not --plugin {config.plugin}")
+    if config.plugin == "ddp" and config.mixed_precision == "fp16" and torch.cuda.is_available():
         raise CoatiUsageError("--plugin ddp trains in fp32 or bf16; pass --mixed_precision bf16, or use --plugin zero2 for fp16")
-    if args.plugin.startswith("gemini") and args.mixed_precision == "fp32":
-        raise CoatiUsageError(f"--plugin {args.plugin} trains in fp16 or bf16 only; pass --mixed_precision bf16")
-    if args.plugin == "3d" and args.sp > 1 and args.sp_mode is None:
+    if config.plugin.startswith("gemini") and config.mixed_precision == "fp32":
+        raise CoatiUsageError(f"--plugin {config.plugin} trains in fp16 or bf16 only; pass --mixed_precision bf16")
+    if config.plugin == "3d" and config.sp > 1 and config.sp_mode is None:
         raise CoatiUsageError("--sp > 1 needs --sp_mode (one of " + ", ".join(SP_MODES) + ")")
 
 
-def build_booster(args: argparse.Namespace) -> BoostSetup:
-    """Build the plugin named by `args.plugin` and its `Booster`; call after the process group exists."""
-    check_plugin_available(args.plugin)
-    _check_args(args)
-    precision = resolve_precision(args.mixed_precision)
-    plugin = _FACTORIES[args.plugin](args, precision)
-    return BoostSetup(plugin, Booster(plugin=plugin), precision, trainer_clips_gradients(plugin), args.grad_clip)
+def build_booster(config: PluginConfig) -> BoostSetup:
+    """Build the plugin `config` names and its `Booster`; call after the process group exists."""
+    check_plugin_available(config.plugin)
+    _check_config(config)
+    precision = resolve_precision(config.mixed_precision)
+    plugin = _FACTORIES[config.plugin](config, precision)
+    return BoostSetup(plugin, Booster(plugin=plugin), precision, trainer_clips_gradients(plugin), config.grad_clip)
 
 
 def trainer_clips_gradients(plugin: Plugin) -> bool:

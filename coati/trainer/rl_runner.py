@@ -24,7 +24,7 @@ from coati.rewards import WeightedReward
 from coati.distributed.comm import rank, world_size
 from coati.distributed.plugins import build_booster
 from coati.rollout import GeneratorPool, PromptStream, RLVRWorkflow, WorkflowExecutor
-from coati.utils.arguments import evaluator, log_cadence, saver
+from coati.utils.arguments import evaluator, log_cadence, plugin_config, saver
 from coati.utils.errors import CoatiUsageError
 
 from .async_grpo import AsyncGRPOTrainer
@@ -187,7 +187,7 @@ def _build_ppo(args, setup, tokenizer, actor, optimizer, scheduler, engine, refe
     critic_args = argparse.Namespace(**{**vars(args), "lr": args.critic_lr or args.lr})
     critic_optim = build_optimizer(critic, critic_args)
     critic_scheduler = build_scheduler(critic_optim, critic_args, _total_steps(args))
-    critic_setup = build_booster(args)
+    critic_setup = build_booster(plugin_config(args))
     critic, critic_optim, critic_scheduler, _ = critic_setup.boost(critic, critic_optim, critic_scheduler)
     settings = PPOSettings(sampling=_sampling(args), kl_estimator=args.kl_estimator, samples_per_prompt=args.num_generations,
                            kl_coef=args.kl_coef, gamma=args.gamma, lam=args.lam,

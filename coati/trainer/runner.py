@@ -28,7 +28,7 @@ from coati.models.reference import load_reference_model, with_reference_logps
 from coati.models.reward_model import load_reward_model
 from coati.trainer.base import SLTrainer
 from coati.trainer.callbacks import Callback, PerformanceEvaluator
-from coati.utils.arguments import log_cadence, saver
+from coati.utils.arguments import log_cadence, plugin_config, saver
 from coati.utils.ckpt_io import latest_checkpoint, read_running_state, save_hf_model, verify_checkpoint
 from coati.utils.colossalchat import attention_implementation, write_config_file
 from coati.utils.errors import CoatiUsageError
@@ -168,7 +168,7 @@ def start_run(args: argparse.Namespace) -> Tuple[BoostSetup, DistCoordinator, Pr
     preflight(args)
     init_distributed(args.seed, args.dist_timeout)
     write_config_file(args)
-    setup = build_booster(args)
+    setup = build_booster(plugin_config(args))
     return setup, DistCoordinator(), load_tokenizer(args.tokenizer_dir or args.pretrain, args.trust_remote_code)
 
 

@@ -4,8 +4,9 @@ Every numeric flag carries its range (`coati.utils.cli`), so a value out of rang
 before anything is loaded.
 """
 import argparse
+from dataclasses import fields
 
-from coati.distributed.plugins import add_plugin_args
+from coati.distributed.plugins import PluginConfig, add_plugin_args
 from coati.experience.advantages import ADVANTAGE_ESTIMATORS
 from coati.experience.shaping import REWARD_SHAPERS
 from coati.models.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
@@ -97,6 +98,11 @@ def log_cadence(args: argparse.Namespace) -> LogCadence:
 def saver(args: argparse.Namespace) -> Saver:
     """When checkpoints are due, from `--save_interval`, `--save_freq_epochs` and `--save_freq_secs`."""
     return Saver(args.save_freq_epochs, args.save_interval, args.save_freq_secs)
+
+
+def plugin_config(args: argparse.Namespace) -> PluginConfig:
+    """The plugin's settings from `add_plugin_args`'s flags."""
+    return PluginConfig(**{f.name: getattr(args, f.name) for f in fields(PluginConfig) if hasattr(args, f.name)})
 
 
 def evaluator(args: argparse.Namespace) -> Evaluator:
