@@ -3,6 +3,7 @@ overlong shaping against hand-computed values, the KL and entropy terms under --
 the choices, DAPO's dynamic sampling, and an advantage estimator added from outside the package that a GRPO step
 trains with."""
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -78,7 +79,7 @@ def test_an_estimator_from_outside_the_package_trains(world_of_one, tiny_assets,
 
     ADVANTAGE_ESTIMATORS.register("sign")(sign_advantages)
     trainer = _grpo_trainer(tiny_assets)
-    monkeypatch.setattr(trainer.maker.settings, "advantage_estimator", "sign")
+    trainer.maker.config = replace(trainer.maker.config, advantage_estimator="sign")
     seen = []
     original = trainer._learn_step
     monkeypatch.setattr(trainer, "_learn_step", lambda experience: seen.append(experience) or original(experience))
@@ -185,7 +186,7 @@ def test_dynamic_sampling_replaces_tied_groups_with_new_prompts(world_of_one, ti
     from test_grpo import _grpo_trainer
 
     maker = _grpo_trainer(tiny_assets).maker
-    maker.settings.num_generations, maker.settings.max_sampling_rounds = 2, 2
+    maker.config = replace(maker.config, num_generations=2, max_sampling_rounds=2)
     batch = _scored([1.0, 1.0, 0.0, 1.0], 10)                  # groups: tied, informative
     more = iter([_scored([0.0, 0.0, 1.0, 1.0], 20), _scored([1.0, 0.0, 3.0, 3.0], 30)])
     kept, extra = maker._informative(batch, lambda: next(more))
@@ -204,7 +205,7 @@ def test_dynamic_sampling_in_training_logs_its_extra_rollouts(world_of_one, tiny
 
     trainer = _grpo_trainer(tiny_assets)
     trainer.maker.reward_fn = WeightedReward.from_specs(["test_algorithms:constant_reward"])
-    trainer.maker.settings.dynamic_sampling, trainer.maker.settings.max_sampling_rounds = True, 2
+    trainer.maker.config = replace(trainer.maker.config, dynamic_sampling=True, max_sampling_rounds=2)
     logged = LogRecorder()
     trainer.callbacks.append(logged)
     trainer.fit(num_episodes=1, num_collect_steps=1, num_update_steps=1, metrics_logger=MetricsLogger(str(tmp_path)))
@@ -224,7 +225,7 @@ def test_adaptive_coefficients_are_logged_and_resume_from_checkpoints(world_of_o
         made = _grpo_trainer(tiny_assets, save_dir=str(tmp_path / "ckpt"),
                              kl_controller=KLController(0.1, target=0.001, horizon=8))
         made.maker.ref_model = load_reference_model(tiny_assets["model"], torch.device("cpu"))
-        made.maker.settings.advantage_estimator = "maxent"
+        made.maker.config = replace(made.maker.config, advantage_estimator="maxent")
         made.maker.temperature = TemperatureController(1.0, target_entropy=0.5, lr=0.5)
         made._adapt("maxent", made.maker.temperature)
         return made

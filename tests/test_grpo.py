@@ -7,7 +7,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from coati.dataset import PromptCollator
 from coati.dataset.demo_data import generate_problems, prompt_records
 from coati.dataset.prepare import tokenize_prompt
-from coati.experience.experience import Experience, GRPOExperienceMaker, GRPOSettings
+from coati.experience.experience import Experience, GRPOExperienceMaker, GRPOConfig
 from coati.models.generation import HFEngine, SamplingConfig
 from coati.rewards import WeightedReward
 from coati.trainer.callbacks import Callback
@@ -39,8 +39,8 @@ def _grpo_trainer(assets, optimizer_cls=torch.optim.AdamW, **kwargs) -> GRPOTrai
     optimizer = optimizer_cls(model.parameters(), lr=1e-3)
     actor, optimizer, *_ = booster.boost(model, optimizer)
     engine = HFEngine(actor.unwrap(), tokenizer.pad_token_id, [tokenizer.eos_token_id])
-    settings = GRPOSettings(num_generations=4, sampling=SamplingConfig(max_new_tokens=8))
-    maker = GRPOExperienceMaker(actor, engine, tokenizer, WeightedReward.from_specs(["math_answer", "answer_format"]), settings)
+    config = GRPOConfig(num_generations=4, sampling=SamplingConfig(max_new_tokens=8))
+    maker = GRPOExperienceMaker(actor, engine, tokenizer, WeightedReward.from_specs(["math_answer", "answer_format"]), config)
     return GRPOTrainer(actor, optimizer, booster, maker, loader, **kwargs)
 
 

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from coati.dataset import PromptCollator
 from coati.dataset.prepare import load_prepared
 from coati.experience.advantages import compute_gae
-from coati.experience.experience import PPOExperienceMaker, PPOSettings, last_token_rewards, whiten
+from coati.experience.experience import PPOExperienceMaker, PPOConfig, last_token_rewards, whiten
 from coati.models.critic import action_values, load_critic
 from coati.models.generation import HFEngine, SamplingConfig
 from coati.models.reward_model import load_reward_model, sequence_rewards
@@ -63,10 +63,10 @@ def ppo_parts(world_of_one, tiny_assets):
 
 
 def _maker(parts, whiten_advantages=True):
-    settings = PPOSettings(sampling=SamplingConfig(max_new_tokens=8), kl_estimator="k1", kl_coef=0.1, gamma=0.9,
+    config = PPOConfig(sampling=SamplingConfig(max_new_tokens=8), kl_estimator="k1", kl_coef=0.1, gamma=0.9,
                            lam=0.8, whiten_advantages=whiten_advantages)
     return PPOExperienceMaker(parts["actor"], parts["critic"], parts["engine"], parts["tokenizer"],
-                              WeightedReward.from_specs(["math_answer"]), settings, parts["reference"],
+                              WeightedReward.from_specs(["math_answer"]), config, parts["reference"],
                               parts["reward_model"])
 
 

@@ -14,7 +14,7 @@ from coati.dataset.tokenization import load_tokenizer
 from coati.models.generation import HFEngine, SamplingConfig
 from coati.rewards import WeightedReward
 
-from .experience import ExperienceMaker, RolloutSettings
+from .experience import ExperienceMaker, RolloutConfig
 
 
 @dataclass
@@ -34,13 +34,13 @@ def evaluate_model(model_dir: str, prompt_dirs: Sequence[str], reward_specs: Seq
     tokenizer = load_tokenizer(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     engine = HFEngine(model, tokenizer.pad_token_id, [tokenizer.eos_token_id])
-    settings = RolloutSettings(sampling=SamplingConfig(max_new_tokens=max_new_tokens, do_sample=False))
-    scorer = ExperienceMaker(model, engine, tokenizer, WeightedReward.from_specs(list(reward_specs)), settings)
+    config = RolloutConfig(sampling=SamplingConfig(max_new_tokens=max_new_tokens, do_sample=False))
+    scorer = ExperienceMaker(model, engine, tokenizer, WeightedReward.from_specs(list(reward_specs)), config)
     loader = DataLoader(load_prepared(list(prompt_dirs), "prompt"), batch_size=batch_size,
                         collate_fn=PromptCollator(tokenizer.pad_token_id))
     samples: List[Dict[str, object]] = []
     for batch in tqdm(loader, desc=f"evaluating {model_dir}", leave=False):
-        out = engine.generate(batch["input_ids"], batch["attention_mask"], settings.sampling)
+        out = engine.generate(batch["input_ids"], batch["attention_mask"], config.sampling)
         texts = scorer.decode(batch, out)
         total, components = scorer.score(batch, out, texts)
         samples += [{"prompt": p, "completion": c, "reward": t, **{k: v[i] for k, v in components.items()}}

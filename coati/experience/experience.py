@@ -66,39 +66,52 @@ def _slice_rows(experience: Experience, start: int, end: int) -> Experience:
     return Experience(**fields_, info={k: part(v) for k, v in experience.info.items()})
 
 
-@dataclass
-class RolloutSettings:
-    """How to sample, and the KL estimator (k1/k2/k3) that serves the logged KL and the KL term."""
+@dataclass(frozen=True)
+class RolloutConfig:
+    """What every experience maker needs to know, built once from the flags."""
 
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    """How completions are sampled (`--max_new_tokens`, `--temperature`, `--top_p`, `--top_k`)."""
     kl_estimator: str = "k3"
+    """The `KL_ESTIMATORS` entry behind the logged KL and the KL term (`--kl_estimator`)."""
 
 
-@dataclass
-class GRPOSettings(RolloutSettings):
-    """`drop_tied_groups` masks groups whose rewards all tie out of the loss; `dynamic_sampling` (DAPO) replaces
-    them by groups of newly drawn prompts, up to `max_sampling_rounds` extra batches, before masking what is left.
-    `reward_shaping` names `REWARD_SHAPERS` applied with `shaping`."""
+@dataclass(frozen=True)
+class GRPOConfig(RolloutConfig):
+    """GRPO's rollouts and advantages."""
 
     num_generations: int = 8
+    """Completions per prompt: a group (`--num_generations`)."""
     scale_rewards: bool = True
+    """Divide by the reward std where the estimator uses one (off: `--no_std_normalize`, Dr. GRPO)."""
     drop_tied_groups: bool = False
+    """Mask groups whose rewards all tie out of the loss (`--drop_tied_groups`)."""
     advantage_estimator: str = "grpo"
+    """The `ADVANTAGE_ESTIMATORS` entry (`--adv_estimator`)."""
     dynamic_sampling: bool = False
+    """DAPO: replace tied groups by groups of newly drawn prompts (`--dynamic_sampling`)."""
     max_sampling_rounds: int = 4
+    """Dynamic sampling: extra prompt batches drawn at most per collect step (`--max_sampling_rounds`)."""
     reward_shaping: Tuple[str, ...] = ()
+    """`REWARD_SHAPERS` entries added to each completion's reward (`--reward_shaping`)."""
     shaping: Optional[ShapingConfig] = None
+    """The shapers' config (default: `ShapingConfig(sampling.max_new_tokens)`)."""
 
 
-@dataclass
-class PPOSettings(RolloutSettings):
-    """`kl_coef` weighs the per-token KL penalty in the reward; `gamma`/`lam` are GAE's."""
+@dataclass(frozen=True)
+class PPOConfig(RolloutConfig):
+    """PPO's rollouts, reward penalty and GAE."""
 
     samples_per_prompt: int = 1
+    """Completions per prompt (`--num_generations`, default 1)."""
     kl_coef: float = 0.05
+    """Starting weight of the per-token KL penalty in the reward (`--kl_coef`; a `KLController` may adapt it)."""
     gamma: float = 1.0
+    """GAE discount (`--gamma`)."""
     lam: float = 0.95
+    """GAE lambda (`--lam`)."""
     whiten_advantages: bool = True
+    """Zero mean, unit variance advantages over the batch (off: `--no_whiten_advantages`)."""
 
 
 @dataclass
@@ -175,12 +188,12 @@ class ExperienceMaker:
     reference's log-probs of the completion tokens."""
 
     def __init__(self, actor: torch.nn.Module, engine: InferenceEngine, tokenizer: Any,
-                 reward_fn: Optional[WeightedReward], settings: RolloutSettings,
+                 reward_fn: Optional[WeightedReward], config: RolloutConfig,
                  ref_model: Optional[torch.nn.Module] = None, reward_model: Optional[torch.nn.Module] = None) -> None:
         if reward_fn is None and reward_model is None:
             raise ValueError("an experience maker needs a reward function or a reward model")
         self.actor, self.engine, self.tokenizer, self.reward_fn = actor, engine, tokenizer, reward_fn
-        self.settings, self.ref_model, self.reward_model = settings, ref_model, reward_model
+        self.config, self.ref_model, self.reward_model = config, ref_model, reward_model
 
     def decode(self, batch: Dict[str, Any], out: GenerationOutput):
         """(prompts, completions) as text, special tokens left out."""
@@ -208,7 +221,7 @@ class ExperienceMaker:
     def _scored(self, batch: Dict[str, Any], timer: _Timer) -> Scored:
         """Completions of the batch's prompts, decoded and scored."""
         with timer.phase("generation"):
-            out = self.engine.generate(batch["input_ids"], batch["attention_mask"], self.settings.sampling)
+            out = self.engine.generate(batch["input_ids"], batch["attention_mask"], self.config.sampling)
         with timer.phase("reward"):
             texts = self.decode(batch, out)
             total, components = self.score(batch, out, texts)
@@ -225,7 +238,7 @@ class ExperienceMaker:
         if self.ref_model is not None:
             with timer.phase("reference_forward"):
                 ref_logps = action_logps(self.ref_model, out.sequences, out.attention_mask, out.prompt_length)
-            kl = kl_penalty(logps, ref_logps, self.settings.kl_estimator) * out.action_mask
+            kl = kl_penalty(logps, ref_logps, self.config.kl_estimator) * out.action_mask
         info = {**info, "terminated": self._terminated(out).tolist(), "timing": timer.seconds}
         return _Rollout(out, rewards, logps, ref_logps, kl, info)
 
@@ -233,7 +246,7 @@ class ExperienceMaker:
         """Per row: whether the completion ended with a stop token (rather than at the length limit)."""
         lengths = _through_last(out.action_mask.bool()).sum(-1, keepdim=True)
         last = out.sequences[:, out.prompt_length:].gather(1, (lengths - 1).clamp(min=0)).squeeze(-1)
-        stops = self.settings.sampling.stop_token_ids or (self.tokenizer.eos_token_id,)
+        stops = self.config.sampling.stop_token_ids or (self.tokenizer.eos_token_id,)
         return torch.isin(last, torch.tensor(stops, device=last.device)) & (lengths.squeeze(-1) > 0)
 
 
@@ -244,20 +257,20 @@ class GRPOExperienceMaker(ExperienceMaker):
     prompts that `make`'s `draw` supplies; with `drop_tied_groups`, and for those that dynamic sampling could not
     replace, they stay in the batch (every rank steps alike) but are masked out of the loss."""
 
-    settings: GRPOSettings
+    config: GRPOConfig
 
     def __init__(self, *args: Any, temperature: Optional[TemperatureController] = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if self.settings.advantage_estimator == "maxent" and temperature is None:
+        if self.config.advantage_estimator == "maxent" and temperature is None:
             temperature = TemperatureController()
         self.temperature = temperature
 
     @torch.no_grad()
     def make(self, batch: Dict[str, Any], draw: Optional[Callable[[], Dict[str, Any]]] = None) -> Experience:
         """Experience of the batch's prompts; `draw()` gives further prompt batches for dynamic sampling."""
-        timer, n = _Timer(), self.settings.num_generations
+        timer, n = _Timer(), self.config.num_generations
         scored, extra = self._scored(repeat_prompts(batch, n), timer), 0
-        if self.settings.dynamic_sampling and draw is not None:
+        if self.config.dynamic_sampling and draw is not None:
             scored, extra = self._informative(scored, lambda: self._scored(repeat_prompts(draw(), n), timer))
         experience = self._experience(scored, self._with_log_probs(scored, timer))
         experience.extra_rollouts = extra
@@ -267,11 +280,11 @@ class GRPOExperienceMaker(ExperienceMaker):
         """DAPO's dynamic sampling: the batch's groups whose rewards do not all tie, topped up from `more()` (at most
         `max_sampling_rounds` times) to the batch's size; tied groups fill what is still missing. Also returns how
         many extra completions were generated."""
-        n = self.settings.num_generations
+        n = self.config.num_generations
         needed, extra = scored.rewards.numel() // n, 0
         informative: List[Scored] = []
         tied: List[Scored] = []
-        for round_ in range(self.settings.max_sampling_rounds + 1):
+        for round_ in range(self.config.max_sampling_rounds + 1):
             if round_:
                 scored = more()
                 extra += scored.rewards.numel()
@@ -292,16 +305,16 @@ class GRPOExperienceMaker(ExperienceMaker):
         return experience
 
     def _experience(self, scored: Scored, r: _Rollout) -> Experience:
-        n, settings = self.settings.num_generations, self.settings
+        n, config = self.config.num_generations, self.config
         rewards = r.rewards
-        if settings.reward_shaping:
+        if config.reward_shaping:
             lengths = _through_last(r.out.action_mask.bool()).sum(-1)
-            rewards = shape_rewards(rewards, r.info["reward_components"], lengths, settings.reward_shaping,
-                                    settings.shaping or ShapingConfig(settings.sampling.max_new_tokens))
+            rewards = shape_rewards(rewards, r.info["reward_components"], lengths, config.reward_shaping,
+                                    config.shaping or ShapingConfig(config.sampling.max_new_tokens))
         extra = {"tau": self.temperature.value} if self.temperature is not None else {}
-        advantages = ADVANTAGE_ESTIMATORS.get(settings.advantage_estimator)(rewards, n, settings.scale_rewards, **extra)
+        advantages = ADVANTAGE_ESTIMATORS.get(config.advantage_estimator)(rewards, n, config.scale_rewards, **extra)
         loss_mask = r.out.action_mask.clone()
-        if settings.drop_tied_groups or settings.dynamic_sampling:
+        if config.drop_tied_groups or config.dynamic_sampling:
             loss_mask[tied_groups(scored.rewards, n)] = False
         return Experience(r.out.sequences, r.out.attention_mask, r.out.action_mask, r.out.prompt_length, r.logps,
                           rewards, advantages, ref_log_probs=r.ref_logps, kl=r.kl, loss_mask=loss_mask, info=r.info)
@@ -358,31 +371,31 @@ class PPOExperienceMaker(ExperienceMaker):
     """`samples_per_prompt` completions per prompt (default one). Token rewards are -beta times the KL to the reference
     on every token, plus the sequence's score (reward model and/or reward function) on its last token; the
     critic's values turn them into GAE advantages and returns (Ouyang et al. 2022). beta is `kl_controller`'s value
-    (default: `settings.kl_coef`, fixed)."""
+    (default: `config.kl_coef`, fixed)."""
 
-    settings: PPOSettings
+    config: PPOConfig
 
     def __init__(self, actor: torch.nn.Module, critic: torch.nn.Module, engine: InferenceEngine, tokenizer: Any,
-                 reward_fn: Optional[WeightedReward], settings: PPOSettings,
+                 reward_fn: Optional[WeightedReward], config: PPOConfig,
                  ref_model: Optional[torch.nn.Module] = None, reward_model: Optional[torch.nn.Module] = None,
                  kl_controller: Optional[KLController] = None) -> None:
-        super().__init__(actor, engine, tokenizer, reward_fn, settings, ref_model, reward_model)
+        super().__init__(actor, engine, tokenizer, reward_fn, config, ref_model, reward_model)
         self.critic = critic
-        self.kl_controller = kl_controller or KLController(settings.kl_coef)
+        self.kl_controller = kl_controller or KLController(config.kl_coef)
 
     @torch.no_grad()
     def make(self, batch: Dict[str, Any], draw: Optional[Callable[[], Dict[str, Any]]] = None) -> Experience:
         """Experience of the batch's prompts (`draw` is for makers that sample further prompts; PPO does not)."""
         timer = _Timer()
-        r = self._with_log_probs(self._scored(repeat_prompts(batch, self.settings.samples_per_prompt), timer), timer)
+        r = self._with_log_probs(self._scored(repeat_prompts(batch, self.config.samples_per_prompt), timer), timer)
         mask = r.out.action_mask
         with timer.phase("critic_forward"):
             values = action_values(self.critic, r.out.sequences, r.out.attention_mask, r.out.prompt_length) * mask
         token_rewards = last_token_rewards(r.rewards, mask)
         if r.kl is not None:
             token_rewards = token_rewards - self.kl_controller.value * r.kl
-        advantages, returns = compute_gae(token_rewards, values, mask, self.settings.gamma, self.settings.lam)
-        if self.settings.whiten_advantages:
+        advantages, returns = compute_gae(token_rewards, values, mask, self.config.gamma, self.config.lam)
+        if self.config.whiten_advantages:
             advantages = whiten(advantages, mask)
         return Experience(r.out.sequences, r.out.attention_mask, mask, r.out.prompt_length, r.logps, r.rewards,
                           advantages, ref_log_probs=r.ref_logps, values=values, returns=returns, kl=r.kl, info=r.info)

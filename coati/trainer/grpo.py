@@ -36,11 +36,11 @@ class GRPOTrainer(RolloutTrainer):
         return {**super()._step_extras(), "train/beta": self.kl_coef, "train/kl_coeff": self.kl_coef}
 
     def _group_size(self) -> int:
-        return self.maker.settings.num_generations
+        return self.maker.config.num_generations
 
     def _extra_actor_loss(self, experience: Experience, logps: torch.Tensor,
                           mask: torch.Tensor) -> Tuple[Optional[torch.Tensor], Dict[str, Tuple[float, float]]]:
         if self.kl_coef <= 0 or experience.ref_log_probs is None:
             return None, {}
-        kl = self.policy_loss.aggregate(kl_penalty(logps, experience.ref_log_probs, self.maker.settings.kl_estimator), mask)
+        kl = self.policy_loss.aggregate(kl_penalty(logps, experience.ref_log_probs, self.maker.config.kl_estimator), mask)
         return self.kl_coef * kl, {"loss/kl": (self.kl_coef * kl.item(), 1)}

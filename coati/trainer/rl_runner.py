@@ -14,7 +14,7 @@ import torch
 from coati.dataset.collators import PromptCollator, SupervisedCollator
 from coati.dataset.prepare import load_prepared
 from coati.experience.controllers import KLController, TemperatureController
-from coati.experience.experience import GRPOExperienceMaker, GRPOSettings, PPOExperienceMaker, PPOSettings
+from coati.experience.experience import GRPOExperienceMaker, GRPOConfig, PPOExperienceMaker, PPOConfig
 from coati.experience.shaping import ShapingConfig
 from coati.models.critic import load_critic
 from coati.models.generation import HFEngine, SamplingConfig
@@ -57,10 +57,14 @@ def _reward_fn(args: argparse.Namespace) -> Optional[WeightedReward]:
     return WeightedReward.from_specs(args.reward_fn, args.reward_timeout) if args.reward_fn else None
 
 
+def _policy_loss(args: argparse.Namespace, **extra: Any) -> PolicyLoss:
+    """The actor's loss as the flags say; `extra` adds what one algorithm sets (the async behaviour cap)."""
+    return PolicyLoss(clip_eps_low=args.clip_eps_low, clip_eps_high=args.clip_eps_high, aggregation=args.loss_agg,
+                      norm_length=args.max_new_tokens, ratio=args.policy_loss, **extra)
+
+
 def _trainer_kwargs(args: argparse.Namespace, setup: Any, coordinator: Any, held_out: Any) -> Dict[str, Any]:
-    return dict(policy_loss=PolicyLoss(clip_eps_low=args.clip_eps_low, clip_eps_high=args.clip_eps_high,
-                                       aggregation=args.loss_agg, norm_length=args.max_new_tokens,
-                                       ratio=args.policy_loss),
+    return dict(policy_loss=_policy_loss(args),
                 entropy_coef=args.entropy_coef, grad_clip=setup.grad_clip if setup.trainer_clips_grad else 0.0,
                 save_dir=args.save_dir, keep_last=args.keep_last, eval_dataloader=held_out,
                 train_batch_size=args.train_batch_size, accumulation_steps=args.accumulation_steps,
@@ -106,7 +110,7 @@ def _kl_controller(args: argparse.Namespace) -> KLController:
 
 
 def _build_grpo(args, setup, tokenizer, actor, optimizer, scheduler, engine, reference, prompts, kwargs) -> GRPOTrainer:
-    settings = GRPOSettings(sampling=_sampling(args), kl_estimator=args.kl_estimator, num_generations=args.num_generations,
+    config = GRPOConfig(sampling=_sampling(args), kl_estimator=args.kl_estimator, num_generations=args.num_generations,
                             scale_rewards=not args.no_std_normalize, drop_tied_groups=args.drop_tied_groups,
                             advantage_estimator=args.adv_estimator, dynamic_sampling=args.dynamic_sampling,
                             max_sampling_rounds=args.max_sampling_rounds, reward_shaping=tuple(args.reward_shaping),
@@ -114,23 +118,23 @@ def _build_grpo(args, setup, tokenizer, actor, optimizer, scheduler, engine, ref
                                                   args.overlong_penalty_factor))
     temperature = (TemperatureController(args.maxent_tau, args.maxent_target_entropy, args.maxent_tau_lr)
                    if args.adv_estimator == "maxent" else None)
-    maker = GRPOExperienceMaker(actor, engine, tokenizer, _reward_fn(args), settings, reference, temperature=temperature)
+    maker = GRPOExperienceMaker(actor, engine, tokenizer, _reward_fn(args), config, reference, temperature=temperature)
     if args.async_rollout:
-        kwargs["policy_loss"].behaviour_cap = args.behaviour_cap
+        kwargs["policy_loss"] = _policy_loss(args, behaviour_cap=args.behaviour_cap)
         return AsyncGRPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler,
-                                kl_controller=_kl_controller(args), **_rollout_side(args, tokenizer, settings), **kwargs)
+                                kl_controller=_kl_controller(args), **_rollout_side(args, tokenizer, config), **kwargs)
     return GRPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler,
                        kl_controller=_kl_controller(args), **kwargs)
 
 
-def _rollout_side(args: argparse.Namespace, tokenizer: Any, settings: GRPOSettings) -> Dict[str, Any]:
+def _rollout_side(args: argparse.Namespace, tokenizer: Any, config: GRPOConfig) -> Dict[str, Any]:
     """Rank 0's generator pool (Ray actors started from `--pretrain`), RLVR workflow, executor and prompt
     stream for `--async_rollout`; nothing on the other ranks."""
     if rank() != 0:
         return {}
     pool = GeneratorPool(args.pretrain, tokenizer.pad_token_id, _stop_ids(args, tokenizer), args.num_generators,
                          args.generator_max_restarts, args.seed)
-    workflow = RLVRWorkflow(_reward_fn(args), tokenizer, settings.sampling, args.num_generations)
+    workflow = RLVRWorkflow(_reward_fn(args), tokenizer, config.sampling, args.num_generations)
     executor = WorkflowExecutor(pool, workflow, args.batch_size * world_size(),
                                 args.max_concurrent_rollouts or 2 * args.batch_size * world_size(), args.max_staleness,
                                 batches_per_version=args.num_collect_steps)
@@ -189,10 +193,10 @@ def _build_ppo(args, setup, tokenizer, actor, optimizer, scheduler, engine, refe
     critic_scheduler = build_scheduler(critic_optim, critic_args, _total_steps(args))
     critic_setup = build_booster(plugin_config(args))
     critic, critic_optim, critic_scheduler, _ = critic_setup.boost(critic, critic_optim, critic_scheduler)
-    settings = PPOSettings(sampling=_sampling(args), kl_estimator=args.kl_estimator, samples_per_prompt=args.num_generations,
+    config = PPOConfig(sampling=_sampling(args), kl_estimator=args.kl_estimator, samples_per_prompt=args.num_generations,
                            kl_coef=args.kl_coef, gamma=args.gamma, lam=args.lam,
                            whiten_advantages=not args.no_whiten_advantages)
-    maker = PPOExperienceMaker(actor, critic, engine, tokenizer, _reward_fn(args), settings, reference,
+    maker = PPOExperienceMaker(actor, critic, engine, tokenizer, _reward_fn(args), config, reference,
                                _frozen_reward_model(args, tokenizer), kl_controller=_kl_controller(args))
     ptx = None
     if args.ptx_coef > 0:

@@ -204,7 +204,7 @@ class RolloutTrainer(OLTrainer):
         """Rollout metrics, the token count and (when due) the sample table of one experience batch."""
         metrics = rollout_metrics(experience, self._group_size())
         metrics.update({f"time/{k}": v for k, v in experience.info["timing"].items()})
-        if getattr(self.maker.settings, "dynamic_sampling", False):
+        if getattr(self.maker.config, "dynamic_sampling", False):
             metrics["dynamic_sampling/extra_rollouts"] = float(experience.extra_rollouts)
         drawn = (experience.sequences.size(0) + experience.extra_rollouts) // self._group_size()
         counts = gather_lists([(tokens_in(experience), drawn)])
@@ -312,7 +312,7 @@ class RolloutTrainer(OLTrainer):
         eval/rewards/<component> (with `math_answer`, exact-answer accuracy), logged at `step` and kept
         in `eval_history`. Runs before training, when the `evaluator` says so, and after the last episode."""
         self._set_train_mode(False)
-        greedy = replace(self.maker.settings.sampling, do_sample=False)
+        greedy = replace(self.maker.config.sampling, do_sample=False)
         stats = StatsTracker()
         for batch in self.eval_dataloader:
             batch = move_to_device(batch, self.device)
