@@ -10,7 +10,8 @@ from coati.models.logprobs import label_logps
 from coati.models.loss import ValueLoss, masked_mean, masked_var
 from coati.utils.ckpt_io import ModelState
 
-from .rollout import Accumulation, CyclingLoader, RolloutTrainer
+from .rollout import Accumulation, RolloutTrainer
+from .sources import CyclingLoader
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:

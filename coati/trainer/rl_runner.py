@@ -27,10 +27,10 @@ from coati.rollout import GeneratorPool, PromptStream, RLVRWorkflow, WorkflowExe
 from coati.utils.arguments import evaluator, log_cadence, plugin_config, saver
 from coati.utils.errors import CoatiUsageError
 
-from .async_grpo import AsyncGRPOTrainer
 from .grpo import GRPOTrainer
 from .ppo import PPOTrainer
 from .rollout import RolloutTrainer
+from .sources import AsyncRollouts
 from .runner import (_require_dir, build_dataloader, build_optimizer, build_scheduler, export_model, frozen_reference,
                      load_causal_lm, open_logger, prepare_model, resolve_checkpoint, resumed_line, run_device,
                      start_run)
@@ -121,8 +121,7 @@ def _build_grpo(args, setup, tokenizer, actor, optimizer, scheduler, engine, ref
     maker = GRPOExperienceMaker(actor, engine, tokenizer, _reward_fn(args), config, reference, temperature=temperature)
     if args.async_rollout:
         kwargs["policy_loss"] = _policy_loss(args, behaviour_cap=args.behaviour_cap)
-        return AsyncGRPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler,
-                                kl_controller=_kl_controller(args), **_rollout_side(args, tokenizer, config), **kwargs)
+        kwargs["source"] = AsyncRollouts(maker, actor, len(prompts.dataset), **_rollout_side(args, tokenizer, config))
     return GRPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler,
                        kl_controller=_kl_controller(args), **kwargs)
 
@@ -138,7 +137,7 @@ def _rollout_side(args: argparse.Namespace, tokenizer: Any, config: GRPOConfig) 
     executor = WorkflowExecutor(pool, workflow, args.batch_size * world_size(),
                                 args.max_concurrent_rollouts or 2 * args.batch_size * world_size(), args.max_staleness,
                                 batches_per_version=args.num_collect_steps)
-    return dict(executor=executor, pool=pool, prompt_stream=PromptStream(load_prepared(args.dataset, "prompt"), args.seed))
+    return dict(executor=executor, pool=pool, stream=PromptStream(load_prepared(args.dataset, "prompt"), args.seed))
 
 
 def _check_kl_control(args: argparse.Namespace) -> None:

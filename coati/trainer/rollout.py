@@ -18,6 +18,7 @@ from coati.utils.stats_tracker import StatsTracker
 
 from .base import LogCadence, OLTrainer, move_to_device
 from .callbacks import Callback, fire
+from .sources import CyclingLoader, LocalRollouts, RolloutSource
 
 SAMPLE_TABLE = "completions"
 POLICY_LOSS_METRICS = {"clip_ratio/region": ("clip_ratio", "clip_ratio/region_mean"), "clip_ratio/low": ("clip_ratio/low_mean",),
@@ -72,34 +73,6 @@ class Accumulation:
         return loss, records
 
 
-class CyclingLoader:
-    """Batches from a dataloader with a `StatefulDistributedSampler`, epoch after epoch (reshuffled),
-    with a position (epoch, samples seen in it) that a checkpoint can restore exactly."""
-
-    def __init__(self, dataloader: Any, device: torch.device) -> None:
-        self.dataloader, self.device = dataloader, device
-        self.epoch, self.seen = 0, 0
-        self._iter = None
-
-    def next(self) -> Dict[str, Any]:
-        while True:
-            if self._iter is None:
-                self.dataloader.sampler.set_epoch(self.epoch)
-                self._iter = iter(self.dataloader)
-            try:
-                batch = next(self._iter)
-            except StopIteration:
-                self.epoch, self.seen, self._iter = self.epoch + 1, 0, None
-                self.dataloader.sampler.set_start_index(0)
-                continue
-            self.seen += batch["input_ids"].size(0)
-            return move_to_device(batch, self.device)
-
-    def restore(self, epoch: int, seen: int) -> None:
-        self.epoch, self.seen, self._iter = epoch, seen, None
-        self.dataloader.sampler.set_start_index(seen)
-
-
 class RolloutTrainer(OLTrainer):
     """Each episode draws `num_collect_steps` prompt batches, makes experience from each with
     `experience_maker`, then takes `num_update_steps` passes of `_learn_step` over them.
@@ -141,6 +114,7 @@ class RolloutTrainer(OLTrainer):
         evaluator: Optional[Evaluator] = None,
         train_batch_size: int = 0,
         accumulation_steps: int = 1,
+        source: Optional[RolloutSource] = None,
     ) -> None:
         super().__init__(actor_booster, critic_booster, [], callbacks, coordinator=coordinator,
                          skip_nonfinite=skip_nonfinite, logging=logging)
@@ -155,6 +129,7 @@ class RolloutTrainer(OLTrainer):
         self.evaluator = evaluator or Evaluator(freq_steps=eval_interval)
         self.device = next(actor.parameters()).device
         self.prompts = CyclingLoader(prompt_dataloader, self.device)
+        self.source = source or LocalRollouts(experience_maker, self.prompts)
         self.eval_dataloader = eval_dataloader
         self.sample_log_interval = sample_log_interval
         self.eval_history: Dict[int, Dict[str, float]] = {}
@@ -186,17 +161,25 @@ class RolloutTrainer(OLTrainer):
         self.controllers[name] = controller
 
     # ---- the loop's parts -------------------------------------------------------------------------
+    def fit(self, *args: Any, **kwargs: Any) -> None:
+        """`OLTrainer.fit`; the rollout source is closed when training ends, however it ends."""
+        try:
+            super().fit(*args, **kwargs)
+        finally:
+            self.source.close()
+
     def _episodes(self, num_episodes: int, num_collect_steps: int, num_update_steps: int) -> None:
         """The held-out evaluation before the first episode, then the episodes."""
         self._num_episodes = num_episodes
         self._epochs_done = int(self._epoch_progress())
+        self.source.start(self.start_episode)
         if self.eval_dataloader is not None and self.start_episode == 0:
             self.evaluate(step=0)
         super()._episodes(num_episodes, num_collect_steps, num_update_steps)
 
     def _make_experience(self, collect_step: int) -> Experience:
         self._set_train_mode(False)
-        experience = self.maker.make(self.prompts.next(), draw=self.prompts.next)
+        experience = self.source.next(self.episode, self.stats)
         self._record_experience(experience, collect_step)
         return experience
 
@@ -262,7 +245,9 @@ class RolloutTrainer(OLTrainer):
         return records if applied else None
 
     def _after_updates(self) -> None:
-        """Each controller looks at the episode's experience: its state is recorded, then it moves."""
+        """The source learns of the new weights; each controller looks at the episode's experience: its state is
+        recorded, then it moves."""
+        self.source.learned(self.episode + 1)
         for controller in self.controllers.values():
             self._record({k: (v, 1) for k, v in controller.observe(self.data_buffer, self._group_size()).items()})
 
@@ -290,11 +275,7 @@ class RolloutTrainer(OLTrainer):
 
     def _epoch_progress(self) -> float:
         """Passes over the prompt set that training has made, from the prompts trained on by every rank."""
-        return self.prompts_trained / max(self._prompts_per_epoch(), 1)
-
-    def _prompts_per_epoch(self) -> int:
-        """Prompts in one pass over the set: every rank's equal share (the sampler pads the last one)."""
-        return self.prompts.dataloader.sampler.total_size
+        return self.prompts_trained / max(self.source.prompts_per_epoch(), 1)
 
     # ---- sample tables ----------------------------------------------------------------------------
     def _sample_table_due(self, collect_step: int) -> bool:
@@ -349,13 +330,14 @@ class RolloutTrainer(OLTrainer):
     def _extra_state(self) -> Dict[str, Any]:
         return {"tokens_seen": self.tokens_seen, "prompts_trained": self.prompts_trained,
                 "global_step": self.global_step, "nonfinite_skipped": self.nonfinite.skipped,
-                "controllers": {name: c.state() for name, c in self.controllers.items()}}
+                "controllers": {name: c.state() for name, c in self.controllers.items()}, **self.source.state()}
 
     def _restore_extra_state(self, state: Dict[str, Any]) -> None:
         self.tokens_seen = state.get("tokens_seen", 0)
         self.global_step = state.get("global_step", 0)
         self.prompts_trained = state.get("prompts_trained", 0)
         self.nonfinite.skipped = state.get("nonfinite_skipped", 0)
+        self.source.restore(state)
         saved = state.get("controllers", {})
         for name, controller in self.controllers.items():
             if name in saved:

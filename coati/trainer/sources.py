@@ -1,0 +1,164 @@
+"""Where an on-policy trainer's experience comes from: a component the loop holds, not a subclass of it.
+
+`LocalRollouts` generates each batch on the training model when the loop asks; `AsyncRollouts` takes batches
+from generator processes that run ahead of training (AReaL-style asynchronous RL) and hands them the new
+weights after every update. A new way of producing experience (another engine, a remote service) is a new
+`RolloutSource`, and every trainer can use it.
+"""
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from coati.distributed.comm import is_distributed, rank, world_size
+from coati.experience.experience import Experience, ExperienceMaker
+from coati.rollout import GeneratorPool, PromptStream, Trajectory, WorkflowExecutor
+from coati.utils.stats_tracker import StatsTracker
+
+from .base import move_to_device
+
+
+class CyclingLoader:
+    """Batches from a dataloader with a `StatefulDistributedSampler`, epoch after epoch (reshuffled),
+    with a position (epoch, samples seen in it) that a checkpoint can restore exactly."""
+
+    def __init__(self, dataloader: Any, device: torch.device) -> None:
+        self.dataloader, self.device = dataloader, device
+        self.epoch, self.seen = 0, 0
+        self._iter = None
+
+    def next(self) -> Dict[str, Any]:
+        while True:
+            if self._iter is None:
+                self.dataloader.sampler.set_epoch(self.epoch)
+                self._iter = iter(self.dataloader)
+            try:
+                batch = next(self._iter)
+            except StopIteration:
+                self.epoch, self.seen, self._iter = self.epoch + 1, 0, None
+                self.dataloader.sampler.set_start_index(0)
+                continue
+            self.seen += batch["input_ids"].size(0)
+            return move_to_device(batch, self.device)
+
+    def restore(self, epoch: int, seen: int) -> None:
+        self.epoch, self.seen, self._iter = epoch, seen, None
+        self.dataloader.sampler.set_start_index(seen)
+
+
+
+class RolloutSource:
+    """What the on-policy loop asks of its experience: `start(episode)` once before the first episode, `next` per
+    collect step, `learned(version)` after every episode's updates (the weights are now `version`), `close()`
+    when training ends however it ends; `state()`/`restore()` for checkpoints, and how many prompts one pass over
+    the data holds (`prompts_per_epoch`, which the logged epoch counts against)."""
+
+    def start(self, episode: int) -> None:
+        """Training begins (or resumes) at `episode`."""
+
+    def next(self, episode: int, stats: StatsTracker) -> Experience:
+        """One collect step's experience; phase timings and source metrics go to `stats`."""
+        raise NotImplementedError
+
+    def learned(self, version: int) -> None:
+        """The policy was updated; rollouts from now on may use weights `version` (episodes trained)."""
+
+    def prompts_per_epoch(self) -> int:
+        raise NotImplementedError
+
+    def state(self) -> Dict[str, Any]:
+        return {}
+
+    def restore(self, state: Dict[str, Any]) -> None:
+        """Continue from a checkpoint's `state()`."""
+
+    def close(self) -> None:
+        """Stop whatever the source started."""
+
+
+class LocalRollouts(RolloutSource):
+    """Synchronous rollouts: the maker completes the next batch of `prompts` with its engine (the training model),
+    drawing further batches when it samples dynamically. The prompts' position is the checkpoint's own."""
+
+    def __init__(self, maker: ExperienceMaker, prompts: CyclingLoader) -> None:
+        self.maker, self.prompts = maker, prompts
+
+    def next(self, episode: int, stats: StatsTracker) -> Experience:
+        return self.maker.make(self.prompts.next(), draw=self.prompts.next)
+
+    def prompts_per_epoch(self) -> int:
+        """Every rank's equal share (the sampler pads the last one)."""
+        return self.prompts.dataloader.sampler.total_size
+
+
+class AsyncRollouts(RolloutSource):
+    """Rollouts made ahead of training by generator processes. Rank 0 holds the rollout side: a `WorkflowExecutor`
+    over a `GeneratorPool` of Ray actors and the `PromptStream` (None on the other ranks). Each collect step rank 0
+    takes one batch of trajectories (every rank's share) and scatters it; every rank then makes experience from its
+    share with the maker (the proximal policy's and the reference's log-probs, advantages, the generators' log-probs
+    as behaviour log-probs). After each update rank 0 publishes the actor's weights to the generators and raises
+    the executor's version, so generation stays at most `max_staleness` versions ahead. `prompts_per_epoch` is the
+    prompt set's size (the stream draws each prompt once per pass)."""
+
+    def __init__(self, maker: ExperienceMaker, actor: torch.nn.Module, prompts_per_epoch: int,
+                 executor: Optional[WorkflowExecutor] = None, pool: Optional[GeneratorPool] = None,
+                 stream: Optional[PromptStream] = None) -> None:
+        if rank() == 0 and (executor is None or pool is None or stream is None):
+            raise ValueError("rank 0 needs the executor, the generator pool and the prompt stream")
+        self.maker, self.actor, self._prompts_per_epoch = maker, actor, prompts_per_epoch
+        self.executor, self.pool, self.stream = executor, pool, stream
+        self.device = next(actor.parameters()).device
+
+    def start(self, episode: int) -> None:
+        self.learned(episode)   # a resumed run's generators start from the restored weights
+
+    def next(self, episode: int, stats: StatsTracker) -> Experience:
+        with stats.record_timing("rollout_wait"):
+            trajectories = self._scatter(self.executor.prepare_batch(self.stream.next) if self.executor else None)
+        experience = self.maker.from_trajectories(trajectories, self.device)
+        self._record_staleness(trajectories, episode, stats)
+        return experience
+
+    def _scatter(self, batch: Optional[List[Trajectory]]) -> List[Trajectory]:
+        """Rank r's contiguous share of rank 0's batch."""
+        if not is_distributed() or world_size() == 1:
+            return batch
+        share = None
+        if rank() == 0:
+            per_rank = len(batch) // world_size()
+            share = [batch[r * per_rank:(r + 1) * per_rank] for r in range(world_size())]
+        received: List[Any] = [None]
+        dist.scatter_object_list(received, share, src=0)
+        return received[0]
+
+    def _record_staleness(self, trajectories: List[Trajectory], episode: int, stats: StatsTracker) -> None:
+        """How many versions behind the trainer each trained sample's weights were, and the executor's drops."""
+        lag = torch.tensor([float(episode - t.version) for t in trajectories])
+        with stats.scope("rollout"):
+            stats.denominator(trained=torch.ones_like(lag, dtype=torch.bool))
+            stats.stat(denominator="trained", staleness=lag)
+            if self.executor is not None:
+                stats.scalar(dropped_stale=float(self.executor.dropped))
+
+    def learned(self, version: int) -> None:
+        """Rank 0 sends the actor's weights to the generators as `version` and moves the executor on."""
+        if self.pool is None:
+            return
+        model = self.actor.unwrap() if hasattr(self.actor, "unwrap") else self.actor
+        self.pool.publish(model.state_dict(), version)
+        self.executor.set_version(version)
+
+    def prompts_per_epoch(self) -> int:
+        return self._prompts_per_epoch
+
+    def state(self) -> Dict[str, Any]:
+        return self.stream.state() if self.stream is not None else {}
+
+    def restore(self, state: Dict[str, Any]) -> None:
+        if self.stream is not None:
+            self.stream.restore(state)
+
+    def close(self) -> None:
+        if self.executor is not None:
+            self.executor.shutdown()
+            self.pool.shutdown()
