@@ -16,7 +16,8 @@ from coati.models.critic import action_values, load_critic
 from coati.models.generation import HFEngine, SamplingConfig
 from coati.models.reward_model import load_reward_model, sequence_rewards
 from coati.rewards import WeightedReward
-from coati.trainer.ppo import PPOTrainer, explained_variance
+from coati.trainer.components import explained_variance
+from coati.trainer.ppo import PPOTrainer
 from coati.trainer.runner import build_dataloader
 from coati.utils.metrics_logger import MetricsLogger
 from test_grpo import Recorder

@@ -195,6 +195,11 @@ class ExperienceMaker:
         self.actor, self.engine, self.tokenizer, self.reward_fn = actor, engine, tokenizer, reward_fn
         self.config, self.ref_model, self.reward_model = config, ref_model, reward_model
 
+    @property
+    def group_size(self) -> int:
+        """Consecutive completions of one prompt that form a group in the metrics (GRPO's num_generations)."""
+        return 1
+
     def decode(self, batch: Dict[str, Any], out: GenerationOutput):
         """(prompts, completions) as text, special tokens left out."""
         prompts = self.tokenizer.batch_decode(batch["input_ids"], skip_special_tokens=True)
@@ -264,6 +269,10 @@ class GRPOExperienceMaker(ExperienceMaker):
         if self.config.advantage_estimator == "maxent" and temperature is None:
             temperature = TemperatureController()
         self.temperature = temperature
+
+    @property
+    def group_size(self) -> int:
+        return self.config.num_generations
 
     @torch.no_grad()
     def make(self, batch: Dict[str, Any], draw: Optional[Callable[[], Dict[str, Any]]] = None) -> Experience:

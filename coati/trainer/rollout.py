@@ -18,6 +18,7 @@ from coati.utils.stats_tracker import StatsTracker
 
 from .base import LogCadence, OLTrainer, move_to_device
 from .callbacks import Callback, fire
+from .components import Accumulation, CriticUpdate, LossTerm
 from .sources import CyclingLoader, LocalRollouts, RolloutSource
 
 SAMPLE_TABLE = "completions"
@@ -37,48 +38,13 @@ def policy_loss_metrics(stats: Dict[str, torch.Tensor]) -> Dict[str, Tuple[float
     return metrics
 
 
-class Accumulation:
-    """One update pass's micro-batches grouped into optimizer steps of `steps` micro-batches (the last group of a
-    pass may be shorter). Each micro-batch's loss is scaled by 1 / its group's size, so a step's gradient is
-    the mean over its micro-batches; the group's loss and per-micro-batch records wait for the step."""
-
-    def __init__(self, steps: int = 1) -> None:
-        if steps < 1:
-            raise ValueError(f"accumulation steps must be >= 1, got {steps}")
-        self.steps = steps
-        self.begin(1)
-
-    def begin(self, total: int) -> None:
-        """Start a pass of `total` micro-batches."""
-        self.total, self.index = total, 0
-        self._loss, self._records = 0.0, []
-
-    def scale(self) -> float:
-        """1 / the size of the group the next micro-batch belongs to."""
-        start = self.index - self.index % self.steps
-        return 1.0 / min(self.steps, max(self.total - start, 1))
-
-    def add(self, scaled_loss: torch.Tensor, record: Any) -> bool:
-        """Count one micro-batch (its scaled loss, detached, and what to record once stepped); whether it
-        completes its group."""
-        self.index += 1
-        self._loss = self._loss + scaled_loss.detach()
-        self._records.append(record)
-        return self.index % self.steps == 0 or self.index >= self.total
-
-    def take(self) -> Tuple[torch.Tensor, List[Any]]:
-        """The completed group's loss (the mean over its micro-batches) and records; the next group starts."""
-        loss, records = self._loss, self._records
-        self._loss, self._records = 0.0, []
-        return loss, records
-
-
 class RolloutTrainer(OLTrainer):
-    """Each episode draws `num_collect_steps` prompt batches, makes experience from each with
-    `experience_maker`, then takes `num_update_steps` passes of `_learn_step` over them.
+    """Each episode takes `num_collect_steps` batches of experience from `source` (default: `LocalRollouts`, the
+    `experience_maker` on the next prompt batches), then `num_update_steps` passes of `_learn_step` over them.
 
-    The actor's step (`_policy_step`) is `policy_loss` minus `entropy_coef` times the entropy plus
-    what `_extra_actor_loss` adds (GRPO's KL term, PPO's ptx loss). When `evaluator` says so (default: every
+    The actor's step (`_policy_step`) is `policy_loss` minus `entropy_coef` times the entropy plus each of
+    `loss_terms` (GRPO's KL term, PPO's ptx loss); `critic`, when given, learns from the same micro-batches. After
+    the updates the source learns of the new weights and the controllers (`_adapt`) move. When `evaluator` says so (default: every
     `eval_interval` episodes), before the first and after the last, the held-out prompts are completed
     greedily and scored; every `sample_log_interval` episodes a sample table goes to the metrics logger.
     Checkpoints (with `save_dir`), when `saver` says so (default: every `save_interval` episodes) and after
@@ -115,6 +81,8 @@ class RolloutTrainer(OLTrainer):
         train_batch_size: int = 0,
         accumulation_steps: int = 1,
         source: Optional[RolloutSource] = None,
+        loss_terms: Sequence[LossTerm] = (),
+        critic: Optional[CriticUpdate] = None,
     ) -> None:
         super().__init__(actor_booster, critic_booster, [], callbacks, coordinator=coordinator,
                          skip_nonfinite=skip_nonfinite, logging=logging)
@@ -136,24 +104,22 @@ class RolloutTrainer(OLTrainer):
         self.tokens_seen = 0
         self.prompts_trained = 0
         self.controllers: Dict[str, Any] = {}
+        self.loss_terms, self.critic = list(loss_terms), critic
         self._num_episodes = 0
 
-    # ---- what a subclass may add ------------------------------------------------------------------
+    # ---- the parts an algorithm brings ------------------------------------------------------------
     def _group_size(self) -> int:
         """Samples per prompt that form a group in the metrics (GRPO's num_generations)."""
-        return 1
-
-    def _extra_actor_loss(self, experience: Experience, logps: torch.Tensor,
-                          mask: torch.Tensor) -> Tuple[Optional[torch.Tensor], Dict[str, Tuple[float, float]]]:
-        """A term added to the actor's loss, with its metrics; none by default."""
-        return None, {}
+        return self.maker.group_size
 
     def _trained_models(self) -> Dict[str, ModelState]:
         """Models besides the actor that checkpoints hold, by folder name (PPO's critic)."""
-        return {}
+        return {"critic": self.critic.model_state()} if self.critic is not None else {}
 
     def _set_train_mode(self, training: bool) -> None:
         self.actor.train(training)
+        if self.critic is not None:
+            self.critic.model.train(training)
 
     def _adapt(self, name: str, controller: Any) -> None:
         """Let `controller` (a `KLController`, a `TemperatureController`) observe every episode's experience once it
@@ -202,6 +168,9 @@ class RolloutTrainer(OLTrainer):
         self._set_train_mode(True)
         self._policy_step(experience)
         self._record({"time/learning": (time.perf_counter() - start, 1)})
+        if self.critic is not None:
+            for record in self.critic.step(experience, self._accumulated_step):
+                self._record(record)
 
     def _policy_step(self, experience: Experience) -> None:
         """The actor's loss on one micro-batch, backward; an optimizer step once its accumulation group is complete."""
@@ -215,10 +184,12 @@ class RolloutTrainer(OLTrainer):
         metrics["policy_entropy"] = (entropy.item(), 1)
         if self.entropy_coef > 0:
             loss = loss - self.entropy_coef * entropy
-        extra, extra_metrics = self._extra_actor_loss(experience, logps, mask)
-        if extra is not None:
-            loss = loss + extra
-        record = ({**metrics, **extra_metrics, "loss": (loss.item(), 1)}, stats["clip_ratio/low"].item(),
+        for term in self.loss_terms:
+            extra, extra_metrics = term(experience, logps, mask, self.policy_loss.aggregate)
+            metrics.update(extra_metrics)
+            if extra is not None:
+                loss = loss + extra
+        record = ({**metrics, "loss": (loss.item(), 1)}, stats["clip_ratio/low"].item(),
                   stats["clip_ratio/high"].item())
         records = self._accumulated_step(self.actor_accumulation, self.actor_booster, self.optimizer,
                                          self.lr_scheduler, loss, record, "policy")
@@ -260,14 +231,19 @@ class RolloutTrainer(OLTrainer):
     def _begin_pass(self, micro_batches: int) -> None:
         """An update pass of `micro_batches` starts: gradient accumulation groups them from here."""
         self.actor_accumulation.begin(micro_batches)
+        if self.critic is not None:
+            self.critic.accumulation.begin(micro_batches)
 
     def _where(self) -> str:
         """The current position, for messages about a step."""
         return f"episode {self.episode + 1}"
 
     def _step_extras(self) -> Dict[str, float]:
-        """Tokens trained on so far, prompts and completions."""
-        return {"train/num_tokens": float(self.tokens_seen)}
+        """Tokens trained on so far, and what the loss terms log as they are (GRPO's beta)."""
+        extras = {"train/num_tokens": float(self.tokens_seen)}
+        for term in self.loss_terms:
+            extras.update(term.extras())
+        return extras
 
     def _position(self) -> Tuple[float, int]:
         """Passes over the prompts (fractional) and actor optimizer steps."""
@@ -330,7 +306,8 @@ class RolloutTrainer(OLTrainer):
     def _extra_state(self) -> Dict[str, Any]:
         return {"tokens_seen": self.tokens_seen, "prompts_trained": self.prompts_trained,
                 "global_step": self.global_step, "nonfinite_skipped": self.nonfinite.skipped,
-                "controllers": {name: c.state() for name, c in self.controllers.items()}, **self.source.state()}
+                "controllers": {name: c.state() for name, c in self.controllers.items()},
+                "loss_terms": {term.name: term.state() for term in self.loss_terms}, **self.source.state()}
 
     def _restore_extra_state(self, state: Dict[str, Any]) -> None:
         self.tokens_seen = state.get("tokens_seen", 0)
@@ -342,6 +319,10 @@ class RolloutTrainer(OLTrainer):
         for name, controller in self.controllers.items():
             if name in saved:
                 controller.restore(saved[name])
+        terms = state.get("loss_terms", {})
+        for term in self.loss_terms:
+            if term.name in terms:
+                term.restore(terms[term.name])
 
     def load_checkpoint(self, path: str) -> None:
         """Restore every trained model with its optimizer and scheduler, RNG, the episode, the prompt

@@ -1,0 +1,161 @@
+"""What an algorithm adds to the on-policy loop, as parts the loop holds: terms added to the actor's loss (GRPO's
+KL to the reference, PPO's pretraining loss) and PPO's critic with its own optimizer. The loop calls them at
+fixed points; an algorithm is the set of parts it brings, not a subclass that overrides the loop."""
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from coati.experience.controllers import KLController
+from coati.experience.experience import Experience
+from coati.models.critic import action_values
+from coati.models.logprobs import label_logps
+from coati.models.loss import ValueLoss, kl_penalty, masked_mean, masked_var
+from coati.utils.ckpt_io import ModelState
+
+from .sources import CyclingLoader
+
+Metrics = Dict[str, Tuple[float, float]]
+Aggregate = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class LossTerm:
+    """A term added to the actor's loss on every micro-batch. `name` keys its checkpoint state."""
+
+    name = "term"
+
+    def __call__(self, experience: Experience, logps: torch.Tensor, mask: torch.Tensor,
+                 aggregate: Aggregate) -> Tuple[Optional[torch.Tensor], Metrics]:
+        """The term (None: nothing this time) and its metrics, from the actor's completion log-probs `logps`
+        under `mask`; `aggregate(token_values, mask)` reduces per-token values as the policy loss does."""
+        raise NotImplementedError
+
+    def extras(self) -> Dict[str, float]:
+        """Values logged with each window of training metrics as they are at its end."""
+        return {}
+
+    def state(self) -> Dict[str, Any]:
+        return {}
+
+    def restore(self, state: Dict[str, Any]) -> None:
+        """Continue from a checkpoint's `state()`."""
+
+
+class KLTerm(LossTerm):
+    """beta times the KL to the frozen reference (`estimator`: k1/k2/k3), aggregated like the policy loss; beta is
+    the controller's value (fixed, or adapted after every episode). Logged as `loss/kl`, and beta as `beta` and
+    `kl_coeff` (the published GRPO module's names)."""
+
+    name = "kl"
+
+    def __init__(self, controller: KLController, estimator: str) -> None:
+        self.controller, self.estimator = controller, estimator
+
+    def __call__(self, experience: Experience, logps: torch.Tensor, mask: torch.Tensor,
+                 aggregate: Aggregate) -> Tuple[Optional[torch.Tensor], Metrics]:
+        beta = self.controller.value
+        if beta <= 0 or experience.ref_log_probs is None:
+            return None, {}
+        kl = aggregate(kl_penalty(logps, experience.ref_log_probs, self.estimator), mask)
+        return beta * kl, {"loss/kl": (beta * kl.item(), 1)}
+
+    def extras(self) -> Dict[str, float]:
+        return {"train/beta": self.controller.value, "train/kl_coeff": self.controller.value}
+
+
+class PtxTerm(LossTerm):
+    """InstructGPT's PPO-ptx: `coef` times the language-modelling loss of `actor` on the next supervised batch of
+    `batches`, which keeps the policy close to its supervised behaviour. Logged as `loss/ptx` (unweighted); the
+    batches' position is kept in checkpoints."""
+
+    name = "ptx"
+
+    def __init__(self, actor: torch.nn.Module, batches: CyclingLoader, coef: float) -> None:
+        self.actor, self.batches, self.coef = actor, batches, coef
+
+    def __call__(self, experience: Experience, logps: torch.Tensor, mask: torch.Tensor,
+                 aggregate: Aggregate) -> Tuple[Optional[torch.Tensor], Metrics]:
+        batch = self.batches.next()
+        logits = self.actor(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        token_logps, label_mask = label_logps(logits, batch["labels"])
+        loss = -masked_mean(token_logps, label_mask)
+        return self.coef * loss, {"loss/ptx": (loss.item(), 1)}
+
+    def state(self) -> Dict[str, Any]:
+        return {"epoch": self.batches.epoch, "seen": self.batches.seen}
+
+    def restore(self, state: Dict[str, Any]) -> None:
+        self.batches.restore(state["epoch"], state["seen"])
+
+
+class Accumulation:
+    """One update pass's micro-batches grouped into optimizer steps of `steps` micro-batches (the last group of a
+    pass may be shorter). Each micro-batch's loss is scaled by 1 / its group's size, so a step's gradient is
+    the mean over its micro-batches; the group's loss and per-micro-batch records wait for the step."""
+
+    def __init__(self, steps: int = 1) -> None:
+        if steps < 1:
+            raise ValueError(f"accumulation steps must be >= 1, got {steps}")
+        self.steps = steps
+        self.begin(1)
+
+    def begin(self, total: int) -> None:
+        """Start a pass of `total` micro-batches."""
+        self.total, self.index = total, 0
+        self._loss, self._records = 0.0, []
+
+    def scale(self) -> float:
+        """1 / the size of the group the next micro-batch belongs to."""
+        start = self.index - self.index % self.steps
+        return 1.0 / min(self.steps, max(self.total - start, 1))
+
+    def add(self, scaled_loss: torch.Tensor, record: Any) -> bool:
+        """Count one micro-batch (its scaled loss, detached, and what to record once stepped); whether it
+        completes its group."""
+        self.index += 1
+        self._loss = self._loss + scaled_loss.detach()
+        self._records.append(record)
+        return self.index % self.steps == 0 or self.index >= self.total
+
+    def take(self) -> Tuple[torch.Tensor, List[Any]]:
+        """The completed group's loss (the mean over its micro-batches) and records; the next group starts."""
+        loss, records = self._loss, self._records
+        self._loss, self._records = 0.0, []
+        return loss, records
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """1 - Var[returns - values] / Var[returns] over the masked tokens: 1 is a perfect critic, 0 no better
+    than a constant."""
+    mask = mask.float()
+    return float(1 - masked_var(returns - values, mask) / masked_var(returns, mask).clamp(min=1e-8))
+
+
+class CriticUpdate:
+    """PPO's critic: trained by the clipped `value_loss` towards the experience's returns on its own booster,
+    optimizer and scheduler, one micro-batch at a time alongside the actor (the same accumulation groups).
+    Logged: `loss/value`, `explained_variance`, `values`, `grad_norm/critic`, `time/critic_learning`."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, booster: Any,
+                 lr_scheduler: Optional[Any] = None, value_loss: Optional[ValueLoss] = None,
+                 accumulation_steps: int = 1) -> None:
+        self.model, self.optimizer, self.booster, self.lr_scheduler = model, optimizer, booster, lr_scheduler
+        self.value_loss = value_loss or ValueLoss()
+        self.accumulation = Accumulation(accumulation_steps)
+
+    def model_state(self) -> ModelState:
+        """What a checkpoint holds of it."""
+        return self.booster, self.model, self.optimizer, self.lr_scheduler
+
+    def step(self, experience: Experience, accumulated_step: Callable[..., Optional[List[Any]]]) -> List[Metrics]:
+        """Backward one micro-batch's value loss through `accumulated_step` (the loop's guarded, accumulated
+        optimizer step); the records of the micro-batches an applied step covered."""
+        start, mask = time.perf_counter(), experience.action_mask
+        values = action_values(self.model, experience.sequences, experience.attention_mask, experience.prompt_length)
+        loss = self.value_loss(values, experience.values, experience.returns - experience.values, mask)
+        record = {"loss/value": (loss.item(), 1),
+                  "explained_variance": (explained_variance(values.detach(), experience.returns, mask), 1),
+                  "values": (masked_mean(values.detach(), mask.float()).item(), 1)}
+        records = accumulated_step(self.accumulation, self.booster, self.optimizer, self.lr_scheduler, loss, record,
+                                   "critic", "grad_norm/critic") or []
+        return records + [{"time/critic_learning": (time.perf_counter() - start, 1)}]
