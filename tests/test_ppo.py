@@ -79,7 +79,7 @@ def test_ppo_experience_from_real_models(ppo_parts):
     with torch.no_grad():
         rm_scores = sequence_rewards(ppo_parts["reward_model"], seq, attn)
         values = action_values(ppo_parts["critic"], seq, attn, start) * mask
-    components = experience.info["reward_components"]
+    components = experience.reward_components
     assert components["reward_model"] == pytest.approx(rm_scores.tolist(), abs=1e-5)
     assert experience.rewards.tolist() == pytest.approx((rm_scores + T(components["math_answer"])).tolist(), abs=1e-5)
     assert torch.allclose(experience.values, values, atol=1e-5)

@@ -24,8 +24,11 @@ REWARD_MODEL = "reward_model"
 @dataclass
 class Experience:
     """Rollouts and everything the update needs. Token tensors over completion columns are (batch, N);
-    `sequences`/`attention_mask` hold prompt + completion. `extra_rollouts` counts the completions generated
-    beyond the batch to fill it (dynamic sampling). `info` keeps text, reward components and phase timings for logs."""
+    `sequences`/`attention_mask` hold prompt + completion. Per row, for logs and tables: the `prompts` and
+    `completions` as text, each reward's value (`reward_components`), whether the completion ended with a stop
+    token (`terminated`), and the weights version that generated it (`versions`, asynchronous rollouts).
+    `extra_rollouts` counts the completions generated beyond the batch to fill it (dynamic sampling); `timing`
+    holds seconds per phase of making it."""
 
     sequences: torch.Tensor
     attention_mask: torch.Tensor
@@ -40,12 +43,17 @@ class Experience:
     kl: Optional[torch.Tensor] = None
     loss_mask: Optional[torch.Tensor] = None
     behaviour_log_probs: Optional[torch.Tensor] = None
+    prompts: List[str] = field(default_factory=list)
+    completions: List[str] = field(default_factory=list)
+    reward_components: Dict[str, List[float]] = field(default_factory=dict)
+    terminated: Optional[torch.Tensor] = None
+    versions: Optional[torch.Tensor] = None
     extra_rollouts: int = 0
-    info: Dict[str, Any] = field(default_factory=dict)
+    timing: Dict[str, float] = field(default_factory=dict)
 
     def split(self, rows: int) -> List["Experience"]:
         """Consecutive parts of at most `rows` rows (the whole batch when `rows` is 0 or covers it): every
-        per-row tensor and list is sliced, everything else (the prompt length, timings) is shared."""
+        per-row tensor, list and dict of lists is sliced, everything else (the prompt length, timings) is shared."""
         total = self.sequences.size(0)
         if rows <= 0 or rows >= total:
             return [self]
@@ -62,8 +70,7 @@ def _slice_rows(experience: Experience, start: int, end: int) -> Experience:
             return {k: v[start:end] for k, v in value.items()}
         return value
 
-    fields_ = {f.name: part(getattr(experience, f.name)) for f in dataclasses.fields(experience) if f.name != "info"}
-    return Experience(**fields_, info={k: part(v) for k, v in experience.info.items()})
+    return Experience(**{f.name: part(getattr(experience, f.name)) for f in dataclasses.fields(experience)})
 
 
 @dataclass(frozen=True)
@@ -155,12 +162,26 @@ class Scored:
 
 @dataclass
 class _Rollout:
-    out: GenerationOutput
-    rewards: torch.Tensor
+    """Scored completions with the actor's and the reference's log-probs."""
+
+    scored: Scored
     logps: torch.Tensor
     ref_logps: Optional[torch.Tensor]
     kl: Optional[torch.Tensor]
-    info: Dict[str, Any]
+    terminated: torch.Tensor
+    timing: Dict[str, float]
+
+    @property
+    def out(self) -> GenerationOutput:
+        return self.scored.out
+
+    def experience(self, rewards: torch.Tensor, advantages: torch.Tensor, **fields_: Any) -> Experience:
+        """The Experience of these completions with `rewards`, `advantages` and the maker's other `fields_`."""
+        out, scored = self.out, self.scored
+        return Experience(out.sequences, out.attention_mask, out.action_mask, out.prompt_length, self.logps, rewards,
+                          advantages, ref_log_probs=self.ref_logps, kl=self.kl, prompts=scored.prompts,
+                          completions=scored.completions, reward_components=scored.components,
+                          terminated=self.terminated, timing=self.timing, **fields_)
 
 
 class _Timer:
@@ -235,8 +256,7 @@ class ExperienceMaker:
 
     def _with_log_probs(self, scored: Scored, timer: _Timer) -> _Rollout:
         """The actor's (and the reference's) log-probs of scored completions, and the KL between them."""
-        out, rewards = scored.out, scored.rewards
-        info = {"prompts": scored.prompts, "completions": scored.completions, "reward_components": scored.components}
+        out = scored.out
         with timer.phase("actor_forward"):
             logps = action_logps(self.actor, out.sequences, out.attention_mask, out.prompt_length)
         ref_logps = kl = None
@@ -244,8 +264,7 @@ class ExperienceMaker:
             with timer.phase("reference_forward"):
                 ref_logps = action_logps(self.ref_model, out.sequences, out.attention_mask, out.prompt_length)
             kl = kl_penalty(logps, ref_logps, self.config.kl_estimator) * out.action_mask
-        info = {**info, "terminated": self._terminated(out).tolist(), "timing": timer.seconds}
-        return _Rollout(out, rewards, logps, ref_logps, kl, info)
+        return _Rollout(scored, logps, ref_logps, kl, self._terminated(out), timer.seconds)
 
     def _terminated(self, out: GenerationOutput) -> torch.Tensor:
         """Per row: whether the completion ended with a stop token (rather than at the length limit)."""
@@ -281,9 +300,7 @@ class GRPOExperienceMaker(ExperienceMaker):
         scored, extra = self._scored(repeat_prompts(batch, n), timer), 0
         if self.config.dynamic_sampling and draw is not None:
             scored, extra = self._informative(scored, lambda: self._scored(repeat_prompts(draw(), n), timer))
-        experience = self._experience(scored, self._with_log_probs(scored, timer))
-        experience.extra_rollouts = extra
-        return experience
+        return self._experience(self._with_log_probs(scored, timer), extra_rollouts=extra)
 
     def _informative(self, scored: Scored, more: Callable[[], Scored]) -> Tuple[Scored, int]:
         """DAPO's dynamic sampling: the batch's groups whose rewards do not all tie, topped up from `more()` (at most
@@ -309,24 +326,22 @@ class GRPOExperienceMaker(ExperienceMaker):
         samples each): the actor's log-probs now are the proximal policy's, and the generators' go to
         `behaviour_log_probs` for the off-policy correction."""
         scored, behaviour = stack_trajectories(trajectories, device)
-        experience = self._experience(scored, self._with_log_probs(scored, _Timer()))
-        experience.behaviour_log_probs = behaviour
-        return experience
+        versions = torch.tensor([t.version for t in trajectories for _ in range(t.sequences.size(0))], device=device)
+        return self._experience(self._with_log_probs(scored, _Timer()), behaviour_log_probs=behaviour, versions=versions)
 
-    def _experience(self, scored: Scored, r: _Rollout) -> Experience:
+    def _experience(self, r: _Rollout, **fields_: Any) -> Experience:
         n, config = self.config.num_generations, self.config
-        rewards = r.rewards
+        rewards = r.scored.rewards
         if config.reward_shaping:
             lengths = _through_last(r.out.action_mask.bool()).sum(-1)
-            rewards = shape_rewards(rewards, r.info["reward_components"], lengths, config.reward_shaping,
+            rewards = shape_rewards(rewards, r.scored.components, lengths, config.reward_shaping,
                                     config.shaping or ShapingConfig(config.sampling.max_new_tokens))
         extra = {"tau": self.temperature.value} if self.temperature is not None else {}
         advantages = ADVANTAGE_ESTIMATORS.get(config.advantage_estimator)(rewards, n, config.scale_rewards, **extra)
         loss_mask = r.out.action_mask.clone()
         if config.drop_tied_groups or config.dynamic_sampling:
-            loss_mask[tied_groups(scored.rewards, n)] = False
-        return Experience(r.out.sequences, r.out.attention_mask, r.out.action_mask, r.out.prompt_length, r.logps,
-                          rewards, advantages, ref_log_probs=r.ref_logps, kl=r.kl, loss_mask=loss_mask, info=r.info)
+            loss_mask[tied_groups(r.scored.rewards, n)] = False
+        return r.experience(rewards, advantages, loss_mask=loss_mask, **fields_)
 
 
 def _through_last(mask: torch.Tensor) -> torch.Tensor:
@@ -400,22 +415,21 @@ class PPOExperienceMaker(ExperienceMaker):
         mask = r.out.action_mask
         with timer.phase("critic_forward"):
             values = action_values(self.critic, r.out.sequences, r.out.attention_mask, r.out.prompt_length) * mask
-        token_rewards = last_token_rewards(r.rewards, mask)
+        token_rewards = last_token_rewards(r.scored.rewards, mask)
         if r.kl is not None:
             token_rewards = token_rewards - self.kl_controller.value * r.kl
         advantages, returns = compute_gae(token_rewards, values, mask, self.config.gamma, self.config.lam)
         if self.config.whiten_advantages:
             advantages = whiten(advantages, mask)
-        return Experience(r.out.sequences, r.out.attention_mask, mask, r.out.prompt_length, r.logps, r.rewards,
-                          advantages, ref_log_probs=r.ref_logps, values=values, returns=returns, kl=r.kl, info=r.info)
+        return r.experience(r.scored.rewards, advantages, values=values, returns=returns)
 
 
 def completion_rows(experience: Experience) -> List[Dict[str, Any]]:
     """One row per sample for a sample table: prompt, completion, reward, each component, advantage."""
     advantages = experience.advantages
     per_row = advantages if advantages.dim() == 1 else masked_mean(advantages, experience.action_mask, dim=-1)
-    components = experience.info["reward_components"]
+    components = experience.reward_components
     return [{"prompt": p, "completion": c, "reward": float(r), **{k: float(v[i]) for k, v in components.items()},
              "advantage": float(a)}
-            for i, (p, c, r, a) in enumerate(zip(experience.info["prompts"], experience.info["completions"],
+            for i, (p, c, r, a) in enumerate(zip(experience.prompts, experience.completions,
                                                  experience.rewards.tolist(), per_row.tolist()))]

@@ -86,7 +86,7 @@ def rollout_metrics(experience: Experience, group_size: int = 1) -> Dict[str, fl
     of two or more) and `kl_stats` when there is a reference. A collective: every rank calls it."""
     mask = experience.action_mask
     rewards = gather_lists(experience.rewards.tolist())
-    components = {name: gather_lists(values) for name, values in experience.info["reward_components"].items()}
+    components = {name: gather_lists(values) for name, values in experience.reward_components.items()}
     metrics = reward_stats(rewards, components)
     advantages = experience.advantages
     if advantages.dim() == 2:
@@ -94,7 +94,7 @@ def rollout_metrics(experience: Experience, group_size: int = 1) -> Dict[str, fl
     advantages = np.asarray(gather_lists(advantages.tolist()), dtype=np.float64)
     metrics.update({"advantages/mean": float(advantages.mean()), "advantages/std": float(advantages.std())})
     lengths = np.asarray(gather_lists(mask.sum(-1).tolist()), dtype=np.float64)
-    terminated = np.asarray(gather_lists(experience.info["terminated"]), dtype=bool)
+    terminated = np.asarray(gather_lists(experience.terminated.tolist()), dtype=bool)
     metrics.update(length_stats(lengths, terminated))
     if group_size > 1:
         groups = np.asarray(rewards).reshape(-1, group_size)

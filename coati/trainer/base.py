@@ -129,7 +129,7 @@ class _TrainerCore:
         if self.nonfinite.max_skips and prefix == "train/":
             metrics["train/skipped_nonfinite_steps"] = float(self.nonfinite.skipped)
         metrics.update(extra or {})
-        if prefix == "train/":
+        if prefix == "train/":   # each loop's `_position()`: (epochs done, fractional where known; optimizer steps)
             epoch, global_step = self._position()
             metrics = self.stats_logger.commit(epoch, step, global_step, metrics)
         else:
@@ -137,23 +137,24 @@ class _TrainerCore:
         fire(self.callbacks, "on_log", step, metrics)
         return metrics
 
-    def _position(self) -> Tuple[float, int]:
-        """(epochs done, with the current one's fraction where known; optimizer steps done), logged with the
-        training metrics."""
-        raise NotImplementedError
-
     def _should_stop(self) -> bool:
         return any(cb.stop_training for cb in self.callbacks)
 
     def _run_fit(self, body) -> None:
-        """Fire `on_fit_start`, run `body`, and always fire `on_fit_end` and close the logger."""
+        """Fire `on_fit_start`, run `body`, and always fire `on_fit_end`, close the logger and `_release()`."""
         fire(self.callbacks, "on_fit_start")
         try:
             body()
         finally:
-            fire(self.callbacks, "on_fit_end")
-            if self.metrics_logger is not None:
-                self.metrics_logger.close()
+            try:
+                fire(self.callbacks, "on_fit_end")
+                if self.metrics_logger is not None:
+                    self.metrics_logger.close()
+            finally:
+                self._release()
+
+    def _release(self) -> None:
+        """Stop what the trainer started besides the models (rollout generators, say) when training ends."""
 
 
 class SLTrainer(_TrainerCore, ABC):
@@ -464,8 +465,12 @@ class OLTrainer(_TrainerCore, ABC):
         return list(self.data_buffer)
 
     def _position(self) -> Tuple[float, int]:
-        """(0, optimizer steps counted in `global_step`); a trainer that knows its epochs says so."""
-        return 0.0, self.global_step
+        """(`_epoch_progress()`, optimizer steps counted in `global_step`)."""
+        return self._epoch_progress(), self.global_step
+
+    def _epoch_progress(self) -> float:
+        """Passes over the prompts done, fractional; 0 for a trainer that does not count them."""
+        return 0.0
 
     def _end_step(self, step: int, last: bool) -> Optional[Dict[str, float]]:
         """Close step `step`'s training metrics; log the window when `self.logging` says so, or at the `last`

@@ -127,12 +127,9 @@ class RolloutTrainer(OLTrainer):
         self.controllers[name] = controller
 
     # ---- the loop's parts -------------------------------------------------------------------------
-    def fit(self, *args: Any, **kwargs: Any) -> None:
-        """`OLTrainer.fit`; the rollout source is closed when training ends, however it ends."""
-        try:
-            super().fit(*args, **kwargs)
-        finally:
-            self.source.close()
+    def _release(self) -> None:
+        """The rollout source is closed when training ends, however it ends."""
+        self.source.close()
 
     def _episodes(self, num_episodes: int, num_collect_steps: int, num_update_steps: int) -> None:
         """The held-out evaluation before the first episode, then the episodes."""
@@ -152,7 +149,7 @@ class RolloutTrainer(OLTrainer):
     def _record_experience(self, experience: Experience, collect_step: int) -> None:
         """Rollout metrics, the token count and (when due) the sample table of one experience batch."""
         metrics = rollout_metrics(experience, self._group_size())
-        metrics.update({f"time/{k}": v for k, v in experience.info["timing"].items()})
+        metrics.update({f"time/{k}": v for k, v in experience.timing.items()})
         if getattr(self.maker.config, "dynamic_sampling", False):
             metrics["dynamic_sampling/extra_rollouts"] = float(experience.extra_rollouts)
         drawn = (experience.sequences.size(0) + experience.extra_rollouts) // self._group_size()
@@ -244,10 +241,6 @@ class RolloutTrainer(OLTrainer):
         for term in self.loss_terms:
             extras.update(term.extras())
         return extras
-
-    def _position(self) -> Tuple[float, int]:
-        """Passes over the prompts (fractional) and actor optimizer steps."""
-        return self._epoch_progress(), self.global_step
 
     def _epoch_progress(self) -> float:
         """Passes over the prompt set that training has made, from the prompts trained on by every rank."""

@@ -116,7 +116,7 @@ class AsyncRollouts(RolloutSource):
         with stats.record_timing("rollout_wait"):
             trajectories = self._scatter(self.executor.prepare_batch(self.stream.next) if self.executor else None)
         experience = self.maker.from_trajectories(trajectories, self.device)
-        self._record_staleness(trajectories, episode, stats)
+        self._record_staleness(experience, episode, stats)
         return experience
 
     def _scatter(self, batch: Optional[List[Trajectory]]) -> List[Trajectory]:
@@ -131,9 +131,9 @@ class AsyncRollouts(RolloutSource):
         dist.scatter_object_list(received, share, src=0)
         return received[0]
 
-    def _record_staleness(self, trajectories: List[Trajectory], episode: int, stats: StatsTracker) -> None:
+    def _record_staleness(self, experience: Experience, episode: int, stats: StatsTracker) -> None:
         """How many versions behind the trainer each trained sample's weights were, and the executor's drops."""
-        lag = torch.tensor([float(episode - t.version) for t in trajectories])
+        lag = (episode - experience.versions).float().cpu()
         with stats.scope("rollout"):
             stats.denominator(trained=torch.ones_like(lag, dtype=torch.bool))
             stats.stat(denominator="trained", staleness=lag)
