@@ -204,7 +204,7 @@ def test_dynamic_sampling_in_training_logs_its_extra_rollouts(world_of_one, tiny
     from coati.utils.metrics_logger import MetricsLogger
 
     trainer = _grpo_trainer(tiny_assets)
-    trainer.maker.reward_fn = WeightedReward.from_specs(["test_algorithms:constant_reward"])
+    trainer.maker.scorer.reward_fn = WeightedReward.from_specs(["test_algorithms:constant_reward"])
     trainer.maker.config = replace(trainer.maker.config, dynamic_sampling=True, max_sampling_rounds=2)
     logged = LogRecorder()
     trainer.callbacks.append(logged)

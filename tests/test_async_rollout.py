@@ -11,6 +11,7 @@ from datasets import load_from_disk
 from transformers import AutoTokenizer
 
 from coati.experience.experience import stack_trajectories
+from coati.experience.scorer import Scorer
 from coati.models.generation import SamplingConfig
 from coati.rewards import WeightedReward
 from coati.rollout import GeneratorError, GeneratorPool, PromptStream, RLVRWorkflow, Trajectory, WorkflowExecutor
@@ -42,7 +43,7 @@ def prompts(tiny_assets):
 
 
 def _workflow(tokenizer) -> RLVRWorkflow:
-    return RLVRWorkflow(WeightedReward.from_specs(["math_answer", "answer_format"]), tokenizer, SAMPLING, GENERATIONS)
+    return RLVRWorkflow(Scorer(tokenizer, WeightedReward.from_specs(["math_answer", "answer_format"])), SAMPLING, GENERATIONS)
 
 
 def _perturbed(pool_model_dir, scale: float):
@@ -90,7 +91,7 @@ def test_rollout_batch_runs_exactly_the_given_samples(pool, tokenizer, prompts):
     assert len(trajectories) == 5
     for row, t in zip(rows, trajectories):
         assert t.sequences[:, :t.prompt_length].tolist() == [list(row["input_ids"])] * GENERATIONS
-        expected, _ = workflow.reward_fn(t.info["prompts"], t.info["completions"], gt_answer=[row["gt_answer"]] * GENERATIONS)
+        expected, _ = workflow.scorer.reward_fn(t.info["prompts"], t.info["completions"], gt_answer=[row["gt_answer"]] * GENERATIONS)
         assert t.rewards.tolist() == pytest.approx(expected)
 
 

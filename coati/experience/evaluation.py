@@ -14,7 +14,7 @@ from coati.dataset.tokenization import load_tokenizer
 from coati.models.generation import HFEngine, SamplingConfig
 from coati.rewards import WeightedReward
 
-from .experience import ExperienceMaker, RolloutConfig
+from .scorer import Scorer
 
 
 @dataclass
@@ -34,17 +34,16 @@ def evaluate_model(model_dir: str, prompt_dirs: Sequence[str], reward_specs: Seq
     tokenizer = load_tokenizer(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     engine = HFEngine(model, tokenizer.pad_token_id, [tokenizer.eos_token_id])
-    config = RolloutConfig(sampling=SamplingConfig(max_new_tokens=max_new_tokens, do_sample=False))
-    scorer = ExperienceMaker(model, engine, tokenizer, WeightedReward.from_specs(list(reward_specs)), config)
+    sampling = SamplingConfig(max_new_tokens=max_new_tokens, do_sample=False)
+    scorer = Scorer(tokenizer, WeightedReward.from_specs(list(reward_specs)))
     loader = DataLoader(load_prepared(list(prompt_dirs), "prompt"), batch_size=batch_size,
                         collate_fn=PromptCollator(tokenizer.pad_token_id))
     samples: List[Dict[str, object]] = []
     for batch in tqdm(loader, desc=f"evaluating {model_dir}", leave=False):
-        out = engine.generate(batch["input_ids"], batch["attention_mask"], config.sampling)
-        texts = scorer.decode(batch, out)
-        total, components = scorer.score(batch, out, texts)
+        out = engine.generate(batch["input_ids"], batch["attention_mask"], sampling)
+        prompts, completions, (total, components) = scorer.score_batch(batch, out)
         samples += [{"prompt": p, "completion": c, "reward": t, **{k: v[i] for k, v in components.items()}}
-                    for i, (p, c, t) in enumerate(zip(*texts, total))]
+                    for i, (p, c, t) in enumerate(zip(prompts, completions, total))]
     names = [k for k in samples[0] if k not in ("prompt", "completion", "reward")] if samples else []
     return EvalResult(_mean(samples, "reward"), {k: _mean(samples, k) for k in names}, samples)
 

@@ -11,15 +11,12 @@ from coati.models.critic import action_values
 from coati.models.generation import GenerationOutput, InferenceEngine, SamplingConfig
 from coati.models.logprobs import action_logps
 from coati.models.loss import kl_penalty, masked_mean, masked_var
-from coati.models.reward_model import sequence_rewards
 from coati.rewards import WeightedReward
 
 from .advantages import ADVANTAGE_ESTIMATORS, compute_gae, tied_groups
 from .controllers import KLController, TemperatureController
+from .scorer import Scorer
 from .shaping import ShapingConfig, shape_rewards
-
-REWARD_MODEL = "reward_model"
-
 
 @dataclass
 class Experience:
@@ -211,48 +208,23 @@ class ExperienceMaker:
     def __init__(self, actor: torch.nn.Module, engine: InferenceEngine, tokenizer: Any,
                  reward_fn: Optional[WeightedReward], config: RolloutConfig,
                  ref_model: Optional[torch.nn.Module] = None, reward_model: Optional[torch.nn.Module] = None) -> None:
-        if reward_fn is None and reward_model is None:
-            raise ValueError("an experience maker needs a reward function or a reward model")
-        self.actor, self.engine, self.tokenizer, self.reward_fn = actor, engine, tokenizer, reward_fn
-        self.config, self.ref_model, self.reward_model = config, ref_model, reward_model
+        self.scorer = Scorer(tokenizer, reward_fn, reward_model)
+        self.actor, self.engine, self.tokenizer = actor, engine, tokenizer
+        self.config, self.ref_model = config, ref_model
 
     @property
     def group_size(self) -> int:
         """Consecutive completions of one prompt that form a group in the metrics (GRPO's num_generations)."""
         return 1
 
-    def decode(self, batch: Dict[str, Any], out: GenerationOutput):
-        """(prompts, completions) as text, special tokens left out."""
-        prompts = self.tokenizer.batch_decode(batch["input_ids"], skip_special_tokens=True)
-        completions = [self.tokenizer.decode(row[m].tolist(), skip_special_tokens=True)
-                       for row, m in zip(out.sequences[:, out.prompt_length:], out.action_mask)]
-        return prompts, completions
-
-    @torch.no_grad()
-    def score(self, batch: Dict[str, Any], out: GenerationOutput, texts=None):
-        """Rewards of generated completions: (total, components), the components named after their
-        reward functions (and `reward_model`). The batch's other fields (e.g. `gt_answer`) go to the
-        reward function."""
-        prompts, completions = texts or self.decode(batch, out)
-        total, components = [0.0] * len(completions), {}
-        if self.reward_fn is not None:
-            fields_ = {k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask")}
-            total, components = self.reward_fn(prompts, completions, **fields_)
-        if self.reward_model is not None:
-            scores = sequence_rewards(self.reward_model, out.sequences, out.attention_mask).tolist()
-            components = {**components, REWARD_MODEL: scores}
-            total = [t + s for t, s in zip(total, scores)]
-        return total, components
-
     def _scored(self, batch: Dict[str, Any], timer: _Timer) -> Scored:
         """Completions of the batch's prompts, decoded and scored."""
         with timer.phase("generation"):
             out = self.engine.generate(batch["input_ids"], batch["attention_mask"], self.config.sampling)
         with timer.phase("reward"):
-            texts = self.decode(batch, out)
-            total, components = self.score(batch, out, texts)
+            prompts, completions, (total, components) = self.scorer.score_batch(batch, out)
         rewards = torch.tensor(total, dtype=torch.float32, device=out.sequences.device)
-        return Scored(out, rewards, texts[0], texts[1], components)
+        return Scored(out, rewards, prompts, completions, components)
 
     def _with_log_probs(self, scored: Scored, timer: _Timer) -> _Rollout:
         """The actor's (and the reference's) log-probs of scored completions, and the KL between them."""

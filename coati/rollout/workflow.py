@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Protocol
 import torch
 
 from coati.models.generation import SamplingConfig
-from coati.rewards import WeightedReward
+from coati.experience.scorer import PROMPT_FIELDS, Scorer
 
 from .engine import Completions
 
@@ -45,21 +45,19 @@ class RolloutWorkflow(ABC):
 
 
 class RLVRWorkflow(RolloutWorkflow):
-    """Single-turn RL with verifiable rewards: `num_generations` completions of the prompt, scored by
-    `reward_fn` on the decoded text with the row's other fields (e.g. `gt_answer`)."""
+    """Single-turn RL with verifiable rewards: `num_generations` completions of the prompt, decoded and scored by
+    `scorer` (the trainer's) with the row's other fields (e.g. `gt_answer`)."""
 
-    def __init__(self, reward_fn: WeightedReward, tokenizer: Any, sampling: SamplingConfig, num_generations: int) -> None:
-        self.reward_fn, self.tokenizer = reward_fn, tokenizer
-        self.sampling, self.num_generations = sampling, num_generations
+    def __init__(self, scorer: Scorer, sampling: SamplingConfig, num_generations: int) -> None:
+        self.scorer, self.sampling, self.num_generations = scorer, sampling, num_generations
 
     async def arun_episode(self, engine: AsyncEngine, sample: Dict[str, Any]) -> Optional[Trajectory]:
         n = self.num_generations
         out = await engine.agenerate(list(sample["input_ids"]), self.sampling, n)
-        prompt = self.tokenizer.decode(sample["input_ids"], skip_special_tokens=True)
-        completions = [self.tokenizer.decode(row[mask].tolist(), skip_special_tokens=True)
-                       for row, mask in zip(out.sequences[:, out.prompt_length:], out.action_mask)]
-        fields = {k: [v] * n for k, v in sample.items() if k not in ("input_ids", "attention_mask")}
-        total, components = await asyncio.to_thread(self.reward_fn, [prompt] * n, completions, **fields)
+        prompt = self.scorer.decode(sample["input_ids"])
+        completions = self.scorer.completions(out)
+        fields = {k: [v] * n for k, v in sample.items() if k not in PROMPT_FIELDS}
+        total, components = await asyncio.to_thread(self.scorer.score_texts, [prompt] * n, completions, fields)
         return Trajectory(out.sequences, out.action_mask, out.logprobs, torch.tensor(total, dtype=torch.float32),
                           out.prompt_length, out.version,
                           {"prompts": [prompt] * n, "completions": completions, "reward_components": components})

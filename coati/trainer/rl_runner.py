@@ -121,19 +121,20 @@ def _build_grpo(args, setup, tokenizer, actor, optimizer, scheduler, engine, ref
     maker = GRPOExperienceMaker(actor, engine, tokenizer, _reward_fn(args), config, reference, temperature=temperature)
     if args.async_rollout:
         kwargs["policy_loss"] = _policy_loss(args, behaviour_cap=args.behaviour_cap)
-        kwargs["source"] = AsyncRollouts(maker, actor, len(prompts.dataset), **_rollout_side(args, tokenizer, config))
+        kwargs["source"] = AsyncRollouts(maker, actor, len(prompts.dataset), **_rollout_side(args, maker))
     return GRPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler,
                        kl_controller=_kl_controller(args), **kwargs)
 
 
-def _rollout_side(args: argparse.Namespace, tokenizer: Any, config: GRPOConfig) -> Dict[str, Any]:
-    """Rank 0's generator pool (Ray actors started from `--pretrain`), RLVR workflow, executor and prompt
-    stream for `--async_rollout`; nothing on the other ranks."""
+def _rollout_side(args: argparse.Namespace, maker: GRPOExperienceMaker) -> Dict[str, Any]:
+    """Rank 0's generator pool (Ray actors started from `--pretrain`), RLVR workflow (scoring with the maker's
+    scorer), executor and prompt stream for `--async_rollout`; nothing on the other ranks."""
     if rank() != 0:
         return {}
+    tokenizer = maker.tokenizer
     pool = GeneratorPool(args.pretrain, tokenizer.pad_token_id, _stop_ids(args, tokenizer), args.num_generators,
                          args.generator_max_restarts, args.seed)
-    workflow = RLVRWorkflow(_reward_fn(args), tokenizer, config.sampling, args.num_generations)
+    workflow = RLVRWorkflow(maker.scorer, maker.config.sampling, args.num_generations)
     executor = WorkflowExecutor(pool, workflow, args.batch_size * world_size(),
                                 args.max_concurrent_rollouts or 2 * args.batch_size * world_size(), args.max_staleness,
                                 batches_per_version=args.num_collect_steps)

@@ -267,7 +267,7 @@ class RolloutTrainer(OLTrainer):
         for batch in self.eval_dataloader:
             batch = move_to_device(batch, self.device)
             out = self.maker.engine.generate(batch["input_ids"], batch["attention_mask"], greedy)
-            total, components = self.maker.score(batch, out)
+            _, _, (total, components) = self.maker.scorer.score_batch(batch, out)
             stats.add("reward", float(sum(total)), len(total))
             for name, values in components.items():
                 stats.add(f"rewards/{name}", float(sum(values)), len(values))

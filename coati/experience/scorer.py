@@ -1,0 +1,57 @@
+"""One scorer for every place completions are scored: rollouts for training, rollout workflows (asynchronous
+generation) and held-out evaluation all decode and reward the same way."""
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from coati.models.generation import GenerationOutput
+from coati.models.reward_model import sequence_rewards
+from coati.rewards import WeightedReward
+
+REWARD_MODEL = "reward_model"
+PROMPT_FIELDS = ("input_ids", "attention_mask")
+"""A prompt batch's columns that are the prompt itself; its other fields (e.g. `gt_answer`) go to the rewards."""
+
+Scores = Tuple[List[float], Dict[str, List[float]]]
+
+
+class Scorer:
+    """Decodes completions (special tokens left out) and scores them: `reward_fn` on the text with the prompt
+    row's other fields, plus `reward_model`'s score of the token sequences (the component `reward_model`) when
+    one is given. Returns (total per completion, components by name)."""
+
+    def __init__(self, tokenizer: Any, reward_fn: Optional[WeightedReward] = None,
+                 reward_model: Optional[torch.nn.Module] = None) -> None:
+        if reward_fn is None and reward_model is None:
+            raise ValueError("a scorer needs a reward function or a reward model")
+        self.tokenizer, self.reward_fn, self.reward_model = tokenizer, reward_fn, reward_model
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    def completions(self, out: GenerationOutput) -> List[str]:
+        """Each row's generated tokens (those of `action_mask`) as text."""
+        return [self.decode(row[mask].tolist()) for row, mask in zip(out.sequences[:, out.prompt_length:], out.action_mask)]
+
+    @torch.no_grad()
+    def score_texts(self, prompts: Sequence[str], completions: Sequence[str], fields: Dict[str, Sequence[Any]],
+                    out: Optional[GenerationOutput] = None) -> Scores:
+        """Scores of `completions` of `prompts`; `fields` are the rows' other columns; the reward model, if any,
+        reads `out`'s token sequences."""
+        total, components = [0.0] * len(completions), {}
+        if self.reward_fn is not None:
+            total, components = self.reward_fn(list(prompts), list(completions), **fields)
+        if self.reward_model is not None:
+            if out is None:
+                raise ValueError("a reward model scores token sequences: pass the generation output")
+            scores = sequence_rewards(self.reward_model, out.sequences, out.attention_mask).tolist()
+            components = {**components, REWARD_MODEL: scores}
+            total = [t + s for t, s in zip(total, scores)]
+        return total, components
+
+    def score_batch(self, batch: Dict[str, Any], out: GenerationOutput) -> Tuple[List[str], List[str], Scores]:
+        """(prompts, completions, scores) of `out`, the completions of a left-padded prompt `batch` (one row each)."""
+        prompts = self.tokenizer.batch_decode(batch["input_ids"], skip_special_tokens=True)
+        completions = self.completions(out)
+        fields = {k: v for k, v in batch.items() if k not in PROMPT_FIELDS}
+        return prompts, completions, self.score_texts(prompts, completions, fields, out)
