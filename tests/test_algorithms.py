@@ -158,44 +158,32 @@ def constant_reward(prompts, completions, **_):
     return [0.5] * len(completions)
 
 
-def _scored(rewards, first_token):
-    from coati.experience.experience import Scored
-    from coati.models.generation import GenerationOutput
+def _group(rewards, first_token):
+    from coati.rollout import Trajectory
 
     n = len(rewards)
-    sequences = torch.tensor([[0, first_token + i, 7, 8] for i in range(n)])
-    out = GenerationOutput(sequences, torch.ones_like(sequences), torch.ones(n, 2, dtype=torch.bool), 2)
-    return Scored(out, T(rewards), [f"p{first_token}"] * n, [f"c{first_token + i}" for i in range(n)],
-                  {"r": list(rewards)})
-
-
-def test_scored_batches_of_different_widths_concatenate_padded():
-    from coati.experience.experience import Scored
-    from coati.models.generation import GenerationOutput
-
-    narrow = Scored(GenerationOutput(T([[5, 6]]), T([[1, 1]]), T([[True]]), 1), T([1.0]), ["a"], ["b"], {"r": [1.0]})
-    wide = Scored(GenerationOutput(T([[0, 7, 8, 9]]), T([[0, 1, 1, 1]]), T([[True, True]]), 2), T([0.0]), ["c"], ["d"],
-                  {"r": [0.0]})
-    both = Scored.concat([narrow, wide], pad_token_id=0)
-    assert both.out.prompt_length == 2 and both.out.sequences.tolist() == [[0, 5, 6, 0], [0, 7, 8, 9]]
-    assert both.out.attention_mask.tolist() == [[0, 1, 1, 0], [0, 1, 1, 1]]
-    assert both.out.action_mask.tolist() == [[True, False], [True, True]] and both.completions == ["b", "d"]
+    sequences = torch.tensor([[5, first_token + i, 7] for i in range(n)])
+    return Trajectory(sequences, torch.ones(n, 2, dtype=torch.bool), None, T(rewards), 1, 0,
+                      {"prompts": ["p"] * n, "completions": [f"c{first_token + i}" for i in range(n)],
+                       "reward_components": {"r": list(rewards)}})
 
 
 def test_dynamic_sampling_replaces_tied_groups_with_new_prompts(world_of_one, tiny_assets):
     from test_grpo import _grpo_trainer
 
-    maker = _grpo_trainer(tiny_assets).maker
-    maker.config = replace(maker.config, num_generations=2, max_sampling_rounds=2)
-    batch = _scored([1.0, 1.0, 0.0, 1.0], 10)                  # groups: tied, informative
-    more = iter([_scored([0.0, 0.0, 1.0, 1.0], 20), _scored([1.0, 0.0, 3.0, 3.0], 30)])
-    kept, extra = maker._informative(batch, lambda: next(more))
+    trainer = _grpo_trainer(tiny_assets)
+    source = trainer.source
+    trainer.maker.config = replace(trainer.maker.config, num_generations=2, max_sampling_rounds=2)
+    batch = [_group([1.0, 1.0], 10), _group([0.0, 1.0], 12)]                       # tied, informative
+    more = iter([[_group([0.0, 0.0], 20), _group([1.0, 1.0], 22)], [_group([1.0, 0.0], 30), _group([3.0, 3.0], 32)]])
+    source._rollouts = lambda: next(more)
+    kept, extra = source._informative(batch)
     assert extra == 8                                          # two more batches of 4 completions were needed
-    assert kept.rewards.tolist() == [0.0, 1.0, 1.0, 0.0] and kept.completions == ["c12", "c13", "c30", "c31"]
-    assert kept.components["r"] == [0.0, 1.0, 1.0, 0.0] and kept.out.sequences[:, 1].tolist() == [12, 13, 30, 31]
-    only_ties = iter([_scored([0.0, 0.0, 1.0, 1.0], 20)] * 2)
-    kept, extra = maker._informative(_scored([1.0, 1.0, 0.0, 1.0], 10), lambda: next(only_ties))
-    assert extra == 8 and kept.completions == ["c12", "c13", "c10", "c11"]   # out of rounds: a tied group fills
+    assert [t.info["completions"] for t in kept] == [["c12", "c13"], ["c30", "c31"]]
+    only_ties = iter([[_group([0.0, 0.0], 20), _group([1.0, 1.0], 22)]] * 2)
+    source._rollouts = lambda: next(only_ties)
+    kept, extra = source._informative([_group([1.0, 1.0], 10), _group([0.0, 1.0], 12)])
+    assert extra == 8 and [t.info["completions"][0] for t in kept] == ["c12", "c10"]   # out of rounds: a tied group fills
 
 
 def test_dynamic_sampling_in_training_logs_its_extra_rollouts(world_of_one, tiny_assets, tmp_path):

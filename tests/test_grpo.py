@@ -82,7 +82,7 @@ def test_micro_batches_with_accumulation_take_the_whole_batch_step(world_of_one,
     parts = _grpo_trainer(tiny_assets, torch.optim.SGD, policy_loss=policy_loss(), train_batch_size=4,
                           accumulation_steps=2)
     torch.manual_seed(0)
-    experience = whole.maker.make(whole.prompts.next())
+    experience = whole.source.next(0, whole.stats)
     experience.advantages = torch.linspace(-1.0, 1.0, experience.sequences.size(0))   # untied, so there is a gradient
     for trainer in (whole, parts):
         trainer.data_buffer[:] = [experience]

@@ -18,6 +18,8 @@ from coati.models.reward_model import load_reward_model, sequence_rewards
 from coati.rewards import WeightedReward
 from coati.trainer.components import explained_variance
 from coati.trainer.ppo import PPOTrainer
+from coati.trainer.sources import CyclingLoader, LocalRollouts
+from coati.utils.stats_tracker import StatsTracker
 from coati.trainer.runner import build_dataloader
 from coati.utils.metrics_logger import MetricsLogger
 from test_grpo import Recorder
@@ -72,8 +74,8 @@ def _maker(parts, whiten_advantages=True):
 
 
 def test_ppo_experience_from_real_models(ppo_parts):
-    batch = next(iter(ppo_parts["loader"]))
-    experience = _maker(ppo_parts, whiten_advantages=False).make(batch)
+    prompts = CyclingLoader(ppo_parts["loader"], torch.device("cpu"))
+    experience = LocalRollouts(_maker(ppo_parts, whiten_advantages=False), prompts).next(0, StatsTracker())
     mask = experience.action_mask
     seq, attn, start = experience.sequences, experience.attention_mask, experience.prompt_length
     with torch.no_grad():

@@ -3,12 +3,12 @@ import dataclasses
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
 from coati.models.critic import action_values
-from coati.models.generation import GenerationOutput, InferenceEngine, SamplingConfig
+from coati.models.generation import GenerationOutput, InferenceEngine, SamplingConfig, through_last
 from coati.models.logprobs import action_logps
 from coati.models.loss import kl_penalty, masked_mean, masked_var
 from coati.rewards import WeightedReward
@@ -78,6 +78,10 @@ class RolloutConfig:
     """How completions are sampled (`--max_new_tokens`, `--temperature`, `--top_p`, `--top_k`)."""
     kl_estimator: str = "k3"
     """The `KL_ESTIMATORS` entry behind the logged KL and the KL term (`--kl_estimator`)."""
+    dynamic_sampling: bool = False
+    """DAPO: replace groups whose rewards all tie by groups of newly drawn prompts (`--dynamic_sampling`)."""
+    max_sampling_rounds: int = 4
+    """Dynamic sampling: extra prompt batches drawn at most per collect step (`--max_sampling_rounds`)."""
 
 
 @dataclass(frozen=True)
@@ -92,10 +96,6 @@ class GRPOConfig(RolloutConfig):
     """Mask groups whose rewards all tie out of the loss (`--drop_tied_groups`)."""
     advantage_estimator: str = "grpo"
     """The `ADVANTAGE_ESTIMATORS` entry (`--adv_estimator`)."""
-    dynamic_sampling: bool = False
-    """DAPO: replace tied groups by groups of newly drawn prompts (`--dynamic_sampling`)."""
-    max_sampling_rounds: int = 4
-    """Dynamic sampling: extra prompt batches drawn at most per collect step (`--max_sampling_rounds`)."""
     reward_shaping: Tuple[str, ...] = ()
     """`REWARD_SHAPERS` entries added to each completion's reward (`--reward_shaping`)."""
     shaping: Optional[ShapingConfig] = None
@@ -121,40 +121,13 @@ class PPOConfig(RolloutConfig):
 @dataclass
 class Scored:
     """Completions with their text and rewards, before any forward pass: `components` maps each reward's name to
-    its per-completion values."""
+    its per-completion values (the rewards' sum, before shaping, is `rewards`)."""
 
     out: GenerationOutput
     rewards: torch.Tensor
     prompts: List[str]
     completions: List[str]
     components: Dict[str, List[float]]
-
-    def rows(self, index: Sequence[int]) -> "Scored":
-        """The completions at `index`, in that order."""
-        at = torch.tensor(list(index), dtype=torch.long, device=self.rewards.device)
-        out = GenerationOutput(self.out.sequences[at], self.out.attention_mask[at], self.out.action_mask[at],
-                               self.out.prompt_length)
-        return Scored(out, self.rewards[at], [self.prompts[i] for i in index], [self.completions[i] for i in index],
-                      {k: [v[i] for i in index] for k, v in self.components.items()})
-
-    @staticmethod
-    def concat(parts: Sequence["Scored"], pad_token_id: int) -> "Scored":
-        """One batch of `parts` whose prompt and completion widths may differ: prompts left-padded, completions
-        right-padded to the widest."""
-        prompt_len = max(p.out.prompt_length for p in parts)
-        width = max(p.out.action_mask.size(1) for p in parts)
-
-        def padded(p: "Scored", tensor: torch.Tensor, value: int, left: bool = True) -> torch.Tensor:
-            pad = (prompt_len - p.out.prompt_length if left else 0, width - p.out.action_mask.size(1))
-            return torch.nn.functional.pad(tensor, pad, value=value)
-
-        out = GenerationOutput(torch.cat([padded(p, p.out.sequences, pad_token_id) for p in parts]),
-                               torch.cat([padded(p, p.out.attention_mask, 0) for p in parts]),
-                               torch.cat([padded(p, p.out.action_mask.long(), 0, left=False) for p in parts]).bool(),
-                               prompt_len)
-        return Scored(out, torch.cat([p.rewards for p in parts]), [x for p in parts for x in p.prompts],
-                      [x for p in parts for x in p.completions],
-                      {k: [x for p in parts for x in p.components[k]] for k in parts[0].components})
 
 
 @dataclass
@@ -194,16 +167,11 @@ class _Timer:
         self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
 
-def repeat_prompts(batch: Dict[str, Any], n: int) -> Dict[str, Any]:
-    """Each prompt (and its fields) `n` times in a row."""
-    return {k: v.repeat_interleave(n, 0) if isinstance(v, torch.Tensor) else [x for x in v for _ in range(n)]
-            for k, v in batch.items()}
-
-
 class ExperienceMaker:
-    """What both makers share: sample completions with `engine`, score them (the reward function on the
-    text, plus a reward model's score when one is given) and take the actor's and the frozen
-    reference's log-probs of the completion tokens."""
+    """What both makers share: `scorer` (the reward function on the text, plus a reward model's score when one is
+    given), the `engine` rollouts and evaluation generate with, and `from_trajectories`, which takes the actor's
+    and the frozen reference's log-probs of finished rollouts and lets each maker compute its advantages
+    (`_experience`)."""
 
     def __init__(self, actor: torch.nn.Module, engine: InferenceEngine, tokenizer: Any,
                  reward_fn: Optional[WeightedReward], config: RolloutConfig,
@@ -217,14 +185,28 @@ class ExperienceMaker:
         """Consecutive completions of one prompt that form a group in the metrics (GRPO's num_generations)."""
         return 1
 
-    def _scored(self, batch: Dict[str, Any], timer: _Timer) -> Scored:
-        """Completions of the batch's prompts, decoded and scored."""
-        with timer.phase("generation"):
-            out = self.engine.generate(batch["input_ids"], batch["attention_mask"], self.config.sampling)
-        with timer.phase("reward"):
-            prompts, completions, (total, components) = self.scorer.score_batch(batch, out)
-        rewards = torch.tensor(total, dtype=torch.float32, device=out.sequences.device)
-        return Scored(out, rewards, prompts, completions, components)
+    @property
+    def completions_per_prompt(self) -> int:
+        """How many completions a rollout makes of each prompt."""
+        return self.group_size
+
+    @torch.no_grad()
+    def from_trajectories(self, trajectories: Sequence[Any], device: torch.device,
+                          timing: Optional[Dict[str, float]] = None, **fields_: Any) -> Experience:
+        """Experience from finished rollouts (`coati.rollout.Trajectory`s of `completions_per_prompt` samples each):
+        the actor's log-probs now are the proximal policy's; the generators' log-probs, where the engine reported
+        them (asynchronous rollouts), go to `behaviour_log_probs` for the off-policy correction. `timing` holds the
+        seconds the rollouts took, by phase; `fields_` are further Experience fields (`extra_rollouts`)."""
+        scored, behaviour = stack_trajectories(trajectories, device)
+        versions = torch.tensor([t.version for t in trajectories for _ in range(t.sequences.size(0))], device=device)
+        timer = _Timer()
+        timer.seconds.update(timing or {})
+        return self._experience(self._with_log_probs(scored, timer), behaviour_log_probs=behaviour, versions=versions,
+                                **fields_)
+
+    def _experience(self, r: "_Rollout", **fields_: Any) -> Experience:
+        """The algorithm's advantages (and whatever else it needs) for `r`, as an Experience with `fields_`."""
+        raise NotImplementedError
 
     def _with_log_probs(self, scored: Scored, timer: _Timer) -> _Rollout:
         """The actor's (and the reference's) log-probs of scored completions, and the KL between them."""
@@ -240,7 +222,7 @@ class ExperienceMaker:
 
     def _terminated(self, out: GenerationOutput) -> torch.Tensor:
         """Per row: whether the completion ended with a stop token (rather than at the length limit)."""
-        lengths = _through_last(out.action_mask.bool()).sum(-1, keepdim=True)
+        lengths = through_last(out.action_mask.bool()).sum(-1, keepdim=True)
         last = out.sequences[:, out.prompt_length:].gather(1, (lengths - 1).clamp(min=0)).squeeze(-1)
         stops = self.config.sampling.stop_token_ids or (self.tokenizer.eos_token_id,)
         return torch.isin(last, torch.tensor(stops, device=last.device)) & (lengths.squeeze(-1) > 0)
@@ -249,9 +231,9 @@ class ExperienceMaker:
 class GRPOExperienceMaker(ExperienceMaker):
     """`num_generations` completions per prompt; advantages come from the rewards of each prompt's group (no
     critic), by the `advantage_estimator` of `ADVANTAGE_ESTIMATORS` (`maxent` at the temperature of `temperature`).
-    Groups whose rewards all tie carry no signal: with `dynamic_sampling` (DAPO) they are replaced by groups of
-    prompts that `make`'s `draw` supplies; with `drop_tied_groups`, and for those that dynamic sampling could not
-    replace, they stay in the batch (every rank steps alike) but are masked out of the loss."""
+    Groups whose rewards all tie carry no signal: with `drop_tied_groups` or `dynamic_sampling` (whose rollout
+    source replaces them by groups of new prompts where it can) those left stay in the batch (every rank steps
+    alike) but are masked out of the loss."""
 
     config: GRPOConfig
 
@@ -265,47 +247,11 @@ class GRPOExperienceMaker(ExperienceMaker):
     def group_size(self) -> int:
         return self.config.num_generations
 
-    @torch.no_grad()
-    def make(self, batch: Dict[str, Any], draw: Optional[Callable[[], Dict[str, Any]]] = None) -> Experience:
-        """Experience of the batch's prompts; `draw()` gives further prompt batches for dynamic sampling."""
-        timer, n = _Timer(), self.config.num_generations
-        scored, extra = self._scored(repeat_prompts(batch, n), timer), 0
-        if self.config.dynamic_sampling and draw is not None:
-            scored, extra = self._informative(scored, lambda: self._scored(repeat_prompts(draw(), n), timer))
-        return self._experience(self._with_log_probs(scored, timer), extra_rollouts=extra)
-
-    def _informative(self, scored: Scored, more: Callable[[], Scored]) -> Tuple[Scored, int]:
-        """DAPO's dynamic sampling: the batch's groups whose rewards do not all tie, topped up from `more()` (at most
-        `max_sampling_rounds` times) to the batch's size; tied groups fill what is still missing. Also returns how
-        many extra completions were generated."""
-        n = self.config.num_generations
-        needed, extra = scored.rewards.numel() // n, 0
-        informative: List[Scored] = []
-        tied: List[Scored] = []
-        for round_ in range(self.config.max_sampling_rounds + 1):
-            if round_:
-                scored = more()
-                extra += scored.rewards.numel()
-            for group, is_tied in enumerate(tied_groups(scored.rewards, n)[::n].tolist()):
-                (tied if is_tied else informative).append(scored.rows(range(group * n, (group + 1) * n)))
-            if len(informative) >= needed:
-                break
-        return Scored.concat((informative + tied)[:needed], self.tokenizer.pad_token_id), extra
-
-    @torch.no_grad()
-    def from_trajectories(self, trajectories: Sequence[Any], device: torch.device) -> Experience:
-        """Experience from groups generated elsewhere (`coati.rollout.Trajectory`s of `num_generations`
-        samples each): the actor's log-probs now are the proximal policy's, and the generators' go to
-        `behaviour_log_probs` for the off-policy correction."""
-        scored, behaviour = stack_trajectories(trajectories, device)
-        versions = torch.tensor([t.version for t in trajectories for _ in range(t.sequences.size(0))], device=device)
-        return self._experience(self._with_log_probs(scored, _Timer()), behaviour_log_probs=behaviour, versions=versions)
-
     def _experience(self, r: _Rollout, **fields_: Any) -> Experience:
         n, config = self.config.num_generations, self.config
         rewards = r.scored.rewards
         if config.reward_shaping:
-            lengths = _through_last(r.out.action_mask.bool()).sum(-1)
+            lengths = through_last(r.out.action_mask.bool()).sum(-1)
             rewards = shape_rewards(rewards, r.scored.components, lengths, config.reward_shaping,
                                     config.shaping or ShapingConfig(config.sampling.max_new_tokens))
         extra = {"tau": self.temperature.value} if self.temperature is not None else {}
@@ -316,15 +262,9 @@ class GRPOExperienceMaker(ExperienceMaker):
         return r.experience(rewards, advantages, loss_mask=loss_mask, **fields_)
 
 
-def _through_last(mask: torch.Tensor) -> torch.Tensor:
-    """True from the first column up to each row's last True: the tokens a multi-turn completion spans,
-    the turns it does not train on (a user's or a tool's) included."""
-    return mask.flip(-1).cummax(-1).values.flip(-1)
-
-
 def stack_trajectories(trajectories: Sequence[Any], device: torch.device):
     """One left-padded batch from trajectories whose prompts and completions differ in length: (`Scored`, the
-    generating log-probs)."""
+    generating log-probs, or None when an engine reported none)."""
     prompt_len = max(t.prompt_length for t in trajectories)
     completion_len = max(t.action_mask.size(1) for t in trajectories)
     rows = sum(t.sequences.size(0) for t in trajectories)
@@ -338,9 +278,10 @@ def stack_trajectories(trajectories: Sequence[Any], device: torch.device):
         sequences[row:row + n, prompt_len - p:prompt_len] = t.sequences[:, :p]
         sequences[row:row + n, prompt_len:prompt_len + c] = t.sequences[:, p:p + c]
         attention[row:row + n, prompt_len - p:prompt_len] = 1
-        attention[row:row + n, prompt_len:prompt_len + c] = _through_last(t.action_mask.bool()).long()
+        attention[row:row + n, prompt_len:prompt_len + c] = through_last(t.action_mask.bool()).long()
         action_mask[row:row + n, :c] = t.action_mask.bool()
-        behaviour[row:row + n, :c] = t.logprobs
+        if t.logprobs is not None:
+            behaviour[row:row + n, :c] = t.logprobs
         row += n
     components = {name: [v for t in trajectories for v in t.info["reward_components"][name]]
                   for name in trajectories[0].info["reward_components"]}
@@ -348,7 +289,8 @@ def stack_trajectories(trajectories: Sequence[Any], device: torch.device):
     scored = Scored(out, torch.cat([t.rewards for t in trajectories]).to(device),
                     [p for t in trajectories for p in t.info["prompts"]],
                     [c for t in trajectories for c in t.info["completions"]], components)
-    return scored, behaviour.to(device)
+    reported = all(t.logprobs is not None for t in trajectories)
+    return scored, behaviour.to(device) if reported else None
 
 
 def last_token_rewards(rewards: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
@@ -379,21 +321,22 @@ class PPOExperienceMaker(ExperienceMaker):
         self.critic = critic
         self.kl_controller = kl_controller or KLController(config.kl_coef)
 
-    @torch.no_grad()
-    def make(self, batch: Dict[str, Any], draw: Optional[Callable[[], Dict[str, Any]]] = None) -> Experience:
-        """Experience of the batch's prompts (`draw` is for makers that sample further prompts; PPO does not)."""
-        timer = _Timer()
-        r = self._with_log_probs(self._scored(repeat_prompts(batch, self.config.samples_per_prompt), timer), timer)
+    @property
+    def completions_per_prompt(self) -> int:
+        return self.config.samples_per_prompt
+
+    def _experience(self, r: _Rollout, **fields_: Any) -> Experience:
         mask = r.out.action_mask
-        with timer.phase("critic_forward"):
-            values = action_values(self.critic, r.out.sequences, r.out.attention_mask, r.out.prompt_length) * mask
+        start = time.perf_counter()
+        values = action_values(self.critic, r.out.sequences, r.out.attention_mask, r.out.prompt_length) * mask
+        r.timing["critic_forward"] = time.perf_counter() - start
         token_rewards = last_token_rewards(r.scored.rewards, mask)
         if r.kl is not None:
             token_rewards = token_rewards - self.kl_controller.value * r.kl
         advantages, returns = compute_gae(token_rewards, values, mask, self.config.gamma, self.config.lam)
         if self.config.whiten_advantages:
             advantages = whiten(advantages, mask)
-        return r.experience(r.scored.rewards, advantages, values=values, returns=returns)
+        return r.experience(r.scored.rewards, advantages, values=values, returns=returns, **fields_)
 
 
 def completion_rows(experience: Experience) -> List[Dict[str, Any]]:

@@ -39,6 +39,12 @@ class GenerationOutput:
     prompt_length: int
 
 
+def through_last(mask: torch.Tensor) -> torch.Tensor:
+    """True from the first column up to each row's last True: the tokens a multi-turn completion spans,
+    the turns it does not train on (a user's or a tool's) included."""
+    return mask.flip(-1).cummax(-1).values.flip(-1)
+
+
 class InferenceEngine(Protocol):
     """What a trainer needs from a generation backend."""
 

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from coati.models.generation import HFEngine, SamplingConfig
+from coati.models.generation import GenerationOutput, HFEngine, SamplingConfig, through_last
 from coati.models.logprobs import action_logps
 
 
@@ -26,13 +26,45 @@ class GeneratorError(RuntimeError):
 class Completions:
     """`n` completions of one prompt from one weights `version`. `sequences` (n, prompt + T) hold the
     prompt (its first `prompt_length` columns) and the completion, right-padded; `action_mask` (n, T)
-    marks generated tokens; `logprobs` (n, T) are their log-probs under the generating weights."""
+    marks generated tokens; `logprobs` (n, T) are their log-probs under the generating weights (None from an
+    engine that does not report them: the training model itself, whose own forward gives them)."""
 
     sequences: torch.Tensor
     action_mask: torch.Tensor
-    logprobs: torch.Tensor
+    logprobs: Optional[torch.Tensor]
     prompt_length: int
     version: int
+
+    def as_output(self) -> GenerationOutput:
+        """The same completions as a `GenerationOutput` (the prompt attended to, the completion through its
+        last generated token)."""
+        prompt = torch.ones(self.sequences.size(0), self.prompt_length, dtype=torch.long, device=self.sequences.device)
+        attention = torch.cat([prompt, through_last(self.action_mask.bool()).long()], dim=1)
+        return GenerationOutput(self.sequences, attention, self.action_mask, self.prompt_length)
+
+
+@torch.no_grad()
+def generate_requests(engine: HFEngine, requests: Sequence[Tuple[List[int], int]], config: SamplingConfig,
+                      version: int, logprobs_model: Optional[torch.nn.Module] = None) -> List[Completions]:
+    """Completions for several (prompt, n) requests in one batched generation (prompts left-padded), marked as
+    made by weights `version`; with `logprobs_model`, the log-probs of their tokens under it (else None)."""
+    prompts = [list(prompt) for prompt, n in requests for _ in range(n)]
+    width = max(len(p) for p in prompts)
+    pad = engine.pad_token_id
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    device = next(engine.model.parameters()).device
+    out = engine.generate(ids.to(device), mask.to(device), config)
+    logps = None
+    if logprobs_model is not None:
+        logps = action_logps(logprobs_model, out.sequences, out.attention_mask, out.prompt_length) * out.action_mask
+    results, row = [], 0
+    for prompt, n in requests:
+        rows = slice(row, row + n)
+        results.append(Completions(out.sequences[rows, width - len(prompt):], out.action_mask[rows],
+                                   None if logps is None else logps[rows], len(prompt), version))
+        row += n
+    return results
 
 
 class GeneratorWorker:
@@ -50,23 +82,9 @@ class GeneratorWorker:
     def generate(self, prompt_ids: List[int], config: SamplingConfig, n: int) -> Completions:
         return self.generate_many([(prompt_ids, n)], config)[0]
 
-    @torch.no_grad()
     def generate_many(self, requests: List[Tuple[List[int], int]], config: SamplingConfig) -> List[Completions]:
-        """Completions for several (prompt, n) requests in one batched generation (prompts left-padded)."""
-        prompts = [prompt for prompt, n in requests for _ in range(n)]
-        width = max(len(p) for p in prompts)
-        pad = self.engine.pad_token_id
-        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-        out = self.engine.generate(ids, mask, config)
-        logps = action_logps(self.model, out.sequences, out.attention_mask, out.prompt_length) * out.action_mask
-        results, row = [], 0
-        for prompt, n in requests:
-            rows = slice(row, row + n)
-            results.append(Completions(out.sequences[rows, width - len(prompt):], out.action_mask[rows], logps[rows],
-                                       len(prompt), self.version))
-            row += n
-        return results
+        """Completions for several (prompt, n) requests in one batched generation, with their log-probs."""
+        return generate_requests(self.engine, requests, config, self.version, logprobs_model=self.model)
 
     def load_weights(self, state_dict: Dict[str, torch.Tensor], version: int) -> int:
         self.model.load_state_dict(state_dict)

@@ -24,12 +24,12 @@ class AsyncEngine(Protocol):
 class Trajectory:
     """One prompt's finished samples, ready to train on: `sequences` (n, prompt + T) with the prompt in the
     first `prompt_length` columns, `action_mask` (n, T) over the tokens to train on, `logprobs` (n, T) of
-    those tokens under the generating weights, `rewards` (n,), and the weights `version` that generated
-    them. `info` holds text and reward components for logs."""
+    those tokens under the generating weights (None where the engine reports none), `rewards` (n,), and the
+    weights `version` that generated them. `info` holds text and reward components for logs."""
 
     sequences: torch.Tensor
     action_mask: torch.Tensor
-    logprobs: torch.Tensor
+    logprobs: Optional[torch.Tensor]
     rewards: torch.Tensor
     prompt_length: int
     version: int
@@ -57,7 +57,8 @@ class RLVRWorkflow(RolloutWorkflow):
         prompt = self.scorer.decode(sample["input_ids"])
         completions = self.scorer.completions(out)
         fields = {k: [v] * n for k, v in sample.items() if k not in PROMPT_FIELDS}
-        total, components = await asyncio.to_thread(self.scorer.score_texts, [prompt] * n, completions, fields)
+        total, components = await asyncio.to_thread(self.scorer.score_texts, [prompt] * n, completions, fields,
+                                                    out.as_output())
         return Trajectory(out.sequences, out.action_mask, out.logprobs, torch.tensor(total, dtype=torch.float32),
                           out.prompt_length, out.version,
                           {"prompts": [prompt] * n, "completions": completions, "reward_components": components})

@@ -150,7 +150,7 @@ class RolloutTrainer(OLTrainer):
         """Rollout metrics, the token count and (when due) the sample table of one experience batch."""
         metrics = rollout_metrics(experience, self._group_size())
         metrics.update({f"time/{k}": v for k, v in experience.timing.items()})
-        if getattr(self.maker.config, "dynamic_sampling", False):
+        if self.maker.config.dynamic_sampling:
             metrics["dynamic_sampling/extra_rollouts"] = float(experience.extra_rollouts)
         drawn = (experience.sequences.size(0) + experience.extra_rollouts) // self._group_size()
         counts = gather_lists([(tokens_in(experience), drawn)])

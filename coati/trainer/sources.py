@@ -1,18 +1,21 @@
 """Where an on-policy trainer's experience comes from: a component the loop holds, not a subclass of it.
 
-`LocalRollouts` generates each batch on the training model when the loop asks; `AsyncRollouts` takes batches
+`LocalRollouts` runs a rollout workflow on the training model when the loop asks; `AsyncRollouts` takes batches
 from generator processes that run ahead of training (AReaL-style asynchronous RL) and hands them the new
 weights after every update. A new way of producing experience (another engine, a remote service) is a new
 `RolloutSource`, and every trainer can use it.
 """
-from typing import Any, Dict, List, Optional
+import time
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
 from coati.distributed.comm import is_distributed, rank, world_size
 from coati.experience.experience import Experience, ExperienceMaker
-from coati.rollout import GeneratorPool, PromptStream, Trajectory, WorkflowExecutor
+from coati.experience.scorer import PROMPT_FIELDS
+from coati.rollout import (GeneratorPool, LocalEngine, PromptStream, RLVRWorkflow, RolloutWorkflow, Trajectory,
+                           WorkflowExecutor, run_episodes)
 from coati.utils.stats_tracker import StatsTracker
 
 from .base import move_to_device
@@ -76,15 +79,60 @@ class RolloutSource:
         """Stop whatever the source started."""
 
 
-class LocalRollouts(RolloutSource):
-    """Synchronous rollouts: the maker completes the next batch of `prompts` with its engine (the training model),
-    drawing further batches when it samples dynamically. The prompts' position is the checkpoint's own."""
+def prompt_rows(batch: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The rows of a left-padded prompt batch as workflow samples: unpadded `input_ids`, and the row's other fields."""
+    ids, mask = batch["input_ids"], batch["attention_mask"].bool()
+    fields = {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in batch.items() if k not in PROMPT_FIELDS}
+    return [{"input_ids": ids[i][mask[i]].tolist(), **{k: v[i] for k, v in fields.items()}} for i in range(ids.size(0))]
 
-    def __init__(self, maker: ExperienceMaker, prompts: CyclingLoader) -> None:
+
+def _ties(trajectory: Trajectory) -> bool:
+    """Whether every completion of the group got the same reward (no learning signal)."""
+    return bool((trajectory.rewards == trajectory.rewards[0]).all())
+
+
+class LocalRollouts(RolloutSource):
+    """Synchronous rollouts through the same workflows asynchronous ones run: `workflow` (default: `RLVRWorkflow`
+    with the maker's scorer) completes each prompt of the next batch of `prompts` against a `LocalEngine` over the
+    maker's engine (the training model, one batched generation per batch). With the maker's `dynamic_sampling`
+    (DAPO), groups whose rewards all tie are replaced by groups of further prompts, at most `max_sampling_rounds`
+    more batches; tied groups fill what is still missing. The prompts' position is the checkpoint's own."""
+
+    def __init__(self, maker: ExperienceMaker, prompts: CyclingLoader, workflow: Optional[RolloutWorkflow] = None) -> None:
         self.maker, self.prompts = maker, prompts
+        self.workflow = workflow or RLVRWorkflow(maker.scorer, maker.config.sampling, maker.completions_per_prompt)
+        self.engine = LocalEngine(maker.engine)
 
     def next(self, episode: int, stats: StatsTracker) -> Experience:
-        return self.maker.make(self.prompts.next(), draw=self.prompts.next)
+        self.engine.version, self.engine.seconds = episode, 0.0
+        start = time.perf_counter()
+        trajectories, extra = self._rollouts(), 0
+        if self.maker.config.dynamic_sampling:
+            trajectories, extra = self._informative(trajectories)
+        seconds = time.perf_counter() - start
+        timing = {"generation": self.engine.seconds, "reward": seconds - self.engine.seconds}
+        return self.maker.from_trajectories(trajectories, self.prompts.device, timing, extra_rollouts=extra)
+
+    def _rollouts(self) -> List[Trajectory]:
+        """The workflow's trajectories of the next prompt batch (those it dropped left out)."""
+        done = run_episodes(self.workflow, self.engine, prompt_rows(self.prompts.next()))
+        return [trajectory for trajectory in done if trajectory is not None]
+
+    def _informative(self, trajectories: List[Trajectory]) -> Tuple[List[Trajectory], int]:
+        """DAPO's dynamic sampling: the groups whose rewards do not all tie, topped up from further prompt batches to
+        the batch's size; tied groups fill what is still missing. Also returns the extra completions generated."""
+        needed, extra = len(trajectories), 0
+        informative: List[Trajectory] = []
+        tied: List[Trajectory] = []
+        for round_ in range(self.maker.config.max_sampling_rounds + 1):
+            if round_:
+                trajectories = self._rollouts()
+                extra += sum(t.sequences.size(0) for t in trajectories)
+            for trajectory in trajectories:
+                (tied if _ties(trajectory) else informative).append(trajectory)
+            if len(informative) >= needed:
+                break
+        return (informative + tied)[:needed], extra
 
     def prompts_per_epoch(self) -> int:
         """Every rank's equal share (the sampler pads the last one)."""
