@@ -8,13 +8,14 @@ import sys
 import pytest
 import torch
 from datasets import load_from_disk
-from transformers import AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from coati.experience.experience import stack_trajectories
 from coati.experience.scorer import Scorer
-from coati.models.generation import SamplingConfig
+from coati.models.generation import HFEngine, SamplingConfig
 from coati.rewards import WeightedReward
-from coati.rollout import GeneratorError, GeneratorPool, PromptStream, RLVRWorkflow, Trajectory, WorkflowExecutor
+from coati.rollout import (GeneratorError, GeneratorPool, LocalEngine, PromptStream, RLVRWorkflow, Trajectory,
+                           WorkflowExecutor, run_episodes)
 from conftest import REPO
 
 GENERATIONS = 4
@@ -170,16 +171,25 @@ def test_stack_trajectories_left_pads_prompts_and_aligns_completions():
     assert scored.rewards.tolist() == [1.0] * 4 and scored.components["math_answer"] == [1.0] * 4
 
 
-def test_the_example_two_turn_workflow_masks_the_follow_up_question(pool, tokenizer, prompts):
+@pytest.mark.parametrize("engine", ["generators", "local"])
+def test_the_example_two_turn_workflow_masks_the_follow_up_question(engine, request, tokenizer, prompts, tiny_assets):
+    """The same workflow on Ray generators (asynchronous) and on the training model in-process (synchronous)."""
     sys.path.insert(0, str(REPO / "examples" / "rollout_workflows"))
     from self_check_workflow import SelfCheckWorkflow
 
     workflow = SelfCheckWorkflow(tokenizer, SAMPLING, GENERATIONS)
-    executor = WorkflowExecutor(pool, workflow, batch_size=1, max_concurrent_rollouts=2, max_staleness=0)
-    try:
-        trajectory, = executor.rollout_batch([prompts[0]])
-    finally:
-        executor.shutdown()
+    if engine == "local":
+        model = AutoModelForCausalLM.from_pretrained(tiny_assets["model"]).eval()
+        local = LocalEngine(HFEngine(model, tokenizer.pad_token_id, [tokenizer.eos_token_id]))
+        trajectory, = run_episodes(workflow, local, [prompts[0]])
+        assert trajectory.logprobs is None and local.seconds > 0
+    else:
+        executor = WorkflowExecutor(request.getfixturevalue("pool"), workflow, batch_size=1, max_concurrent_rollouts=2,
+                                    max_staleness=0)
+        try:
+            trajectory, = executor.rollout_batch([prompts[0]])
+        finally:
+            executor.shutdown()
     follow_up = workflow.follow_up
     packed = stack_trajectories([trajectory], torch.device("cpu"))[0].out
     spans = packed.attention_mask[:, packed.prompt_length:]

@@ -13,9 +13,15 @@ import torch
 
 from coati.models.generation import SamplingConfig
 from coati.rewards import WeightedReward
-from coati.rollout import AsyncEngine, RolloutWorkflow, Trajectory
+from coati.rollout import AsyncEngine, Completions, RolloutWorkflow, Trajectory
 
 CHECK = "Check your answer. Reply with the final answer only."
+
+
+def _logprobs(out: Completions, row: int) -> List[float]:
+    """The generated tokens' log-probs of one row (zeros from an engine that reports none: the local one)."""
+    mask = out.action_mask[row]
+    return out.logprobs[row][mask].tolist() if out.logprobs is not None else [0.0] * int(mask.sum())
 
 
 class SelfCheckWorkflow(RolloutWorkflow):
@@ -29,13 +35,13 @@ class SelfCheckWorkflow(RolloutWorkflow):
     async def _second_turn(self, engine: AsyncEngine, prompt: List[int], first: List[int]):
         out = await engine.agenerate(prompt + first + self.follow_up, self.sampling, 1)
         second = out.sequences[0, out.prompt_length:][out.action_mask[0]]
-        return second.tolist(), out.logprobs[0][out.action_mask[0]].tolist(), out.version
+        return second.tolist(), _logprobs(out, 0), out.version
 
     async def arun_episode(self, engine: AsyncEngine, sample: Dict[str, Any]) -> Optional[Trajectory]:
         prompt = list(sample["input_ids"])
         first = await engine.agenerate(prompt, self.sampling, self.n)
-        turns = [(first.sequences[i, first.prompt_length:][first.action_mask[i]].tolist(),
-                  first.logprobs[i][first.action_mask[i]].tolist()) for i in range(self.n)]
+        turns = [(first.sequences[i, first.prompt_length:][first.action_mask[i]].tolist(), _logprobs(first, i))
+                 for i in range(self.n)]
         seconds = await asyncio.gather(*(self._second_turn(engine, prompt, tokens) for tokens, _ in turns))
         rows, masks, logps, finals = [], [], [], []
         for (tokens1, lp1), (tokens2, lp2, _) in zip(turns, seconds):
@@ -50,7 +56,7 @@ class SelfCheckWorkflow(RolloutWorkflow):
         return Trajectory(
             sequences=torch.tensor([prompt + r + [pad] * (width - len(r)) for r in rows]),
             action_mask=torch.tensor([m + [0] * (width - len(m)) for m in masks], dtype=torch.bool),
-            logprobs=torch.tensor([lp + [0.0] * (width - len(lp)) for lp in logps]),
+            logprobs=torch.tensor([lp + [0.0] * (width - len(lp)) for lp in logps]) if first.logprobs is not None else None,
             rewards=torch.tensor(total), prompt_length=len(prompt),
             version=min([first.version] + [v for _, _, v in seconds]),
             info={"prompts": [text] * self.n, "completions": finals, "reward_components": components})
