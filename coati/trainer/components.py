@@ -1,22 +1,28 @@
-"""What an algorithm adds to the on-policy loop, as parts the loop holds: terms added to the actor's loss (GRPO's
-KL to the reference, PPO's pretraining loss) and PPO's critic with its own optimizer. The loop calls them at
-fixed points; an algorithm is the set of parts it brings, not a subclass that overrides the loop."""
+"""The on-policy update and what an algorithm adds to it, as parts the loop holds: the actor's loss
+(`actor_loss`), terms added to it (GRPO's KL to the reference, PPO's pretraining loss), gradient accumulation,
+and PPO's critic with its own optimizer. The loop calls them at fixed points; an algorithm is the set of parts it
+brings, not a subclass that overrides the loop."""
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from coati.experience.controllers import KLController
 from coati.experience.experience import Experience
 from coati.models.critic import action_values
-from coati.models.logprobs import label_logps
-from coati.models.loss import ValueLoss, kl_penalty, masked_mean, masked_var
+from coati.models.logprobs import action_logps, label_logps
+from coati.models.loss import PolicyLoss, ValueLoss, kl_penalty, masked_mean, masked_var, token_entropy
 from coati.utils.ckpt_io import ModelState
 
 from .sources import CyclingLoader
 
 Metrics = Dict[str, Tuple[float, float]]
 Aggregate = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+POLICY_LOSS_METRICS = {"clip_ratio/region": ("clip_ratio", "clip_ratio/region_mean"), "clip_ratio/low": ("clip_ratio/low_mean",),
+                       "clip_ratio/high": ("clip_ratio/high_mean",), "token_loss": ("loss_per_completion_token",),
+                       "skipped": ("policy_skipped",)}
+"""`PolicyLoss` stats -> the logged names of the published GRPO module (the others keep their own)."""
 
 
 class LossTerm:
@@ -86,6 +92,38 @@ class PtxTerm(LossTerm):
 
     def restore(self, state: Dict[str, Any]) -> None:
         self.batches.restore(state["epoch"], state["seen"])
+
+
+def policy_loss_metrics(stats: Dict[str, torch.Tensor]) -> Dict[str, Tuple[float, float]]:
+    """One step's `PolicyLoss` stats as metrics under their published names (POLICY_LOSS_METRICS)."""
+    metrics = {}
+    for name, value in stats.items():
+        for logged in POLICY_LOSS_METRICS.get(name, (name,)):
+            metrics[logged] = (value.item(), 1)
+    return metrics
+
+
+def actor_loss(actor: torch.nn.Module, experience: Experience, policy_loss: PolicyLoss, entropy_coef: float,
+               loss_terms: Sequence[LossTerm]) -> Tuple[torch.Tensor, Metrics, Dict[str, torch.Tensor]]:
+    """The actor's loss on one micro-batch of `experience`: `policy_loss` (the clipped surrogate against the
+    experience's log-probs and advantages, over its loss mask), minus `entropy_coef` times the entropy, plus each
+    of `loss_terms`, all aggregated alike. Returns it with its metrics and `policy_loss`'s raw stats."""
+    mask = experience.loss_mask if experience.loss_mask is not None else experience.action_mask
+    logps, logits = action_logps(actor, experience.sequences, experience.attention_mask, experience.prompt_length,
+                                 return_logits=True)
+    loss, stats = policy_loss(logps, experience.action_log_probs, experience.advantages, mask,
+                              experience.behaviour_log_probs)
+    metrics = {"loss/policy": (loss.item(), 1), **policy_loss_metrics(stats)}
+    entropy = policy_loss.aggregate(token_entropy(logits), mask)
+    metrics["policy_entropy"] = (entropy.item(), 1)
+    if entropy_coef > 0:
+        loss = loss - entropy_coef * entropy
+    for term in loss_terms:
+        extra, extra_metrics = term(experience, logps, mask, policy_loss.aggregate)
+        metrics.update(extra_metrics)
+        if extra is not None:
+            loss = loss + extra
+    return loss, {**metrics, "loss": (loss.item(), 1)}, stats
 
 
 class Accumulation:

@@ -3,39 +3,25 @@ metrics and sample tables, the actor's clipped policy-gradient step, held-out ev
 checkpoints of every model being trained."""
 import time
 from dataclasses import replace
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
 from coati.experience.experience import Experience, ExperienceMaker, completion_rows
 from coati.distributed.comm import gather_lists
 from coati.experience.metrics import rollout_metrics, tokens_in
-from coati.models.logprobs import action_logps
-from coati.models.loss import PolicyLoss, token_entropy
+from coati.models.loss import PolicyLoss
 from coati.utils.cadence import Evaluator, Saver
 from coati.utils.ckpt_io import ModelState, load_checkpoint, read_running_state, save_checkpoint
 from coati.utils.stats_tracker import StatsTracker
 
 from .base import LogCadence, OLTrainer, move_to_device
 from .callbacks import Callback, fire
-from .components import Accumulation, CriticUpdate, LossTerm
+from .components import Accumulation, CriticUpdate, LossTerm, actor_loss
 from .sources import CyclingLoader, LocalRollouts, RolloutSource
 
 SAMPLE_TABLE = "completions"
-POLICY_LOSS_METRICS = {"clip_ratio/region": ("clip_ratio", "clip_ratio/region_mean"), "clip_ratio/low": ("clip_ratio/low_mean",),
-                       "clip_ratio/high": ("clip_ratio/high_mean",), "token_loss": ("loss_per_completion_token",),
-                       "skipped": ("policy_skipped",)}
-"""`PolicyLoss` stats -> the logged names of the published GRPO module (the others keep their own)."""
 MAX_SAMPLE_ROWS = 64
-
-
-def policy_loss_metrics(stats: Dict[str, torch.Tensor]) -> Dict[str, Tuple[float, float]]:
-    """One step's `PolicyLoss` stats as metrics under their published names (POLICY_LOSS_METRICS)."""
-    metrics = {}
-    for name, value in stats.items():
-        for logged in POLICY_LOSS_METRICS.get(name, (name,)):
-            metrics[logged] = (value.item(), 1)
-    return metrics
 
 
 class RolloutTrainer(OLTrainer):
@@ -171,23 +157,8 @@ class RolloutTrainer(OLTrainer):
 
     def _policy_step(self, experience: Experience) -> None:
         """The actor's loss on one micro-batch, backward; an optimizer step once its accumulation group is complete."""
-        mask = experience.loss_mask if experience.loss_mask is not None else experience.action_mask
-        logps, logits = action_logps(self.actor, experience.sequences, experience.attention_mask,
-                                     experience.prompt_length, return_logits=True)
-        loss, stats = self.policy_loss(logps, experience.action_log_probs, experience.advantages, mask,
-                                       experience.behaviour_log_probs)
-        metrics = {"loss/policy": (loss.item(), 1), **policy_loss_metrics(stats)}
-        entropy = self.policy_loss.aggregate(token_entropy(logits), mask)
-        metrics["policy_entropy"] = (entropy.item(), 1)
-        if self.entropy_coef > 0:
-            loss = loss - self.entropy_coef * entropy
-        for term in self.loss_terms:
-            extra, extra_metrics = term(experience, logps, mask, self.policy_loss.aggregate)
-            metrics.update(extra_metrics)
-            if extra is not None:
-                loss = loss + extra
-        record = ({**metrics, "loss": (loss.item(), 1)}, stats["clip_ratio/low"].item(),
-                  stats["clip_ratio/high"].item())
+        loss, metrics, stats = actor_loss(self.actor, experience, self.policy_loss, self.entropy_coef, self.loss_terms)
+        record = (metrics, stats["clip_ratio/low"].item(), stats["clip_ratio/high"].item())
         records = self._accumulated_step(self.actor_accumulation, self.actor_booster, self.optimizer,
                                          self.lr_scheduler, loss, record, "policy")
         if records is None:
