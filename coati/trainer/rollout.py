@@ -26,17 +26,17 @@ MAX_SAMPLE_ROWS = 64
 
 class RolloutTrainer(OLTrainer):
     """Each episode takes `num_collect_steps` batches of experience from `source` (default: `LocalRollouts`, the
-    `experience_maker` on the next prompt batches), then `num_update_steps` passes of `_learn_step` over them.
+    RLVR workflow on the next prompt batches, made into experience by `experience_maker`), then `num_update_steps`
+    passes of `_learn_step` over them in micro-batches of `train_batch_size`.
 
-    The actor's step (`_policy_step`) is `policy_loss` minus `entropy_coef` times the entropy plus each of
+    The actor's step is `actor_loss`: `policy_loss` minus `entropy_coef` times the entropy plus each of
     `loss_terms` (GRPO's KL term, PPO's ptx loss); `critic`, when given, learns from the same micro-batches. After
-    the updates the source learns of the new weights and the controllers (`_adapt`) move. When `evaluator` says so (default: every
-    `eval_interval` episodes), before the first and after the last, the held-out prompts are completed
-    greedily and scored; every `sample_log_interval` episodes a sample table goes to the metrics logger.
-    Checkpoints (with `save_dir`), when `saver` says so (default: every `save_interval` episodes) and after
-    the last, hold every trained model
-    (`_trained_models`), the episode, the prompt order's position, the token count and RNG, so a resumed
-    run continues identically.
+    the updates the source learns of the new weights and the controllers (`_adapt`) move. When `evaluator` says
+    so (default: every `eval_interval` episodes), before the first and after the last, the held-out prompts are
+    completed greedily and scored; every `sample_log_interval` episodes a sample table goes to the metrics logger.
+    Checkpoints (with `save_dir`), when `saver` says so (default: every `save_interval` episodes) and after the
+    last, hold every trained model (`_trained_models`), the episode, the prompt order's position, the token count,
+    every part's state and RNG, so a resumed run continues identically.
     """
 
     def __init__(

@@ -49,7 +49,6 @@ class CyclingLoader:
         self.dataloader.sampler.set_start_index(seen)
 
 
-
 class RolloutSource:
     """What the on-policy loop asks of its experience: `start(episode)` once before the first episode, `next` per
     collect step, `learned(version)` after every episode's updates (the weights are now `version`), `close()`
