@@ -204,7 +204,7 @@ class ExperienceMaker:
         return self._experience(self._with_log_probs(scored, timer), behaviour_log_probs=behaviour, versions=versions,
                                 **fields_)
 
-    def _experience(self, r: "_Rollout", **fields_: Any) -> Experience:
+    def _experience(self, r: _Rollout, **fields_: Any) -> Experience:
         """The algorithm's advantages (and whatever else it needs) for `r`, as an Experience with `fields_`."""
         raise NotImplementedError
 
