@@ -48,10 +48,12 @@ class LocalEngine:
         self.seconds += time.perf_counter() - start
 
 
-def run_episodes(workflow: RolloutWorkflow, engine: Any, samples: Sequence[Dict[str, Any]]) -> List[Optional[Trajectory]]:
+def run_episodes(workflow: RolloutWorkflow, engine: Any, samples: Sequence[Dict[str, Any]],
+                 loop: Optional[asyncio.AbstractEventLoop] = None) -> List[Optional[Trajectory]]:
     """`workflow`'s episode for every sample, run concurrently against `engine` until all are done (None where
-    the workflow dropped one), in the samples' order."""
+    the workflow dropped one), in the samples' order; on `loop` when given (a loop kept across calls keeps its
+    worker threads), else on a new one."""
     async def every() -> List[Optional[Trajectory]]:
         return list(await asyncio.gather(*(workflow.arun_episode(engine, sample) for sample in samples)))
 
-    return asyncio.run(every())
+    return loop.run_until_complete(every()) if loop is not None else asyncio.run(every())

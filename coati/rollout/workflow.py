@@ -57,8 +57,8 @@ class RLVRWorkflow(RolloutWorkflow):
         prompt = self.scorer.decode(sample["input_ids"])
         completions = self.scorer.completions(out)
         fields = {k: [v] * n for k, v in sample.items() if k not in PROMPT_FIELDS}
-        total, components = await asyncio.to_thread(self.scorer.score_texts, [prompt] * n, completions, fields,
-                                                    out.as_output())
+        sequences = out.as_output() if self.scorer.reward_model is not None else None
+        total, components = await asyncio.to_thread(self.scorer.score_texts, [prompt] * n, completions, fields, sequences)
         return Trajectory(out.sequences, out.action_mask, out.logprobs, torch.tensor(total, dtype=torch.float32),
                           out.prompt_length, out.version,
                           {"prompts": [prompt] * n, "completions": completions, "reward_components": components})

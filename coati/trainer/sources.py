@@ -5,6 +5,7 @@ from generator processes that run ahead of training (AReaL-style asynchronous RL
 weights after every update. A new way of producing experience (another engine, a remote service) is a new
 `RolloutSource`, and every trainer can use it.
 """
+import asyncio
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -101,6 +102,7 @@ class LocalRollouts(RolloutSource):
         self.maker, self.prompts = maker, prompts
         self.workflow = workflow or RLVRWorkflow(maker.scorer, maker.config.sampling, maker.completions_per_prompt)
         self.engine = LocalEngine(maker.engine)
+        self._loop: Optional[asyncio.AbstractEventLoop] = None   # kept across batches, with its worker threads
 
     def next(self, episode: int, stats: StatsTracker) -> Experience:
         self.engine.version, self.engine.seconds = episode, 0.0
@@ -114,7 +116,9 @@ class LocalRollouts(RolloutSource):
 
     def _rollouts(self) -> List[Trajectory]:
         """The workflow's trajectories of the next prompt batch (those it dropped left out)."""
-        done = run_episodes(self.workflow, self.engine, prompt_rows(self.prompts.next()))
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        done = run_episodes(self.workflow, self.engine, prompt_rows(self.prompts.next()), self._loop)
         return [trajectory for trajectory in done if trajectory is not None]
 
     def _informative(self, trajectories: List[Trajectory]) -> Tuple[List[Trajectory], int]:
@@ -136,6 +140,12 @@ class LocalRollouts(RolloutSource):
     def prompts_per_epoch(self) -> int:
         """Every rank's equal share (the sampler pads the last one)."""
         return self.prompts.dataloader.sampler.total_size
+
+    def close(self) -> None:
+        if self._loop is not None:
+            self._loop.run_until_complete(self._loop.shutdown_default_executor())
+            self._loop.close()
+            self._loop = None
 
 
 class AsyncRollouts(RolloutSource):
