@@ -1,7 +1,13 @@
-"""The math reward on tricky answers; the weighted reward's components and its errors that name the function."""
+"""The math reward on tricky answers (numbers exactly, expressions through math-verify in worker processes with a
+timeout); the weighted reward's components and diagnostics, and its errors that name the function."""
+import threading
+import time
+
+import psutil
 import pytest
 
-from coati.rewards import RewardFunctionError, WeightedReward, answers_match, extract_answer
+from coati.rewards import RewardFunctionError, WeightedReward, answers_match, extract_answer, math_answer
+from coati.rewards.verifier import MathVerifier
 from coati.utils.errors import CoatiUsageError
 
 CASES = [
@@ -21,6 +27,28 @@ CASES = [
     ("#### $18", "18", True),
     ("Answer: 3.0", "3", True),
     ("#### 3", "She has 5 pens left. #### 3", True),      # a GSM8K-style ground truth
+    # expressions, which math-verify compares symbolically
+    ("\\boxed{\\frac{2}{4}}", "\\frac{1}{2}", True),
+    ("\\boxed{\\dfrac{3}{6}}", "0.5", True),
+    ("so $\\boxed{x=3}$", "3", True),
+    ("\\boxed{x = -2}", "-2", True),
+    ("\\boxed{\\sqrt{4}}", "2", True),
+    ("\\boxed{\\sqrt{2}}", "\\frac{2}{\\sqrt{2}}", True),
+    ("\\boxed{2\\pi}", "\\pi + \\pi", True),
+    ("\\boxed{\\pi}", "3", False),
+    ("\\boxed{[1,2]}", "[1,2]", True),
+    ("\\boxed{[1,3]}", "[1,2]", False),
+    ("\\boxed{(0, \\infty)}", "(0,\\infty)", True),
+    ("\\boxed{\\{2,1\\}}", "\\{1,2\\}", True),
+    ("\\boxed{\\{1,3\\}}", "\\{1,2\\}", False),
+    ("\\boxed{5\\text{ cm}}", "5", True),
+    ("\\boxed{12\\%}", "12", True),
+    ("\\boxed{-\\frac{1}{3}}", "\\frac{-1}{3}", True),
+    ("\\boxed{\\frac{1}{3}}", "-\\frac{1}{3}", False),
+    ("\\boxed{2^{10}}", "1024", True),
+    ("\\boxed{x^2+2x+1}", "(x+1)^2", True),
+    ("\\boxed{x^2+1}", "(x+1)^2", False),
+    ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\sin(\\pi/3)", True),
 ]
 
 
@@ -32,13 +60,59 @@ def test_math_answer_on_tricky_answers(completion, truth, expected):
 def test_answer_extraction_prefers_hashes_then_boxed_then_the_last_number():
     assert extract_answer("3 + 4 = 7 #### 7") == "7"
     assert extract_answer("first 3 then \\boxed{5} then 9") == "5"
+    assert extract_answer("\\boxed{\\frac{a^{2^{b}}}{c}} done") == "\\frac{a^{2^{b}}}{c}"   # braces matched at any depth
     assert extract_answer("no digits") is None
+
+
+def _verifier_workers():
+    return [p for p in psutil.Process().children(recursive=True) if "verifier.py" in " ".join(p.cmdline())]
+
+
+def test_a_verifier_that_hangs_scores_zero_from_a_thread_and_is_counted():
+    """2^2^2^2^2^10 makes sympy compute for ever while holding the GIL: only killing its worker process stops it."""
+    math_answer([], ["\\boxed{x=1}"], ["1"])                 # the shared verifier's workers are up
+    before = {p.pid for p in _verifier_workers()}
+    outcome = {}
+
+    def score():
+        start = time.monotonic()
+        outcome["result"] = math_answer(["p"] * 2, ["\\boxed{2^{2^{2^{2^{2^{10}}}}}}", "\\boxed{\\frac{14}{2}}"], ["7", "7"])
+        outcome["seconds"] = time.monotonic() - start
+
+    thread = threading.Thread(target=score)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive()
+    result = outcome["result"]
+    assert result.values == [0.0, 1.0] and result.diagnostics == {"timeouts": [1.0, 0.0], "errors": [0.0, 0.0]}
+    assert outcome["seconds"] < 30
+    after = {p.pid for p in _verifier_workers()}
+    assert len(after) == len(before) and after != before    # the overrunning worker was killed and replaced
+    assert math_answer([], ["\\boxed{x=7}"], ["7"]).values == [1.0]   # and checking goes on
+
+
+def test_diagnostics_are_logged_beside_the_reward_but_not_added_to_it():
+    total, components = WeightedReward.from_specs(["math_answer"])(["q", "q"], ["\\boxed{2^{3}}", "#### 9"],
+                                                                   gt_answer=["8", "8"])
+    assert total == [1.0, 0.0]
+    assert components == {"math_answer": [1.0, 0.0], "math_answer/timeouts": [0.0, 0.0], "math_answer/errors": [0.0, 0.0]}
+
+
+def test_a_closed_verifier_leaves_no_worker_behind():
+    before = {p.pid for p in _verifier_workers()}
+    verifier = MathVerifier(workers=2, timeout_s=5)
+    assert verifier.check([("\\frac{1}{2}", "0.5"), ("3", "x=4")]) == ["match", "mismatch"]
+    own = {p.pid for p in _verifier_workers()} - before
+    assert len(own) == 2
+    verifier.close()
+    assert not own & {p.pid for p in _verifier_workers()} and not any(psutil.pid_exists(pid) for pid in own)
 
 
 def test_weighted_reward_sums_components_and_keeps_each():
     reward = WeightedReward.from_specs(["math_answer", "answer_format=0.5"])
     total, components = reward(["q1", "q2"], ["#### 3", "3"], gt_answer=["3", "4"])
-    assert components == {"math_answer": [1.0, 0.0], "answer_format": [1.0, 0.0]}
+    assert components == {"math_answer": [1.0, 0.0], "math_answer/timeouts": [0.0, 0.0],
+                          "math_answer/errors": [0.0, 0.0], "answer_format": [1.0, 0.0]}
     assert total == [1.5, 0.0]
 
 

@@ -1,7 +1,8 @@
 """Reward functions by name, and a weighted sum of them.
 
-Contract: `fn(prompts, completions, **sample_fields)` returns a list of floats (one per completion) or a
-dict of named lists (each a component, logged on its own). `sample_fields` are the prompt data's
+Contract: `fn(prompts, completions, **sample_fields)` returns a list of floats (one per completion), a
+dict of named lists (each a component, logged on its own), or a `RewardOutput` (the reward, and diagnostics
+that are logged but not added). `sample_fields` are the prompt data's
 other columns, e.g. `gt_answer`. Pick built-ins by name or your own as `package.module:function`,
 each with an optional weight: `--reward_fn math_answer answer_format=0.1`.
 """
@@ -14,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from coati.utils.errors import CoatiUsageError
 
 from .math import answer_format, math_answer
+from .output import RewardOutput
 
 RewardFn = Callable[..., object]
 BUILTIN: Dict[str, RewardFn] = {"math_answer": math_answer, "answer_format": answer_format}
@@ -92,26 +94,39 @@ class WeightedReward:
 
     def __call__(self, prompts: Sequence[str], completions: Sequence[str],
                  **fields: Sequence[object]) -> Tuple[List[float], Dict[str, List[float]]]:
-        """(total reward per completion, {component name: values})."""
+        """(total reward per completion, {component name: values}); diagnostics are components too, not in the total."""
         total = [0.0] * len(completions)
         components: Dict[str, List[float]] = {}
         for name, fn, weight in self.parts:
-            for component, values in _checked(name, fn, prompts, completions, fields, self.timeout_s).items():
+            rewards, diagnostics = _checked(name, fn, prompts, completions, fields, self.timeout_s)
+            for component, values in rewards.items():
                 components[component] = values
                 total = [t + weight * v for t, v in zip(total, values)]
+            components.update(diagnostics)
         return total, components
 
 
 def _checked(name: str, fn: RewardFn, prompts: Sequence[str], completions: Sequence[str],
-             fields: Dict[str, Sequence[object]], timeout_s: Optional[float] = None) -> Dict[str, List[float]]:
-    """`fn`'s result as {component: floats}, or a `RewardFunctionError` that names `fn` and the problem."""
+             fields: Dict[str, Sequence[object]], timeout_s: Optional[float] = None
+             ) -> Tuple[Dict[str, List[float]], Dict[str, List[float]]]:
+    """`fn`'s result as ({reward component: floats}, {diagnostic: floats}), or a `RewardFunctionError` that names
+    `fn` and the problem."""
     try:
         result = call_with_timeout(name, fn, timeout_s, prompts=list(prompts), completions=list(completions), **fields)
     except RewardTimeoutError:
         raise
     except Exception as error:
         raise RewardFunctionError(f"reward function {name} raised {type(error).__name__}: {error}") from error
+    diagnostics = {}
+    if isinstance(result, RewardOutput):
+        diagnostics = dict(result.diagnostics)
+        result = result.values
     named = result if isinstance(result, dict) else {name: result}
+    return _floats(named, name, len(completions)), _floats(diagnostics, name, len(completions))
+
+
+def _floats(named: Dict[str, Any], name: str, count: int) -> Dict[str, List[float]]:
+    """Each named sequence as `count` finite floats, labelled `name` or `name/component`."""
     checked = {}
     for component, values in named.items():
         label = name if component == name else f"{name}/{component}"
@@ -119,8 +134,8 @@ def _checked(name: str, fn: RewardFn, prompts: Sequence[str], completions: Seque
             floats = [float(v) for v in values]
         except (TypeError, ValueError):
             raise RewardFunctionError(f"reward function {label} must return numbers, got {values!r:.80}") from None
-        if len(floats) != len(completions):
-            raise RewardFunctionError(f"reward function {label} returned {len(floats)} values for {len(completions)} completions")
+        if len(floats) != count:
+            raise RewardFunctionError(f"reward function {label} returned {len(floats)} values for {count} completions")
         if not all(math.isfinite(v) for v in floats):
             raise RewardFunctionError(f"reward function {label} returned a NaN or infinite value")
         checked[label] = floats
