@@ -114,7 +114,8 @@ def test_a_reward_function_that_hangs_is_timed_out_naming_it():
 def test_a_reward_within_its_timeout_returns_its_values_and_errors_keep_their_names():
     reward = WeightedReward.from_specs(["math_answer"], timeout_s=30)
     total, components = reward(["q"], ["#### 4"], gt_answer=["4"])
-    assert total == [1.0] and components == {"math_answer": [1.0]}
+    assert total == [1.0] and components == {"math_answer": [1.0], "math_answer/timeouts": [0.0],
+                                             "math_answer/errors": [0.0]}
 
     def broken(prompts, completions, **fields):
         raise KeyError("gt")

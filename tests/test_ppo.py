@@ -120,7 +120,8 @@ def test_ppo_trainer_fires_hooks_logs_metrics_and_checkpoints_the_critic(ppo_par
     assert logged["train/num_tokens"] == first.tokens_seen > 0
     table = json.loads((tmp_path / "logs" / "rich_completions" / "completions_step_000002.json").read_text())
     assert len(table["data"]) == 4
-    assert {"prompt", "completion", "reward", "math_answer", "reward_model", "advantage"} == set(table["columns"])
+    assert {"prompt", "completion", "reward", "math_answer", "math_answer/timeouts", "math_answer/errors", "reward_model",
+            "advantage"} == set(table["columns"])
 
     checkpoint = tmp_path / "ckpt" / "epoch-0_step-2"
     assert (checkpoint / "critic" / "modeling").is_dir() and (checkpoint / "critic" / "optimizer.bin").is_file()

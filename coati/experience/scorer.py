@@ -1,10 +1,11 @@
 """One scorer for every place completions are scored: rollouts for training, rollout workflows (asynchronous
 generation) and held-out evaluation all decode and reward the same way."""
+import asyncio
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from coati.models.generation import GenerationOutput
+from coati.models.generation import GenerationOutput, concat_outputs
 from coati.models.reward_model import sequence_rewards
 from coati.rewards import WeightedReward
 
@@ -25,6 +26,8 @@ class Scorer:
         if reward_fn is None and reward_model is None:
             raise ValueError("a scorer needs a reward function or a reward model")
         self.tokenizer, self.reward_fn, self.reward_model = tokenizer, reward_fn, reward_model
+        self._pending: List[Tuple[Sequence[str], Sequence[str], Dict[str, Sequence[Any]], Optional[GenerationOutput],
+                                  asyncio.Future]] = []
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
@@ -48,6 +51,37 @@ class Scorer:
             components = {**components, REWARD_MODEL: scores}
             total = [t + s for t, s in zip(total, scores)]
         return total, components
+
+    async def ascore(self, prompts: Sequence[str], completions: Sequence[str], fields: Dict[str, Sequence[Any]],
+                     out: Optional[GenerationOutput] = None) -> Scores:
+        """`score_texts` for a workflow: the calls made while the event loop runs one turn (every episode of a batch)
+        are scored together, one reward-function call and one reward-model forward on a worker thread, as a batch
+        would be; each caller gets its own rows back."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._pending.append((prompts, completions, fields, out, future))
+        if len(self._pending) == 1:
+            loop.call_soon(lambda: loop.create_task(self._flush()))
+        return await future
+
+    async def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        fields = {k: [v for request in pending for v in request[2][k]] for k in pending[0][2]}
+        out = (concat_outputs([request[3] for request in pending], self.tokenizer.pad_token_id)
+               if self.reward_model is not None else None)
+        try:
+            total, components = await asyncio.to_thread(
+                self.score_texts, [p for request in pending for p in request[0]],
+                [c for request in pending for c in request[1]], fields, out)
+        except Exception as error:   # every waiting episode raises it
+            for *_, future in pending:
+                future.set_exception(error)
+            return
+        start = 0
+        for _, completions, _, _, future in pending:
+            end = start + len(completions)
+            future.set_result((total[start:end], {k: v[start:end] for k, v in components.items()}))
+            start = end
 
     def score_batch(self, batch: Dict[str, Any], out: GenerationOutput) -> Tuple[List[str], List[str], Scores]:
         """(prompts, completions, scores) of `out`, the completions of a left-padded prompt `batch` (one row each)."""

@@ -1,6 +1,5 @@
 """Rollout workflows: one prompt in, finished training samples out. The trainer never sees how they were
 made, so multi-turn or tool-using episodes are a new workflow, not a new trainer."""
-import asyncio
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Protocol
@@ -46,7 +45,8 @@ class RolloutWorkflow(ABC):
 
 class RLVRWorkflow(RolloutWorkflow):
     """Single-turn RL with verifiable rewards: `num_generations` completions of the prompt, decoded and scored by
-    `scorer` (the trainer's) with the row's other fields (e.g. `gt_answer`)."""
+    `scorer` (the trainer's) with the row's other fields (e.g. `gt_answer`); the episodes running at once are
+    scored in one batch (`Scorer.ascore`)."""
 
     def __init__(self, scorer: Scorer, sampling: SamplingConfig, num_generations: int) -> None:
         self.scorer, self.sampling, self.num_generations = scorer, sampling, num_generations
@@ -58,7 +58,7 @@ class RLVRWorkflow(RolloutWorkflow):
         completions = self.scorer.completions(out)
         fields = {k: [v] * n for k, v in sample.items() if k not in PROMPT_FIELDS}
         sequences = out.as_output() if self.scorer.reward_model is not None else None
-        total, components = await asyncio.to_thread(self.scorer.score_texts, [prompt] * n, completions, fields, sequences)
+        total, components = await self.scorer.ascore([prompt] * n, completions, fields, sequences)
         return Trajectory(out.sequences, out.action_mask, out.logprobs, torch.tensor(total, dtype=torch.float32),
                           out.prompt_length, out.version,
                           {"prompts": [prompt] * n, "completions": completions, "reward_components": components})
