@@ -65,7 +65,15 @@ def test_answer_extraction_prefers_hashes_then_boxed_then_the_last_number():
 
 
 def _verifier_workers():
-    return [p for p in psutil.Process().children(recursive=True) if "verifier.py" in " ".join(p.cmdline())]
+    """This process's math-verify workers (children left by other tests, zombies among them, are skipped)."""
+    workers = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "verifier.py" in " ".join(child.cmdline()):
+                workers.append(child)
+        except psutil.Error:
+            continue
+    return workers
 
 
 def test_a_verifier_that_hangs_scores_zero_from_a_thread_and_is_counted():
