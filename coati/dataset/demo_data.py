@@ -6,6 +6,7 @@ to `MAX_OPERAND`) are the ones training covers. Held-out accuracy thus measures 
 the question and gets the fact right, which a tiny model learns partly by SFT and further by RL.
 """
 import json
+import operator
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,6 +122,40 @@ def prompt_records(problems: Iterable[Problem]) -> List[Dict]:
 def gsm8k_records(problems: Iterable[Problem]) -> List[Dict]:
     """The problems in GSM8K's format (openai/gsm8k): `question`, and `answer` ending in `#### N`."""
     return [{"question": p.question, "answer": p.solution.replace(". ####", ".\n####")} for p in problems]
+
+
+CODE_OPERATIONS = {"plus": ("+", operator.add), "minus": ("-", operator.sub), "times": ("*", operator.mul)}
+
+
+@dataclass(frozen=True)
+class CodeProblem:
+    """"Write f(x) that returns x <op> k": the question, a correct solution and assert statements checking it."""
+
+    question: str
+    solution: str
+    tests: List[str]
+
+
+def generate_code_problems(n: int, seed: int = 0) -> List[CodeProblem]:
+    """`n` one-line function tasks with three asserts each, reproducible from `seed` (for the `code_tests` reward)."""
+    rng = random.Random(f"{seed}-code")
+    problems = []
+    for _ in range(n):
+        word, k = rng.choice(tuple(CODE_OPERATIONS)), rng.randint(1, MAX_OPERAND)
+        op, apply = CODE_OPERATIONS[word]
+        solution = f"```python\ndef f(x):\n    return x {op} {k}\n```"
+        tests = [f"assert f({x}) == {apply(x, k)}" for x in rng.sample(range(-MAX_OPERAND, 20), 3)]
+        problems.append(CodeProblem(f"Write a Python function f(x) that returns x {word} {k}.", solution, tests))
+    return problems
+
+
+def code_sft_records(problems: Iterable[CodeProblem]) -> List[Dict]:
+    return [{"messages": [{"role": "user", "content": p.question}, {"role": "assistant", "content": p.solution}]}
+            for p in problems]
+
+
+def code_prompt_records(problems: Iterable[CodeProblem]) -> List[Dict]:
+    return [{"messages": [{"role": "user", "content": p.question}], "tests": p.tests} for p in problems]
 
 
 def tokenizer_corpus(n: int = 2000, seed: int = 0) -> List[str]:

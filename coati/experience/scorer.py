@@ -8,6 +8,7 @@ import torch
 from coati.models.generation import GenerationOutput, concat_outputs
 from coati.models.reward_model import sequence_rewards
 from coati.rewards import WeightedReward
+from coati.rewards.remote import Sequences
 
 REWARD_MODEL = "reward_model"
 PROMPT_FIELDS = ("input_ids", "attention_mask")
@@ -36,6 +37,20 @@ class Scorer:
         """Each row's generated tokens (those of `action_mask`) as text."""
         return [self.decode(row[mask].tolist()) for row, mask in zip(out.sequences[:, out.prompt_length:], out.action_mask)]
 
+    @property
+    def _fn_reads_sequences(self) -> bool:
+        return bool(getattr(self.reward_fn, "takes_sequences", False))
+
+    @property
+    def reads_sequences(self) -> bool:
+        """Whether scoring needs the generation output (a reward model, or a reward server, reads the sequences)."""
+        return self.reward_model is not None or self._fn_reads_sequences
+
+    def sequences(self, out: GenerationOutput) -> Sequences:
+        """`out`'s full sequences (prompt and completion, padding left out) as ids and as text with special tokens."""
+        ids = [row[mask.bool()].tolist() for row, mask in zip(out.sequences, out.attention_mask)]
+        return Sequences([self.tokenizer.decode(row, skip_special_tokens=False) for row in ids], ids)
+
     @torch.no_grad()
     def score_texts(self, prompts: Sequence[str], completions: Sequence[str], fields: Dict[str, Sequence[Any]],
                     out: Optional[GenerationOutput] = None) -> Scores:
@@ -43,7 +58,8 @@ class Scorer:
         reads `out`'s token sequences."""
         total, components = [0.0] * len(completions), {}
         if self.reward_fn is not None:
-            total, components = self.reward_fn(list(prompts), list(completions), **fields)
+            sequences = {"sequences": self.sequences(out)} if out is not None and self._fn_reads_sequences else {}
+            total, components = self.reward_fn(list(prompts), list(completions), **fields, **sequences)
         if self.reward_model is not None:
             if out is None:
                 raise ValueError("a reward model scores token sequences: pass the generation output")
@@ -66,10 +82,10 @@ class Scorer:
 
     async def _flush(self) -> None:
         pending, self._pending = self._pending, []
-        fields = {k: [v for request in pending for v in request[2][k]] for k in pending[0][2]}
-        out = (concat_outputs([request[3] for request in pending], self.tokenizer.pad_token_id)
-               if self.reward_model is not None else None)
         try:
+            fields = {k: [v for request in pending for v in request[2][k]] for k in pending[0][2]}
+            out = (concat_outputs([request[3] for request in pending], self.tokenizer.pad_token_id)
+                   if self.reads_sequences else None)
             total, components = await asyncio.to_thread(
                 self.score_texts, [p for request in pending for p in request[0]],
                 [c for request in pending for c in request[1]], fields, out)

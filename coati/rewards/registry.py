@@ -3,7 +3,7 @@
 Contract: `fn(prompts, completions, **sample_fields)` returns a list of floats (one per completion), a
 dict of named lists (each a component, logged on its own), or a `RewardOutput` (the reward, and diagnostics
 that are logged but not added). `sample_fields` are the prompt data's
-other columns, e.g. `gt_answer`. Pick built-ins by name or your own as `package.module:function`,
+other columns, e.g. `gt_answer`. Built-ins: `math_answer`, `answer_format`, `code_tests`. Pick built-ins by name or your own as `package.module:function`,
 each with an optional weight: `--reward_fn math_answer answer_format=0.1`.
 """
 import importlib
@@ -14,23 +14,29 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from coati.utils.errors import CoatiUsageError
 
+from .code import code_tests
 from .math import answer_format, math_answer
 from .output import RewardOutput
+from .remote import RemoteReward, Sequences, is_url
 
 RewardFn = Callable[..., object]
-BUILTIN: Dict[str, RewardFn] = {"math_answer": math_answer, "answer_format": answer_format}
+BUILTIN: Dict[str, RewardFn] = {"math_answer": math_answer, "answer_format": answer_format, "code_tests": code_tests}
 
 
 class RewardFunctionError(CoatiUsageError):
     """A reward function raised or returned something unusable; the message names it."""
 
 
-def resolve(name: str) -> RewardFn:
-    """A built-in by name, or `package.module:function`."""
-    if name in BUILTIN:
-        return BUILTIN[name]
+def resolve(name: str, builtins: Optional[Dict[str, RewardFn]] = None) -> RewardFn:
+    """A built-in by name (from `builtins`, default `BUILTIN`), a reward server's `http(s)://` URL (`RemoteReward`;
+    `builtins` may hold one configured for it), or `package.module:function`."""
+    builtins = BUILTIN if builtins is None else builtins
+    if name in builtins:
+        return builtins[name]
+    if is_url(name):
+        return RemoteReward(name)
     if ":" not in name:
-        raise CoatiUsageError(f"unknown reward function {name!r}: use one of {', '.join(BUILTIN)} or package.module:function")
+        raise CoatiUsageError(f"unknown reward function {name!r}: use one of {', '.join(builtins)} or package.module:function")
     module_name, attr = name.split(":", 1)
     try:
         fn = getattr(importlib.import_module(module_name), attr)
@@ -78,32 +84,64 @@ class WeightedReward:
     timeout_s: Optional[float] = None
 
     @classmethod
-    def from_specs(cls, specs: Sequence[str], timeout_s: Optional[float] = None) -> "WeightedReward":
-        """From `name` or `name=weight` strings."""
+    def from_specs(cls, specs: Sequence[str], timeout_s: Optional[float] = None,
+                   builtins: Optional[Dict[str, RewardFn]] = None) -> "WeightedReward":
+        """From `name` or `name=weight` strings; `builtins` replaces `BUILTIN` (built-ins configured by flags)."""
         parts = []
         for spec in specs:
-            name, _, weight = spec.partition("=")
+            name, weight = split_spec(spec)
             try:
                 value = float(weight) if weight else 1.0
             except ValueError:
                 raise CoatiUsageError(f"--reward_fn {spec}: the weight {weight!r} is not a number") from None
             if not math.isfinite(value):
                 raise CoatiUsageError(f"--reward_fn {spec}: the weight must be a finite number")
-            parts.append((name, resolve(name), value))
+            parts.append((_label(name, [label for label, _, _ in parts]), resolve(name, builtins), value))
         return cls(parts, timeout_s)
 
-    def __call__(self, prompts: Sequence[str], completions: Sequence[str],
+    @property
+    def takes_sequences(self) -> bool:
+        """Whether a part (a `RemoteReward`) reads the full token sequences: then pass `sequences`."""
+        return any(getattr(fn, "takes_sequences", False) for _, fn, _ in self.parts)
+
+    def __call__(self, prompts: Sequence[str], completions: Sequence[str], sequences: Optional[Sequences] = None,
                  **fields: Sequence[object]) -> Tuple[List[float], Dict[str, List[float]]]:
-        """(total reward per completion, {component name: values}); diagnostics are components too, not in the total."""
+        """(total reward per completion, {component name: values}); diagnostics are components too, not in the total.
+        `sequences` goes to the parts that take it."""
         total = [0.0] * len(completions)
         components: Dict[str, List[float]] = {}
         for name, fn, weight in self.parts:
-            rewards, diagnostics = _checked(name, fn, prompts, completions, fields, self.timeout_s)
+            extra = {"sequences": sequences} if getattr(fn, "takes_sequences", False) else {}
+            rewards, diagnostics = _checked(name, fn, prompts, completions, {**fields, **extra}, self.timeout_s)
             for component, values in rewards.items():
                 components[component] = values
                 total = [t + weight * v for t, v in zip(total, values)]
             components.update(diagnostics)
         return total, components
+
+
+def _label(name: str, taken: Sequence[str]) -> str:
+    """The name a reward's values are logged under: its own, or `reward_server` (`_2`, ...) for a URL."""
+    if not is_url(name):
+        return name
+    count = 1 + sum(label.startswith("reward_server") for label in taken)
+    return "reward_server" if count == 1 else f"reward_server_{count}"
+
+
+def split_spec(spec: str) -> Tuple[str, str]:
+    """(name, weight) of `name=weight`; a URL's own `=` (in its query) stays in the name."""
+    if not is_url(spec):
+        name, _, weight = spec.partition("=")
+        return name, weight
+    name, _, weight = spec.rpartition("=")
+    query = name.partition("?")[2]
+    if query and "=" not in query.split("&")[-1]:   # `?key=value`: the `=` is the query's
+        return spec, ""
+    try:
+        float(weight)
+    except ValueError:
+        return spec, ""
+    return name, weight
 
 
 def _checked(name: str, fn: RewardFn, prompts: Sequence[str], completions: Sequence[str],
@@ -113,7 +151,7 @@ def _checked(name: str, fn: RewardFn, prompts: Sequence[str], completions: Seque
     `fn` and the problem."""
     try:
         result = call_with_timeout(name, fn, timeout_s, prompts=list(prompts), completions=list(completions), **fields)
-    except RewardTimeoutError:
+    except CoatiUsageError:   # a timeout, an unreachable reward server: their messages are already clear
         raise
     except Exception as error:
         raise RewardFunctionError(f"reward function {name} raised {type(error).__name__}: {error}") from error

@@ -20,7 +20,11 @@ from coati.models.critic import load_critic
 from coati.models.generation import HFEngine, SamplingConfig
 from coati.models.loss import PolicyLoss, ValueLoss
 from coati.models.reward_model import load_reward_model
-from coati.rewards import WeightedReward
+from coati.rewards import BUILTIN, WeightedReward
+from coati.rewards.code import CodeTests
+from coati.rewards.registry import split_spec
+from coati.rewards.remote import RemoteReward, is_url
+from coati.rewards.sandbox import SandboxLimits
 from coati.distributed.comm import rank, world_size
 from coati.distributed.plugins import build_booster
 from coati.rollout import GeneratorPool, PromptStream, RLVRWorkflow, WorkflowExecutor
@@ -54,7 +58,15 @@ def _total_steps(args: argparse.Namespace) -> int:
 
 
 def _reward_fn(args: argparse.Namespace) -> Optional[WeightedReward]:
-    return WeightedReward.from_specs(args.reward_fn, args.reward_timeout) if args.reward_fn else None
+    """The flags' reward functions, the built-ins configured by their flags."""
+    if not args.reward_fn:
+        return None
+    limits = SandboxLimits(cpu_s=args.sandbox_timeout, wall_s=2 * args.sandbox_timeout,
+                           memory_mb=args.sandbox_memory_mb, processes=args.sandbox_processes)
+    servers = {spec: RemoteReward(spec, args.reward_server_timeout, args.reward_server_retries)
+               for spec in (split_spec(s)[0] for s in args.reward_fn) if is_url(spec)}
+    builtins = {**BUILTIN, "code_tests": CodeTests(limits, args.sandbox_workers, args.code_all_or_nothing), **servers}
+    return WeightedReward.from_specs(args.reward_fn, args.reward_timeout, builtins)
 
 
 def _policy_loss(args: argparse.Namespace, **extra: Any) -> PolicyLoss:

@@ -10,6 +10,8 @@ from coati.distributed.plugins import PluginConfig, add_plugin_args
 from coati.experience.advantages import ADVANTAGE_ESTIMATORS
 from coati.experience.shaping import REWARD_SHAPERS
 from coati.models.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+from coati.rewards.remote import DEFAULT_RETRIES as DEFAULT_SERVER_RETRIES
+from coati.rewards.remote import DEFAULT_TIMEOUT_S as DEFAULT_SERVER_TIMEOUT_S
 from coati.utils.cadence import LOGGING_STRATEGIES, Evaluator, LogCadence, Saver
 from coati.utils.cli import CoatiArgumentParser, at_least, in_range, non_negative, positive
 from coati.utils.metrics_logger import DEFAULT_WANDB_TABLE_ROWS
@@ -139,6 +141,19 @@ def add_grpo_args(parser: argparse.ArgumentParser) -> None:
                     help="reward functions, by built-in name or package.module:function, each optionally =weight")
     rl.add_argument("--reward_timeout", type=positive(), default=DEFAULT_REWARD_TIMEOUT_S,
                     help="seconds one call of a reward function may take; a call that takes longer stops the run")
+    rl.add_argument("--reward_server_timeout", type=positive(), default=DEFAULT_SERVER_TIMEOUT_S,
+                    help="a --reward_fn http://... server: seconds one request may take")
+    rl.add_argument("--reward_server_retries", type=at_least(0), default=DEFAULT_SERVER_RETRIES,
+                    help="a --reward_fn http://... server: retries of a failed request (backoff 1 s, doubling)")
+    code = parser.add_argument_group("code_tests reward (programs run in a sandbox)")
+    code.add_argument("--code_all_or_nothing", action="store_true",
+                      help="code_tests scores 1 only when every test passes (default: the fraction passed)")
+    code.add_argument("--sandbox_timeout", type=positive(), default=5.0,
+                      help="CPU seconds one test run may use; its wall-clock limit is twice this")
+    code.add_argument("--sandbox_memory_mb", type=at_least(32), default=512, help="address space of each process")
+    code.add_argument("--sandbox_processes", type=at_least(1), default=32, help="processes one test run may have at once")
+    code.add_argument("--sandbox_workers", type=at_least(0), default=0,
+                      help="test runs at once on each rank (0: the CPU count, at most 8)")
     rl.add_argument("--kl_coef", type=non_negative(), default=0.0,
                     help="weight of the KL to the reference in the loss (0: no reference)")
     rl.add_argument("--kl_estimator", default="k3", choices=KL_ESTIMATORS.names(), help="estimator of the KL to the reference")

@@ -1,0 +1,96 @@
+"""A reward computed elsewhere: a reward model (or any scorer) served over HTTP, picked with
+`--reward_fn http://host:port/path`.
+
+Request (one POST per call, JSON): `query` (each full sequence as text: prompt and completion with the chat
+template's special tokens, padding left out, as in OpenRLHF's remote reward model), `prompts` and `completions` (as
+the other reward functions get them), `labels` (the rows' `gt_answer`, or nulls), `fields` (every other column of
+the prompt rows, by name) and, when known, `input_ids` (each full sequence's token ids, so a server with the same
+tokenizer scores exactly what the policy generated, with no re-tokenisation). Response: `{"rewards": [...]}` (or
+`"scores"`), one number per completion, and optionally `"diagnostics": {name: [...]}`, logged but not added.
+"""
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence
+
+from coati.utils.errors import CoatiUsageError
+
+from .output import RewardOutput
+
+DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_RETRIES = 3
+
+
+@dataclass(frozen=True)
+class Sequences:
+    """The full sequences (prompt and completion) the rewards are for: as text with special tokens, and as ids."""
+
+    texts: List[str]
+    token_ids: List[List[int]]
+
+
+class RemoteRewardError(CoatiUsageError):
+    """The reward server could not be reached or answered wrongly, after the retries; the message says which."""
+
+
+def is_url(name: str) -> bool:
+    return name.startswith(("http://", "https://"))
+
+
+@dataclass(frozen=True)
+class RemoteReward:
+    """Scores from the server at `url` (schema above). A request that fails to connect, times out after `timeout_s`
+    or gets a 5xx/429 answer is retried `retries` times, waiting `backoff_s`, then twice as long each time; a 4xx
+    answer or a malformed response is not retried."""
+
+    url: str
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    retries: int = DEFAULT_RETRIES
+    backoff_s: float = 1.0
+    takes_sequences = True
+    """`WeightedReward` passes it the full `sequences` as well."""
+
+    def __call__(self, prompts: Sequence[str], completions: Sequence[str], sequences: Optional[Sequences] = None,
+                 **fields: Sequence[Any]) -> RewardOutput:
+        body: Dict[str, Any] = {
+            "query": sequences.texts if sequences else [p + c for p, c in zip(prompts, completions)],
+            "prompts": list(prompts), "completions": list(completions),
+            "labels": list(fields.get("gt_answer", [None] * len(completions))), "fields": fields}
+        if sequences:
+            body["input_ids"] = sequences.token_ids
+        answer = self._post(json.dumps(body, default=str).encode())
+        rewards = answer.get("rewards", answer.get("scores")) if isinstance(answer, dict) else None
+        if not isinstance(rewards, list):
+            raise RemoteRewardError(f"reward server {self.url} answered without a list 'rewards': {str(answer)[:200]}")
+        return RewardOutput(rewards, answer.get("diagnostics") or {})
+
+    def _post(self, data: bytes) -> Any:
+        problem, started = "", time.monotonic()
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+            request = urllib.request.Request(self.url, data=data, headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                    return json.loads(response.read())
+            except urllib.error.HTTPError as error:
+                problem = f"HTTP {error.code}: {error.read()[:200].decode(errors='replace')}"
+                if error.code < 500 and error.code != 429:
+                    raise RemoteRewardError(f"reward server {self.url} refused the request ({problem})") from None
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
+                problem = _describe(getattr(error, "reason", error), self.timeout_s)
+            except json.JSONDecodeError as error:
+                raise RemoteRewardError(f"reward server {self.url} answered with something other than JSON: "
+                                        f"{error}") from None
+        raise RemoteRewardError(f"reward server {self.url} did not answer after {self.retries + 1} attempts in "
+                                f"{time.monotonic() - started:.0f} s ({problem}); is it running? Start one with "
+                                f"examples/reward_server.py, or check the URL")
+
+
+def _describe(reason: object, timeout_s: float) -> str:
+    """Why a request failed, in a few words (`Connection refused`, `timed out after 5 s`)."""
+    if isinstance(reason, TimeoutError):
+        return f"timed out after {timeout_s:g} s"
+    return (reason.strerror if isinstance(reason, OSError) and reason.strerror else None) or str(reason)

@@ -1,0 +1,185 @@
+"""Rewards over HTTP: examples/reward_server.py serving a reward model gives the in-process model's rewards, in GRPO
+too; a server that is down ends the run with one line and exit status 2; a slow one is timed out; retries work."""
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+
+from conftest import REPO, SCRIPTS, child_env, torchrun
+from coati.rewards import WeightedReward
+from coati.rewards.remote import RemoteReward, RemoteRewardError
+
+SERVER = REPO / "examples" / "reward_server.py"
+
+
+@pytest.fixture(scope="module")
+def reward_model_dir(tiny_assets, tmp_path_factory):
+    """A reward model directory as train_rm.py leaves one (model with its value head, and the tokenizer)."""
+    from transformers import AutoTokenizer
+
+    from coati.models.reward_model import load_reward_model
+
+    folder = tmp_path_factory.mktemp("rm")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
+    torch.manual_seed(0)
+    load_reward_model(str(tiny_assets["model"]), tokenizer.pad_token_id).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def served(reward_model_dir, tmp_path_factory):
+    """(URL, request log) of examples/reward_server.py serving the reward model on a free local port."""
+    log = tmp_path_factory.mktemp("server") / "requests.jsonl"
+    server = subprocess.Popen([sys.executable, str(SERVER), "--model", str(reward_model_dir), "--port", "0",
+                               "--log", str(log)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=child_env(), cwd=REPO)
+    line = server.stdout.readline()
+    match = re.search(r"on (http://\S+)", line)
+    assert match, line + server.stdout.read()[-2000:] if server.poll() is not None else line
+    yield match.group(1), log
+    server.kill()
+    server.wait()
+
+
+def _rollout(tiny_assets):
+    """A batch of the tiny policy's sampled completions to its prompts."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from coati.dataset.collators import PromptCollator
+    from coati.dataset.prepare import load_prepared
+    from coati.models.generation import HFEngine, SamplingConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
+    policy = AutoModelForCausalLM.from_pretrained(tiny_assets["model"])
+    rows = load_prepared([str(tiny_assets["prompt_eval"])], "prompt")
+    batch = PromptCollator(tokenizer.pad_token_id)([rows[i] for i in range(6)])
+    torch.manual_seed(0)
+    out = HFEngine(policy, tokenizer.pad_token_id, [tokenizer.eos_token_id]).generate(
+        batch["input_ids"], batch["attention_mask"], SamplingConfig(max_new_tokens=12))
+    return tokenizer, batch, out
+
+
+def test_served_rewards_equal_the_in_process_reward_model(tiny_assets, reward_model_dir, served):
+    from coati.experience.scorer import Scorer
+    from coati.models.reward_model import load_reward_model
+
+    url, _ = served
+    tokenizer, batch, out = _rollout(tiny_assets)
+    model = load_reward_model(str(reward_model_dir), tokenizer.pad_token_id).eval()
+    _, _, (local, _) = Scorer(tokenizer, reward_model=model).score_batch(batch, out)
+    _, _, (remote, components) = Scorer(tokenizer, WeightedReward.from_specs([url])).score_batch(batch, out)
+    assert remote == pytest.approx(local, abs=1e-5)
+    assert components["reward_server"] == remote
+    assert len(set(round(r, 4) for r in remote)) > 1   # real, distinct scores
+
+
+def test_grpo_trains_on_a_served_reward_model(tiny_assets, reward_model_dir, served, tmp_path):
+    from transformers import AutoTokenizer
+
+    from coati.models.reward_model import load_reward_model, sequence_rewards
+
+    url, log = served
+    log.write_text("")
+    result = torchrun(SCRIPTS / "train_grpo.py", 2, "--pretrain", str(tiny_assets["model"]), "--prompt_dataset",
+                      str(tiny_assets["prompt_train"]), "--plugin", "ddp", "--batch_size", "2", "--num_generations",
+                      "4", "--max_new_tokens", "8", "--num_episodes", "2", "--reward_fn", url, "answer_format=0.5",
+                      "--log_dir", str(tmp_path / "logs"), "--save_dir", str(tmp_path / "ckpt"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    requests = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(requests) == 2 * 2 * 2 * 4   # episodes x ranks x prompts per rank x completions
+    tokenizer = AutoTokenizer.from_pretrained(reward_model_dir)
+    model = load_reward_model(str(reward_model_dir), tokenizer.pad_token_id).eval()
+    for record in requests[:8]:
+        ids = torch.tensor([record["input_ids"]])
+        with torch.no_grad():
+            assert sequence_rewards(model, ids, torch.ones_like(ids)).item() == pytest.approx(record["reward"], abs=1e-5)
+    metrics = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert all("train/rewards/reward_server/mean" in m for m in metrics if "train/loss" in m)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_server_that_is_down_ends_the_run_with_one_line_and_status_2(tiny_assets, tmp_path):
+    url = f"http://127.0.0.1:{_free_port()}/score"
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPTS / "train_grpo.py"),
+         "--pretrain", str(tiny_assets["model"]), "--prompt_dataset", str(tiny_assets["prompt_train"]), "--plugin", "ddp",
+         "--batch_size", "2", "--num_generations", "2", "--max_new_tokens", "4", "--num_episodes", "1",
+         "--reward_fn", url, "--reward_server_retries", "1", "--log_dir", str(tmp_path / "logs")],
+        capture_output=True, text=True, timeout=600, env=child_env(), cwd=REPO)
+    assert result.returncode != 0
+    assert not re.search(r'File ".*/(coati|examples)/', result.stderr), result.stderr[-3000:]   # torchrun's own report follows
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and re.fullmatch(
+        rf"error: reward server {re.escape(url)} did not answer after 2 attempts in \d+ s \(Connection refused\); "
+        r"is it running\? Start one with examples/reward_server.py, or check the URL", lines[0]), lines
+    assert re.search(r"exitcode\s*: 2", result.stderr), result.stderr[-3000:]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """Answers as the class attributes say: `delay_s` first, then `statuses` in turn (the last one repeats)."""
+    delay_s, statuses, seen = 0.0, [200], []
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).seen.append(body)
+        time.sleep(self.delay_s)
+        status = self.statuses[min(len(self.seen) - 1, len(self.statuses) - 1)]
+        data = json.dumps({"rewards": [len(c) for c in body["completions"]]} if status == 200 else {"error": "no"})
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data.encode())
+
+    def log_message(self, *_):
+        pass
+
+
+@pytest.fixture
+def fake_server():
+    _Handler.delay_s, _Handler.statuses, _Handler.seen = 0.0, [200], []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/score"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_slow_server_is_timed_out(fake_server):
+    _Handler.delay_s = 3.0
+    started = time.monotonic()
+    with pytest.raises(RemoteRewardError, match=r"did not answer after 2 attempts .* \(timed out after 0.5 s\)"):
+        RemoteReward(fake_server, timeout_s=0.5, retries=1, backoff_s=0.1)(["p"], ["c"])
+    assert time.monotonic() - started < 2.5
+
+
+def test_failed_requests_are_retried_and_refusals_are_not(fake_server):
+    _Handler.statuses = [503, 503, 200]
+    out = RemoteReward(fake_server, retries=2, backoff_s=0.05)(["p", "q"], ["ab", "abc"], gt_answer=["1", "2"], n=[3, 4])
+    assert out.values == [2, 3] and len(_Handler.seen) == 3
+    assert _Handler.seen[0]["labels"] == ["1", "2"] and _Handler.seen[0]["fields"]["n"] == [3, 4]
+    assert _Handler.seen[0]["query"] == ["pab", "qabc"]
+    _Handler.statuses, _Handler.seen = [400], []
+    with pytest.raises(RemoteRewardError, match="refused the request"):
+        RemoteReward(fake_server, retries=3, backoff_s=0.05)(["p"], ["c"])
+    assert len(_Handler.seen) == 1
+
+
+def test_reward_specs_with_urls():
+    reward = WeightedReward.from_specs(["math_answer", "http://a:1/score?x=1", "http://b:2/score=0.5"])
+    assert [(label, weight) for label, _, weight in reward.parts] == [
+        ("math_answer", 1.0), ("reward_server", 1.0), ("reward_server_2", 0.5)]
+    assert [fn.url for _, fn, _ in reward.parts[1:]] == ["http://a:1/score?x=1", "http://b:2/score"]
