@@ -226,7 +226,7 @@ def _set_limits(limits: Dict[str, float], own_user: bool) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     processes = int(limits["processes"])
     if not own_user:   # the limit counts all of this user's processes: allow ours on top of those running now
-        processes += sum(1 for entry in os.listdir("/proc") if entry.isdigit())
+        processes += _count_processes()
     resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
 
 
@@ -244,7 +244,7 @@ def _exec_program(request: Dict, workdir: str, files: Dict[str, int], report: in
         for target, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
             os.dup2(files[name], target)
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
-               "PYTHONDONTWRITEBYTECODE": "1"}
+               "PYTHONDONTWRITEBYTECODE": "1", **{f"{lib}_NUM_THREADS": "1" for lib in ("OMP", "OPENBLAS", "MKL")}}
         os.execve(request["python"], [request["python"], "-I", "main.py"], env)
     except BaseException as error:
         os.write(report, f"{type(error).__name__}: {error}".encode())
