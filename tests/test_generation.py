@@ -76,3 +76,30 @@ def test_top_k_and_top_p_keep_only_the_allowed_tokens():
     assert set(sample_next(logits, SamplingConfig(top_p=0.7)).tolist()) == {0, 1}      # 0.5 < 0.7, 0.8 >= 0.7
     assert set(sample_next(logits, SamplingConfig(top_p=0.5)).tolist()) == {0}
     assert sample_next(logits[:1], SamplingConfig(do_sample=False)).item() == 0
+
+
+def test_sampled_log_probs_come_from_the_sampling_forwards_and_match_a_full_forward(tiny_assets):
+    """`logprobs=True` reads each sampled token's log-prob off the step's logits (temperature 1, whatever the
+    sampling temperature): the same forwards as without, and the values a full forward gives."""
+    from coati.models.logprobs import action_logps
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
+    model = AutoModelForCausalLM.from_pretrained(tiny_assets["model"]).eval()
+    batch = _prompts(tokenizer, ["Cat has 4 coins.", "Dan has 7 pens and gets 2 more. How many pens does Dan have now?"] * 3)
+    engine = HFEngine(EosBoost(model, tokenizer.eos_token_id), tokenizer.pad_token_id, [tokenizer.eos_token_id])
+    calls = []
+    model.register_forward_hook(lambda *_: calls.append(1))
+    runs = {}
+    for with_logprobs in (False, True):
+        calls.clear()
+        torch.manual_seed(0)
+        runs[with_logprobs] = engine.generate(batch["input_ids"], batch["attention_mask"],
+                                              SamplingConfig(max_new_tokens=12, temperature=0.7), logprobs=with_logprobs)
+        runs[f"calls_{with_logprobs}"] = len(calls)
+    out = runs[True]
+    assert runs[False].logprobs is None and torch.equal(runs[False].sequences, out.sequences)
+    assert runs["calls_True"] == runs["calls_False"]
+    with torch.no_grad():
+        full = action_logps(EosBoost(model, tokenizer.eos_token_id), out.sequences, out.attention_mask, out.prompt_length)
+    assert torch.allclose(out.logprobs, full * out.action_mask, atol=1e-4)
+    assert (out.logprobs[~out.action_mask] == 0).all() and (out.logprobs[out.action_mask] < 0).all()

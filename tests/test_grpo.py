@@ -1,4 +1,6 @@
 """GRPOTrainer in one process: hooks fire in order with real experiences; rewards reach the metrics."""
+import argparse
+
 import torch
 from colossalai.booster import Booster
 from colossalai.booster.plugin import TorchDDPPlugin
@@ -28,7 +30,7 @@ class Recorder(Callback):
         return super().__getattribute__(name)
 
 
-def _grpo_trainer(assets, optimizer_cls=torch.optim.AdamW, **kwargs) -> GRPOTrainer:
+def _grpo_trainer(assets, optimizer_cls=torch.optim.AdamW, old_log_probs_at_collection=True, **kwargs) -> GRPOTrainer:
     """A GRPOTrainer on 8 prompts, 2 per batch (an epoch of prompts every 4 batches), with `kwargs`."""
     tokenizer = AutoTokenizer.from_pretrained(assets["model"])
     rows = [tokenize_prompt(tokenizer, r, 64) for r in prompt_records(generate_problems(8, "train"))]
@@ -39,7 +41,8 @@ def _grpo_trainer(assets, optimizer_cls=torch.optim.AdamW, **kwargs) -> GRPOTrai
     optimizer = optimizer_cls(model.parameters(), lr=1e-3)
     actor, optimizer, *_ = booster.boost(model, optimizer)
     engine = HFEngine(actor.unwrap(), tokenizer.pad_token_id, [tokenizer.eos_token_id])
-    config = GRPOConfig(num_generations=4, sampling=SamplingConfig(max_new_tokens=8))
+    config = GRPOConfig(num_generations=4, sampling=SamplingConfig(max_new_tokens=8),
+                        old_log_probs_at_collection=old_log_probs_at_collection)
     maker = GRPOExperienceMaker(actor, engine, tokenizer, WeightedReward.from_specs(["math_answer", "answer_format"]), config)
     return GRPOTrainer(actor, optimizer, booster, maker, loader, **kwargs)
 
@@ -96,3 +99,37 @@ def test_micro_batches_with_accumulation_take_the_whole_batch_step(world_of_one,
     moved = any(not torch.equal(a, b) for a, b in zip(whole.actor.parameters(),
                                                       _grpo_trainer(tiny_assets).actor.parameters()))
     assert moved
+
+
+def test_one_update_per_experience_takes_the_old_log_probs_from_the_learning_forward(world_of_one, tiny_assets):
+    """Without the collection-time actor forward, an episode runs one forward fewer per collect step and learns
+    exactly the same update (the old log-probs equal the learning forward's own)."""
+    forwards, params = {}, {}
+    for at_collection in (True, False):
+        recorder = Recorder()
+        trainer = _grpo_trainer(tiny_assets, torch.optim.SGD, old_log_probs_at_collection=at_collection,
+                                callbacks=[recorder])
+        calls = []
+        trainer.actor.unwrap().register_forward_hook(lambda *_: calls.append(1))
+        torch.manual_seed(0)
+        trainer.fit(num_episodes=1, num_collect_steps=2, num_update_steps=1)
+        forwards[at_collection], params[at_collection] = len(calls), list(trainer.actor.parameters())
+        made = [args[0] for name, args in recorder.events if name == "on_make_experience_end"]
+        assert len(made) == 2 and all((e.action_log_probs is None) == (not at_collection) for e in made)
+    assert forwards[True] - forwards[False] == 2
+    for a, b in zip(params[True], params[False]):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_the_runner_drops_the_collection_forward_only_when_each_experience_gets_one_step():
+    from coati.trainer.rl_runner import _one_update_per_experience
+
+    def flags(**changed):
+        return argparse.Namespace(**{"batch_size": 2, "num_generations": 4, "num_collect_steps": 1, "train_batch_size": 0,
+                                     "accumulation_steps": 1, "num_update_steps": 1, **changed})
+    assert _one_update_per_experience(flags())
+    assert not _one_update_per_experience(flags(num_update_steps=2))
+    assert not _one_update_per_experience(flags(num_collect_steps=2))         # the 2nd batch is learned after a step
+    assert _one_update_per_experience(flags(num_collect_steps=2, accumulation_steps=2))
+    assert not _one_update_per_experience(flags(train_batch_size=4))
+    assert _one_update_per_experience(flags(train_batch_size=4, accumulation_steps=2))

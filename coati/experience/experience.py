@@ -25,13 +25,14 @@ class Experience:
     `completions` as text, each reward's value (`reward_components`), whether the completion ended with a stop
     token (`terminated`), and the weights version that generated it (`versions`, asynchronous rollouts).
     `extra_rollouts` counts the completions generated beyond the batch to fill it (dynamic sampling); `timing`
-    holds seconds per phase of making it."""
+    holds seconds per phase of making it. `action_log_probs` (the old policy's) is None when the learning
+    forward's own log-probs, detached, stand for them (`RolloutConfig.old_log_probs_at_collection`)."""
 
     sequences: torch.Tensor
     attention_mask: torch.Tensor
     action_mask: torch.Tensor
     prompt_length: int
-    action_log_probs: torch.Tensor
+    action_log_probs: Optional[torch.Tensor]
     rewards: torch.Tensor
     advantages: torch.Tensor
     ref_log_probs: Optional[torch.Tensor] = None
@@ -82,6 +83,12 @@ class RolloutConfig:
     """DAPO: replace groups whose rewards all tie by groups of newly drawn prompts (`--dynamic_sampling`)."""
     max_sampling_rounds: int = 4
     """Dynamic sampling: extra prompt batches drawn at most per collect step (`--max_sampling_rounds`)."""
+    old_log_probs_at_collection: bool = True
+    """Run the actor over the completions when the experience is made, for the old policy's log-probs. The
+    runner turns it off when every experience gets exactly one policy update (`--num_update_steps 1` and one
+    optimizer step per update pass): the old log-probs then equal the learning forward's own, which are taken
+    detached instead (as TRL does with one iteration), one forward fewer per batch. With a reference model the
+    forward stays (the KL to it is logged, and adapted, from the experience)."""
 
 
 @dataclass(frozen=True)
@@ -135,7 +142,7 @@ class _Rollout:
     """Scored completions with the actor's and the reference's log-probs."""
 
     scored: Scored
-    logps: torch.Tensor
+    logps: Optional[torch.Tensor]
     ref_logps: Optional[torch.Tensor]
     kl: Optional[torch.Tensor]
     terminated: torch.Tensor
@@ -211,9 +218,10 @@ class ExperienceMaker:
     def _with_log_probs(self, scored: Scored, timer: _Timer) -> _Rollout:
         """The actor's (and the reference's) log-probs of scored completions, and the KL between them."""
         out = scored.out
-        with timer.phase("actor_forward"):
-            logps = action_logps(self.actor, out.sequences, out.attention_mask, out.prompt_length)
-        ref_logps = kl = None
+        logps = ref_logps = kl = None
+        if self.config.old_log_probs_at_collection or self.ref_model is not None:
+            with timer.phase("actor_forward"):
+                logps = action_logps(self.actor, out.sequences, out.attention_mask, out.prompt_length)
         if self.ref_model is not None:
             with timer.phase("reference_forward"):
                 ref_logps = action_logps(self.ref_model, out.sequences, out.attention_mask, out.prompt_length)

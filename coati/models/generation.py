@@ -6,7 +6,7 @@ each sequence stops at its first end-of-turn/EOS token, and finished rows leave 
 cache rows are dropped), so a finished sequence stops costing compute.
 """
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, Tuple
+from typing import Optional, Protocol, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -14,7 +14,7 @@ from transformers import DynamicCache
 
 from coati.utils.errors import NonFiniteError
 
-from .logprobs import mask_positions
+from .logprobs import mask_positions, token_logps
 
 
 @dataclass
@@ -38,6 +38,9 @@ class GenerationOutput:
     attention_mask: torch.Tensor
     action_mask: torch.Tensor
     prompt_length: int
+    logprobs: Optional[torch.Tensor] = None
+    """(batch, completion columns): each generated token's log-prob under the generating weights, 0 past the
+    end; only when asked for (`HFEngine.generate(..., logprobs=True)`)."""
 
 
 def through_last(mask: torch.Tensor) -> torch.Tensor:
@@ -99,11 +102,16 @@ class HFEngine:
         return out.logits[:, -1]
 
     @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, config: SamplingConfig) -> GenerationOutput:
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, config: SamplingConfig,
+                 logprobs: bool = False) -> GenerationOutput:
+        """Completions of the left-padded prompts; with `logprobs`, each sampled token's log-prob, read off the
+        sampling step's own logits (at temperature 1, as the trainer computes them), so no second forward is
+        needed for behaviour log-probs."""
         rows, prompt_length = input_ids.shape
         stops = torch.tensor(config.stop_token_ids or self.stop_token_ids, device=input_ids.device)
         tokens = torch.full((rows, config.max_new_tokens), self.pad_token_id, dtype=torch.long, device=input_ids.device)
         lengths = torch.full((rows,), config.max_new_tokens, dtype=torch.long, device=input_ids.device)
+        token_logps_ = torch.zeros(rows, config.max_new_tokens, device=input_ids.device) if logprobs else None
         cache = DynamicCache()
         positions = mask_positions(attention_mask)
         logits = self._forward(input_ids, attention_mask, positions, cache)
@@ -115,6 +123,8 @@ class HFEngine:
         for step in range(config.max_new_tokens):
             token = sample_next(logits, config)
             tokens[active, step] = token
+            if token_logps_ is not None:
+                token_logps_[active, step] = token_logps(logits, token)
             finished = torch.isin(token, stops)
             lengths[active[finished]] = step + 1
             if step == config.max_new_tokens - 1 or finished.all():
@@ -133,4 +143,5 @@ class HFEngine:
             attention_mask=torch.cat([attention_mask, action_mask.to(attention_mask.dtype)], dim=-1),
             action_mask=action_mask,
             prompt_length=prompt_length,
+            logprobs=None if token_logps_ is None else token_logps_ * action_mask,
         )

@@ -15,7 +15,6 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from coati.models.generation import GenerationOutput, HFEngine, SamplingConfig, through_last
-from coati.models.logprobs import action_logps
 
 
 class GeneratorError(RuntimeError):
@@ -45,19 +44,17 @@ class Completions:
 
 @torch.no_grad()
 def generate_requests(engine: HFEngine, requests: Sequence[Tuple[List[int], int]], config: SamplingConfig,
-                      version: int, logprobs_model: Optional[torch.nn.Module] = None) -> List[Completions]:
+                      version: int, logprobs: bool = False) -> List[Completions]:
     """Completions for several (prompt, n) requests in one batched generation (prompts left-padded), marked as
-    made by weights `version`; with `logprobs_model`, the log-probs of their tokens under it (else None)."""
+    made by weights `version`; with `logprobs`, their tokens' log-probs under the generating weights (else None)."""
     prompts = [list(prompt) for prompt, n in requests for _ in range(n)]
     width = max(len(p) for p in prompts)
     pad = engine.pad_token_id
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     device = next(engine.model.parameters()).device
-    out = engine.generate(ids.to(device), mask.to(device), config)
-    logps = None
-    if logprobs_model is not None:
-        logps = action_logps(logprobs_model, out.sequences, out.attention_mask, out.prompt_length) * out.action_mask
+    out = engine.generate(ids.to(device), mask.to(device), config, logprobs=logprobs)
+    logps = out.logprobs
     results, row = [], 0
     for prompt, n in requests:
         rows = slice(row, row + n)
@@ -84,7 +81,7 @@ class GeneratorWorker:
 
     def generate_many(self, requests: List[Tuple[List[int], int]], config: SamplingConfig) -> List[Completions]:
         """Completions for several (prompt, n) requests in one batched generation, with their log-probs."""
-        return generate_requests(self.engine, requests, config, self.version, logprobs_model=self.model)
+        return generate_requests(self.engine, requests, config, self.version, logprobs=True)
 
     def load_weights(self, state_dict: Dict[str, torch.Tensor], version: int) -> int:
         self.model.load_state_dict(state_dict)

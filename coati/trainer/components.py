@@ -106,13 +106,14 @@ def policy_loss_metrics(stats: Dict[str, torch.Tensor]) -> Dict[str, Tuple[float
 def actor_loss(actor: torch.nn.Module, experience: Experience, policy_loss: PolicyLoss, entropy_coef: float,
                loss_terms: Sequence[LossTerm]) -> Tuple[torch.Tensor, Metrics, Dict[str, torch.Tensor]]:
     """The actor's loss on one micro-batch of `experience`: `policy_loss` (the clipped surrogate against the
-    experience's log-probs and advantages, over its loss mask), minus `entropy_coef` times the entropy, plus each
+    experience's log-probs, or this forward's own, detached, where it has none, and its advantages, over its loss
+    mask), minus `entropy_coef` times the entropy, plus each
     of `loss_terms`, all aggregated alike. Returns it with its metrics and `policy_loss`'s raw stats."""
     mask = experience.loss_mask if experience.loss_mask is not None else experience.action_mask
     logps, logits = action_logps(actor, experience.sequences, experience.attention_mask, experience.prompt_length,
                                  return_logits=True)
-    loss, stats = policy_loss(logps, experience.action_log_probs, experience.advantages, mask,
-                              experience.behaviour_log_probs)
+    old_logps = experience.action_log_probs if experience.action_log_probs is not None else logps.detach()
+    loss, stats = policy_loss(logps, old_logps, experience.advantages, mask, experience.behaviour_log_probs)
     metrics = {"loss/policy": (loss.item(), 1), **policy_loss_metrics(stats)}
     entropy = policy_loss.aggregate(token_entropy(logits), mask)
     metrics["policy_entropy"] = (entropy.item(), 1)

@@ -50,11 +50,21 @@ def _stop_ids(args: argparse.Namespace, tokenizer: Any) -> List[int]:
     return [tokenizer.eos_token_id, *args.extra_stop_ids]
 
 
+def _micro_batches_per_pass(args: argparse.Namespace) -> int:
+    """Learning micro-batches of one update pass on each rank: every collect step's rows in `--train_batch_size`s."""
+    rows = args.batch_size * args.num_generations
+    return args.num_collect_steps * (math.ceil(rows / args.train_batch_size) if args.train_batch_size else 1)
+
+
 def _total_steps(args: argparse.Namespace) -> int:
     """Optimizer steps of the whole run: per update pass, the collect steps' micro-batches in accumulation groups."""
-    rows = args.batch_size * args.num_generations
-    micro_batches = args.num_collect_steps * (math.ceil(rows / args.train_batch_size) if args.train_batch_size else 1)
-    return args.num_episodes * args.num_update_steps * math.ceil(micro_batches / args.accumulation_steps)
+    return args.num_episodes * args.num_update_steps * math.ceil(_micro_batches_per_pass(args) / args.accumulation_steps)
+
+
+def _one_update_per_experience(args: argparse.Namespace) -> bool:
+    """Whether every experience is learned by exactly one optimizer step (its old log-probs are then the learning
+    forward's own)."""
+    return args.num_update_steps == 1 and _micro_batches_per_pass(args) <= args.accumulation_steps
 
 
 def _reward_fn(args: argparse.Namespace) -> Optional[WeightedReward]:
@@ -127,7 +137,8 @@ def _build_grpo(args, setup, tokenizer, actor, optimizer, scheduler, engine, ref
                             advantage_estimator=args.adv_estimator, dynamic_sampling=args.dynamic_sampling,
                             max_sampling_rounds=args.max_sampling_rounds, reward_shaping=tuple(args.reward_shaping),
                             shaping=ShapingConfig(args.max_new_tokens, args.overlong_buffer_len,
-                                                  args.overlong_penalty_factor))
+                                                  args.overlong_penalty_factor),
+                            old_log_probs_at_collection=not _one_update_per_experience(args))
     temperature = (TemperatureController(args.maxent_tau, args.maxent_target_entropy, args.maxent_tau_lr)
                    if args.adv_estimator == "maxent" else None)
     maker = GRPOExperienceMaker(actor, engine, tokenizer, _reward_fn(args), config, reference, temperature=temperature)
@@ -207,7 +218,8 @@ def _build_ppo(args, setup, tokenizer, actor, optimizer, scheduler, engine, refe
     critic, critic_optim, critic_scheduler, _ = critic_setup.boost(critic, critic_optim, critic_scheduler)
     config = PPOConfig(sampling=_sampling(args), kl_estimator=args.kl_estimator, samples_per_prompt=args.num_generations,
                            kl_coef=args.kl_coef, gamma=args.gamma, lam=args.lam,
-                           whiten_advantages=not args.no_whiten_advantages)
+                           whiten_advantages=not args.no_whiten_advantages,
+                           old_log_probs_at_collection=not _one_update_per_experience(args))
     maker = PPOExperienceMaker(actor, critic, engine, tokenizer, _reward_fn(args), config, reference,
                                _frozen_reward_model(args, tokenizer), kl_controller=_kl_controller(args))
     ptx = None
