@@ -230,3 +230,14 @@ def test_adaptive_coefficients_are_logged_and_resume_from_checkpoints(world_of_o
     resumed.load_checkpoint(str(sorted((tmp_path / "ckpt").iterdir())[-1]))
     assert resumed.kl_controller.value == first.kl_controller.value
     assert resumed.maker.temperature.value == first.maker.temperature.value
+
+
+def test_each_registry_declares_exactly_the_built_ins_its_module_registers():
+    """The command line lists a registry's built-ins without importing their module: the two must agree."""
+    from coati.utils import registry
+
+    for table in (registry.ADVANTAGE_ESTIMATORS, registry.AGGREGATIONS, registry.KL_ESTIMATORS,
+                  registry.POLICY_LOSSES, registry.REWARD_SHAPERS):
+        table.get(table.builtins[0])
+        from_home = [name for name in table.names() if table.get(name).__module__ == table.home]
+        assert sorted(from_home) == sorted(table.builtins), table.kind

@@ -81,9 +81,10 @@ def _script(name: str):
 def _parse(name: str, argv, monkeypatch):
     """The args `train_<name>.py` would run with (its run function is replaced by one that returns them)."""
     module = _script(name)
-    runner = next(attr for attr in ("run_supervised", "run_ppo", "run_grpo") if hasattr(module, attr))
+    home, runner = ("coati.trainer.rl_runner", f"run_{name}") if name in ("ppo", "grpo") else (
+        "coati.trainer.runner", "run_supervised")
     seen = {}
-    monkeypatch.setattr(module, runner, lambda args, *a, **k: seen.setdefault("args", args))
+    monkeypatch.setattr(importlib.import_module(home), runner, lambda args, *a, **k: seen.setdefault("args", args))
     module.main(argv)
     return seen["args"]
 

@@ -2,10 +2,6 @@
 import os
 from datetime import timedelta
 
-import torch.distributed as dist
-from colossalai.accelerator import get_accelerator
-from colossalai.utils import set_seed
-
 DEFAULT_TIMEOUT_S = 600
 """How long a collective waits for a peer before this rank gives up (NCCL's default; gloo's is 30 min)."""
 
@@ -18,6 +14,10 @@ def init_distributed(seed: int = 42, timeout_s: float = DEFAULT_TIMEOUT_S) -> No
     with plain `python` runs as a world of one whose store listens on a port the OS picks as it binds
     (a port chosen beforehand can be taken by another process in between: EADDRINUSE).
     """
+    import torch.distributed as dist
+    from colossalai.accelerator import get_accelerator
+    from colossalai.utils import set_seed
+
     accelerator = get_accelerator()
     timeout = timedelta(seconds=timeout_s)
     if "RANK" in os.environ:

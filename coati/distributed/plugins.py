@@ -1,11 +1,16 @@
-"""`--plugin` and its flags -> a colossalai `Plugin` and `Booster`: the one place that knows the plugins."""
+"""`--plugin` and its flags -> a colossalai `Plugin` and `Booster`: the one place that knows the plugins.
+
+torch and colossalai are imported where a plugin is built, so the flags (and `--help`) need neither."""
+from __future__ import annotations
+
 import argparse
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import TYPE_CHECKING, Callable, Dict, Optional
 
-import torch
-from colossalai.booster import Booster
-from colossalai.booster.plugin import GeminiPlugin, HybridParallelPlugin, LowLevelZeroPlugin, Plugin, TorchDDPPlugin
+if TYPE_CHECKING:
+    import torch
+    from colossalai.booster import Booster
+    from colossalai.booster.plugin import Plugin
 
 from coati.distributed.launch import DEFAULT_TIMEOUT_S
 from coati.utils.cli import at_least, non_negative, positive
@@ -89,6 +94,8 @@ class BoostSetup:
 
     def boost(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler=None, dataloader=None):
         """`booster.boost`, after giving a ddp model its bf16 autocast; returns (model, optimizer, lr_scheduler, dataloader)."""
+        import torch
+
         if self.trainer_clips_grad and self.precision == "bf16":
             _autocast_forward(model, torch.bfloat16)
         model, optimizer, _, dataloader, lr_scheduler = self.booster.boost(
@@ -102,14 +109,22 @@ def _autocast_forward(model: torch.nn.Module, dtype: torch.dtype) -> None:
 
     Done on the module itself, inside DDP, so `booster.no_sync` and checkpoints see the plain model.
     """
+    import torch
+
     model.forward = torch.autocast(device_type="cuda", dtype=dtype)(model.forward)
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def check_plugin_available(name: str) -> None:
     """Refuse a CUDA-only plugin on a machine without CUDA, naming the alternative."""
     if name not in PLUGIN_HELP:
         raise CoatiUsageError(f"unknown --plugin {name!r}; choose one of {', '.join(PLUGINS)}")
-    if name in CUDA_ONLY and not torch.cuda.is_available():
+    if name in CUDA_ONLY and not _cuda_available():
         raise CoatiUsageError(
             f"--plugin {name} needs CUDA GPUs and this machine has none; use --plugin ddp to train on the CPU"
         )
@@ -117,27 +132,35 @@ def check_plugin_available(name: str) -> None:
 
 def resolve_precision(requested: str) -> str:
     """The precision that will really be used: fp32 when there is no GPU to run half precision on."""
-    if requested != "fp32" and not torch.cuda.is_available():
+    if requested != "fp32" and not _cuda_available():
         warn_user(f"--mixed_precision {requested} needs CUDA; training in fp32 on this machine")
         return "fp32"
     return requested
 
 
 def _ddp(config: PluginConfig, precision: str) -> Plugin:
+    from colossalai.booster.plugin import TorchDDPPlugin
+
     return TorchDDPPlugin(find_unused_parameters=config.find_unused_parameters)
 
 
 def _zero2(config: PluginConfig, precision: str, cpu_offload: bool = False) -> Plugin:
+    from colossalai.booster.plugin import LowLevelZeroPlugin
+
     return LowLevelZeroPlugin(stage=2, precision=precision, initial_scale=INITIAL_LOSS_SCALE,
                               max_norm=config.grad_clip, cpu_offload=cpu_offload)
 
 
 def _gemini(config: PluginConfig, precision: str, placement_policy: str = "static") -> Plugin:
+    from colossalai.booster.plugin import GeminiPlugin
+
     return GeminiPlugin(precision=precision, placement_policy=placement_policy, initial_scale=INITIAL_LOSS_SCALE,
                         max_norm=config.grad_clip, enable_gradient_accumulation=True)
 
 
 def _hybrid(config: PluginConfig, precision: str) -> Plugin:
+    from colossalai.booster.plugin import HybridParallelPlugin
+
     sp_enabled = config.sp_mode is not None
     return HybridParallelPlugin(
         tp_size=config.tp,
@@ -168,7 +191,7 @@ _FACTORIES: Dict[str, Callable[[PluginConfig, str], Plugin]] = {
 def _check_config(config: PluginConfig) -> None:
     if config.plugin != "3d" and (config.tp, config.pp, config.sp, config.zero_stage) != (1, 1, 1, 0):
         raise CoatiUsageError(f"--tp/--pp/--sp/--zero_stage apply to --plugin 3d only, not --plugin {config.plugin}")
-    if config.plugin == "ddp" and config.mixed_precision == "fp16" and torch.cuda.is_available():
+    if config.plugin == "ddp" and config.mixed_precision == "fp16" and _cuda_available():
         raise CoatiUsageError("--plugin ddp trains in fp32 or bf16; pass --mixed_precision bf16, or use --plugin zero2 for fp16")
     if config.plugin.startswith("gemini") and config.mixed_precision == "fp32":
         raise CoatiUsageError(f"--plugin {config.plugin} trains in fp16 or bf16 only; pass --mixed_precision bf16")
@@ -178,6 +201,8 @@ def _check_config(config: PluginConfig) -> None:
 
 def build_booster(config: PluginConfig) -> BoostSetup:
     """Build the plugin `config` names and its `Booster`; call after the process group exists."""
+    from colossalai.booster import Booster
+
     check_plugin_available(config.plugin)
     _check_config(config)
     precision = resolve_precision(config.mixed_precision)
@@ -187,4 +212,6 @@ def build_booster(config: PluginConfig) -> BoostSetup:
 
 def trainer_clips_gradients(plugin: Plugin) -> bool:
     """True for plugins that leave gradient clipping to the training loop (ddp); the others clip in `step`."""
+    from colossalai.booster.plugin import TorchDDPPlugin
+
     return isinstance(plugin, TorchDDPPlugin)

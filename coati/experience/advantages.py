@@ -1,17 +1,11 @@
 """Advantage estimators: GAE for PPO, and the outcome-reward estimators `--adv_estimator` picks from
 (ADVANTAGE_ESTIMATORS: GRPO's group normalisation, RLOO, REINFORCE++, MaxEnt weighting)."""
-from typing import Callable, Tuple
+from typing import Tuple
 
 import torch
 
 from coati.distributed.comm import all_reduce_sums
-from coati.utils.registry import Registry
-
-AdvantageFn = Callable[..., torch.Tensor]
-ADVANTAGE_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator")
-"""`fn(rewards (N,), group_size, scale_by_std=True) -> advantages (N,)`; `rewards` holds consecutive groups of
-`group_size` completions of one prompt. A new estimator is one decorated function. (`maxent` also takes `tau`,
-which the experience maker passes from its `TemperatureController`.)"""
+from coati.utils.registry import ADVANTAGE_ESTIMATORS
 
 
 def compute_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,

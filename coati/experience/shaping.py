@@ -1,11 +1,11 @@
 """Reward shapers (`--reward_shaping`): terms added to each completion's reward from how it was generated rather
 than from its text, each logged as a reward component of its own name."""
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Sequence
+from typing import Dict, List, Sequence
 
 import torch
 
-from coati.utils.registry import Registry
+from coati.utils.registry import REWARD_SHAPERS
 
 
 @dataclass(frozen=True)
@@ -18,10 +18,6 @@ class ShapingConfig:
     overlong_buffer: int = 0
     overlong_factor: float = 1.0
 
-
-ShaperFn = Callable[[torch.Tensor, ShapingConfig], torch.Tensor]
-REWARD_SHAPERS: Registry[ShaperFn] = Registry("reward shaper")
-"""`fn(lengths (N,) completion tokens, config) -> (N,)` the term added to each completion's reward."""
 
 
 @REWARD_SHAPERS.register("overlong")

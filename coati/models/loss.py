@@ -1,12 +1,12 @@
 """Every training loss in one place: pairwise reward-model losses, the DPO family, and PPO/GRPO's policy
 and value losses with their KL estimators and aggregation. Each states its equation in its docstring."""
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterator, Optional, Tuple
+from typing import Dict, Iterator, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from coati.utils.registry import Registry
+from coati.utils.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 
 
 def _reduce(loss: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -194,10 +194,6 @@ def masked_var(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return masked_mean((values - masked_mean(values, mask)) ** 2, mask)
 
 
-AggregationFn = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
-AGGREGATIONS: Registry[AggregationFn] = Registry("loss aggregation")
-"""`fn(token_losses (batch, T), mask (float), norm_length) -> loss`, by the name `--loss_agg` takes."""
-
 
 @AGGREGATIONS.register("token-mean")
 def token_mean(token_losses: torch.Tensor, mask: torch.Tensor, norm_length: int) -> torch.Tensor:
@@ -223,11 +219,6 @@ def aggregate(token_losses: torch.Tensor, mask: torch.Tensor, mode: str = "token
     return AGGREGATIONS.get(mode)(token_losses, mask.to(token_losses.dtype), norm_length)
 
 
-KLEstimator = Callable[[torch.Tensor], torch.Tensor]
-KL_ESTIMATORS: Registry[KLEstimator] = Registry("KL estimator")
-"""`fn(log_ratio) -> per-token estimate of KL(pi || ref)`, log_ratio = log pi - log ref of the sampled
-tokens (Schulman 2020), by the name `--kl_estimator` takes."""
-
 
 @KL_ESTIMATORS.register("k1")
 def kl_k1(log_ratio: torch.Tensor) -> torch.Tensor:
@@ -251,11 +242,6 @@ def kl_penalty(logps: torch.Tensor, ref_logps: torch.Tensor, kind: str = "k3") -
     """Per-token estimate of KL(pi || ref) from log-probs of the sampled tokens, by the registered estimator `kind`."""
     return KL_ESTIMATORS.get(kind)(logps - ref_logps)
 
-
-RatioFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-POLICY_LOSSES: Registry[RatioFn] = Registry("policy loss")
-"""`fn(logps, old_logps, mask) -> per-token importance ratio (batch, T)`, which `PolicyLoss` clips: the
-policy losses by the name `--policy_loss` takes."""
 
 
 @POLICY_LOSSES.register("ppo")

@@ -1,10 +1,12 @@
 """Running means of training metrics, and their one reduction across ranks per logged step."""
-from typing import Dict, Optional, Tuple
+from __future__ import annotations
 
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Dict, Optional, Tuple
 
-from coati.distributed.comm import is_distributed
+from coati.distributed.comm import collective_device, is_distributed
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
 
 
 class AccumulativeMeanVariable:
@@ -68,13 +70,16 @@ def all_reduce_meter(meter: AccumulativeMeanMeter, group: Optional[dist.ProcessG
 def all_reduce_totals(meter: AccumulativeMeanMeter,
                       group: Optional[dist.ProcessGroup] = None) -> Dict[str, Tuple[float, float]]:
     """(sum, count) over all ranks of every metric any rank holds; a collective, like `all_reduce_meter`."""
+    import torch
+    import torch.distributed as dist
+
     names = meter.names()
     if not is_distributed() or dist.get_world_size(group) == 1:
         return {name: (meter.variable_dict[name].sum, meter.variable_dict[name].count) for name in names}
     gathered = [None] * dist.get_world_size(group)
     dist.all_gather_object(gathered, names, group=group)
     names = sorted(set().union(*gathered))
-    device = _collective_device(group)
+    device = collective_device(group)
     totals = torch.tensor(
         [[meter.variable_dict[n].sum, meter.variable_dict[n].count] if n in meter.variable_dict else [0.0, 0.0]
          for n in names],
@@ -84,9 +89,3 @@ def all_reduce_totals(meter: AccumulativeMeanMeter,
     dist.all_reduce(totals, group=group)
     return {name: (s, c) for name, (s, c) in zip(names, totals.tolist())}
 
-
-def _collective_device(group: Optional[dist.ProcessGroup] = None) -> torch.device:
-    """The device that the group's backend reduces on: CUDA for NCCL, else CPU."""
-    if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")

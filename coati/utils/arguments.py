@@ -7,14 +7,12 @@ import argparse
 from dataclasses import fields
 
 from coati.distributed.plugins import PluginConfig, add_plugin_args
-from coati.experience.advantages import ADVANTAGE_ESTIMATORS
-from coati.experience.shaping import REWARD_SHAPERS
-from coati.models.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from coati.rewards.remote import DEFAULT_RETRIES as DEFAULT_SERVER_RETRIES
 from coati.rewards.remote import DEFAULT_TIMEOUT_S as DEFAULT_SERVER_TIMEOUT_S
 from coati.utils.cadence import LOGGING_STRATEGIES, Evaluator, LogCadence, Saver
 from coati.utils.cli import CoatiArgumentParser, at_least, in_range, non_negative, positive
 from coati.utils.metrics_logger import DEFAULT_WANDB_TABLE_ROWS
+from coati.utils.registry import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, REWARD_SHAPERS
 
 DEFAULT_REWARD_TIMEOUT_S = 600.0
 

@@ -1,9 +1,13 @@
-"""Named algorithm parts (advantage estimators, policy losses, loss aggregations, KL estimators): a function
-registered under a name with a decorator, so a new algorithm is one function, and the flags' choices are the
-registry's names (help text and code cannot disagree)."""
+"""Named algorithm parts (advantage estimators, policy losses, loss aggregations, KL estimators, reward shapers):
+a function registered under a name with a decorator, so a new algorithm is one function, and the flags' choices
+are the registry's names (help text and code cannot disagree).
+
+The registries are declared here, with the names of their built-ins and the module that registers those: the
+command line lists and checks the names without importing that module (and torch with it), so `--help` and flag
+errors answer at once; the first `get` imports it."""
 import argparse
 import importlib
-from typing import Callable, Dict, Generic, List, TypeVar
+from typing import Callable, Dict, Generic, List, Optional, Sequence, TypeVar
 
 from coati.utils.errors import CoatiUsageError
 
@@ -15,8 +19,8 @@ class Registry(Generic[F]):
     imports `package.module:function` (whose module may register it on import), or refuses the name listing
     the choices."""
 
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
+    def __init__(self, kind: str, home: Optional[str] = None, builtins: Sequence[str] = ()) -> None:
+        self.kind, self.home, self.builtins = kind, home, tuple(builtins)
         self._entries: Dict[str, F] = {}
 
     def register(self, name: str) -> Callable[[F], F]:
@@ -29,11 +33,14 @@ class Registry(Generic[F]):
         return add
 
     def names(self) -> List[str]:
-        return list(self._entries)
+        """The built-ins' names, then those registered since; nothing is imported."""
+        return list(self.builtins) + [name for name in self._entries if name not in self.builtins]
 
     def choice(self) -> Callable[[str], str]:
         """An argparse `type`: a registered name, or a `package.module:function` that imports (checked now)."""
         def check(name: str) -> str:
+            if name in self.names():
+                return name
             try:
                 self.get(name)
             except CoatiUsageError as error:
@@ -43,7 +50,17 @@ class Registry(Generic[F]):
         check.__name__ = self.kind
         return check
 
+    def _load_builtins(self) -> None:
+        if self.home is None:
+            return
+        importlib.import_module(self.home)
+        missing = [name for name in self.builtins if name not in self._entries]
+        if missing:
+            raise RuntimeError(f"{self.home} does not register the {self.kind} built-ins {missing} declared for it")
+
     def get(self, name: str) -> F:
+        if name not in self._entries:
+            self._load_builtins()
         if name in self._entries:
             return self._entries[name]
         if ":" in name:
@@ -52,5 +69,23 @@ class Registry(Generic[F]):
                 return getattr(importlib.import_module(module_name), attr)
             except (ImportError, AttributeError) as error:
                 raise CoatiUsageError(f"{self.kind} {name!r} cannot be imported: {error}") from None
-        raise CoatiUsageError(f"unknown {self.kind} {name!r}; expected one of {', '.join(self._entries)} "
+        raise CoatiUsageError(f"unknown {self.kind} {name!r}; expected one of {', '.join(self.names())} "
                               "or package.module:function")
+
+
+ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator", "coati.experience.advantages",
+                                          ("grpo", "rloo", "reinforce_pp", "maxent"))
+"""`fn(rewards (N,), group_size, scale_by_std=True) -> advantages (N,)`; `rewards` holds consecutive groups of
+`group_size` completions of one prompt. A new estimator is one decorated function. (`maxent` also takes `tau`,
+which the experience maker passes from its `TemperatureController`.)"""
+AGGREGATIONS: Registry = Registry("loss aggregation", "coati.models.loss",
+                                  ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
+"""`fn(token_losses (batch, T), mask (float), norm_length) -> loss`, by the name `--loss_agg` takes."""
+KL_ESTIMATORS: Registry = Registry("KL estimator", "coati.models.loss", ("k1", "k2", "k3"))
+"""`fn(log_ratio) -> per-token estimate of KL(pi || ref)`, log_ratio = log pi - log ref of the sampled
+tokens (Schulman 2020), by the name `--kl_estimator` takes."""
+POLICY_LOSSES: Registry = Registry("policy loss", "coati.models.loss", ("ppo", "gspo"))
+"""`fn(logps, old_logps, mask) -> per-token importance ratio (batch, T)`, which `PolicyLoss` clips: the
+policy losses by the name `--policy_loss` takes."""
+REWARD_SHAPERS: Registry = Registry("reward shaper", "coati.experience.shaping", ("overlong",))
+"""`fn(lengths (N,) completion tokens, config) -> (N,)` the term added to each completion's reward."""

@@ -16,9 +16,9 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from coati.distributed.comm import is_distributed
+from coati.distributed.comm import collective_device, is_distributed
 
-from .accumulative_meter import AccumulativeMeanMeter, _collective_device, all_reduce_totals
+from .accumulative_meter import AccumulativeMeanMeter, all_reduce_totals
 
 
 class StatsTracker:
@@ -150,7 +150,7 @@ def _reduce_extremes(mins: Dict[str, float], maxs: Dict[str, float],
         low = sorted(set().union(*(g[0] for g in gathered)))
         high = sorted(set().union(*(g[1] for g in gathered)))
     result = {}
-    device = _collective_device(group) if is_distributed() else torch.device("cpu")
+    device = collective_device(group) if is_distributed() else torch.device("cpu")
     for keys, values, op, neutral in ((low, mins, dist.ReduceOp.MIN, float("inf")),
                                       (high, maxs, dist.ReduceOp.MAX, float("-inf"))):
         if not keys:

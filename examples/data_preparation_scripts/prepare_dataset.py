@@ -6,8 +6,6 @@
 A bad row (malformed JSON, a missing field, a wrong role order, an empty assistant turn) stops with one
 line naming file, line and field, and exit status 2; `--skip_invalid` counts such rows instead.
 """
-from coati.dataset.prepare import OutputLayout, prepare_dataset
-from coati.dataset.tokenization import load_tokenizer
 from coati.utils.cli import CoatiArgumentParser, at_least
 from coati.utils.errors import CoatiUsageError, exit_cleanly
 from coati.utils.preflight import check_writable_dir, resolve_model_dir
@@ -38,6 +36,9 @@ def main(argv=None) -> None:
     if args.data_jsonl_output_dir:
         check_writable_dir(args.data_jsonl_output_dir, "--data_jsonl_output_dir")
     args.tokenizer_dir = resolve_model_dir(args.tokenizer_dir, "--tokenizer_dir")
+    from coati.dataset.prepare import OutputLayout, prepare_dataset   # tokenizers, datasets: once flags are checked
+    from coati.dataset.tokenization import load_tokenizer
+
     tokenizer = load_tokenizer(args.tokenizer_dir, args.trust_remote_code, args.conversation_template_config)
     if not tokenizer.chat_template:
         raise CoatiUsageError(f"the tokenizer in {args.tokenizer_dir} has no chat template; pass --conversation_template_config")

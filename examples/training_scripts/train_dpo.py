@@ -3,9 +3,6 @@
     torchrun --nproc_per_node 2 examples/training_scripts/train_dpo.py --pretrain SFT_MODEL \
         --dataset data/pref --plugin ddp --batch_size 8 --beta 0.1 --save_dir ckpt/dpo --output_dir out/dpo
 """
-from coati.models.loss import DPOLoss, SimPOLoss
-from coati.trainer.dpo import DPOTrainer
-from coati.trainer.runner import reference_hook, run_supervised
 from coati.utils.arguments import add_reference_args, training_parser
 from coati.utils.cli import in_range, non_negative, positive
 from coati.utils.colossalchat import add_colossalchat_flags
@@ -27,6 +24,10 @@ def main(argv=None) -> None:
     add_reference_args(parser)
     add_colossalchat_flags(parser, "dpo")
     args = parser.parse_args(argv)
+    from coati.models.loss import DPOLoss, SimPOLoss   # the training stack loads once the flags are read
+    from coati.trainer.dpo import DPOTrainer
+    from coati.trainer.runner import reference_hook, run_supervised
+
     beta = DEFAULT_BETA[args.loss_type] if args.beta is None else args.beta
     if args.loss_type == "simpo":
         loss = SimPOLoss(beta, 0.5 if args.gamma is None else args.gamma, args.label_smoothing)

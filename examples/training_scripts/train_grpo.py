@@ -6,7 +6,6 @@
 
 Add `--async_rollout --max_staleness 1` to generate in Ray actors while the trainer trains.
 """
-from coati.trainer.rl_runner import run_grpo
 from coati.utils.arguments import (add_async_args, add_group_advantage_args, add_grpo_args, add_reference_args,
                                    training_parser)
 from coati.utils.colossalchat import add_colossalchat_flags
@@ -21,7 +20,10 @@ def main(argv=None) -> None:
     add_reference_args(parser, precompute=False)
     add_async_args(parser)
     add_colossalchat_flags(parser, "grpo")
-    run_grpo(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    from coati.trainer.rl_runner import run_grpo   # the training stack loads once the flags are read
+
+    run_grpo(args)
 
 
 if __name__ == "__main__":
