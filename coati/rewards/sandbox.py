@@ -282,6 +282,15 @@ def _kill_user(uid: int) -> None:
     os.waitpid(pid, 0)
 
 
+def _await_empty_namespace(timeout_s: float = 5.0) -> None:
+    """Wait until the kernel has killed what was left in the PID namespace (its `/proc` is ours)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while _count_processes() and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
 def _count_processes() -> int:
     return sum(1 for entry in os.listdir("/proc") if entry.isdigit())
 
@@ -348,6 +357,8 @@ def _run_program(request: Dict, workdir: str, namespaces: bool, files: Dict[str,
     processes = _count_processes() if namespaces and not exited else 0
     os.killpg(reaper, signal.SIGKILL)   # what the program left running (with namespaces, all of it goes anyway)
     os.waitpid(reaper, 0)
+    if namespaces:
+        _await_empty_namespace()
     if request["uid"] is not None and not namespaces:   # a namespace's processes died with its PID 1
         _kill_user(request["uid"])
     if failure:
