@@ -2,9 +2,9 @@
 
 Contract: `fn(prompts, completions, **sample_fields)` returns a list of floats (one per completion), a
 dict of named lists (each a component, logged on its own), or a `RewardOutput` (the reward, and diagnostics
-that are logged but not added). `sample_fields` are the prompt data's
-other columns, e.g. `gt_answer`. Built-ins: `math_answer`, `answer_format`, `code_tests`. Pick built-ins by name or your own as `package.module:function`,
-each with an optional weight: `--reward_fn math_answer answer_format=0.1`.
+that are logged but not added). `sample_fields` are the prompt data's other columns, e.g. `gt_answer`.
+Built-ins: `math_answer`, `answer_format`, `code_tests`; a reward server by its `http(s)://` URL; your own as
+`package.module:function`; each with an optional weight: `--reward_fn math_answer answer_format=0.1`.
 """
 import importlib
 import math

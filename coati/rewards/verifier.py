@@ -51,7 +51,7 @@ def serve() -> None:
 
     importlib.import_module("math_verify")   # loaded before saying ready, so a check's timeout counts only the check
     logging.disable(logging.WARNING)   # math-verify warns on every call that its own timeout is off
-    verify_pair("\\frac{1}{2}", "x=0.5")   # its LaTeX parser and sympy load lazily on a first check: not in one's timeout
+    verify_pair("\\frac{1}{2}", "x=0.5")   # the LaTeX parser and sympy load on a first check: not in its timeout
     sys.stdout.write(json.dumps(READY) + "\n")
     sys.stdout.flush()
     for line in sys.stdin:
