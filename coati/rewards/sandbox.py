@@ -8,8 +8,8 @@ directory is one of them, discarded at the end). As root it also drops to a user
 so that no two runs share one), so it can write nowhere else and its process limit counts only its own processes.
 The program runs with rlimits on CPU time, address space, processes and file size, under a wall-clock limit, with
 an environment that holds nothing of ours (no tokens, no keys). When it ends, or overruns, everything it started
-is killed: as PID 1 of its namespace its exit takes the rest with it; without namespaces its process group is
-killed. A machine without namespaces gets the rlimits, the emptied environment and the process-group kill only;
+is killed: its parent, a reaper that is PID 1 of the namespace, exits and takes the rest with it; without
+namespaces its process group is killed, and as root every process of its user id. A machine without namespaces gets the rlimits, the emptied environment and the process-group kill only;
 `RunResult.isolation` says which parts held, and `Sandbox` warns once when some did not.
 """
 import json
@@ -159,7 +159,9 @@ _shared_lock = threading.Lock()
 def shared_sandbox(limits: SandboxLimits = SandboxLimits(), workers: int = 0) -> Sandbox:
     """This process's sandbox for these limits and worker count, made on first use."""
     with _shared_lock:
-        return _shared.setdefault((limits, workers), Sandbox(limits, workers))
+        if (limits, workers) not in _shared:
+            _shared[limits, workers] = Sandbox(limits, workers)
+        return _shared[limits, workers]
 
 
 # The supervisor: what runs in the sandbox's process, standard library only.
