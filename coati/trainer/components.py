@@ -23,6 +23,10 @@ POLICY_LOSS_METRICS = {"clip_ratio/region": ("clip_ratio", "clip_ratio/region_me
                        "clip_ratio/high": ("clip_ratio/high_mean",), "token_loss": ("loss_per_completion_token",),
                        "skipped": ("policy_skipped",)}
 """`PolicyLoss` stats -> the logged names of the published GRPO module (the others keep their own)."""
+POLICY_LOSS_EXTREMES = {"clip_ratio/low": "clip_ratio/low_min", "clip_ratio/high": "clip_ratio/high_max",
+                        "behaviour_ratio_min": "behaviour_ratio/min", "behaviour_ratio_max": "behaviour_ratio/max"}
+"""`PolicyLoss` stats whose extreme over a step is logged, under the name given (the min for a name ending in `min`, else
+max); `behaviour_ratio_min/max` are logged only so, not as means."""
 
 
 class LossTerm:
@@ -98,6 +102,8 @@ def policy_loss_metrics(stats: Dict[str, torch.Tensor]) -> Dict[str, Tuple[float
     """One step's `PolicyLoss` stats as metrics under their published names (POLICY_LOSS_METRICS)."""
     metrics = {}
     for name, value in stats.items():
+        if name.startswith("behaviour_ratio_"):
+            continue
         for logged in POLICY_LOSS_METRICS.get(name, (name,)):
             metrics[logged] = (value.item(), 1)
     return metrics

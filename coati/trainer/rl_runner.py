@@ -6,6 +6,7 @@ reward model and ptx data); everything else is `_run`.
 import argparse
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
@@ -16,6 +17,7 @@ from coati.dataset.prepare import load_prepared
 from coati.experience.controllers import KLController, TemperatureController
 from coati.experience.experience import GRPOExperienceMaker, GRPOConfig, PPOExperienceMaker, PPOConfig
 from coati.experience.shaping import ShapingConfig
+from coati.inference.vllm import VLLMConfig, VLLMPool, default_vllm_python
 from coati.models.critic import load_critic
 from coati.models.generation import HFEngine, SamplingConfig
 from coati.models.loss import PolicyLoss, ValueLoss
@@ -79,10 +81,30 @@ def _reward_fn(args: argparse.Namespace) -> Optional[WeightedReward]:
     return WeightedReward.from_specs(args.reward_fn, args.reward_timeout, builtins)
 
 
-def _policy_loss(args: argparse.Namespace, **extra: Any) -> PolicyLoss:
-    """The actor's loss as the flags say; `extra` adds what one algorithm sets (the async behaviour cap)."""
+def _policy_loss(args: argparse.Namespace) -> PolicyLoss:
+    """The actor's loss as the flags say."""
     return PolicyLoss(clip_eps_low=args.clip_eps_low, clip_eps_high=args.clip_eps_high, aggregation=args.loss_agg,
-                      norm_length=args.max_new_tokens, ratio=args.policy_loss, **extra)
+                      norm_length=args.max_new_tokens, ratio=args.policy_loss, behaviour_cap=args.behaviour_cap)
+
+
+def _vllm_config(args: argparse.Namespace) -> VLLMConfig:
+    """How the flags run vLLM servers: on `--pretrain`, in the trainer's compute precision, logging under the run's
+    log folder (else its output or checkpoint folder)."""
+    precision = args.mixed_precision if torch.cuda.is_available() else "fp32"
+    return VLLMConfig(model=args.pretrain, python=args.vllm_python or default_vllm_python(),
+                      log_dir=args.log_dir or args.output_dir or args.save_dir, log_name=f"vllm_rank{rank()}",
+                      dtype={"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[precision],
+                      seed=args.seed + 1000 * rank(), threads=args.vllm_threads, kv_cache_gib=args.vllm_kv_cache_gib,
+                      gpu_memory_utilization=args.vllm_gpu_memory_utilization, start_timeout_s=args.vllm_start_timeout,
+                      timeout_s=args.vllm_timeout, max_restarts=args.vllm_max_restarts)
+
+
+def _vllm_pool(args: argparse.Namespace, tokenizer: Any, num_engines: int = 1) -> VLLMPool:
+    """`num_engines` vLLM servers on the flags' settings, ready; rank 0 prints their start-up time."""
+    pool = VLLMPool(_vllm_config(args), tokenizer.pad_token_id, _stop_ids(args, tokenizer), num_engines)
+    if rank() == 0:
+        print(f"vLLM rollout engine ready in {pool.start_seconds:.1f} s (log: {pool.servers[0].log_path})", flush=True)
+    return pool
 
 
 def _trainer_kwargs(args: argparse.Namespace, setup: Any, coordinator: Any, held_out: Any) -> Dict[str, Any]:
@@ -110,8 +132,10 @@ def _run(args: argparse.Namespace, build: Callable[..., RolloutTrainer]) -> Roll
     reference = frozen_reference(args, setup) if args.kl_coef > 0 else None
     generator = actor.unwrap(unwrap_peft=False) if hasattr(actor, "unwrap") else actor
     engine = HFEngine(generator, tokenizer.pad_token_id, _stop_ids(args, tokenizer))
-    trainer = build(args, setup, tokenizer, actor, optimizer, scheduler, engine, reference, prompts,
-                    _trainer_kwargs(args, setup, coordinator, held_out))
+    kwargs = _trainer_kwargs(args, setup, coordinator, held_out)
+    if args.rollout_backend == "vllm" and not getattr(args, "async_rollout", False):
+        kwargs["rollout_engine"] = _vllm_pool(args, tokenizer)
+    trainer = build(args, setup, tokenizer, actor, optimizer, scheduler, engine, reference, prompts, kwargs)
     checkpoint = resolve_checkpoint(args)
     if checkpoint:
         trainer.load_checkpoint(checkpoint)
@@ -143,20 +167,23 @@ def _build_grpo(args, setup, tokenizer, actor, optimizer, scheduler, engine, ref
                    if args.adv_estimator == "maxent" else None)
     maker = GRPOExperienceMaker(actor, engine, tokenizer, _reward_fn(args), config, reference, temperature=temperature)
     if args.async_rollout:
-        kwargs["policy_loss"] = _policy_loss(args, behaviour_cap=args.behaviour_cap)
         kwargs["source"] = AsyncRollouts(maker, actor, len(prompts.dataset), **_rollout_side(args, maker))
     return GRPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler,
                        kl_controller=_kl_controller(args), **kwargs)
 
 
 def _rollout_side(args: argparse.Namespace, maker: GRPOExperienceMaker) -> Dict[str, Any]:
-    """Rank 0's generator pool (Ray actors started from `--pretrain`), RLVR workflow (scoring with the maker's
-    scorer), executor and prompt stream for `--async_rollout`; nothing on the other ranks."""
+    """Rank 0's generator pool (Ray actors, or vLLM servers with `--rollout_backend vllm`, started from
+    `--pretrain`), RLVR workflow (scoring with the maker's scorer), executor and prompt stream for `--async_rollout`;
+    nothing on the other ranks."""
     if rank() != 0:
         return {}
     tokenizer = maker.tokenizer
-    pool = GeneratorPool(args.pretrain, tokenizer.pad_token_id, _stop_ids(args, tokenizer), args.num_generators,
-                         args.generator_max_restarts, args.seed)
+    if args.rollout_backend == "vllm":
+        pool = _vllm_pool(args, tokenizer, args.num_generators)
+    else:
+        pool = GeneratorPool(args.pretrain, tokenizer.pad_token_id, _stop_ids(args, tokenizer), args.num_generators,
+                             args.generator_max_restarts, args.seed)
     workflow = RLVRWorkflow(maker.scorer, maker.config.sampling, args.num_generations)
     executor = WorkflowExecutor(pool, workflow, args.batch_size * world_size(),
                                 args.max_concurrent_rollouts or 2 * args.batch_size * world_size(), args.max_staleness,
@@ -181,6 +208,21 @@ def _check_async(args: argparse.Namespace) -> None:
         raise CoatiUsageError("--async_rollout does not support --lora_rank yet: the generators hold plain models")
 
 
+def _check_backend(args: argparse.Namespace) -> None:
+    """`--rollout_backend vllm` needs an interpreter to run vLLM with and weights it can be handed whole."""
+    if args.rollout_backend != "vllm":
+        return
+    python = args.vllm_python or default_vllm_python()
+    if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        raise CoatiUsageError(f"--rollout_backend vllm: no Python interpreter at {python}; build vLLM's environment with "
+                              "`make vllm-env`, or name one that has vLLM with --vllm_python")
+    if args.plugin != "ddp":
+        raise CoatiUsageError("--rollout_backend vllm supports --plugin ddp for now (handing ZeRO/Gemini-sharded "
+                              "weights to the engine is not written yet)")
+    if args.lora_rank:
+        raise CoatiUsageError("--rollout_backend vllm does not support --lora_rank yet: the engine loads whole weights")
+
+
 def run_grpo(args: argparse.Namespace) -> GRPOTrainer:
     """GRPO as the flags say: held-out reward before and after (with `--eval_dataset`), then the export."""
     if not args.reward_fn:
@@ -195,6 +237,7 @@ def run_grpo(args: argparse.Namespace) -> GRPOTrainer:
                               f"{args.max_new_tokens}: the penalty grows over the last tokens before that limit")
     if args.async_rollout:
         _check_async(args)
+    _check_backend(args)
     return _run(args, _build_grpo)
 
 
@@ -240,4 +283,5 @@ def run_ppo(args: argparse.Namespace) -> PPOTrainer:
         raise CoatiUsageError("PPO needs a reward: --rm_pretrain (a trained reward model) and/or --reward_fn")
     _reward_fn(args)
     _check_kl_control(args)
+    _check_backend(args)
     return _run(args, _build_ppo)

@@ -152,6 +152,7 @@ def add_grpo_args(parser: argparse.ArgumentParser) -> None:
     code.add_argument("--sandbox_processes", type=at_least(1), default=32, help="processes one test run may have at once")
     code.add_argument("--sandbox_workers", type=at_least(0), default=0,
                       help="test runs at once on each rank (0: the CPU count, at most 8)")
+    add_rollout_backend_args(parser)
     rl.add_argument("--kl_coef", type=non_negative(), default=0.0,
                     help="weight of the KL to the reference in the loss (0: no reference)")
     rl.add_argument("--kl_estimator", default="k3", choices=KL_ESTIMATORS.names(), help="estimator of the KL to the reference")
@@ -183,6 +184,32 @@ def add_grpo_args(parser: argparse.ArgumentParser) -> None:
     rl.add_argument("--sample_log_interval", type=at_least(0), default=10,
                     help="a table of prompts, completions, rewards and advantages every N episodes (0: never): "
                          "JSON under --log_dir/rich_completions, and a W&B table with --use_wandb")
+
+
+def add_rollout_backend_args(parser: argparse.ArgumentParser) -> None:
+    """What generates the rollouts: the training model itself (`hf`) or vLLM servers in an environment of their own
+    (`vllm`), and the off-policy weight that corrects for generating with other weights or other kernels."""
+    group = parser.add_argument_group("rollout backend")
+    group.add_argument("--rollout_backend", choices=("hf", "vllm"), default="hf",
+                       help="hf: generate with the training model; vllm: with vLLM servers (one per rank, or the "
+                            "--num_generators of --async_rollout) that get the new weights after every update")
+    group.add_argument("--vllm_python", default="",
+                       help="the interpreter of vLLM's environment (default: $COATI_VLLM_PYTHON, else .venv-vllm/bin/python "
+                            "beside coati's source, which `make vllm-env` builds)")
+    group.add_argument("--vllm_start_timeout", type=positive(), default=600.0,
+                       help="seconds a vLLM server may take to load its model")
+    group.add_argument("--vllm_timeout", type=positive(), default=600.0, help="seconds one vLLM request may take")
+    group.add_argument("--vllm_max_restarts", type=at_least(0), default=1,
+                       help="vLLM servers that die are restarted this many times in all; then the run stops")
+    group.add_argument("--vllm_threads", type=at_least(0), default=0,
+                       help="CPU threads of each vLLM server on a machine without a GPU (0: the trainer's)")
+    group.add_argument("--vllm_kv_cache_gib", type=at_least(1), default=1, help="each vLLM server's KV cache on a CPU, GiB")
+    group.add_argument("--vllm_gpu_memory_utilization", type=in_range(0, 1, low_open=True), default=0.4,
+                       help="fraction of its GPU's memory each vLLM server takes")
+    group.add_argument("--behaviour_cap", type=in_range(1), default=5.0,
+                       help="cap on each token's weight pi_old / pi_behaviour where the samples' own log-probs differ "
+                            "from the trainer's: vLLM's (truncated importance sampling) or older weights' "
+                            "(--async_rollout, decoupled PPO)")
 
 
 def add_group_advantage_args(parser: argparse.ArgumentParser) -> None:
@@ -218,16 +245,16 @@ def add_async_args(parser: argparse.ArgumentParser) -> None:
     """GRPO's asynchronous rollouts: generator processes (Ray actors) that run ahead of the trainer."""
     group = parser.add_argument_group("asynchronous rollouts")
     group.add_argument("--async_rollout", action="store_true",
-                       help="generate in Ray actors while the trainer trains (rank 0 drives them; --plugin ddp)")
+                       help="generate in Ray actors (or vLLM servers, with --rollout_backend vllm) while the trainer "
+                            "trains (rank 0 drives them; --plugin ddp)")
     group.add_argument("--max_staleness", type=at_least(0), default=1,
                        help="trained samples come from weights at most K episodes older than the trainer's (0: on-policy)")
     group.add_argument("--max_concurrent_rollouts", type=at_least(0), default=0,
                        help="prompts in generation at once (0: twice the global batch of prompts)")
-    group.add_argument("--num_generators", type=at_least(1), default=1, help="generator actors, each with a copy of the policy")
+    group.add_argument("--num_generators", type=at_least(1), default=1,
+                       help="generator actors (or vLLM servers), each with a copy of the policy")
     group.add_argument("--generator_max_restarts", type=at_least(0), default=3,
                        help="generators that die are replaced this many times in all; then the run stops with an error")
-    group.add_argument("--behaviour_cap", type=in_range(1), default=5.0,
-                       help="cap on the off-policy weight pi_prox / pi_behaviour of each token (decoupled PPO)")
 
 
 def add_ppo_args(parser: argparse.ArgumentParser) -> None:

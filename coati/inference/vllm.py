@@ -1,0 +1,423 @@
+"""The vLLM rollout backend, trainer side: `VLLMPool` starts vLLM generation servers (`vllm_server`) in
+vLLM's own environment, generates rollouts on them and hands them the trainer's new weights.
+
+- **Environment.** colossalai pins torch 2.5.1; vLLM brings its own torch. The servers run under `python`
+  (`--vllm_python`, default `.venv-vllm/bin/python`, which `make vllm-env` builds), so the trainer's environment
+  stays the one colossalai supports. On a GPU machine with a vLLM that matches the trainer's torch, point
+  `--vllm_python` at the trainer's own interpreter.
+- **Transport.** Our own small RPC (`multiprocessing.connection` on an abstract Unix socket, with a random key):
+  token ids in, token ids and per-token log-probs out, never re-tokenised text. vLLM's OpenAI-compatible server
+  would add an HTTP stack, detokenisation and a weight-update endpoint of our own anyway.
+- **Weights.** After an update the trainer writes the policy's state dict as one safetensors file, atomically
+  (written beside, then renamed), in shared memory (`/dev/shm`) where there is one, and each server loads it in
+  place (`load_weights`) and from then on reports its version. A file, not a tensor handed over in memory: it
+  crosses the process and torch-version boundary without pickling tensors, a server that is restarted reloads
+  the newest one, and on one node the copy lives in RAM.
+- **Lifecycle.** A server starts once per run; its readiness is awaited up to `start_timeout_s`; its log is
+  `<log_dir>/<log_name>_<i>.log`. It stops when the pool is shut down, and when the trainer dies however it
+  dies (the lifeline pipe, see `vllm_server`). A server that dies is restarted with the newest weights, at most
+  `max_restarts` times in all; then, as on a timeout, the run ends with one line (`EngineError`).
+"""
+import asyncio
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, asdict
+from multiprocessing.connection import Client, Connection
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from coati.utils.errors import CoatiUsageError
+
+from .vllm_server import AUTHKEY_ENV, LIFELINE_ENV
+
+READY_POLL_S = 0.25
+STOP_WAIT_S = 10.0
+
+
+class EngineError(CoatiUsageError):
+    """A vLLM server could not start, did not answer in time, failed a request, or died more often than it may be
+    restarted; the message says which, with the last line of its log."""
+
+
+class _EngineDied(Exception):
+    """The server process is gone (or its connection broke); the pool may restart it."""
+
+
+def default_vllm_python() -> str:
+    """`$COATI_VLLM_PYTHON`, else the `.venv-vllm` that `make vllm-env` builds beside coati's source."""
+    return os.environ.get("COATI_VLLM_PYTHON") or str(Path(__file__).resolve().parents[2] / ".venv-vllm/bin/python")
+
+
+@dataclass(frozen=True)
+class VLLMConfig:
+    """How to run the servers. Server i logs to `<log_dir>/<log_name>_<i>.log` (default folder: the pool's own,
+    removed with it). `threads`: CPU threads of each server (0: this process's torch threads); `kv_cache_gib`: its
+    KV cache on CPU; `gpu_memory_utilization`: its share of a GPU's memory."""
+
+    model: str
+    python: str = ""
+    log_dir: Optional[str] = None
+    log_name: str = "vllm"
+    dtype: str = "float32"
+    seed: int = 0
+    threads: int = 0
+    kv_cache_gib: int = 1
+    gpu_memory_utilization: float = 0.4
+    start_timeout_s: float = 600.0
+    timeout_s: float = 600.0
+    max_restarts: int = 1
+
+
+def _last_line(path: Path) -> str:
+    """The last non-empty line of a log, to quote in an error."""
+    try:
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1][-300:] if lines else ""
+
+
+class VLLMServer:
+    """One server process: `launch()` starts it, `wait_ready()` connects once its model is loaded, `call()` sends a
+    request and returns the answer, `close()` stops it (politely, then by killing its process group)."""
+
+    def __init__(self, config: VLLMConfig, index: int, work_dir: Path) -> None:
+        self.config, self.index, self.work_dir = config, index, work_dir
+        self.log_path = Path(config.log_dir or work_dir) / f"{config.log_name}_{index}.log"
+        self.process: Optional[subprocess.Popen] = None
+        self.conn: Optional[Connection] = None
+        self.weights: Optional[Tuple[str, int]] = None   # the safetensors file and version it serves (None: the model's)
+        self.start_seconds = 0.0
+        self._lifeline: Optional[int] = None
+
+    def launch(self) -> None:
+        """Start the process; `wait_ready` connects to it."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._name = f"coati-vllm-{os.getpid()}-{self.index}-{secrets.token_hex(6)}"
+        self._authkey = secrets.token_hex(16)
+        read, self._lifeline = os.pipe()
+        command = [self.config.python or default_vllm_python(), "-m", "coati.inference.vllm_server",
+                   "--model", self.config.model, "--address", "@" + self._name, "--dtype", self.config.dtype,
+                   "--seed", str(self.config.seed + self.index),
+                   "--gpu_memory_utilization", str(self.config.gpu_memory_utilization), "--cleanup", str(self.work_dir)]
+        with open(self.log_path, "a") as log:
+            log.write(f"$ {' '.join(command)}\n")
+            log.flush()
+            self._started = time.perf_counter()
+            try:
+                self.process = subprocess.Popen(command, env=self._environment(read), stdin=subprocess.DEVNULL, stdout=log,
+                                                stderr=subprocess.STDOUT, pass_fds=(read,), start_new_session=True)
+            except OSError as error:
+                raise EngineError(f"cannot start the vLLM server with {command[0]} ({error.strerror}); build its "
+                                  "environment with `make vllm-env`, or name one with --vllm_python") from None
+            finally:
+                os.close(read)
+
+    def _environment(self, lifeline: int) -> Dict[str, str]:
+        """The server's environment: coati's source importable (and nothing else of this environment's), the key,
+        the lifeline, the engine in-process, and its CPU threads and KV cache."""
+        threads = self.config.threads or _torch_threads()
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+        env.update({"PYTHONPATH": str(self.work_dir / "src"), AUTHKEY_ENV: self._authkey, LIFELINE_ENV: str(lifeline),
+                    "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": str(self.config.kv_cache_gib),
+                    "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"})
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        return env
+
+    def wait_ready(self) -> None:
+        """Connect once the server listens (its model loaded); one line if it exits first or takes too long."""
+        deadline = time.monotonic() + self.config.start_timeout_s
+        while True:
+            code = self.process.poll()
+            if code is not None:
+                raise _EngineDied(f"it exited with code {code} while starting ({_last_line(self.log_path)})")
+            try:
+                self.conn = Client("\0" + self._name, family="AF_UNIX", authkey=self._authkey.encode())
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                pass
+            if time.monotonic() > deadline:
+                self.close()
+                raise EngineError(f"the vLLM server did not become ready within {self.config.start_timeout_s:.0f} s "
+                                  f"(--vllm_start_timeout); its log: {self.log_path}")
+            time.sleep(READY_POLL_S)
+        self.start_seconds = time.perf_counter() - self._started
+
+    def call(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        """Send `request`, return the answer; `_EngineDied` when the process is gone, `EngineError` on a timeout or
+        a request the server failed."""
+        op = request["op"]
+        try:
+            self.conn.send(request)
+            if not self.conn.poll(self.config.timeout_s):
+                raise EngineError(f"the vLLM server did not answer '{op}' within {self.config.timeout_s:.0f} s "
+                                  f"(--vllm_timeout); its log: {self.log_path}")
+            answer = self.conn.recv()
+        except (EOFError, OSError) as error:
+            code = self.process.poll()
+            cause = f"exit code {code}" if code is not None else type(error).__name__
+            raise _EngineDied(f"{cause}; {_last_line(self.log_path)}") from None
+        if "error" in answer:
+            raise EngineError(f"the vLLM server failed '{op}': {answer['error']}; its log: {self.log_path}")
+        return answer
+
+    def close(self) -> None:
+        """Ask the server to stop, then kill what is left of its process group."""
+        if self.conn is not None:
+            try:
+                self.conn.send({"op": "shutdown"})
+                self.conn.poll(STOP_WAIT_S)
+            except (EOFError, OSError):
+                pass
+            self.conn.close()
+            self.conn = None
+        if self.process is not None:
+            try:
+                self.process.wait(timeout=STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.process.wait()
+        if self._lifeline is not None:
+            os.close(self._lifeline)
+            self._lifeline = None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+WORK_PREFIX = "coati-vllm-"
+
+
+def _work_dir() -> Path:
+    """A private folder for the weight files (in shared memory where there is one) holding a `src/coati` link, so
+    the servers import coati's source and nothing else of this environment's site-packages. Its name carries this
+    process's id; folders left by processes that are gone (killed with their servers at once) are removed first."""
+    shm = Path("/dev/shm")
+    parent = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    for stale in parent.glob(f"{WORK_PREFIX}*-*"):
+        owner = stale.name[len(WORK_PREFIX):].split("-")[0]
+        if owner.isdigit() and not _alive(int(owner)):
+            shutil.rmtree(stale, ignore_errors=True)
+    work = Path(tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}-", dir=parent))
+    (work / "src").mkdir()
+    (work / "src" / "coati").symlink_to(Path(__file__).resolve().parents[1], target_is_directory=True)
+    return work
+
+
+@dataclass
+class _Request:
+    prompt_ids: List[int]
+    config: Any
+    n: int
+    future: asyncio.Future
+
+
+class VLLMPool:
+    """`num_engines` vLLM servers with the policy, as an `AsyncEngine` (`agenerate`) and a weights publisher
+    (`publish`), like `GeneratorPool`. A request goes to the least-busy server, and each server takes all its waiting
+    requests with the same sampling settings as one engine call. `publish` writes the weights once and queues a load
+    on every server behind the generations already sent to it, so a rollout in flight finishes on the weights it
+    started with, and every completion carries the version its server reports. `seconds` sums generation time;
+    `last_sync_seconds` is the last publish's, from writing the file to the last server's load."""
+
+    def __init__(self, config: VLLMConfig, pad_token_id: int, stop_token_ids: Sequence[int], num_engines: int = 1) -> None:
+        self.config, self.pad_token_id, self.stop_token_ids = config, pad_token_id, tuple(stop_token_ids)
+        self.work_dir = _work_dir()
+        self.servers = [VLLMServer(config, i, self.work_dir) for i in range(num_engines)]
+        self.restarts, self.seconds, self.last_sync_seconds, self.version = 0, 0.0, 0.0, 0
+        self._workers = [ThreadPoolExecutor(1, thread_name_prefix=f"vllm-{i}") for i in range(num_engines)]
+        self._queues: List[List[_Request]] = [[] for _ in range(num_engines)]
+        self._dispatchers: List[Optional[asyncio.Task]] = [None] * num_engines
+        self._holders: Dict[str, int] = {}
+        self._lock = threading.Lock()
+        try:
+            for server in self.servers:   # every server loads its model at the same time
+                server.launch()
+            for server in self.servers:
+                self._ready(server)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _ready(self, server: VLLMServer) -> None:
+        try:
+            server.wait_ready()
+        except _EngineDied as died:
+            raise EngineError(f"the vLLM server could not start: {died}; its log: {server.log_path}") from None
+
+    @property
+    def start_seconds(self) -> float:
+        """How long the slowest server took from launch to ready."""
+        return max(server.start_seconds for server in self.servers)
+
+    # ---- requests, with restarts -------------------------------------------------------------------
+    def _request(self, index: int, request: Dict[str, Any]) -> Dict[str, Any]:
+        """`request` on server `index` (in its worker thread); a server that died is restarted with the newest
+        weights it had and the request sent again, while restarts are left."""
+        while True:
+            server = self.servers[index]
+            try:
+                return server.call(request)
+            except _EngineDied as died:
+                self._restart(index, died)
+
+    def _restart(self, index: int, died: _EngineDied) -> None:
+        server = self.servers[index]
+        with self._lock:
+            if self.restarts >= self.config.max_restarts:
+                raise EngineError(f"vLLM server {index} died ({died}) and the servers have used their "
+                                  f"{self.config.max_restarts} restarts (--vllm_max_restarts); stopping the run. Its "
+                                  f"log: {server.log_path}") from None
+            self.restarts += 1
+        server.close()
+        fresh = VLLMServer(self.config, index, self.work_dir)
+        fresh.launch()
+        self._ready(fresh)
+        if server.weights is not None:
+            path, version = server.weights
+            fresh.call({"op": "load_weights", "path": path, "version": version})
+            fresh.weights = server.weights
+        self.servers[index] = fresh
+
+    # ---- generation --------------------------------------------------------------------------------
+    async def agenerate(self, prompt_ids: List[int], config: Any, n: int) -> Any:
+        """`n` completions of one unpadded prompt, with their log-probs and the version that made them."""
+        index = min(range(len(self.servers)), key=lambda i: sum(not r.future.done() for r in self._queues[i]))
+        loop = asyncio.get_running_loop()
+        request = _Request(list(prompt_ids), config, n, loop.create_future())
+        self._queues[index].append(request)
+        dispatcher = self._dispatchers[index]
+        if dispatcher is None or dispatcher.done():
+            self._dispatchers[index] = loop.create_task(self._dispatch(index))
+        return await request.future
+
+    async def _dispatch(self, index: int) -> None:
+        """Send server `index` its waiting requests, a batch (one sampling config) at a time, until none is left."""
+        queue, loop = self._queues[index], asyncio.get_running_loop()
+        while True:
+            queue[:] = [r for r in queue if not r.future.done()]   # answered, failed, or cancelled meanwhile
+            if not queue:
+                return
+            config = queue[0].config
+            batch = [r for r in queue if r.config == config]
+            message = {"op": "generate", "prompts": [r.prompt_ids for r in batch], "n": [r.n for r in batch],
+                       "sampling": {**asdict(config), "stop_token_ids": list(config.stop_token_ids or self.stop_token_ids)}}
+            start = time.perf_counter()
+            try:
+                answer = await loop.run_in_executor(self._workers[index], self._request, index, message)
+            except Exception as error:   # every waiting episode raises it
+                for request in batch:
+                    if not request.future.done():
+                        request.future.set_exception(error)
+                continue
+            self.seconds += time.perf_counter() - start
+            for request, group in zip(batch, answer["completions"]):
+                if not request.future.done():   # not cancelled by an executor shutting down
+                    request.future.set_result(self._completions(request.prompt_ids, group, answer["version"]))
+
+    def _completions(self, prompt: List[int], group: List[Tuple[List[int], List[float]]], version: int) -> Any:
+        """One prompt's completions as `Completions`, right-padded to the longest."""
+        import torch
+
+        from coati.rollout.engine import Completions
+
+        width = max(1, max(len(tokens) for tokens, _ in group))
+        sequences = torch.full((len(group), len(prompt) + width), self.pad_token_id, dtype=torch.long)
+        sequences[:, :len(prompt)] = torch.tensor(prompt)
+        logprobs = torch.zeros(len(group), width)
+        mask = torch.zeros(len(group), width, dtype=torch.bool)
+        for row, (tokens, logps) in enumerate(group):
+            sequences[row, len(prompt):len(prompt) + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            logprobs[row, :len(logps)] = torch.tensor(logps)
+            mask[row, :len(tokens)] = True
+        return Completions(sequences, mask, logprobs, len(prompt), version)
+
+    # ---- weights -----------------------------------------------------------------------------------
+    def publish(self, state_dict: Dict[str, Any], version: int) -> List[Future]:
+        """Write `state_dict` as version `version` and queue its load on every server (behind what each is already
+        generating); returns the loads' futures, each giving that server's answer."""
+        start = time.perf_counter()
+        path = self._write(state_dict, version)
+        with self._lock:
+            self._holders[path] = len(self.servers)
+        futures = [worker.submit(self._load, index, path, version) for index, worker in enumerate(self._workers)]
+        self.version = version
+        pending = [len(futures)]
+
+        def finished(_: Future) -> None:
+            with self._lock:
+                pending[0] -= 1
+                if pending[0] == 0:
+                    self.last_sync_seconds = time.perf_counter() - start
+        for future in futures:
+            future.add_done_callback(finished)
+        return futures
+
+    def _write(self, state_dict: Dict[str, Any], version: int) -> str:
+        """The weights as one safetensors file, written beside and renamed into place (a reader never sees half)."""
+        from safetensors.torch import save_file
+
+        path = self.work_dir / f"weights-{version}.safetensors"
+        partial = path.with_suffix(".partial")
+        seen, tensors = set(), {}
+        for name, tensor in state_dict.items():
+            tensor = tensor.detach().to("cpu").contiguous()
+            if tensor.data_ptr() in seen:   # tied weights: safetensors stores each buffer once
+                tensor = tensor.clone()
+            seen.add(tensor.data_ptr())
+            tensors[name] = tensor
+        save_file(tensors, str(partial))
+        os.replace(partial, path)
+        return str(path)
+
+    def _load(self, index: int, path: str, version: int) -> Dict[str, Any]:
+        """Server `index` loads `path`; the file it served before is removed once no server needs it."""
+        answer = self._request(index, {"op": "load_weights", "path": path, "version": version})
+        server = self.servers[index]
+        previous, server.weights = server.weights, (path, version)
+        if previous is not None:
+            self._release(previous[0])
+        return answer
+
+    def _release(self, path: str) -> None:
+        with self._lock:
+            self._holders[path] -= 1
+            if self._holders[path] > 0:
+                return
+            del self._holders[path]
+        Path(path).unlink(missing_ok=True)
+
+    def pids(self) -> List[int]:
+        return [server.process.pid for server in self.servers]
+
+    def shutdown(self) -> None:
+        """Stop every server and remove the weight files."""
+        for worker in self._workers:
+            worker.shutdown(wait=False, cancel_futures=True)
+        for server in self.servers:
+            server.close()
+        shutil.rmtree(self.work_dir, ignore_errors=True)

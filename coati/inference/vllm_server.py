@@ -1,0 +1,194 @@
+"""A vLLM engine as a generation server for coati's trainer, in an environment of its own.
+
+    VLLM_PYTHON -m coati.inference.vllm_server --model DIR --address ADDRESS
+
+The trainer (`coati.inference.vllm.VLLMServer`) starts it with the interpreter of vLLM's environment and
+`PYTHONPATH` at coati's source, so this module imports only the standard library, vLLM and what vLLM brings;
+nothing of coati's training stack. Transport: `multiprocessing.connection` on ADDRESS (an abstract Unix socket
+`@name`, or `host:port` over TCP), authenticated with the key in `COATI_VLLM_AUTHKEY`. A request is a dict
+with an `op`; the answer is a dict, with `error` (one line) when the op failed:
+
+- `info`: `{version, pid, model}`.
+- `generate` `{prompts: [[token ids]], n: [int], sampling: {...}}`: token ids in, and per prompt `n`
+  completions out as (token ids, each token's log-prob), never text: `{completions, version, seconds}`.
+  Log-probs are vLLM's raw ones (before temperature, top-k, top-p), as the trainer computes its own.
+- `load_weights` `{path, version}`: a safetensors file of HF-named weights, loaded in place; the prefix cache
+  is reset, and from then on the server reports `version`: `{version, seconds}`.
+- `shutdown`.
+
+The engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so the server has no children to
+orphan. It exits when the trainer does: the trainer holds the write end of a pipe whose read end
+(`COATI_VLLM_LIFELINE_FD`) this server watches, and end of file means the trainer is gone, killed or not.
+"""
+import argparse
+import os
+import shutil
+import sys
+import threading
+import time
+import traceback
+from multiprocessing.connection import Listener
+from typing import Any, Dict, List, Tuple
+
+AUTHKEY_ENV = "COATI_VLLM_AUTHKEY"
+LIFELINE_ENV = "COATI_VLLM_LIFELINE_FD"
+
+
+def parse_address(address: str) -> Any:
+    """`@name` as an abstract Unix socket, `host:port` as a TCP address, anything else as a socket path."""
+    if address.startswith("@"):
+        return "\0" + address[1:]
+    host, sep, port = address.rpartition(":")
+    return (host, int(port)) if sep and port.isdigit() else address
+
+
+def watch_lifeline(fd: int, cleanup: str) -> None:
+    """Exit at once (removing the `cleanup` folder, the trainer's weight files) when the trainer's end of the
+    lifeline pipe closes."""
+    def wait() -> None:
+        while os.read(fd, 1):
+            pass
+        if cleanup:
+            shutil.rmtree(cleanup, ignore_errors=True)
+        os._exit(0)
+
+    threading.Thread(target=wait, name="lifeline", daemon=True).start()
+
+
+def build_llm(args: argparse.Namespace) -> Any:
+    """The vLLM engine on `args.model`, in this process, taking token ids (no tokenizer is loaded)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from vllm import LLM
+
+    options = dict(model=args.model, dtype=args.dtype, seed=args.seed, skip_tokenizer_init=True,
+                   enable_prefix_caching=True, gpu_memory_utilization=args.gpu_memory_utilization,
+                   enforce_eager=args.enforce_eager)
+    if args.max_model_len:
+        options["max_model_len"] = args.max_model_len
+    return LLM(**options)
+
+
+def sampling_params(spec: Dict[str, Any]) -> Any:
+    """vLLM's sampling parameters for one completion from coati's `SamplingConfig` fields. A completion ends at
+    one of `stop_token_ids` (kept, as the trainer's own engine keeps it) or after `max_new_tokens`; the model's
+    end-of-sequence token counts only when it is listed, as in the trainer's engine."""
+    from vllm import SamplingParams
+
+    greedy = not spec["do_sample"] or spec["temperature"] <= 0
+    return SamplingParams(n=1, temperature=0.0 if greedy else spec["temperature"],
+                          top_p=1.0 if greedy else spec["top_p"], top_k=0 if greedy else spec["top_k"],
+                          max_tokens=spec["max_new_tokens"], stop_token_ids=list(spec["stop_token_ids"]),
+                          ignore_eos=True, logprobs=0, detokenize=False)
+
+
+def generate(llm: Any, prompts: List[List[int]], counts: List[int],
+             spec: Dict[str, Any]) -> List[List[Tuple[List[int], List[float]]]]:
+    """`counts[i]` completions of each prompt, each as (token ids, their log-probs); all in one engine call, so
+    vLLM batches them (the copies of a prompt share its cached prefix)."""
+    from vllm.inputs import TokensPrompt
+
+    params = sampling_params(spec)
+    requests = [TokensPrompt(prompt_token_ids=list(prompt)) for prompt, n in zip(prompts, counts) for _ in range(n)]
+    outputs = iter(llm.generate(requests, params, use_tqdm=False))
+    results = []
+    for n in counts:
+        group = []
+        for _ in range(n):
+            completion = next(outputs).outputs[0]
+            logps = [entry[token].logprob for entry, token in zip(completion.logprobs, completion.token_ids)]
+            group.append((list(completion.token_ids), logps))
+        results.append(group)
+    return results
+
+
+def _reload_from(worker: Any, path: str) -> None:
+    """In each vLLM worker: reload its model in place from the safetensors file at `path` (checkpoint format; vLLM
+    repacks the weights for its kernels as at start-up)."""
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as weights:
+        worker.reload_weights(weights_iterator=((name, weights.get_tensor(name)) for name in weights.keys()),
+                              is_checkpoint_format=True)
+
+
+def load_weights(llm: Any, path: str) -> None:
+    """Load the safetensors file at `path` (HF parameter names) into the running model, then drop the prefix cache,
+    whose keys and values the old weights computed."""
+    llm.collective_rpc(_reload_from, args=(path,))
+    llm.reset_prefix_cache()
+
+
+class Server:
+    """Answers one trainer connection at a time; a connection that closes lets the next one in."""
+
+    def __init__(self, llm: Any, model: str) -> None:
+        self.llm, self.model, self.version = llm, model, 0
+
+    def handle(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        op = request.get("op")
+        start = time.perf_counter()
+        if op == "info":
+            return {"version": self.version, "pid": os.getpid(), "model": self.model}
+        if op == "generate":
+            completions = generate(self.llm, request["prompts"], request["n"], request["sampling"])
+            return {"completions": completions, "version": self.version, "seconds": time.perf_counter() - start}
+        if op == "load_weights":
+            load_weights(self.llm, request["path"])
+            self.version = int(request["version"])
+            print(f"serving weights version {self.version} (loaded in {time.perf_counter() - start:.2f} s)", flush=True)
+            return {"version": self.version, "seconds": time.perf_counter() - start}
+        return {"error": f"unknown op {op!r}"}
+
+    def serve(self, listener: Listener) -> None:
+        while True:
+            with listener.accept() as conn:
+                while True:
+                    try:
+                        request = conn.recv()
+                    except EOFError:
+                        break
+                    if request.get("op") == "shutdown":
+                        conn.send({})
+                        return
+                    conn.send(self._answer(request))
+
+    def _answer(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        try:
+            return self.handle(request)
+        except Exception as error:   # the trainer gets the line; the traceback stays in this server's log
+            traceback.print_exc()
+            first = (str(error).strip().splitlines() or [""])[0]
+            return {"error": f"{type(error).__name__}: {first}"}
+
+
+def parse_args(argv: Any = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="HF model directory")
+    parser.add_argument("--address", required=True, help="@name (an abstract Unix socket), a socket path, or host:port")
+    parser.add_argument("--dtype", default="float32", help="the model's dtype in the engine (match the trainer's)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max_model_len", type=int, default=0, help="0: the model's own")
+    parser.add_argument("--gpu_memory_utilization", type=float, default=0.4,
+                        help="fraction of the GPU's memory for the engine (on CPU: of the machine's)")
+    parser.add_argument("--enforce_eager", action="store_true", help="no CUDA graphs")
+    parser.add_argument("--cleanup", default="", help="folder to remove when the trainer dies (its weight files)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Any = None) -> None:
+    args = parse_args(argv)
+    lifeline = os.environ.get(LIFELINE_ENV)
+    if lifeline:
+        watch_lifeline(int(lifeline), args.cleanup)
+    authkey = os.environ.pop(AUTHKEY_ENV, "").encode()
+    if not authkey:
+        sys.exit(f"error: set {AUTHKEY_ENV} to the key clients authenticate with")
+    start = time.perf_counter()
+    llm = build_llm(args)
+    with Listener(parse_address(args.address), authkey=authkey) as listener:
+        print(f"ready: {args.model} loaded in {time.perf_counter() - start:.1f} s, pid {os.getpid()}", flush=True)
+        Server(llm, args.model).serve(listener)
+
+
+if __name__ == "__main__":
+    main()

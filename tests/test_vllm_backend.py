@@ -1,0 +1,276 @@
+"""The vLLM rollout backend for real: servers run in vLLM's own environment (`make vllm-env`), nothing mocked.
+Engine-level checks share one server; the end-to-end ones launch the training scripts under torchrun."""
+import asyncio
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from conftest import SCRIPTS, kill_run, start_torchrun, torchrun
+from coati.inference.vllm import EngineError, VLLMConfig, VLLMPool, default_vllm_python
+from coati.models.generation import HFEngine, SamplingConfig
+from coati.rollout.engine import generate_requests
+
+SERVER_MODULE = "coati.inference.vllm_server"
+
+if not os.access(default_vllm_python(), os.X_OK):
+    if os.environ.get("CI"):
+        raise RuntimeError(f"CI runs the vLLM tests: {default_vllm_python()} is missing (make vllm-env builds it)")
+    pytest.skip("no vLLM environment: `make vllm-env` builds it", allow_module_level=True)
+
+
+def _tokenizer(model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def _prompts(assets, count: int = 4):
+    from coati.dataset.prepare import load_prepared
+
+    rows = load_prepared([str(assets["prompt_eval"])], "prompt")
+    return [list(rows[i]["input_ids"]) for i in range(count)]
+
+
+def _generate(pool: VLLMPool, prompts, config: SamplingConfig, n: int = 1):
+    async def every():
+        return await asyncio.gather(*(pool.agenerate(prompt, config, n) for prompt in prompts))
+
+    return asyncio.run(every())
+
+
+def _tokens(completions, row: int = 0):
+    """The generated tokens of one row of `Completions`."""
+    return completions.sequences[row, completions.prompt_length:][completions.action_mask[row]].tolist()
+
+
+def _hf_greedy(model, tokenizer, prompts, config: SamplingConfig):
+    engine = HFEngine(model, tokenizer.pad_token_id, [tokenizer.eos_token_id])
+    return generate_requests(engine, [(prompt, 1) for prompt in prompts], config, 0, logprobs=True)
+
+
+def _server_processes(marker: str):
+    """Live vLLM server processes whose command line contains `marker`."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(process.info["cmdline"] or [])
+        if SERVER_MODULE in cmdline and marker in cmdline and process.status() != psutil.STATUS_ZOMBIE:
+            found.append(process)
+    return found
+
+
+@pytest.fixture(scope="module")
+def small_model(tiny_assets, tmp_path_factory):
+    """The tiny assets' tokenizer with the `small` model: vLLM's CPU attention takes head sizes from 32 up."""
+    from coati.models.tiny import build_tiny_llama
+
+    tokenizer = _tokenizer(tiny_assets["model"])
+    out = tmp_path_factory.mktemp("small_model")
+    build_tiny_llama(tokenizer, size="small").save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def served(small_model, tmp_path_factory):
+    """One server on the small model, with the same model in this process for reference."""
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = _tokenizer(small_model)
+    logs = tmp_path_factory.mktemp("vllm_logs")
+    pool = VLLMPool(VLLMConfig(model=str(small_model), log_dir=str(logs), threads=1, max_restarts=1),
+                    tokenizer.pad_token_id, [tokenizer.eos_token_id])
+    model = AutoModelForCausalLM.from_pretrained(small_model).eval()
+    yield pool, model, tokenizer, logs
+    pool.shutdown()
+
+
+def test_greedy_is_deterministic_and_matches_the_hf_engine(served, tiny_assets):
+    pool, model, tokenizer, logs = served
+    prompts = _prompts(tiny_assets)
+    greedy = SamplingConfig(max_new_tokens=12, do_sample=False)
+    first, again = _generate(pool, prompts, greedy), _generate(pool, prompts, greedy)
+    reference = _hf_greedy(model, tokenizer, prompts, greedy)
+    for prompt, ours, repeat, theirs in zip(prompts, first, again, reference):
+        assert ours.sequences[0, :ours.prompt_length].tolist() == prompt and ours.version == 0
+        assert _tokens(ours) == _tokens(repeat) == _tokens(theirs)
+        mask = ours.action_mask[0]
+        assert torch.allclose(ours.logprobs[0][mask], theirs.logprobs[0][theirs.action_mask[0]], atol=1e-4)
+    assert (logs / "vllm_0.log").read_text().count("ready:") == 1
+
+
+def test_completions_follow_the_sampling_config(served, tiny_assets):
+    pool, model, tokenizer, _ = served
+    prompts = _prompts(tiny_assets, 2)
+    free = _tokens(_generate(pool, prompts, SamplingConfig(max_new_tokens=10, do_sample=False))[0])
+    stop = free[min(3, len(free) - 1)]   # a token greedy decoding does emit: the completion must end at its first one
+    config = SamplingConfig(max_new_tokens=10, do_sample=False, stop_token_ids=(stop,))
+    stopped = _generate(pool, prompts, config)
+    expected = free[:free.index(stop) + 1]
+    assert _tokens(stopped[0]) == expected and _tokens(stopped[0])[-1] == stop
+    assert [_tokens(c) for c in stopped] == [_tokens(c) for c in _hf_greedy(model, tokenizer, prompts, config)]
+
+    sampled = _generate(pool, prompts, SamplingConfig(max_new_tokens=6, temperature=1.0, stop_token_ids=(stop,)), n=4)
+    for completions in sampled:
+        assert completions.sequences.size(0) == 4 and completions.action_mask.size(1) <= 6
+        for row in range(4):
+            tokens = _tokens(completions, row)
+            assert 1 <= len(tokens) <= 6 and stop not in tokens[:-1]
+            assert tokens[-1] == stop or len(tokens) == 6
+            assert (completions.logprobs[row][completions.action_mask[row]] <= 0).all()
+            assert (completions.logprobs[row][~completions.action_mask[row]] == 0).all()
+
+
+def test_published_weights_are_served_with_their_version(served, tiny_assets):
+    pool, model, tokenizer, _ = served
+    prompts = _prompts(tiny_assets)
+    greedy = SamplingConfig(max_new_tokens=12, do_sample=False)
+    before = [_tokens(c) for c in _generate(pool, prompts, greedy)]
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.5)
+    answers = [future.result() for future in pool.publish(model.state_dict(), 7)]
+    assert [a["version"] for a in answers] == [7] and pool.last_sync_seconds > 0
+    after = _generate(pool, prompts, greedy)
+    assert all(c.version == 7 for c in after)
+    assert [_tokens(c) for c in after] == [_tokens(c) for c in _hf_greedy(model, tokenizer, prompts, greedy)]
+    assert [_tokens(c) for c in after] != before
+    [future.result() for future in pool.publish(model.state_dict(), 8)]
+    assert sorted(p.name for p in pool.work_dir.glob("weights-*")) == ["weights-8.safetensors"]
+
+
+def test_a_dead_server_is_restarted_with_the_newest_weights_then_the_run_stops(served, tiny_assets):
+    pool, model, tokenizer, _ = served
+    prompts = _prompts(tiny_assets, 2)
+    greedy = SamplingConfig(max_new_tokens=8, do_sample=False)
+    served_before = [_tokens(c) for c in _generate(pool, prompts, greedy)]
+    os.kill(pool.pids()[0], signal.SIGKILL)
+    again = _generate(pool, prompts, greedy)
+    assert pool.restarts == 1 and [c.version for c in again] == [8, 8]
+    assert [_tokens(c) for c in again] == served_before
+    os.kill(pool.pids()[0], signal.SIGKILL)
+    with pytest.raises(EngineError, match=r"vLLM server 0 died .* used their 1 restarts \(--vllm_max_restarts\)"):
+        _generate(pool, prompts, greedy)
+
+
+def test_a_server_that_cannot_start_says_why(small_model, tmp_path):
+    left_by_a_killed_run = Path("/dev/shm") / "coati-vllm-999999999-abc"   # no such process id
+    left_by_a_killed_run.mkdir()
+    with pytest.raises(EngineError, match="cannot start the vLLM server with /nonexistent/python"):
+        VLLMPool(VLLMConfig(model=str(small_model), python="/nonexistent/python", log_dir=str(tmp_path)), 0, [1])
+    with pytest.raises(EngineError, match=r"could not start: it exited with code 1 while starting \(.*\)"):
+        VLLMPool(VLLMConfig(model=str(tmp_path / "no_model"), log_dir=str(tmp_path)), 0, [1])
+    assert not list(Path("/dev/shm").glob(f"coati-vllm-{os.getpid()}-*")) and not left_by_a_killed_run.exists()
+
+
+# ---- the training scripts on the backend ---------------------------------------------------------
+def _rl_args(assets, model, out, episodes: int) -> list:
+    return ["--pretrain", str(model), "--prompt_dataset", str(assets["prompt_train"]), "--plugin", "ddp",
+            "--batch_size", "2", "--num_generations", "4", "--max_new_tokens", "8", "--num_episodes", str(episodes),
+            "--lr", "1e-3", "--log_dir", str(out / "logs"), "--sample_log_interval", "0", "--rollout_backend", "vllm",
+            "--vllm_threads", "1"]
+
+
+def _records(out):
+    return [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def own_model(small_model, tmp_path):
+    """A copy of the small model at a path of this test's own, which names its servers' processes."""
+    return Path(shutil.copytree(small_model, tmp_path / "model"))
+
+
+@pytest.mark.slow
+def test_grpo_and_ppo_train_on_vllm_rollouts(tiny_assets, own_model, tmp_path):
+    grpo = tmp_path / "grpo"
+    result = torchrun(SCRIPTS / "train_grpo.py", 2, *_rl_args(tiny_assets, own_model, grpo, 3),
+                      "--reward_fn", "math_answer", "answer_format")
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "vLLM rollout engine ready in" in result.stdout
+    records = _records(grpo)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for r in records:
+        assert 0 < r["train/behaviour_ratio/min"] <= r["train/behaviour_ratio"] <= r["train/behaviour_ratio/max"]
+        assert abs(r["train/behaviour_ratio"] - 1) < 1e-3   # fp32 engine and trainer agree
+    assert all(r["train/time/weight_sync"] > 0 for r in records[1:])   # the weights of episodes 1 and 2
+    assert {p.name for p in (grpo / "logs").glob("vllm_*.log")} == {"vllm_rank0_0.log", "vllm_rank1_0.log"}
+
+    ppo = tmp_path / "ppo"
+    result = torchrun(SCRIPTS / "train_ppo.py", 2, *_rl_args(tiny_assets, own_model, ppo, 2), "--reward_fn", "answer_format")
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert [r["step"] for r in _records(ppo)] == [1, 2]
+    assert not _server_processes(str(own_model))
+
+
+@pytest.mark.slow
+def test_async_grpo_on_one_vllm_generator_stays_within_its_staleness(tiny_assets, own_model, tmp_path):
+    result = torchrun(SCRIPTS / "train_grpo.py", 2, *_rl_args(tiny_assets, own_model, tmp_path, 4),
+                      "--reward_fn", "answer_format", "--async_rollout", "--num_generators", "1", "--max_staleness", "1")
+    assert result.returncode == 0, result.stderr[-4000:]
+    records = _records(tmp_path)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    for r in records:
+        assert 0 <= r["train/rollout/staleness@trained/min"] <= r["train/rollout/staleness@trained/max"] <= 1
+    assert (tmp_path / "logs" / "vllm_rank0_0.log").is_file()
+    assert not _server_processes(str(own_model))
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_killing_the_trainer_leaves_no_engine_behind(tiny_assets, own_model, tmp_path):
+    shm_before = set(Path("/dev/shm").glob("coati-vllm-*"))
+    log = tmp_path / "run.log"
+    proc = start_torchrun(SCRIPTS / "train_grpo.py", 2, *_rl_args(tiny_assets, own_model, tmp_path, 500),
+                          "--reward_fn", "answer_format", log=log)
+    servers = []
+    try:
+        _wait_for(lambda: "Episodes:" in log.read_text(errors="replace"), 300, "the first episode")
+        servers = _server_processes(str(own_model))
+        assert len(servers) == 2
+    finally:
+        trainers = [p for p in psutil.Process(proc.pid).children(recursive=True) if p not in servers]
+        for process in [psutil.Process(proc.pid), *trainers]:   # SIGKILL torchrun and its workers, not the servers
+            process.kill()
+        proc.wait()
+    _wait_for(lambda: not _server_processes(str(own_model)), 30, "the servers to exit")
+    assert set(Path("/dev/shm").glob("coati-vllm-*")) <= shm_before
+
+
+@pytest.mark.slow
+def test_an_engine_that_dies_ends_the_run_with_one_line(tiny_assets, own_model, tmp_path):
+    log = tmp_path / "run.log"
+    proc = start_torchrun(SCRIPTS / "train_grpo.py", 1, *_rl_args(tiny_assets, own_model, tmp_path, 500),
+                          "--reward_fn", "answer_format", "--vllm_max_restarts", "0", log=log)
+    try:
+        _wait_for(lambda: "Episodes:" in log.read_text(errors="replace"), 300, "the first episode")
+        for server in _server_processes(str(own_model)):
+            server.kill()
+        assert proc.wait(timeout=120) != 0
+    finally:
+        if proc.poll() is None:
+            kill_run(proc)
+    errors = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "vLLM server 0 died" in errors[0] and "--vllm_max_restarts" in errors[0], errors
+
+
+def test_a_missing_vllm_environment_is_one_line(tiny_assets, tmp_path):
+    result = torchrun(SCRIPTS / "train_grpo.py", 1, *_rl_args(tiny_assets, tiny_assets["model"], tmp_path, 1),
+                      "--vllm_python", str(tmp_path / "nowhere" / "python"))
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: --rollout_backend vllm: no Python interpreter at {tmp_path / 'nowhere' / 'python'}; "
+                      "build vLLM's environment with `make vllm-env`, or name one that has vLLM with --vllm_python"]
