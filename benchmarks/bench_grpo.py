@@ -11,10 +11,13 @@ per-episode metrics it logs: the phase timings (`time/generation`, `time/actor_f
 largest of any process of the launch that torchrun waited for (not Ray's generator actors). Results go
 to `--out/results.json` and a markdown table on stdout. Compare `--async_rollout` with the synchronous
 run at the same flags: the same samples per episode, generation in a Ray actor overlapping training.
+`--rollout_backend vllm` generates on vLLM servers instead (`make vllm-env`); their start-up, printed by the
+run, is reported apart from the episodes (`engine_start_s`), and `time/weight_sync` is among the phases.
 """
 import argparse
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -23,7 +26,8 @@ from pathlib import Path
 from typing import Dict
 
 REPO = Path(__file__).resolve().parents[1]
-PHASES = ("generation", "actor_forward", "reference_forward", "reward", "learning", "rollout_wait")
+PHASES = ("generation", "actor_forward", "reference_forward", "reward", "learning", "rollout_wait", "weight_sync")
+ENGINE_READY = re.compile(r"vLLM rollout engine ready in ([0-9.]+) s")
 
 
 def build_inputs(out: Path, size: str) -> Dict[str, str]:
@@ -52,14 +56,18 @@ def run(args: argparse.Namespace, model: str, prompts: str) -> Path:
            "--log_dir", str(log_dir), "--seed", str(args.seed)]
     if args.async_rollout:
         cmd += ["--async_rollout", "--max_staleness", str(args.max_staleness)]
+    cmd += ["--rollout_backend", args.rollout_backend, "--vllm_threads", str(args.vllm_threads)]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / "run.log", "w") as log:
+        subprocess.run(cmd, check=True, env=env, stdout=log, stderr=subprocess.STDOUT)
     return log_dir / "metrics.jsonl"
 
 
 def summarize(metrics_file: Path) -> Dict[str, float]:
     """Medians over episodes 2..N of the phase seconds, the generation share of the phases, episode wall
-    time and tokens/s (prompt and completion tokens over all ranks)."""
+    time and tokens/s (prompt and completion tokens over all ranks); the vLLM engine's start-up, if any."""
+    started = ENGINE_READY.search((metrics_file.parent / "run.log").read_text(errors="replace"))
     records = [json.loads(line) for line in metrics_file.read_text().splitlines()][1:]
     walls = [b["time"] - a["time"] for a, b in zip(records, records[1:])]
     tokens = records[-1]["train/num_tokens"] - records[0]["train/num_tokens"]
@@ -70,6 +78,7 @@ def summarize(metrics_file: Path) -> Dict[str, float]:
             "reward_first_fifth": statistics.mean(rewards[:fifth]), "reward_last_fifth": statistics.mean(rewards[-fifth:]),
             "generation_share": phases["generation"] / sum(phases.values()),
             "tokens_per_s": tokens / sum(walls), **{f"median_{p}_s": v for p, v in phases.items()},
+            "engine_start_s": float(started.group(1)) if started else 0.0,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
 
 
@@ -90,6 +99,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--async_rollout", action="store_true", help="generate in a Ray actor while training")
     parser.add_argument("--max_staleness", type=int, default=1)
+    parser.add_argument("--rollout_backend", choices=("hf", "vllm"), default="hf")
+    parser.add_argument("--vllm_threads", type=int, default=0, help="CPU threads per vLLM server (0: the trainer's)")
     args = parser.parse_args()
     inputs = {"model": args.model, "prompts": args.prompts}
     if not all(inputs.values()):
@@ -97,11 +108,11 @@ def main() -> None:
     result = summarize(run(args, inputs["model"], inputs["prompts"]))
     (Path(args.out) / "results.json").write_text(json.dumps(result, indent=2))
     print("| median s/episode | generation share | " + " | ".join(f"{p} s" for p in PHASES)
-          + " | tokens/s | reward first/last fifth | peak RSS MB |\n|" + "---|" * (len(PHASES) + 5))
+          + " | tokens/s | reward first/last fifth | peak RSS MB | engine start s |\n|" + "---|" * (len(PHASES) + 6))
     print(f"| {result['median_episode_s']:.3f} | {result['generation_share']:.1%} | "
           + " | ".join(f"{result[f'median_{p}_s']:.3f}" for p in PHASES)
           + f" | {result['tokens_per_s']:.0f} | {result['reward_first_fifth']:.3f} / {result['reward_last_fifth']:.3f}"
-          + f" | {result['peak_rss_mb']:.0f} |")
+          + f" | {result['peak_rss_mb']:.0f} | {result['engine_start_s']:.1f} |")
 
 
 if __name__ == "__main__":

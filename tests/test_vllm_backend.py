@@ -162,12 +162,13 @@ def test_a_dead_server_is_restarted_with_the_newest_weights_then_the_run_stops(s
 
 def test_a_server_that_cannot_start_says_why(small_model, tmp_path):
     left_by_a_killed_run = Path("/dev/shm") / "coati-vllm-999999999-abc"   # no such process id
-    left_by_a_killed_run.mkdir()
+    left_by_a_killed_run.mkdir(exist_ok=True)
+    ours = set(Path("/dev/shm").glob(f"coati-vllm-{os.getpid()}-*"))   # the module's server
     with pytest.raises(EngineError, match="cannot start the vLLM server with /nonexistent/python"):
         VLLMPool(VLLMConfig(model=str(small_model), python="/nonexistent/python", log_dir=str(tmp_path)), 0, [1])
     with pytest.raises(EngineError, match=r"could not start: it exited with code 1 while starting \(.*\)"):
         VLLMPool(VLLMConfig(model=str(tmp_path / "no_model"), log_dir=str(tmp_path)), 0, [1])
-    assert not list(Path("/dev/shm").glob(f"coati-vllm-{os.getpid()}-*")) and not left_by_a_killed_run.exists()
+    assert set(Path("/dev/shm").glob(f"coati-vllm-{os.getpid()}-*")) == ours and not left_by_a_killed_run.exists()
 
 
 # ---- the training scripts on the backend ---------------------------------------------------------

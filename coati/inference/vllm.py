@@ -28,11 +28,14 @@ import tempfile
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, asdict
+from dataclasses import asdict, dataclass
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import torch
+
+from coati.rollout.engine import BatchingPool, Completions
 from coati.utils.errors import CoatiUsageError
 
 from .vllm_server import AUTHKEY_ENV, LIFELINE_ENV
@@ -123,7 +126,7 @@ class VLLMServer:
     def _environment(self, lifeline: int) -> Dict[str, str]:
         """The server's environment: coati's source importable (and nothing else of this environment's), the key,
         the lifeline, the engine in-process, and its CPU threads and KV cache."""
-        threads = self.config.threads or _torch_threads()
+        threads = self.config.threads or torch.get_num_threads()
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
         env.update({"PYTHONPATH": str(self.work_dir / "src"), AUTHKEY_ENV: self._authkey, LIFELINE_ENV: str(lifeline),
                     "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": str(self.config.kv_cache_gib),
@@ -203,12 +206,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _torch_threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
-
-
 WORK_PREFIX = "coati-vllm-"
 
 
@@ -228,21 +225,13 @@ def _work_dir() -> Path:
     return work
 
 
-@dataclass
-class _Request:
-    prompt_ids: List[int]
-    config: Any
-    n: int
-    future: asyncio.Future
-
-
-class VLLMPool:
+class VLLMPool(BatchingPool):
     """`num_engines` vLLM servers with the policy, as an `AsyncEngine` (`agenerate`) and a weights publisher
     (`publish`), like `GeneratorPool`. A request goes to the least-busy server, and each server takes all its waiting
-    requests with the same sampling settings as one engine call. `publish` writes the weights once and queues a load
-    on every server behind the generations already sent to it, so a rollout in flight finishes on the weights it
-    started with, and every completion carries the version its server reports. `seconds` sums generation time;
-    `last_sync_seconds` is the last publish's, from writing the file to the last server's load."""
+    requests with the same sampling settings as one engine call (`BatchingPool`). `publish` writes the weights once
+    and queues a load on every server behind the generations already sent to it, so a rollout in flight finishes on
+    the weights it started with, and every completion carries the version its server reports. `seconds` sums
+    generation time; `last_sync_seconds` is the last publish's, from writing the file to the last server's load."""
 
     def __init__(self, config: VLLMConfig, pad_token_id: int, stop_token_ids: Sequence[int], num_engines: int = 1) -> None:
         self.config, self.pad_token_id, self.stop_token_ids = config, pad_token_id, tuple(stop_token_ids)
@@ -250,8 +239,7 @@ class VLLMPool:
         self.servers = [VLLMServer(config, i, self.work_dir) for i in range(num_engines)]
         self.restarts, self.seconds, self.last_sync_seconds, self.version = 0, 0.0, 0.0, 0
         self._workers = [ThreadPoolExecutor(1, thread_name_prefix=f"vllm-{i}") for i in range(num_engines)]
-        self._queues: List[List[_Request]] = [[] for _ in range(num_engines)]
-        self._dispatchers: List[Optional[asyncio.Task]] = [None] * num_engines
+        self._start_queues(num_engines)
         self._holders: Dict[str, int] = {}
         self._lock = threading.Lock()
         try:
@@ -304,47 +292,18 @@ class VLLMPool:
         self.servers[index] = fresh
 
     # ---- generation --------------------------------------------------------------------------------
-    async def agenerate(self, prompt_ids: List[int], config: Any, n: int) -> Any:
-        """`n` completions of one unpadded prompt, with their log-probs and the version that made them."""
-        index = min(range(len(self.servers)), key=lambda i: sum(not r.future.done() for r in self._queues[i]))
-        loop = asyncio.get_running_loop()
-        request = _Request(list(prompt_ids), config, n, loop.create_future())
-        self._queues[index].append(request)
-        dispatcher = self._dispatchers[index]
-        if dispatcher is None or dispatcher.done():
-            self._dispatchers[index] = loop.create_task(self._dispatch(index))
-        return await request.future
+    async def _generate_batch(self, index: int, requests: List[Tuple[List[int], int]], config: Any) -> List[Any]:
+        """One engine call on server `index` (in its worker thread, behind the loads queued before it)."""
+        message = {"op": "generate", "prompts": [prompt for prompt, _ in requests], "n": [n for _, n in requests],
+                   "sampling": {**asdict(config), "stop_token_ids": list(config.stop_token_ids or self.stop_token_ids)}}
+        start = time.perf_counter()
+        answer = await asyncio.get_running_loop().run_in_executor(self._workers[index], self._request, index, message)
+        self.seconds += time.perf_counter() - start
+        return [self._completions(prompt, group, answer["version"])
+                for (prompt, _), group in zip(requests, answer["completions"])]
 
-    async def _dispatch(self, index: int) -> None:
-        """Send server `index` its waiting requests, a batch (one sampling config) at a time, until none is left."""
-        queue, loop = self._queues[index], asyncio.get_running_loop()
-        while True:
-            queue[:] = [r for r in queue if not r.future.done()]   # answered, failed, or cancelled meanwhile
-            if not queue:
-                return
-            config = queue[0].config
-            batch = [r for r in queue if r.config == config]
-            message = {"op": "generate", "prompts": [r.prompt_ids for r in batch], "n": [r.n for r in batch],
-                       "sampling": {**asdict(config), "stop_token_ids": list(config.stop_token_ids or self.stop_token_ids)}}
-            start = time.perf_counter()
-            try:
-                answer = await loop.run_in_executor(self._workers[index], self._request, index, message)
-            except Exception as error:   # every waiting episode raises it
-                for request in batch:
-                    if not request.future.done():
-                        request.future.set_exception(error)
-                continue
-            self.seconds += time.perf_counter() - start
-            for request, group in zip(batch, answer["completions"]):
-                if not request.future.done():   # not cancelled by an executor shutting down
-                    request.future.set_result(self._completions(request.prompt_ids, group, answer["version"]))
-
-    def _completions(self, prompt: List[int], group: List[Tuple[List[int], List[float]]], version: int) -> Any:
+    def _completions(self, prompt: List[int], group: List[Tuple[List[int], List[float]]], version: int) -> Completions:
         """One prompt's completions as `Completions`, right-padded to the longest."""
-        import torch
-
-        from coati.rollout.engine import Completions
-
         width = max(1, max(len(tokens) for tokens, _ in group))
         sequences = torch.full((len(group), len(prompt) + width), self.pad_token_id, dtype=torch.long)
         sequences[:, :len(prompt)] = torch.tensor(prompt)

@@ -113,15 +113,60 @@ class _Request:
     future: asyncio.Future
 
 
-class GeneratorPool:
-    """`num_generators` Ray actors with the policy. `agenerate` queues a request for the least-busy one;
-    each actor takes all the requests waiting for it (with the same sampling settings) as one batched
-    generation, which is what keeps a CPU or GPU generator efficient;
-    `publish` gives every actor new weights, which each loads after the requests it already holds (so a
-    rollout in flight finishes on the weights it started with, and says so in its version). An actor that
-    dies is replaced by a new one with the newest weights and its request is retried, up to `max_restarts`
-    times in all; after that `agenerate` raises `GeneratorError`. A request whose rollout was cancelled (an
-    executor shut down) is dropped before it is sent. The pool serves one event loop (one executor) at a time."""
+class BatchingPool:
+    """Requests queued per generator of a pool: `agenerate` queues one for the least-busy generator, and that
+    generator's dispatcher sends it all the requests waiting for it with the same sampling settings as one batch
+    (`_generate_batch`), which is what keeps a CPU or GPU generator efficient. A request whose rollout was cancelled
+    (an executor shut down) is dropped before it is sent; a batch that fails fails each of its requests. The pool
+    serves one event loop (one executor) at a time."""
+
+    def _start_queues(self, count: int) -> None:
+        self._queues: List[List[_Request]] = [[] for _ in range(count)]
+        self._dispatchers: List[Optional[asyncio.Task]] = [None] * count
+
+    async def agenerate(self, prompt_ids: List[int], config: SamplingConfig, n: int) -> Completions:
+        index = min(range(len(self._queues)), key=lambda i: sum(not r.future.done() for r in self._queues[i]))
+        loop = asyncio.get_running_loop()
+        request = _Request(list(prompt_ids), config, n, loop.create_future())
+        self._queues[index].append(request)
+        dispatcher = self._dispatchers[index]
+        if dispatcher is None or dispatcher.done():   # a dispatcher cancelled before its first step is done too
+            self._dispatchers[index] = loop.create_task(self._dispatch(index))
+        return await request.future
+
+    async def _dispatch(self, index: int) -> None:
+        """Send generator `index` its waiting requests, a batch at a time, until none is left."""
+        queue = self._queues[index]
+        while True:
+            queue[:] = [r for r in queue if not r.future.done()]   # answered, failed, or cancelled meanwhile
+            if not queue:
+                return
+            config = queue[0].config
+            batch = [r for r in queue if r.config == config]
+            try:
+                results = await self._generate_batch(index, [(r.prompt_ids, r.n) for r in batch], config)
+            except Exception as error:   # every waiting episode of the batch raises it
+                results = [error] * len(batch)
+            for request, result in zip(batch, results):
+                if request.future.done():   # cancelled by an executor shutting down
+                    continue
+                if isinstance(result, Exception):
+                    request.future.set_exception(result)
+                else:
+                    request.future.set_result(result)
+
+    async def _generate_batch(self, index: int, requests: List[Tuple[List[int], int]],
+                              config: SamplingConfig) -> List[Completions]:
+        """Generator `index`'s completions of (prompt, n) `requests`, in order."""
+        raise NotImplementedError
+
+
+class GeneratorPool(BatchingPool):
+    """`num_generators` Ray actors with the policy, batching requests per actor (`BatchingPool`). `publish` gives
+    every actor new weights, which each loads after the requests it already holds (so a rollout in flight finishes
+    on the weights it started with, and says so in its version). An actor that dies is replaced by a new one with
+    the newest weights and its request is retried, up to `max_restarts` times in all; after that `agenerate`
+    raises `GeneratorError`."""
 
     def __init__(self, model_path: str, pad_token_id: int, stop_token_ids: Sequence[int], num_generators: int = 1,
                  max_restarts: int = 3, seed: int = 0, threads: int = 1) -> None:
@@ -135,8 +180,7 @@ class GeneratorPool:
         self.version = 0
         self._weights: Optional[Any] = None
         self.actors = [self._spawn(i) for i in range(num_generators)]
-        self._queues: List[List[_Request]] = [[] for _ in range(num_generators)]
-        self._dispatchers: List[Optional[asyncio.Task]] = [None] * num_generators
+        self._start_queues(num_generators)
         self.pids()   # wait until every actor has loaded its model
 
     def _spawn(self, index: int) -> Any:
@@ -146,40 +190,16 @@ class GeneratorPool:
             actor.load_weights.remote(self._weights, self.version)
         return actor
 
-    async def agenerate(self, prompt_ids: List[int], config: SamplingConfig, n: int) -> Completions:
-        index = min(range(len(self.actors)), key=lambda i: sum(not r.future.done() for r in self._queues[i]))
-        loop = asyncio.get_running_loop()
-        request = _Request(prompt_ids, config, n, loop.create_future())
-        self._queues[index].append(request)
-        dispatcher = self._dispatchers[index]
-        if dispatcher is None or dispatcher.done():   # a dispatcher cancelled before its first step is done too
-            self._dispatchers[index] = loop.create_task(self._dispatch(index))
-        return await request.future
-
-    async def _dispatch(self, index: int) -> None:
-        """Send actor `index` its waiting requests, a batch at a time, until none is left."""
+    async def _generate_batch(self, index: int, requests: List[Tuple[List[int], int]],
+                              config: SamplingConfig) -> List[Completions]:
+        """One batched generation on actor `index`; an actor that died is replaced and the batch sent again."""
         from ray.exceptions import RayActorError
 
-        queue = self._queues[index]
         while True:
-            queue[:] = [r for r in queue if not r.future.done()]   # answered, failed, or cancelled meanwhile
-            if not queue:
-                return
-            config = queue[0].config
-            batch = [r for r in queue if r.config == config]
             try:
-                results = await self.actors[index].generate_many.remote([(r.prompt_ids, r.n) for r in batch], config)
+                return await self.actors[index].generate_many.remote(requests, config)
             except RayActorError as error:
-                try:
-                    self._replace(index, error)
-                except GeneratorError as fatal:
-                    for request in queue:
-                        if not request.future.done():
-                            request.future.set_exception(fatal)
-                continue
-            for request, result in zip(batch, results):
-                if not request.future.done():   # not cancelled by an executor shutting down
-                    request.future.set_result(result)
+                self._replace(index, error)
 
     def _replace(self, index: int, error: Exception) -> None:
         """A new actor in place of dead actor `index` (its dispatcher is the only one that sends to it)."""
