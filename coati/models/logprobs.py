@@ -1,7 +1,8 @@
 """Log-probabilities of label tokens: the quantity every preference and policy loss is built on."""
-from typing import Dict, Tuple
+from typing import Callable, Dict, Tuple
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from coati.dataset.collators import both_sides
 from coati.dataset.tokenization import IGNORE_INDEX
@@ -12,11 +13,55 @@ def mask_positions(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def token_logps(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log p(target) under each row of `logits` (..., vocab), in float32: a gather minus logsumexp, so no
-    full log-softmax is kept. `targets` must be valid token ids."""
+LOGP_CHUNK_ROWS = 1024
+"""Positions whose log-softmax (or entropy) is taken at once: the float copy and exp() of a chunk's logits are the
+only vocabulary-sized temporaries, and with gradients each chunk is recomputed in backward instead of kept."""
+
+
+def _chunk_logps(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     logits = logits.float()
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+
+
+def over_chunks(fn: Callable[..., torch.Tensor], logits: torch.Tensor, *aligned: torch.Tensor) -> torch.Tensor:
+    """`fn(logits_rows, *aligned_rows)` -> one value per position, applied `LOGP_CHUNK_ROWS` positions at a time (and
+    recomputed in backward when gradients flow), so no vocabulary-sized temporary of the whole batch exists besides
+    the logits themselves. `aligned` tensors have the logits' shape without the vocabulary dimension."""
+    rows = logits.shape[:-1].numel()
+    if rows <= LOGP_CHUNK_ROWS:
+        return fn(logits, *aligned)
+    flat = logits.reshape(rows, logits.size(-1))
+    flat_aligned = [t.reshape(rows) for t in aligned]
+    recompute = torch.is_grad_enabled() and logits.requires_grad
+    parts = []
+    for i in range(0, rows, LOGP_CHUNK_ROWS):
+        chunk = [flat[i:i + LOGP_CHUNK_ROWS], *(t[i:i + LOGP_CHUNK_ROWS] for t in flat_aligned)]
+        parts.append(checkpoint(fn, *chunk, use_reentrant=False) if recompute else fn(*chunk))
+    return torch.cat(parts).view(logits.shape[:-1])
+
+
+def token_logps(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log p(target) under each row of `logits` (..., vocab), in float32: a gather minus logsumexp, chunk by chunk
+    (`over_chunks`). `targets` must be valid token ids."""
+    return over_chunks(_chunk_logps, logits, targets)
+
+
+_NO_LOGITS_TO_KEEP: set = set()
+"""Model classes whose forward does not take `logits_to_keep` (custom or older modelling code)."""
+
+
+def tail_logits(model: torch.nn.Module, keep: int, **inputs: torch.Tensor) -> torch.Tensor:
+    """The LM head's logits at the last `keep` positions only (transformers' `logits_to_keep`), so the positions no
+    loss reads (prompts, padding before the first label) never reach the head; all positions, then cut, for a model
+    that does not take it."""
+    if type(model) not in _NO_LOGITS_TO_KEEP:
+        try:
+            return model(**inputs, logits_to_keep=keep).logits
+        except TypeError as error:
+            if "logits_to_keep" not in str(error):
+                raise
+            _NO_LOGITS_TO_KEEP.add(type(model))
+    return model(**inputs).logits[:, -keep:]
 
 
 def label_logps(logits: torch.Tensor, labels: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -27,11 +72,20 @@ def label_logps(logits: torch.Tensor, labels: torch.Tensor) -> Tuple[torch.Tenso
     return token_logps(logits[:, :-1], targets.clamp(min=0)) * mask, mask
 
 
+def model_label_logps(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      labels: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """`label_logps` from one forward of `model` whose LM head sees only the columns from the batch's first label
+    token on (the prompts' columns before it are no loss's); (batch, columns kept) each."""
+    counted = (labels[:, 1:] != IGNORE_INDEX).any(0).nonzero()
+    first = int(counted[0]) + 1 if counted.numel() else labels.size(1) - 1   # the first column any row's loss reads
+    logits = tail_logits(model, labels.size(1) - first + 1, input_ids=input_ids, attention_mask=attention_mask)
+    return label_logps(logits, labels[:, first - 1:])
+
+
 def sequence_logps(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    labels: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Summed label log-probs and label-token counts per row, from one forward of `model`."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
-    logps, mask = label_logps(logits, labels)
+    logps, mask = model_label_logps(model, input_ids, attention_mask, labels)
     return logps.sum(-1), mask.sum(-1)
 
 
@@ -44,8 +98,10 @@ def pair_sequence_logps(model: torch.nn.Module, batch: Dict[str, torch.Tensor]) 
 def action_logps(model: torch.nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
                  return_logits: bool = False):
     """Log-probs (batch, N) of the completion tokens `sequences[:, prompt_length:]` given what precedes them,
-    for left-padded prompts (positions counted from the mask); with `return_logits`, also their logits."""
-    logits = model(input_ids=sequences, attention_mask=attention_mask, position_ids=mask_positions(attention_mask)).logits
-    logits = logits[:, prompt_length - 1:-1]
+    for left-padded prompts (positions counted from the mask); with `return_logits`, also their logits. The LM head
+    sees the completion's positions only."""
+    completion = sequences.size(1) - prompt_length
+    logits = tail_logits(model, completion + 1, input_ids=sequences, attention_mask=attention_mask,
+                         position_ids=mask_positions(attention_mask))[:, :-1]
     logps = token_logps(logits, sequences[:, prompt_length:])
     return (logps, logits) if return_logits else logps

@@ -8,6 +8,8 @@ import torch.nn.functional as F
 
 from coati.utils.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 
+from .logprobs import over_chunks
+
 
 def _reduce(loss: torch.Tensor, reduction: str) -> torch.Tensor:
     if reduction == "none":
@@ -351,7 +353,11 @@ class ValueLoss(torch.nn.Module):
         return masked_mean(losses, mask.to(losses.dtype))
 
 
-def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of each next-token distribution, (batch, T, vocab) -> (batch, T)."""
+def _entropy(logits: torch.Tensor) -> torch.Tensor:
     logits = logits.float()
     return logits.logsumexp(-1) - (torch.softmax(logits, -1) * logits).sum(-1)
+
+
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of each next-token distribution, (batch, T, vocab) -> (batch, T), chunk by chunk (`over_chunks`)."""
+    return over_chunks(_entropy, logits)

@@ -10,7 +10,7 @@ import torch
 from coati.experience.controllers import KLController
 from coati.experience.experience import Experience
 from coati.models.critic import action_values
-from coati.models.logprobs import action_logps, label_logps
+from coati.models.logprobs import action_logps, model_label_logps
 from coati.models.loss import PolicyLoss, ValueLoss, kl_penalty, masked_mean, masked_var, token_entropy
 from coati.utils.ckpt_io import ModelState
 
@@ -86,8 +86,8 @@ class PtxTerm(LossTerm):
     def __call__(self, experience: Experience, logps: torch.Tensor, mask: torch.Tensor,
                  aggregate: Aggregate) -> Tuple[Optional[torch.Tensor], Metrics]:
         batch = self.batches.next()
-        logits = self.actor(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        token_logps, label_mask = label_logps(logits, batch["labels"])
+        token_logps, label_mask = model_label_logps(self.actor, batch["input_ids"], batch["attention_mask"],
+                                                    batch["labels"])
         loss = -masked_mean(token_logps, label_mask)
         return self.coef * loss, {"loss/ptx": (loss.item(), 1)}
 
