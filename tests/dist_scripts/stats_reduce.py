@@ -37,3 +37,4 @@ reduced["window"] = window.export()
 if r == 0:
     print("RESULT " + json.dumps(reduced), flush=True)
 barrier()   # leave together, as the training scripts do (their last step is a barrier)
+torch.distributed.destroy_process_group()   # before exit: left to interpreter teardown, gloo once aborted (SIGABRT)
