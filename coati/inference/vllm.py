@@ -242,7 +242,7 @@ class VLLMPool(BatchingPool):
         self.config, self.pad_token_id, self.stop_token_ids = config, pad_token_id, tuple(stop_token_ids)
         self.work_dir = _work_dir()
         self.servers = [VLLMServer(config, i, self.work_dir) for i in range(num_engines)]
-        self.restarts, self.seconds, self.last_sync_seconds, self.version = 0, 0.0, 0.0, 0
+        self.restarts, self.seconds, self.last_sync_seconds = 0, 0.0, 0.0
         self._workers = [ThreadPoolExecutor(1, thread_name_prefix=f"vllm-{i}") for i in range(num_engines)]
         self._start_queues(num_engines)
         self._holders: Dict[str, int] = {}
@@ -329,7 +329,6 @@ class VLLMPool(BatchingPool):
         with self._lock:
             self._holders[path] = len(self.servers)
         futures = [worker.submit(self._load, index, path, version) for index, worker in enumerate(self._workers)]
-        self.version = version
         pending = [len(futures)]
 
         def finished(_: Future) -> None:
