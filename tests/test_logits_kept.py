@@ -34,6 +34,10 @@ def _batch(rows: int = 3, width: int = 40, prompt: int = 25):
     return ids, mask, labels
 
 
+def _as_batch(ids, mask, labels):
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
 def _head_widths(model):
     """The sequence lengths the LM head is applied to, recorded by a hook."""
     widths = []
@@ -57,7 +61,7 @@ def test_label_logps_match_the_full_logits_and_the_head_sees_labels_only(model, 
 
     model.zero_grad()
     widths, handle = _head_widths(model)
-    sums, counts = logprobs.sequence_logps(model, ids, mask, labels)
+    sums, counts = logprobs.sequence_logps(model, _as_batch(ids, mask, labels))
     sums.sum().backward()
     handle.remove()
     assert torch.allclose(sums, full, atol=1e-5) and counts.tolist() == (targets != IGNORE_INDEX).sum(-1).tolist()
@@ -110,7 +114,7 @@ class _NoLogitsToKeep(torch.nn.Module):
 
 def test_a_model_without_logits_to_keep_gets_the_same_numbers(model):
     ids, mask, labels = _batch()
-    kept, _ = logprobs.sequence_logps(model, ids, mask, labels)
-    cut, _ = logprobs.sequence_logps(_NoLogitsToKeep(model), ids, mask, labels)
+    kept, _ = logprobs.sequence_logps(model, _as_batch(ids, mask, labels))
+    cut, _ = logprobs.sequence_logps(_NoLogitsToKeep(model), _as_batch(ids, mask, labels))
     assert torch.allclose(kept, cut, atol=1e-6)
     assert _NoLogitsToKeep in logprobs._NO_LOGITS_TO_KEEP

@@ -86,7 +86,7 @@ def dpo_setup(world_of_one, tiny_assets):
 
 def _separate(model, batch, side):
     with torch.no_grad():
-        return sequence_logps(model, batch[f"{side}_input_ids"], batch[f"{side}_attention_mask"], batch[f"{side}_labels"])
+        return sequence_logps(model, batch, f"{side}_")
 
 
 @pytest.mark.parametrize("loss_fn", [DPOLoss(beta=0.1), DPOLoss(beta=0.1, loss_type="ipo"), SimPOLoss(), ORPOLoss()],

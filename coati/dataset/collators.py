@@ -1,8 +1,9 @@
-"""Collators that pad each batch to its own longest sequence (never to --max_length).
+"""Collators that pad each batch to its own longest sequence (never to --max_length), or pack it.
 
 `max_length` > 0 cuts longer rows first, the same way preparation does: training rows from the right
 (a row cut before its response then has no target tokens and adds nothing to the loss), prompts from
-the left.
+the left. With `packing` the training collators concatenate a batch's rows into one padding-free sequence
+(`pack_sequences`); `coati.models.packing` runs the model on it.
 """
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -21,14 +22,42 @@ def pad_sequences(sequences: Sequence[Sequence[int]], value: int, left: bool = F
     return torch.tensor(rows, dtype=torch.long)
 
 
+ROWS = "rows"
+"""Key of a packed batch's count of dataset rows (a preference row packs two sequences)."""
+
+
+def pack_sequences(ids: List[Sequence[int]], labels: List[Sequence[int]], prefix: str = "") -> Dict[str, torch.Tensor]:
+    """Rows concatenated into one (1, total) sequence, under `prefix`: input_ids, labels, position_ids restarting at
+    each row, and `seq_lens` (the rows' lengths). Each row's first label is ignored, so no row is predicted from the
+    end of the row before it, as no row is from padding unpacked."""
+    flat_labels: List[int] = []
+    for row in labels:
+        flat_labels += [IGNORE_INDEX, *row[1:]]
+    return {
+        f"{prefix}input_ids": torch.tensor([[t for row in ids for t in row]], dtype=torch.long),
+        f"{prefix}labels": torch.tensor([flat_labels], dtype=torch.long),
+        f"{prefix}position_ids": torch.tensor([[p for row in ids for p in range(len(row))]], dtype=torch.long),
+        f"{prefix}seq_lens": torch.tensor([len(row) for row in ids], dtype=torch.long),
+    }
+
+
+def batch_rows(batch: Dict[str, Any]) -> int:
+    """How many dataset rows `batch` holds, packed or padded."""
+    if ROWS in batch:
+        return int(batch[ROWS])
+    return int(next(v for v in batch.values() if isinstance(v, torch.Tensor)).size(0))
+
+
 class _Collator:
     """`loss_on_every_token` (ColossalChat's `--disable_loss_mask`) makes every token of a row a label, the
-    prompt's included, instead of the response's alone."""
+    prompt's included, instead of the response's alone. `packing` packs training rows instead of padding them."""
 
-    def __init__(self, pad_token_id: int, max_length: int = 0, loss_on_every_token: bool = False) -> None:
+    def __init__(self, pad_token_id: int, max_length: int = 0, loss_on_every_token: bool = False,
+                 packing: bool = False) -> None:
         self.pad_token_id = pad_token_id
         self.max_length = max_length
         self.loss_on_every_token = loss_on_every_token
+        self.packing = packing
 
     def _cut(self, sequence: Sequence[int], keep_end: bool = False) -> Sequence[int]:
         """`sequence` cut to `max_length`: its start kept, or its end with `keep_end`."""
@@ -42,8 +71,14 @@ class _Collator:
             key = key[:-len("labels")] + "input_ids"
         return [self._cut(row[key]) for row in rows]
 
-    def _padded(self, ids: List[Sequence[int]], labels: List[Sequence[int]], prefix: str = "") -> Dict[str, torch.Tensor]:
-        """Right-padded input_ids, attention_mask and labels, under `prefix`."""
+    def _count(self, rows: List[Any]) -> Dict[str, int]:
+        """The dataset-row count a packed batch carries (`ROWS`); nothing for a padded one."""
+        return {ROWS: len(rows)} if self.packing else {}
+
+    def _batch(self, ids: List[Sequence[int]], labels: List[Sequence[int]], prefix: str = "") -> Dict[str, torch.Tensor]:
+        """Right-padded input_ids, attention_mask and labels under `prefix`; packed with `packing`."""
+        if self.packing:
+            return pack_sequences(ids, labels, prefix)
         return {
             f"{prefix}input_ids": pad_sequences(ids, self.pad_token_id),
             f"{prefix}attention_mask": pad_sequences([[1] * len(i) for i in ids], 0),
@@ -54,8 +89,8 @@ class _Collator:
 class SupervisedCollator(_Collator):
     """Batches of `input_ids`/`labels` rows -> input_ids, attention_mask and labels, right-padded."""
 
-    def __call__(self, rows: List[Dict[str, Sequence[int]]]) -> Dict[str, torch.Tensor]:
-        return self._padded(self._column(rows, "input_ids"), self._column(rows, "labels"))
+    def __call__(self, rows: List[Dict[str, Sequence[int]]]) -> Dict[str, Any]:
+        return {**self._batch(self._column(rows, "input_ids"), self._column(rows, "labels")), **self._count(rows)}
 
 
 class KTOCollator(_Collator):
@@ -69,28 +104,38 @@ class KTOCollator(_Collator):
             kl_ids.append(self._cut(row["input_ids"][:prompt] + other["input_ids"][start:]))
             kl_labels.append(self._cut([IGNORE_INDEX] * prompt + other["labels"][start:]))
         return {
-            **self._padded(self._column(rows, "input_ids"), self._column(rows, "labels")),
-            **self._padded(kl_ids, kl_labels, prefix="kl_"),
+            **self._batch(self._column(rows, "input_ids"), self._column(rows, "labels")),
+            **self._batch(kl_ids, kl_labels, prefix="kl_"),
             "desirable": torch.tensor([bool(row["desirable"]) for row in rows]),
+            **self._count(rows),
         }
 
 
 class PreferenceCollator(_Collator):
     """Rows of chosen_/rejected_ input_ids and labels -> right-padded tensors, both sides padded to one
-    length so a trainer can concatenate them into a single forward. Precomputed reference log-prob
-    columns (`*_ref_logps`) come through as float tensors."""
+    length so a trainer can concatenate them into a single forward; with `packing`, one packed sequence of
+    every chosen row then every rejected row. Precomputed reference log-prob columns (`*_ref_logps`) come
+    through as float tensors."""
 
-    def __call__(self, rows: List[Dict[str, Sequence[int]]]) -> Dict[str, torch.Tensor]:
+    def __call__(self, rows: List[Dict[str, Sequence[int]]]) -> Dict[str, Any]:
         ids = {side: self._column(rows, f"{side}_input_ids") for side in ("chosen", "rejected")}
+        if self.packing:
+            labels = self._column(rows, "chosen_labels") + self._column(rows, "rejected_labels")
+            batch: Dict[str, Any] = {**pack_sequences(ids["chosen"] + ids["rejected"], labels), **self._count(rows)}
+        else:
+            batch = self._padded_pairs(rows, ids)
+        for key in rows[0]:
+            if key.endswith("_ref_logps"):
+                batch[key] = torch.tensor([row[key] for row in rows], dtype=torch.float32)
+        return batch
+
+    def _padded_pairs(self, rows: List[Dict[str, Sequence[int]]], ids: Dict[str, List[Sequence[int]]]) -> Dict[str, Any]:
         longest = max(len(i) for side_ids in ids.values() for i in side_ids)
         batch = {}
         for side, side_ids in ids.items():
             batch[f"{side}_input_ids"] = pad_sequences(side_ids, self.pad_token_id, length=longest)
             batch[f"{side}_attention_mask"] = pad_sequences([[1] * len(i) for i in side_ids], 0, length=longest)
             batch[f"{side}_labels"] = pad_sequences(self._column(rows, f"{side}_labels"), IGNORE_INDEX, length=longest)
-        for key in rows[0]:
-            if key.endswith("_ref_logps"):
-                batch[key] = torch.tensor([row[key] for row in rows], dtype=torch.float32)
         return batch
 
 

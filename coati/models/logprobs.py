@@ -1,11 +1,13 @@
 """Log-probabilities of label tokens: the quantity every preference and policy loss is built on."""
-from typing import Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
 from coati.dataset.collators import both_sides
 from coati.dataset.tokenization import IGNORE_INDEX
+
+from .packing import is_packed, model_inputs, row_sums
 
 
 def mask_positions(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -72,27 +74,32 @@ def label_logps(logits: torch.Tensor, labels: torch.Tensor) -> Tuple[torch.Tenso
     return token_logps(logits[:, :-1], targets.clamp(min=0)) * mask, mask
 
 
-def model_label_logps(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                      labels: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """`label_logps` from one forward of `model` whose LM head sees only the columns from the batch's first label
-    token on (the prompts' columns before it are no loss's); (batch, columns kept) each."""
+def model_label_logps(model: torch.nn.Module, batch: Dict[str, Any], prefix: str = "") -> Tuple[torch.Tensor, torch.Tensor]:
+    """`label_logps` of `batch`'s `prefix` rows (padded or packed) from one forward of `model` whose LM head sees
+    only the columns from the batch's first label token on (the prompts' columns before it are no loss's);
+    (rows or 1, columns kept) each."""
+    labels = batch[f"{prefix}labels"]
     counted = (labels[:, 1:] != IGNORE_INDEX).any(0).nonzero()
     first = int(counted[0]) + 1 if counted.numel() else labels.size(1) - 1   # the first column any row's loss reads
-    logits = tail_logits(model, labels.size(1) - first + 1, input_ids=input_ids, attention_mask=attention_mask)
+    logits = tail_logits(model, labels.size(1) - first + 1, **model_inputs(batch, prefix))
     return label_logps(logits, labels[:, first - 1:])
 
 
-def sequence_logps(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   labels: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Summed label log-probs and label-token counts per row, from one forward of `model`."""
-    logps, mask = model_label_logps(model, input_ids, attention_mask, labels)
+def sequence_logps(model: torch.nn.Module, batch: Dict[str, Any], prefix: str = "") -> Tuple[torch.Tensor, torch.Tensor]:
+    """Summed label log-probs and label-token counts per row of `batch`'s `prefix` rows, from one forward."""
+    logps, mask = model_label_logps(model, batch, prefix)
+    if is_packed(batch, prefix):
+        lengths = batch[f"{prefix}seq_lens"]
+        return row_sums(logps, lengths), row_sums(mask.long(), lengths)
     return logps.sum(-1), mask.sum(-1)
 
 
-def pair_sequence_logps(model: torch.nn.Module, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+def pair_sequence_logps(model: torch.nn.Module, batch: Dict[str, Any]) -> Tuple[torch.Tensor, torch.Tensor]:
     """`sequence_logps` of a preference batch's chosen rows then rejected rows, in one forward."""
-    return sequence_logps(model, both_sides(batch, "input_ids"), both_sides(batch, "attention_mask"),
-                          both_sides(batch, "labels"))
+    if is_packed(batch):
+        return sequence_logps(model, batch)
+    both = {field: both_sides(batch, field) for field in ("input_ids", "attention_mask", "labels")}
+    return sequence_logps(model, both)
 
 
 def action_logps(model: torch.nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,

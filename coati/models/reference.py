@@ -17,6 +17,7 @@ from datasets import Dataset, concatenate_datasets, load_from_disk
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from coati.dataset.collators import batch_rows
 from coati.distributed.comm import barrier, is_distributed, is_rank_0, rank, world_size
 
 from .logprobs import pair_sequence_logps
@@ -36,7 +37,7 @@ def load_reference_model(path: str, device: torch.device, dtype: torch.dtype = t
 @torch.no_grad()
 def pair_logps(model: torch.nn.Module, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """Summed label log-probs of the chosen and rejected rows of a preference batch, one forward."""
-    pairs = batch["chosen_input_ids"].size(0)
+    pairs = batch_rows(batch)
     logps, _ = pair_sequence_logps(model, batch)
     return {REF_COLUMNS[0]: logps[:pairs], REF_COLUMNS[1]: logps[pairs:]}
 

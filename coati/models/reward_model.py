@@ -3,15 +3,17 @@
 Stored that way, `from_pretrained` loads the backbone and its head, and any causal-LM checkpoint starts
 one (the head is then new). The reward of a sequence is read at its last non-pad token.
 """
-from typing import Any, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 import transformers
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
-from coati.utils.errors import warn_user
+from coati.dataset.collators import both_sides
+from coati.utils.errors import CoatiUsageError, warn_user
 
 from .logprobs import mask_positions
+from .packing import is_packed, row_ends
 
 
 def from_pretrained_with_head(auto_cls: Any, path: str, role: str, **kwargs: Any) -> PreTrainedModel:
@@ -44,3 +46,33 @@ def sequence_rewards(model: torch.nn.Module, input_ids: torch.Tensor, attention_
     position embeddings too."""
     position_ids = mask_positions(attention_mask)
     return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits.squeeze(-1).float()
+
+
+def pair_rewards(model: torch.nn.Module, batch: Dict[str, Any]) -> torch.Tensor:
+    """Rewards of a preference batch's chosen rows then rejected rows, in one forward (padded or packed)."""
+    if not is_packed(batch):
+        return sequence_rewards(model, both_sides(batch, "input_ids"), both_sides(batch, "attention_mask"))
+    return packed_rewards(model, batch)
+
+
+def packed_rewards(model: torch.nn.Module, batch: Dict[str, Any]) -> torch.Tensor:
+    """One reward per row of a packed batch, read at each row's last token from the scores the model's `score` head
+    gives every position (the pooled output reads only the pack's last token). A sequence classifier's forward takes
+    no row lengths; its attention tells the rows by their position ids."""
+    head = _score_head(model)
+    scores: List[torch.Tensor] = []
+    handle = head.register_forward_hook(lambda module, inputs, output: scores.append(output))
+    try:
+        model(input_ids=batch["input_ids"], position_ids=batch["position_ids"])
+    finally:
+        handle.remove()
+    return scores[-1][0, row_ends(batch["seq_lens"]), 0].float()
+
+
+def _score_head(model: torch.nn.Module) -> torch.nn.Module:
+    """The scalar head (`score`, as transformers' `*ForSequenceClassification` names it) inside `model`'s wrappers."""
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] == "score":
+            return module
+    raise CoatiUsageError(f"--packing: {type(model).__name__} has no `score` head to read each packed row's reward "
+                          "from; train this reward model without --packing")

@@ -22,6 +22,7 @@ from colossalai.interface import OptimizerWrapper
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from coati.dataset.collators import batch_rows
 from coati.distributed.comm import is_distributed, is_rank_0
 from coati.distributed.plugins import trainer_clips_gradients
 from coati.trainer.callbacks.base import Callback, fire
@@ -328,7 +329,7 @@ class SLTrainer(_TrainerCore, ABC):
 
     @staticmethod
     def _rows(batch: Batch) -> int:
-        return int(next(v for v in batch.values() if isinstance(v, torch.Tensor)).size(0))
+        return batch_rows(batch)
 
     def _optimizer_step(self, batches: List[Batch]) -> None:
         batches = [move_to_device(b, self.device) for b in batches]

@@ -86,8 +86,7 @@ class PtxTerm(LossTerm):
     def __call__(self, experience: Experience, logps: torch.Tensor, mask: torch.Tensor,
                  aggregate: Aggregate) -> Tuple[Optional[torch.Tensor], Metrics]:
         batch = self.batches.next()
-        token_logps, label_mask = model_label_logps(self.actor, batch["input_ids"], batch["attention_mask"],
-                                                    batch["labels"])
+        token_logps, label_mask = model_label_logps(self.actor, batch)
         loss = -masked_mean(token_logps, label_mask)
         return self.coef * loss, {"loss/ptx": (loss.item(), 1)}
 

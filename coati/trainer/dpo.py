@@ -3,6 +3,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
+from coati.dataset.collators import batch_rows
 from coati.models.logprobs import pair_sequence_logps
 from coati.models.loss import DPOLoss, ORPOLoss, PreferenceLossOutput
 from coati.models.reference import REF_COLUMNS, pair_logps
@@ -54,7 +55,7 @@ class DPOTrainer(PreferenceTrainer):
         return scores[REF_COLUMNS[0]], scores[REF_COLUMNS[1]]
 
     def _compute_batch(self, batch: Batch) -> BatchResult:
-        pairs = batch["chosen_input_ids"].size(0)
+        pairs = batch_rows(batch)
         logps, tokens = pair_sequence_logps(self.model, batch)
         scale = tokens.clamp(min=1) if self.loss_fn.length_normalized else torch.ones_like(logps)
         policy = logps / scale

@@ -45,19 +45,17 @@ class KTOTrainer(PreferenceTrainer):
     @torch.no_grad()
     def _kl_estimate(self, batch: Batch) -> torch.Tensor:
         """Mean over the mismatched pairs of every rank of log pi - log ref, clamped at 0."""
-        inputs = (batch["kl_input_ids"], batch["kl_attention_mask"], batch["kl_labels"])
-        policy, _ = sequence_logps(self.model, *inputs)
-        reference, _ = sequence_logps(self._require_reference(), *inputs)
+        policy, _ = sequence_logps(self.model, batch, "kl_")
+        reference, _ = sequence_logps(self._require_reference(), batch, "kl_")
         total = torch.stack([(policy - reference).sum(), torch.tensor(float(policy.numel()), device=policy.device)])
         if is_distributed():
             dist.all_reduce(total)
         return (total[0] / total[1]).clamp(min=0)
 
     def _compute_batch(self, batch: Batch) -> BatchResult:
-        inputs = (batch["input_ids"], batch["attention_mask"], batch["labels"])
-        logps, _ = sequence_logps(self.model, *inputs)
+        logps, _ = sequence_logps(self.model, batch)
         with torch.no_grad():
-            ref_logps, _ = sequence_logps(self._require_reference(), *inputs)
+            ref_logps, _ = sequence_logps(self._require_reference(), batch)
         kl = self._kl_estimate(batch)
         desirable = batch["desirable"]
         loss = self.loss_fn(logps, ref_logps, desirable, kl).sum()

@@ -3,9 +3,9 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from coati.dataset.collators import both_sides
+from coati.dataset.collators import batch_rows
 from coati.models.loss import LogSigLoss
-from coati.models.reward_model import sequence_rewards
+from coati.models.reward_model import pair_rewards
 from coati.utils.errors import CoatiUsageError
 
 from .base import Batch, BatchResult, SLTrainer
@@ -55,8 +55,8 @@ class RewardModelTrainer(SLTrainer):
         super().fit(train_preference_dataloader, eval_preference_dataloader, log_dir, use_wandb, metrics_logger)
 
     def _compute_batch(self, batch: Batch) -> BatchResult:
-        pairs = batch["chosen_input_ids"].size(0)
-        rewards = sequence_rewards(self.model, both_sides(batch, "input_ids"), both_sides(batch, "attention_mask"))
+        pairs = batch_rows(batch)
+        rewards = pair_rewards(self.model, batch)
         chosen, rejected = rewards[:pairs], rewards[pairs:]
         loss = self._summed_loss(chosen, rejected)
         margin = (chosen - rejected).detach()

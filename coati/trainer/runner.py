@@ -24,6 +24,7 @@ from coati.distributed.comm import world_size
 from coati.distributed.launch import init_distributed
 from coati.distributed.plugins import BoostSetup, build_booster, check_plugin_available
 from coati.models.lora import enable_lora, export_adapter_and_merge
+from coati.models.packing import enable_packed_attention
 from coati.models.reference import load_reference_model, with_reference_logps
 from coati.models.reward_model import load_reward_model
 from coati.trainer.base import SLTrainer
@@ -77,7 +78,9 @@ def build_optimizer(model: torch.nn.Module, args: argparse.Namespace) -> torch.o
 
 
 def prepare_model(model: torch.nn.Module, args: argparse.Namespace, setup: BoostSetup) -> torch.nn.Module:
-    """Gradient checkpointing and LoRA adapters as the flags say, before the model is boosted."""
+    """Packed attention, gradient checkpointing and LoRA adapters as the flags say, before the model is boosted."""
+    if getattr(args, "packing", False):
+        enable_packed_attention(model)
     if args.grad_checkpoint:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if args.lora_rank:
@@ -137,7 +140,10 @@ def frozen_reference(args: argparse.Namespace, setup: BoostSetup) -> torch.nn.Mo
     precision on GPU (fp32 on CPU)."""
     path = _require_dir(args.ref_pretrain or args.pretrain, "--ref_pretrain model directory")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(setup.precision, torch.float32)
-    return load_reference_model(path, run_device(), dtype, args.trust_remote_code)
+    model = load_reference_model(path, run_device(), dtype, args.trust_remote_code)
+    if getattr(args, "packing", False):
+        enable_packed_attention(model)
+    return model
 
 
 def reference_hook(context: RunContext) -> Dict[str, Any]:
@@ -157,10 +163,20 @@ def preflight(args: argparse.Namespace) -> None:
     """Everything that can be checked before a process group exists: the plugin, the paths the flags name,
     and the checkpoint to resume (intact, written for a model of `--pretrain`'s shape)."""
     check_plugin_available(args.plugin)
+    check_packing(args)
     configs = check_run_paths(args)
     checkpoint = resolve_checkpoint(args)
     if checkpoint:
         verify_checkpoint(checkpoint, model_signature(configs["pretrain"]))
+
+
+def check_packing(args: argparse.Namespace) -> None:
+    """`--packing` and `--max_tokens_per_batch` fit the rest of the flags."""
+    if getattr(args, "max_tokens_per_batch", 0) and not args.packing:
+        raise CoatiUsageError("--max_tokens_per_batch fills packed micro-batches; add --packing")
+    if getattr(args, "packing", False) and args.plugin == "3d":
+        raise CoatiUsageError("--packing is not supported with --plugin 3d (its sharded forwards do not keep attention "
+                              "within packed rows); use ddp, zero2, zero2_cpu, gemini or gemini_auto")
 
 
 def start_run(args: argparse.Namespace) -> Tuple[BoostSetup, DistCoordinator, PreTrainedTokenizerBase]:
@@ -195,7 +211,7 @@ def run_supervised(
     `callbacks` run after the built-in performance report. `setup_hook(context)` runs once the process
     group, plugin and tokenizer exist, and returns extra trainer arguments (a reference model)."""
     setup, coordinator, tokenizer = start_run(args)
-    collator = COLLATORS[data_type](tokenizer.pad_token_id, args.max_length, args.disable_loss_mask)
+    collator = COLLATORS[data_type](tokenizer.pad_token_id, args.max_length, args.disable_loss_mask, args.packing)
     context = RunContext(args, setup, tokenizer, collator, lambda paths: load_prepared(paths, data_type))
     hook_kwargs = setup_hook(context) if setup_hook else {}
     train_loader = build_dataloader(setup.plugin, context.load_data(args.dataset), args.batch_size, collator, True, args.seed)

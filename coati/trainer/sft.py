@@ -11,13 +11,13 @@ from .base import Batch, BatchResult, SLTrainer
 class SFTTrainer(SLTrainer):
     """Next-token cross-entropy on label tokens, normalised by the label-token count of the whole
     accumulated step across ranks (not a mean of per-micro-batch means); the LM head sees only the columns from
-    the batch's first label on. Logs `loss`; evaluation adds `perplexity`. Takes every `SLTrainer` argument."""
+    the batch's first label on. Padded and packed batches give the same loss. Logs `loss`; evaluation adds `perplexity`. Takes every `SLTrainer` argument."""
 
     def _count_items(self, batch: Batch) -> int:
         return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
 
     def _compute_batch(self, batch: Batch) -> BatchResult:
-        logps, mask = model_label_logps(self.model, batch["input_ids"], batch["attention_mask"], batch["labels"])
+        logps, mask = model_label_logps(self.model, batch)
         loss_sum = -logps.sum()
         return BatchResult(loss_sum, {"loss": (loss_sum.item(), int(mask.sum()))})
 

@@ -40,6 +40,13 @@ def training_parser(description: str, dataset_flag: str = "--dataset", on_policy
     data.add_argument("--eval_dataset", nargs="*", default=None, help="prepared evaluation dataset directories")
     data.add_argument("--max_length", type=at_least(0), default=0,
                       help="cut longer rows from the right at batching time (0: keep the length they were prepared with)")
+    if not on_policy:
+        data.add_argument("--packing", action="store_true",
+                          help="concatenate each micro-batch's rows into one sequence, no padding; attention stays "
+                               "within each row and the loss is the unpacked one")
+        data.add_argument("--max_tokens_per_batch", type=at_least(0), default=0,
+                          help="with --packing: fill each micro-batch with rows up to this many tokens (a preference "
+                               "row counts chosen + rejected) instead of --batch_size rows (0: --batch_size rows)")
 
     optim = parser.add_argument_group("optimisation")
     if not on_policy:

@@ -16,6 +16,7 @@ Layout of `save_dir/epoch-{e}_step-{s}/`::
 Weights that are not finite are never written (`NonFiniteWeightsError`). Loading first checks that every
 file is intact and that the checkpoint was written for a model of the same shape (`verify_checkpoint`).
 """
+import copy
 import json
 import os
 import random
@@ -302,7 +303,9 @@ def save_hf_model(
     booster.save_model(model, str(path), shard=True, use_safetensors=_use_safetensors(model))
     if coordinator.is_master():
         unwrapped = _unwrap(model)
-        unwrapped.config.save_pretrained(path)
+        config = copy.deepcopy(unwrapped.config)
+        config._attn_implementation_autoset = False   # as `save_pretrained` does: a reload picks SDPA, not eager
+        config.save_pretrained(path)
         if getattr(unwrapped, "generation_config", None) is not None:
             unwrapped.generation_config.save_pretrained(path)
         if tokenizer is not None:

@@ -1,0 +1,170 @@
+"""Padding-free packing: a packed micro-batch gives every trainer the loss, metrics and gradients of the same rows
+padded (to 1e-5, gradients in norm), attention stays within rows, and a model that would attend across rows is refused."""
+import pytest
+import torch
+from colossalai.booster import Booster
+from colossalai.booster.plugin import TorchDDPPlugin
+from datasets import load_from_disk
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+from coati.dataset.collators import ROWS, KTOCollator, PreferenceCollator, SupervisedCollator, batch_rows
+from coati.dataset.tokenization import IGNORE_INDEX
+from coati.models.loss import DPOLoss, KTOLoss, ORPOLoss, SimPOLoss
+from coati.models.packing import enable_packed_attention
+from coati.models.reward_model import load_reward_model
+from coati.trainer.dpo import DPOTrainer
+from coati.trainer.kto import KTOTrainer
+from coati.trainer.rm import RewardModelTrainer
+from coati.trainer.sft import SFTTrainer
+from coati.utils import CoatiUsageError
+
+
+def _rows(path, n=6):
+    """`n` prepared rows of different lengths."""
+    data = list(load_from_disk(str(path)))
+    return sorted(data, key=lambda row: len(next(v for k, v in row.items() if k.endswith("input_ids"))))[::len(data) // n][:n]
+
+
+def _booster_and(model):
+    plugin = TorchDDPPlugin()
+    booster = Booster(plugin=plugin)
+    boosted, optimizer, *_ = booster.boost(model, torch.optim.SGD(model.parameters(), lr=0.0))
+    return {"model": boosted, "booster": booster, "optimizer": optimizer, "plugin": plugin}
+
+
+def _loss_and_grads(trainer, batch):
+    trainer.model.zero_grad()
+    result = trainer._compute_batch(batch)
+    result.loss.backward()
+    grads = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+    return result, grads
+
+
+def _assert_same(padded, packed):
+    (result_a, grads_a), (result_b, grads_b) = padded, packed
+    assert result_b.loss.item() == pytest.approx(result_a.loss.item(), rel=1e-5)
+    for name, (total, count) in result_a.metrics.items():
+        assert result_b.metrics[name][1] == count, name
+        assert result_b.metrics[name][0] == pytest.approx(total, rel=1e-5, abs=1e-5), name
+    assert (grads_b - grads_a).norm() <= 1e-5 * grads_a.norm(), ((grads_b - grads_a).norm(), grads_a.norm())
+
+
+def _both(trainer, collator_cls, rows, pad_token_id, **kwargs):
+    padded = collator_cls(pad_token_id, **kwargs)(rows)
+    packed = collator_cls(pad_token_id, packing=True, **kwargs)(rows)
+    return _loss_and_grads(trainer, padded), _loss_and_grads(trainer, packed), padded, packed
+
+
+def _policy(path):
+    model = AutoModelForCausalLM.from_pretrained(path)
+    enable_packed_attention(model)
+    return model
+
+
+def test_pack_sequences_restarts_positions_and_ignores_each_rows_first_label():
+    rows = [{"input_ids": [5, 6, 7], "labels": [IGNORE_INDEX, 6, 7]}, {"input_ids": [8, 9], "labels": [8, 9]}]
+    batch = SupervisedCollator(0, packing=True)(rows)
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1]]
+    assert batch["labels"].tolist() == [[IGNORE_INDEX, 6, 7, IGNORE_INDEX, 9]]
+    assert batch["seq_lens"].tolist() == [3, 2] and batch[ROWS] == 2 == batch_rows(batch)
+    assert "attention_mask" not in batch
+
+
+def test_preference_rows_pack_every_chosen_then_every_rejected():
+    rows = [{"chosen_input_ids": [1, 2], "chosen_labels": [1, 2], "rejected_input_ids": [3], "rejected_labels": [3],
+             "chosen_ref_logps": -1.0, "rejected_ref_logps": -2.0},
+            {"chosen_input_ids": [4], "chosen_labels": [4], "rejected_input_ids": [5, 6, 7], "rejected_labels": [5, 6, 7],
+             "chosen_ref_logps": -3.0, "rejected_ref_logps": -4.0}]
+    batch = PreferenceCollator(0, packing=True)(rows)
+    assert batch["input_ids"].tolist() == [[1, 2, 4, 3, 5, 6, 7]]
+    assert batch["seq_lens"].tolist() == [2, 1, 1, 3] and batch_rows(batch) == 2
+    assert batch["chosen_ref_logps"].tolist() == [-1.0, -3.0]
+
+
+def test_sft_loss_and_gradients_match_unpacked(world_of_one, tiny_assets):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
+    trainer = SFTTrainer(max_epochs=1, **_booster_and(_policy(tiny_assets["model"])))
+    rows = _rows(tiny_assets["sft_train"])
+    padded, packed, padded_batch, packed_batch = _both(trainer, SupervisedCollator, rows, tokenizer.pad_token_id)
+    _assert_same(padded, packed)
+    assert trainer._count_items(packed_batch) == trainer._count_items(padded_batch) > 0
+    assert packed_batch["input_ids"].numel() < padded_batch["input_ids"].numel()
+
+
+def test_sft_with_every_token_a_label_matches_unpacked(world_of_one, tiny_assets):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
+    trainer = SFTTrainer(max_epochs=1, **_booster_and(_policy(tiny_assets["model"])))
+    padded, packed, _, _ = _both(trainer, SupervisedCollator, _rows(tiny_assets["sft_train"]), tokenizer.pad_token_id,
+                                 loss_on_every_token=True)
+    _assert_same(padded, packed)
+
+
+@pytest.mark.parametrize("loss_fn", [DPOLoss(beta=0.1), DPOLoss(beta=0.1, loss_type="ipo"), SimPOLoss(), ORPOLoss()],
+                         ids=["dpo", "ipo", "simpo", "orpo"])
+def test_dpo_family_loss_metrics_and_gradients_match_unpacked(world_of_one, tiny_assets, loss_fn):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
+    policy = _policy(tiny_assets["model"])
+    with torch.no_grad():                    # make the policy differ from the reference
+        for p in policy.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    reference = _policy(tiny_assets["model"]).eval()
+    trainer = DPOTrainer(**_booster_and(policy), ref_model=reference if loss_fn.needs_reference else None, loss_fn=loss_fn)
+    padded, packed, _, packed_batch = _both(trainer, PreferenceCollator, _rows(tiny_assets["pref_train"]),
+                                            tokenizer.pad_token_id)
+    _assert_same(padded, packed)
+    assert trainer._count_items(packed_batch) == 6
+
+
+def test_kto_loss_and_gradients_match_unpacked(world_of_one, tiny_assets):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
+    policy = _policy(tiny_assets["model"])
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    trainer = KTOTrainer(**_booster_and(policy), ref_model=_policy(tiny_assets["model"]).eval(), loss_fn=KTOLoss())
+    rows = [{"input_ids": row["chosen_input_ids"], "labels": row["chosen_labels"], "desirable": i % 2 == 0,
+             "prompt_length": next(j for j, t in enumerate(row["chosen_labels"]) if t != IGNORE_INDEX)}
+            for i, row in enumerate(_rows(tiny_assets["pref_train"]))]
+    padded, packed, _, _ = _both(trainer, KTOCollator, rows, tokenizer.pad_token_id)
+    _assert_same(padded, packed)
+
+
+def test_reward_model_rewards_and_gradients_match_unpacked(world_of_one, tiny_assets):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
+    model = load_reward_model(str(tiny_assets["model"]), tokenizer.pad_token_id)
+    enable_packed_attention(model)
+    trainer = RewardModelTrainer(**_booster_and(model))
+    padded, packed, _, _ = _both(trainer, PreferenceCollator, _rows(tiny_assets["pref_train"]), tokenizer.pad_token_id)
+    _assert_same(padded, packed)
+
+
+def test_unpacked_batches_run_as_before_once_packing_is_enabled(tiny_assets):
+    model = AutoModelForCausalLM.from_pretrained(tiny_assets["model"]).eval()
+    ids, mask = torch.tensor([[5, 6, 7, 8], [0, 0, 9, 10]]), torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    left_padded_row = {"input_ids": ids[1:], "attention_mask": mask[1:], "position_ids": torch.tensor([[0, 0, 0, 1]])}
+    with torch.no_grad():
+        before = [model(input_ids=ids, attention_mask=mask).logits, model(**left_padded_row).logits]
+        enable_packed_attention(model)
+        after = [model(input_ids=ids, attention_mask=mask).logits, model(**left_padded_row).logits]
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+
+
+class _AttendsAcrossRows(LlamaForCausalLM):
+    """Modelling code that ignores the attention interface's row boundaries, as custom code may."""
+
+    def forward(self, input_ids=None, position_ids=None, **kwargs):
+        kwargs = {k: v for k, v in kwargs.items() if not k.startswith(("cu_seq_lens", "max_length"))}
+        return super().forward(input_ids=input_ids, **kwargs)
+
+
+def test_a_model_that_attends_across_rows_is_refused(tiny_assets):
+    model = _AttendsAcrossRows.from_pretrained(tiny_assets["model"])
+    with pytest.raises(CoatiUsageError, match="does not stay within each packed row"):
+        enable_packed_attention(model)
+
+
+def test_a_model_loaded_with_eager_attention_is_switched_to_sdpa(tiny_assets):
+    model = AutoModelForCausalLM.from_pretrained(tiny_assets["model"], attn_implementation="eager")
+    enable_packed_attention(model)
+    assert model.config._attn_implementation == "sdpa"
