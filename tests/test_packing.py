@@ -1,5 +1,8 @@
 """Padding-free packing: a packed micro-batch gives every trainer the loss, metrics and gradients of the same rows
-padded (to 1e-5, gradients in norm), attention stays within rows, and a model that would attend across rows is refused."""
+padded (to 1e-5, gradients in norm), attention stays within rows, and a model that would attend across rows is refused;
+micro-batches filled to a token budget keep every rank in step and resume where they stopped."""
+import random
+
 import pytest
 import torch
 from colossalai.booster import Booster
@@ -8,6 +11,7 @@ from datasets import load_from_disk
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from coati.dataset.collators import ROWS, KTOCollator, PreferenceCollator, SupervisedCollator, batch_rows
+from coati.dataset.sampler import TokenBudgetBatchSampler, row_tokens
 from coati.dataset.tokenization import IGNORE_INDEX
 from coati.models.loss import DPOLoss, KTOLoss, ORPOLoss, SimPOLoss
 from coati.models.packing import enable_packed_attention
@@ -168,3 +172,38 @@ def test_a_model_loaded_with_eager_attention_is_switched_to_sdpa(tiny_assets):
     model = AutoModelForCausalLM.from_pretrained(tiny_assets["model"], attn_implementation="eager")
     enable_packed_attention(model)
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_token_budget_plan_keeps_ranks_in_step_within_budget_and_covers_every_row():
+    lengths = [random.Random(i).randint(10, 100) for i in range(203)]
+    samplers = [TokenBudgetBatchSampler(lengths, 300, 2, rank, shuffle=True, seed=3) for rank in range(2)]
+    batches = [list(s) for s in samplers]
+    assert len(batches[0]) == len(batches[1]) == len(samplers[0])
+    for batch in batches[0] + batches[1]:
+        assert batch and sum(lengths[i] for i in batch) <= 300
+    seen = [i for rank in batches for batch in rank for i in batch]
+    assert set(seen) == set(range(203)) and len(seen) - 203 <= 2   # padding only in the last step
+    assert sum(lengths) / (300 * 2 * len(batches[0])) > 0.75       # micro-batches are mostly full
+    samplers[0].set_epoch(1)
+    assert list(samplers[0]) != batches[0]                          # a new order each epoch
+
+
+def test_token_budget_sampler_resumes_at_the_step_after_the_rows_seen():
+    lengths = [random.Random(i).randint(10, 100) for i in range(100)]
+    whole = [list(TokenBudgetBatchSampler(lengths, 250, 2, rank, seed=1)) for rank in range(2)]
+    seen_by_rank0 = sum(len(b) for b in whole[0][:4])
+    for rank in range(2):
+        resumed = TokenBudgetBatchSampler(lengths, 250, 2, rank, seed=1)
+        resumed.set_start_index(seen_by_rank0)
+        assert list(resumed) == whole[rank][4:] and len(resumed) == len(whole[rank]) - 4
+
+
+def test_a_row_over_the_token_budget_is_refused_by_name():
+    with pytest.raises(CoatiUsageError, match="row 1 has 120 tokens"):
+        TokenBudgetBatchSampler([50, 120], 100, 1, 0)
+
+
+def test_row_tokens_counts_both_sides_of_a_pair_cut_to_max_length(tiny_assets):
+    data = load_from_disk(str(tiny_assets["pref_train"]))
+    counts = row_tokens(data, max_length=40)
+    assert counts[0] == min(len(data[0]["chosen_input_ids"]), 40) + min(len(data[0]["rejected_input_ids"]), 40)

@@ -1,7 +1,11 @@
-"""A distributed sampler that can start part-way through an epoch, for exact mid-epoch resume."""
-from typing import Iterator
+"""Distributed samplers that can start part-way through an epoch, for exact mid-epoch resume: one of rows, one of
+micro-batches filled up to a token budget."""
+from typing import Any, Dict, Iterator, List, Sequence
 
+import torch
 from torch.utils.data import DistributedSampler
+
+from coati.utils.errors import CoatiUsageError
 
 
 class StatefulDistributedSampler(DistributedSampler):
@@ -25,3 +29,87 @@ class StatefulDistributedSampler(DistributedSampler):
 
     def set_start_index(self, start_index: int) -> None:
         self.start_index = start_index
+
+
+def row_tokens(dataset: Any, max_length: int = 0) -> List[int]:
+    """Tokens each row of a prepared dataset packs to: its `*input_ids` columns (chosen and rejected for a
+    preference row), each cut to `max_length` as the collator cuts it. Read from the Arrow columns, not decoded."""
+    import pyarrow.compute as pc
+
+    table = dataset.with_format("arrow")
+    totals = [0] * len(dataset)
+    for column in (c for c in dataset.column_names if c.endswith("input_ids")):
+        for i, n in enumerate(pc.list_value_length(table[column]).to_pylist()):
+            totals[i] += min(n, max_length) if max_length else n
+    return totals
+
+
+class TokenBudgetBatchSampler:
+    """Micro-batches of whole rows filled up to `max_tokens` packed tokens on every rank, for `--max_tokens_per_batch`.
+
+    One plan per epoch over the global order (shuffled by seed and epoch, as `DistributedSampler`): each row goes to
+    the rank whose micro-batch holds the fewest tokens, and when it fits there no longer, the next step begins. So
+    every rank takes the same number of steps, and each step's ranks hold similar token counts. In the last step a
+    rank left without a row gets the epoch's first rows again (as `DistributedSampler` pads). Resumable like
+    `StatefulDistributedSampler`: `set_start_index(n)` skips the steps in which rank 0 took its first n rows."""
+
+    def __init__(self, lengths: Sequence[int], max_tokens: int, num_replicas: int, rank: int, shuffle: bool = True,
+                 seed: int = 0) -> None:
+        too_long = next((i for i, n in enumerate(lengths) if n > max_tokens), None)
+        if too_long is not None:
+            raise CoatiUsageError(f"--max_tokens_per_batch {max_tokens}: row {too_long} has {lengths[too_long]} tokens "
+                                  "and fits no micro-batch; raise it, or cut rows with --max_length")
+        self.lengths, self.max_tokens = list(lengths), max_tokens
+        self.num_replicas, self.rank, self.shuffle, self.seed = num_replicas, rank, shuffle, seed
+        self.epoch, self.start_index = 0, 0
+        self._plans: Dict[int, List[List[List[int]]]] = {}
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def set_start_index(self, start_index: int) -> None:
+        self.start_index = start_index
+
+    def _order(self) -> List[int]:
+        if not self.shuffle:
+            return list(range(len(self.lengths)))
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return torch.randperm(len(self.lengths), generator=generator).tolist()
+
+    def plan(self) -> List[List[List[int]]]:
+        """This epoch's steps, each a list of row indices per rank."""
+        if self.epoch not in self._plans:
+            self._plans = {self.epoch: self._make_plan()}
+        return self._plans[self.epoch]
+
+    def _make_plan(self) -> List[List[List[int]]]:
+        order, steps = self._order(), []
+        rows: List[List[int]] = [[] for _ in range(self.num_replicas)]
+        loads = [0] * self.num_replicas
+        for index in order:
+            target = loads.index(min(loads))
+            if loads[target] + self.lengths[index] > self.max_tokens:
+                steps.append(rows)
+                rows, loads, target = [[] for _ in range(self.num_replicas)], [0] * self.num_replicas, 0
+            rows[target].append(index)
+            loads[target] += self.lengths[index]
+        if any(rows):
+            spare = iter(order * self.num_replicas)
+            steps.append([bin_ or [next(spare)] for bin_ in rows])
+        return steps
+
+    def _skipped_steps(self, plan: List[List[List[int]]]) -> int:
+        seen = 0
+        for step, ranks in enumerate(plan):
+            if seen >= self.start_index:
+                return step
+            seen += len(ranks[0])
+        return len(plan)
+
+    def __iter__(self) -> Iterator[List[int]]:
+        plan = self.plan()
+        return iter([ranks[self.rank] for ranks in plan[self._skipped_steps(plan):]])
+
+    def __len__(self) -> int:
+        plan = self.plan()
+        return len(plan) - self._skipped_steps(plan)

@@ -268,8 +268,13 @@ class SLTrainer(_TrainerCore, ABC):
         if self.save_dir and self._last_saved_step != self.step:
             self._save(epoch=self.max_epochs, sample_index=0)
 
+    def _sampler(self) -> Any:
+        """What orders the training data: a token-budget batch sampler, else the row sampler."""
+        batch_sampler = getattr(self.train_dataloader, "batch_sampler", None)
+        return batch_sampler if hasattr(batch_sampler, "set_epoch") else getattr(self.train_dataloader, "sampler", None)
+
     def _set_start_index(self, index: int) -> None:
-        sampler = getattr(self.train_dataloader, "sampler", None)
+        sampler = self._sampler()
         if hasattr(sampler, "set_start_index"):
             sampler.set_start_index(index)
         elif index:
@@ -280,7 +285,7 @@ class SLTrainer(_TrainerCore, ABC):
 
     def _train(self, epoch: int) -> None:
         self.epoch = epoch
-        sampler = getattr(self.train_dataloader, "sampler", None)
+        sampler = self._sampler()
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)
         samples_seen = self._resume_sample_index if epoch == self.start_epoch else 0

@@ -18,9 +18,9 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase, get_sche
 
 from coati.dataset.collators import COLLATORS
 from coati.dataset.prepare import load_prepared
-from coati.dataset.sampler import StatefulDistributedSampler
+from coati.dataset.sampler import StatefulDistributedSampler, TokenBudgetBatchSampler, row_tokens
 from coati.dataset.tokenization import load_tokenizer
-from coati.distributed.comm import world_size
+from coati.distributed.comm import rank, world_size
 from coati.distributed.launch import init_distributed
 from coati.distributed.plugins import BoostSetup, build_booster, check_plugin_available
 from coati.models.lora import enable_lora, export_adapter_and_merge
@@ -56,12 +56,17 @@ def load_reward_model_from_args(args: argparse.Namespace, tokenizer: PreTrainedT
                              attn_implementation=attention_implementation(args))
 
 
-def build_dataloader(plugin: Plugin, dataset: Dataset, batch_size: int, collator: Callable, shuffle: bool, seed: int) -> DataLoader:
-    """The plugin's distributed dataloader with a resumable sampler; a rank never sees an empty epoch.
+def build_dataloader(plugin: Plugin, dataset: Dataset, batch_size: int, collator: Callable, shuffle: bool, seed: int,
+                     max_tokens: int = 0, max_length: int = 0) -> DataLoader:
+    """The plugin's distributed dataloader with a resumable sampler; a rank never sees an empty epoch. With
+    `max_tokens`, micro-batches are filled up to that many tokens (rows cut to `max_length`) instead of `batch_size` rows.
 
     It draws its iterators' base seeds from a generator of its own: starting an iterator then leaves the
     global RNG alone, so a resumed run, which starts its iterator at a different moment, samples
     rollouts from the same random stream as the uninterrupted run."""
+    if max_tokens:
+        sampler = TokenBudgetBatchSampler(row_tokens(dataset, max_length), max_tokens, world_size(), rank(), shuffle, seed)
+        return DataLoader(dataset, batch_sampler=sampler, collate_fn=collator, generator=torch.Generator().manual_seed(seed))
     return plugin.prepare_dataloader(dataset, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=False,
                                      collate_fn=collator, distributed_sampler_cls=StatefulDistributedSampler,
                                      generator=torch.Generator().manual_seed(seed))
@@ -214,9 +219,11 @@ def run_supervised(
     collator = COLLATORS[data_type](tokenizer.pad_token_id, args.max_length, args.disable_loss_mask, args.packing)
     context = RunContext(args, setup, tokenizer, collator, lambda paths: load_prepared(paths, data_type))
     hook_kwargs = setup_hook(context) if setup_hook else {}
-    train_loader = build_dataloader(setup.plugin, context.load_data(args.dataset), args.batch_size, collator, True, args.seed)
+    budget = {"max_tokens": args.max_tokens_per_batch, "max_length": args.max_length}
+    train_loader = build_dataloader(setup.plugin, context.load_data(args.dataset), args.batch_size, collator, True,
+                                    args.seed, **budget)
     eval_loader = (build_dataloader(setup.plugin, context.load_data(args.eval_dataset), args.batch_size, collator, False,
-                                    args.seed) if args.eval_dataset else None)
+                                    args.seed, **budget) if args.eval_dataset else None)
     model = prepare_model((model_loader or load_causal_lm)(args, tokenizer), args, setup)
     optimizer = build_optimizer(model, args)
     total_steps = math.ceil(len(train_loader) / args.accumulation_steps) * args.max_epochs
