@@ -10,7 +10,8 @@ from colossalai.booster.plugin import TorchDDPPlugin
 from datasets import load_from_disk
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
-from coati.dataset.collators import ROWS, KTOCollator, PreferenceCollator, SupervisedCollator, batch_rows
+from coati.dataset.collators import (ROWS, KTOCollator, PreferenceCollator, SupervisedCollator, batch_rows,
+                                    shared_prompt)
 from coati.dataset.sampler import TokenBudgetBatchSampler, row_tokens
 from coati.dataset.tokenization import IGNORE_INDEX
 from coati.models.loss import DPOLoss, KTOLoss, ORPOLoss, SimPOLoss
@@ -75,15 +76,32 @@ def test_pack_sequences_restarts_positions_and_ignores_each_rows_first_label():
     assert "attention_mask" not in batch
 
 
-def test_preference_rows_pack_every_chosen_then_every_rejected():
-    rows = [{"chosen_input_ids": [1, 2], "chosen_labels": [1, 2], "rejected_input_ids": [3], "rejected_labels": [3],
+def test_a_pair_packs_its_rejected_row_as_a_branch_after_the_shared_prompt():
+    rows = [{"chosen_input_ids": [1, 2, 3, 4], "chosen_labels": [-100, -100, 3, 4],
+             "rejected_input_ids": [1, 2, 5], "rejected_labels": [-100, -100, 5],
              "chosen_ref_logps": -1.0, "rejected_ref_logps": -2.0},
-            {"chosen_input_ids": [4], "chosen_labels": [4], "rejected_input_ids": [5, 6, 7], "rejected_labels": [5, 6, 7],
+            {"chosen_input_ids": [6, 7], "chosen_labels": [6, 7], "rejected_input_ids": [8, 9, 9], "rejected_labels": [8, 9, 9],
              "chosen_ref_logps": -3.0, "rejected_ref_logps": -4.0}]
     batch = PreferenceCollator(0, packing=True)(rows)
-    assert batch["input_ids"].tolist() == [[1, 2, 4, 3, 5, 6, 7]]
-    assert batch["seq_lens"].tolist() == [2, 1, 1, 3] and batch_rows(batch) == 2
+    # pair 0 shares [1, 2]: its rejected branch repeats the prompt's last token at its position (1), then goes on
+    assert batch["input_ids"].tolist() == [[1, 2, 3, 4, 2, 5, 6, 7, 8, 9, 9]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 1, 2, 0, 1, 0, 1, 2]]
+    assert batch["labels"].tolist() == [[-100, -100, 3, 4, -100, 5, -100, 7, -100, 9, 9]]
+    assert batch["seq_lens"].tolist() == [4, 2, 2, 3] and batch_rows(batch) == 2
     assert batch["chosen_ref_logps"].tolist() == [-1.0, -3.0]
+    unshared = PreferenceCollator(0, packing=True, share_prompt=False)(rows)
+    assert unshared["input_ids"].tolist() == [[1, 2, 3, 4, 1, 2, 5, 6, 7, 8, 9, 9]]
+
+
+@pytest.mark.parametrize("chosen,rejected,rejected_labels,expected", [
+    ([1, 2, 3], [1, 2, 4], [-100, -100, 4], 2),
+    ([1, 2, 3], [1, 2, 3, 5], [-100, -100, 3, 5], 2),   # the common prefix stops short of the chosen row's end
+    ([1, 2, 3, 4], [1, 2, 3, 5], [-100, -100, 3, 5], 2),  # and at the rejected row's first label
+    ([1, 5], [1, 6], [-100, 6], 0),                    # one shared token: nothing to gain
+    ([1, 2, 3], [1, 2, 4], [1, 2, 4], 0),              # every token a label (--disable_loss_mask)
+])
+def test_shared_prompt_stops_at_the_first_rejected_label(chosen, rejected, rejected_labels, expected):
+    assert shared_prompt(chosen, rejected, rejected_labels) == expected
 
 
 def test_sft_loss_and_gradients_match_unpacked(world_of_one, tiny_assets):
@@ -114,10 +132,12 @@ def test_dpo_family_loss_metrics_and_gradients_match_unpacked(world_of_one, tiny
             p.add_(0.01 * torch.randn_like(p))
     reference = _policy(tiny_assets["model"]).eval()
     trainer = DPOTrainer(**_booster_and(policy), ref_model=reference if loss_fn.needs_reference else None, loss_fn=loss_fn)
-    padded, packed, _, packed_batch = _both(trainer, PreferenceCollator, _rows(tiny_assets["pref_train"]),
-                                            tokenizer.pad_token_id)
+    rows = _rows(tiny_assets["pref_train"])
+    padded, packed, _, packed_batch = _both(trainer, PreferenceCollator, rows, tokenizer.pad_token_id)
     _assert_same(padded, packed)
     assert trainer._count_items(packed_batch) == 6
+    both_rows = sum(len(row["chosen_input_ids"]) + len(row["rejected_input_ids"]) for row in rows)
+    assert packed_batch["input_ids"].size(1) < 0.75 * both_rows   # the prompts went through the model once
 
 
 def test_kto_loss_and_gradients_match_unpacked(world_of_one, tiny_assets):

@@ -26,19 +26,34 @@ ROWS = "rows"
 """Key of a packed batch's count of dataset rows (a preference row packs two sequences)."""
 
 
-def pack_sequences(ids: List[Sequence[int]], labels: List[Sequence[int]], prefix: str = "") -> Dict[str, torch.Tensor]:
-    """Rows concatenated into one (1, total) sequence, under `prefix`: input_ids, labels, position_ids restarting at
-    each row, and `seq_lens` (the rows' lengths). Each row's first label is ignored, so no row is predicted from the
-    end of the row before it, as no row is from padding unpacked."""
+def pack_sequences(ids: List[Sequence[int]], labels: List[Sequence[int]], prefix: str = "",
+                   first_positions: Optional[Sequence[int]] = None) -> Dict[str, torch.Tensor]:
+    """Pieces concatenated into one (1, total) sequence, under `prefix`: input_ids, labels, position_ids, and
+    `seq_lens` (the pieces' lengths). A piece's positions start at 0 (a row), or at its `first_positions` entry q
+    (a branch that sees the first q tokens of the row before it; `coati.models.packing`). Each piece's first label
+    is ignored, so no row is predicted from the end of the row before it, as no row is from padding unpacked."""
+    first_positions = first_positions or [0] * len(ids)
     flat_labels: List[int] = []
     for row in labels:
         flat_labels += [IGNORE_INDEX, *row[1:]]
+    positions = [p for row, first in zip(ids, first_positions) for p in range(first, first + len(row))]
     return {
         f"{prefix}input_ids": torch.tensor([[t for row in ids for t in row]], dtype=torch.long),
         f"{prefix}labels": torch.tensor([flat_labels], dtype=torch.long),
-        f"{prefix}position_ids": torch.tensor([[p for row in ids for p in range(len(row))]], dtype=torch.long),
+        f"{prefix}position_ids": torch.tensor([positions], dtype=torch.long),
         f"{prefix}seq_lens": torch.tensor([len(row) for row in ids], dtype=torch.long),
     }
+
+
+def shared_prompt(chosen: Sequence[int], rejected: Sequence[int], rejected_labels: Sequence[int]) -> int:
+    """How many leading tokens a pair's rejected row can take from its chosen row: their common prefix, up to the
+    rejected row's first label (its log-prob counts from there) and short of either row's end; 0 when under 2."""
+    limit = min(len(chosen) - 1, len(rejected) - 1,
+                next((i for i, label in enumerate(rejected_labels) if label != IGNORE_INDEX), len(rejected)))
+    shared = 0
+    while shared < limit and chosen[shared] == rejected[shared]:
+        shared += 1
+    return shared if shared > 1 else 0
 
 
 def batch_rows(batch: Dict[str, Any]) -> int:
@@ -50,14 +65,16 @@ def batch_rows(batch: Dict[str, Any]) -> int:
 
 class _Collator:
     """`loss_on_every_token` (ColossalChat's `--disable_loss_mask`) makes every token of a row a label, the
-    prompt's included, instead of the response's alone. `packing` packs training rows instead of padding them."""
+    prompt's included, instead of the response's alone. `packing` packs training rows instead of padding them;
+    `share_prompt` lets a packed pair's responses share their prompt (off for attention that knows no branches)."""
 
     def __init__(self, pad_token_id: int, max_length: int = 0, loss_on_every_token: bool = False,
-                 packing: bool = False) -> None:
+                 packing: bool = False, share_prompt: bool = True) -> None:
         self.pad_token_id = pad_token_id
         self.max_length = max_length
         self.loss_on_every_token = loss_on_every_token
         self.packing = packing
+        self.share_prompt = share_prompt
 
     def _cut(self, sequence: Sequence[int], keep_end: bool = False) -> Sequence[int]:
         """`sequence` cut to `max_length`: its start kept, or its end with `keep_end`."""
@@ -114,20 +131,29 @@ class KTOCollator(_Collator):
 class PreferenceCollator(_Collator):
     """Rows of chosen_/rejected_ input_ids and labels -> right-padded tensors, both sides padded to one
     length so a trainer can concatenate them into a single forward; with `packing`, one packed sequence of
-    every chosen row then every rejected row. Precomputed reference log-prob columns (`*_ref_logps`) come
-    through as float tensors."""
+    each pair's chosen then rejected row, the rejected row a branch that starts after the prompt they share
+    (`shared_prompt`). Precomputed reference log-prob columns (`*_ref_logps`) come through as float tensors."""
 
     def __call__(self, rows: List[Dict[str, Sequence[int]]]) -> Dict[str, Any]:
         ids = {side: self._column(rows, f"{side}_input_ids") for side in ("chosen", "rejected")}
-        if self.packing:
-            labels = self._column(rows, "chosen_labels") + self._column(rows, "rejected_labels")
-            batch: Dict[str, Any] = {**pack_sequences(ids["chosen"] + ids["rejected"], labels), **self._count(rows)}
-        else:
-            batch = self._padded_pairs(rows, ids)
+        batch = self._packed_pairs(rows, ids) if self.packing else self._padded_pairs(rows, ids)
         for key in rows[0]:
             if key.endswith("_ref_logps"):
                 batch[key] = torch.tensor([row[key] for row in rows], dtype=torch.float32)
         return batch
+
+    def _packed_pairs(self, rows: List[Dict[str, Sequence[int]]], ids: Dict[str, List[Sequence[int]]]) -> Dict[str, Any]:
+        pieces: List[Sequence[int]] = []
+        labels: List[Sequence[int]] = []
+        firsts: List[int] = []
+        for chosen, chosen_labels, rejected, rejected_labels in zip(
+                ids["chosen"], self._column(rows, "chosen_labels"), ids["rejected"], self._column(rows, "rejected_labels")):
+            shared = shared_prompt(chosen, rejected, rejected_labels) if self.share_prompt else 0
+            first = shared - 1 if shared else 0   # the branch repeats the prompt's last token: it predicts the response
+            pieces += [chosen, rejected[first:]]
+            labels += [chosen_labels, rejected_labels[first:]]
+            firsts += [0, first]
+        return {**pack_sequences(pieces, labels, first_positions=firsts), **self._count(rows)}
 
     def _padded_pairs(self, rows: List[Dict[str, Sequence[int]]], ids: Dict[str, List[Sequence[int]]]) -> Dict[str, Any]:
         longest = max(len(i) for side_ids in ids.values() for i in side_ids)

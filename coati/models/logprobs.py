@@ -7,7 +7,7 @@ from torch.utils.checkpoint import checkpoint
 from coati.dataset.collators import both_sides
 from coati.dataset.tokenization import IGNORE_INDEX
 
-from .packing import is_packed, model_inputs, row_sums
+from .packing import chosen_then_rejected, is_packed, model_inputs, row_sums
 
 
 def mask_positions(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -97,7 +97,8 @@ def sequence_logps(model: torch.nn.Module, batch: Dict[str, Any], prefix: str = 
 def pair_sequence_logps(model: torch.nn.Module, batch: Dict[str, Any]) -> Tuple[torch.Tensor, torch.Tensor]:
     """`sequence_logps` of a preference batch's chosen rows then rejected rows, in one forward."""
     if is_packed(batch):
-        return sequence_logps(model, batch)
+        sums, counts = sequence_logps(model, batch)
+        return chosen_then_rejected(sums), chosen_then_rejected(counts)
     both = {field: both_sides(batch, field) for field in ("input_ids", "attention_mask", "labels")}
     return sequence_logps(model, both)
 

@@ -1,10 +1,12 @@
 """Padding-free packed batches on the model side: attention kept within each packed row, and per-row sums.
 
-A packed batch (`coati.dataset.collators.pack_sequences`) is one (1, total) sequence whose position ids restart at
-each row. FlashAttention-2 keeps attention within rows by itself (from the cumulative row lengths, or from the
-position ids). SDPA is wrapped by `packed_sdpa`, which runs PyTorch's SDPA row by row on such a sequence, so a packed
-forward costs the sum of the rows' squared lengths in attention, not the square of their total, and no
-(total x total) mask is built.
+A packed batch (`coati.dataset.collators.pack_sequences`) is one (1, total) sequence of pieces. A piece whose position
+ids start at 0 is a row; a piece that starts at position q > 0 is a branch of the row before it: it sees that row's
+first q tokens (the prompt a preference pair shares) and itself, so the prompt is computed once for both responses.
+SDPA is wrapped by `packed_sdpa`, which runs PyTorch's SDPA piece by piece, so a packed forward costs the sum of the
+pieces' squared lengths in attention, not the square of their total, and no (total x total) mask is built.
+FlashAttention-2 keeps attention within rows by itself (from the cumulative row lengths); it knows no branches, so
+pairs are packed without shared prompts there.
 """
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -16,43 +18,64 @@ from coati.utils.errors import CoatiUsageError
 _PLAIN_SDPA: Optional[Callable[..., Tuple[torch.Tensor, Any]]] = None
 """transformers' own SDPA attention, which `packed_sdpa` hands every unpacked batch to."""
 
+Piece = Tuple[int, int, int, int]
+"""(start, end, start of its row, prompt tokens shared with that row) of one piece of a packed sequence."""
+
 
 def is_packed(batch: Dict[str, Any], prefix: str = "") -> bool:
     return f"{prefix}seq_lens" in batch
 
 
-def _row_bounds(query: torch.Tensor, position_ids: Optional[torch.Tensor],
-                cu_seq_lens_q: Optional[torch.Tensor]) -> Optional[List[int]]:
-    """Where each packed row starts and ends: from the cumulative lengths when the forward was given them, else from
-    a single sequence whose position ids go back to 0 (as FlashAttention-2 tells a packed batch); None when unpacked.
-    (A model whose top-level forward takes no extra keywords, a sequence classifier, is told by its position ids.)"""
-    if cu_seq_lens_q is not None:
-        return cu_seq_lens_q.tolist()
+def _pieces(query: torch.Tensor, position_ids: Optional[torch.Tensor],
+            cu_seq_lens_q: Optional[torch.Tensor]) -> Optional[List[Piece]]:
+    """The pieces of a packed sequence, told by its position ids: a piece begins wherever they do not go on by one.
+    A batch is packed when the forward was given row lengths (a causal LM's packed forward), or when it is one
+    sequence whose position ids go back (a sequence classifier's forward takes no row lengths); None otherwise."""
     if position_ids is None or query.size(0) != 1 or position_ids.size(-1) < 2:
         return None
     positions = position_ids.reshape(-1)
-    if not bool((positions[1:] < positions[:-1]).any()):
+    if cu_seq_lens_q is None and not bool((positions[1:] < positions[:-1]).any()):
         return None
-    return (positions == 0).nonzero().flatten().tolist() + [positions.numel()]
+    starts = [0] + ((positions[1:] != positions[:-1] + 1).nonzero().flatten() + 1).tolist()
+    first = positions[starts].tolist()
+    pieces, row = [], 0
+    for start, end, shared in zip(starts, starts[1:] + [positions.numel()], first):
+        row = start if shared == 0 else row
+        pieces.append((start, end, row, shared))
+    return pieces
+
+
+def _piece_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, piece: Piece, dropout: float,
+                     scaling: Optional[float]) -> torch.Tensor:
+    """Causal SDPA over one piece; a branch also sees the first `shared` tokens of its row."""
+    start, end, row, shared = piece
+    if not shared:
+        return F.scaled_dot_product_attention(query[:, :, start:end], key[:, :, start:end], value[:, :, start:end],
+                                              dropout_p=dropout, scale=scaling, is_causal=True)
+    length = end - start
+    keys = torch.cat([key[:, :, row:row + shared], key[:, :, start:end]], dim=2)
+    values = torch.cat([value[:, :, row:row + shared], value[:, :, start:end]], dim=2)
+    causal = torch.ones(length, length, dtype=torch.bool, device=query.device).tril()
+    mask = torch.cat([torch.ones(length, shared, dtype=torch.bool, device=query.device), causal], dim=1)
+    return F.scaled_dot_product_attention(query[:, :, start:end], keys, values, attn_mask=mask, dropout_p=dropout,
+                                          scale=scaling)
 
 
 def packed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 attention_mask: Optional[torch.Tensor], dropout: float = 0.0, scaling: Optional[float] = None,
                 is_causal: Optional[bool] = None, position_ids: Optional[torch.Tensor] = None,
                 cu_seq_lens_q: Optional[torch.Tensor] = None, **kwargs: Any) -> Tuple[torch.Tensor, None]:
-    """transformers' SDPA attention, except on a packed (1, heads, total, dim) batch: causal SDPA within each row."""
-    bounds = _row_bounds(query, position_ids, cu_seq_lens_q)
-    if bounds is None:
+    """transformers' SDPA attention, except on a packed (1, heads, total, dim) batch: SDPA piece by piece."""
+    pieces = _pieces(query, position_ids, cu_seq_lens_q)
+    if pieces is None:
         return _PLAIN_SDPA(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                            is_causal=is_causal, **kwargs)
     from transformers.integrations.sdpa_attention import repeat_kv
 
     groups = getattr(module, "num_key_value_groups", 1)
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
-    rows = [F.scaled_dot_product_attention(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], dropout_p=dropout,
-                                           scale=scaling, is_causal=True)
-            for s, e in zip(bounds, bounds[1:])]
-    return torch.cat(rows, dim=2).transpose(1, 2).contiguous(), None
+    outputs = [_piece_attention(query, key, value, piece, dropout, scaling) for piece in pieces]
+    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
 
 
 def model_inputs(batch: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
@@ -77,6 +100,12 @@ def row_sums(values: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
 def row_ends(seq_lens: torch.Tensor) -> torch.Tensor:
     """Index of each packed row's last token."""
     return seq_lens.cumsum(0) - 1
+
+
+def chosen_then_rejected(values: torch.Tensor) -> torch.Tensor:
+    """Per-row values of a packed preference batch (chosen, rejected of each pair in turn) as every chosen value, then
+    every rejected one: the order of the padded batch."""
+    return values.view(-1, 2).t().reshape(-1)
 
 
 def enable_packed_attention(model: torch.nn.Module) -> None:

@@ -13,7 +13,7 @@ from coati.dataset.collators import both_sides
 from coati.utils.errors import CoatiUsageError, warn_user
 
 from .logprobs import mask_positions
-from .packing import is_packed, row_ends
+from .packing import chosen_then_rejected, is_packed, row_ends
 
 
 def from_pretrained_with_head(auto_cls: Any, path: str, role: str, **kwargs: Any) -> PreTrainedModel:
@@ -57,8 +57,8 @@ def pair_rewards(model: torch.nn.Module, batch: Dict[str, Any]) -> torch.Tensor:
 
 def packed_rewards(model: torch.nn.Module, batch: Dict[str, Any]) -> torch.Tensor:
     """One reward per row of a packed batch, read at each row's last token from the scores the model's `score` head
-    gives every position (the pooled output reads only the pack's last token). A sequence classifier's forward takes
-    no row lengths; its attention tells the rows by their position ids."""
+    gives every position (the pooled output reads only the pack's last token): a branch's last token is its row's.
+    A sequence classifier's forward takes no row lengths; its attention tells the rows by their position ids."""
     head = _score_head(model)
     scores: List[torch.Tensor] = []
     handle = head.register_forward_hook(lambda module, inputs, output: scores.append(output))
@@ -66,7 +66,7 @@ def packed_rewards(model: torch.nn.Module, batch: Dict[str, Any]) -> torch.Tenso
         model(input_ids=batch["input_ids"], position_ids=batch["position_ids"])
     finally:
         handle.remove()
-    return scores[-1][0, row_ends(batch["seq_lens"]), 0].float()
+    return chosen_then_rejected(scores[-1][0, row_ends(batch["seq_lens"]), 0].float())
 
 
 def _score_head(model: torch.nn.Module) -> torch.nn.Module:

@@ -216,7 +216,8 @@ def run_supervised(
     `callbacks` run after the built-in performance report. `setup_hook(context)` runs once the process
     group, plugin and tokenizer exist, and returns extra trainer arguments (a reference model)."""
     setup, coordinator, tokenizer = start_run(args)
-    collator = COLLATORS[data_type](tokenizer.pad_token_id, args.max_length, args.disable_loss_mask, args.packing)
+    collator = COLLATORS[data_type](tokenizer.pad_token_id, args.max_length, args.disable_loss_mask, args.packing,
+                                    share_prompt=not getattr(args, "use_flash_attn", False))
     context = RunContext(args, setup, tokenizer, collator, lambda paths: load_prepared(paths, data_type))
     hook_kwargs = setup_hook(context) if setup_hook else {}
     budget = {"max_tokens": args.max_tokens_per_batch, "max_length": args.max_length}
