@@ -227,3 +227,12 @@ def test_row_tokens_counts_both_sides_of_a_pair_cut_to_max_length(tiny_assets):
     data = load_from_disk(str(tiny_assets["pref_train"]))
     counts = row_tokens(data, max_length=40)
     assert counts[0] == min(len(data[0]["chosen_input_ids"]), 40) + min(len(data[0]["rejected_input_ids"]), 40)
+
+
+def test_a_packed_batch_counts_the_tokens_and_rows_a_padded_one_does(tiny_assets):
+    from coati.trainer.callbacks import count_samples_and_tokens
+
+    rows = _rows(tiny_assets["pref_train"])
+    padded, packed = PreferenceCollator(0)(rows), PreferenceCollator(0, packing=True)(rows)
+    assert count_samples_and_tokens(packed) == count_samples_and_tokens(padded) == (
+        6, sum(len(r["chosen_input_ids"]) + len(r["rejected_input_ids"]) for r in rows))

@@ -56,6 +56,16 @@ def shared_prompt(chosen: Sequence[int], rejected: Sequence[int], rejected_label
     return shared if shared > 1 else 0
 
 
+def packed_tokens(batch: Dict[str, Any]) -> int:
+    """The tokens of the rows a packed batch holds (every `*seq_lens` group), a shared prompt counted in each row it
+    belongs to, as a padded batch counts them: a piece ends at its row's length minus one."""
+    total = 0
+    for key in (k for k in batch if k.endswith("seq_lens")):
+        ends = batch[key].cumsum(0) - 1
+        total += int((batch[key[:-len("seq_lens")] + "position_ids"][0, ends] + 1).sum())
+    return total
+
+
 def batch_rows(batch: Dict[str, Any]) -> int:
     """How many dataset rows `batch` holds, packed or padded."""
     if ROWS in batch:

@@ -4,7 +4,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
-from coati.dataset.collators import batch_rows
+from coati.dataset.collators import batch_rows, packed_tokens
 from coati.distributed.comm import is_rank_0, world_size
 
 from .base import Callback
@@ -14,15 +14,14 @@ def count_samples_and_tokens(batch: Any) -> Tuple[int, int]:
     """Samples and non-pad tokens in an `Experience`, a dict batch, or a list of dict batches.
 
     Every `*attention_mask` tensor counts towards tokens (a preference batch has two); the first
-    one's rows are the samples. A packed batch counts the tokens of its `*seq_lens` and its dataset rows.
+    one's rows are the samples. A packed batch counts the tokens of its rows (`packed_tokens`) and its dataset rows.
     """
     if isinstance(batch, (list, tuple)):
         counts = [count_samples_and_tokens(item) for item in batch]
         return sum(c[0] for c in counts), sum(c[1] for c in counts)
     fields = batch if isinstance(batch, dict) else vars(batch)
-    lengths = [v for k, v in fields.items() if k.endswith("seq_lens") and isinstance(v, torch.Tensor)]
-    if lengths:
-        return batch_rows(fields), int(sum(int(n.sum()) for n in lengths))
+    if any(k.endswith("seq_lens") for k in fields):
+        return batch_rows(fields), packed_tokens(fields)
     masks = [v for k, v in fields.items() if k.endswith("attention_mask") and isinstance(v, torch.Tensor)]
     if not masks:
         return 0, 0
