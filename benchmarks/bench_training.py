@@ -146,26 +146,25 @@ def _plain_sft(model, batch, **_):
     return -logps.sum(), float(counts.sum()), int(batch["attention_mask"].sum())
 
 
-def _both(batch, field):
-    import torch
-
-    return torch.cat([batch[f"chosen_{field}"], batch[f"rejected_{field}"]])
-
-
 def _plain_rm(model, batch, **_):
     import torch.nn.functional as F
 
+    from coati.dataset.collators import both_sides
+
     pairs = batch["chosen_input_ids"].size(0)
-    rewards = model(input_ids=_both(batch, "input_ids"), attention_mask=_both(batch, "attention_mask")).logits.squeeze(-1)
-    return -F.logsigmoid(rewards[:pairs] - rewards[pairs:]).sum(), float(pairs), int(_both(batch, "attention_mask").sum())
+    mask = both_sides(batch, "attention_mask")
+    rewards = model(input_ids=both_sides(batch, "input_ids"), attention_mask=mask).logits.squeeze(-1)
+    return -F.logsigmoid(rewards[:pairs] - rewards[pairs:]).sum(), float(pairs), int(mask.sum())
 
 
 def _plain_dpo(model, batch, reference, beta: float = 0.1, **_):
     import torch
     import torch.nn.functional as F
 
+    from coati.dataset.collators import both_sides
+
     pairs = batch["chosen_input_ids"].size(0)
-    inputs = (_both(batch, "input_ids"), _both(batch, "attention_mask"), _both(batch, "labels"))
+    inputs = tuple(both_sides(batch, field) for field in ("input_ids", "attention_mask", "labels"))
     policy, _ = _label_logps(model, *inputs)
     with torch.no_grad():
         ref, _ = _label_logps(reference, *inputs)

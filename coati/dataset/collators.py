@@ -56,12 +56,17 @@ def shared_prompt(chosen: Sequence[int], rejected: Sequence[int], rejected_label
     return shared if shared > 1 else 0
 
 
+def row_ends(seq_lens: torch.Tensor) -> torch.Tensor:
+    """Index of each packed piece's last token."""
+    return seq_lens.cumsum(0) - 1
+
+
 def packed_tokens(batch: Dict[str, Any]) -> int:
     """The tokens of the rows a packed batch holds (every `*seq_lens` group), a shared prompt counted in each row it
     belongs to, as a padded batch counts them: a piece ends at its row's length minus one."""
     total = 0
     for key in (k for k in batch if k.endswith("seq_lens")):
-        ends = batch[key].cumsum(0) - 1
+        ends = row_ends(batch[key])
         total += int((batch[key[:-len("seq_lens")] + "position_ids"][0, ends] + 1).sum())
     return total
 

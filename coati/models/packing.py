@@ -97,11 +97,6 @@ def row_sums(values: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
     return values.new_zeros(seq_lens.numel()).index_add(0, row_of, values.reshape(-1))
 
 
-def row_ends(seq_lens: torch.Tensor) -> torch.Tensor:
-    """Index of each packed row's last token."""
-    return seq_lens.cumsum(0) - 1
-
-
 def chosen_then_rejected(values: torch.Tensor) -> torch.Tensor:
     """Per-row values of a packed preference batch (chosen, rejected of each pair in turn) as every chosen value, then
     every rejected one: the order of the padded batch."""

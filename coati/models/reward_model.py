@@ -9,11 +9,11 @@ import torch
 import transformers
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
-from coati.dataset.collators import both_sides
+from coati.dataset.collators import both_sides, row_ends
 from coati.utils.errors import CoatiUsageError, warn_user
 
 from .logprobs import mask_positions
-from .packing import chosen_then_rejected, is_packed, row_ends
+from .packing import chosen_then_rejected, is_packed
 
 
 def from_pretrained_with_head(auto_cls: Any, path: str, role: str, **kwargs: Any) -> PreTrainedModel:
