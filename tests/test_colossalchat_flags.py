@@ -5,9 +5,10 @@ import json
 
 import pytest
 import torch
-from datasets import load_from_disk
 
+from coati.dataset import load_prepared
 from coati.dataset.collators import PreferenceCollator, SupervisedCollator
+from coati.models.tiny import END_OF_TURN
 from coati.models.loss import DPOLoss, KTOLoss
 from coati.trainer.kto import balance_kto_weights
 from conftest import REPO, SCRIPTS
@@ -186,23 +187,45 @@ def test_auto_weight_brings_the_weighted_ratio_into_bounds():
     assert balance_kto_weights(kept, [True] * 5 + [False] * 4) is None and kept.desirable_weight == 1.0  # 1.25
 
 
-def test_prepare_dataset_takes_colossalchat_output_flags(tiny_assets, tmp_path):
+def test_prepare_dataset_writes_colossalchat_parts_sampled_as_colossalchat_samples(tiny_assets, tmp_path, capsys):
+    """ColossalChat's layout: `train[a%:b%]` parts as `arrow/part-NNNNN` folders, at most
+    --num_samples_per_datafile rows each, a JSONL sidecar per part; comma-separated inputs; both the folder
+    and its parts load for training."""
     from coati.dataset.demo_data import generate_problems, sft_records, write_jsonl
+    from coati.dataset.prepare import part_bounds
 
     spec = importlib.util.spec_from_file_location("prepare_check", REPO / "examples" / "data_preparation_scripts" /
                                                   "prepare_dataset.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    raw = write_jsonl(sft_records(generate_problems(10, "train")), tmp_path / "raw.jsonl")
-    module.main(["--type", "sft", "--data_input_dirs", str(raw), "--tokenizer_dir", str(tiny_assets["model"]),
-                 "--data_arrow_output_dir", str(tmp_path / "arrow"), "--data_jsonl_output_dir", str(tmp_path / "jsonl"),
-                 "--num_spliced_dataset_bins", "2", "--num_samples_per_datafile", "4",
-                 "--data_cache_dir", str(tmp_path / "cache"), "--max_length", "128"])
-    assert len(load_from_disk(str(tmp_path / "arrow"))) == 10
-    assert len(list((tmp_path / "arrow").glob("data-*.arrow"))) == 2
-    files = sorted((tmp_path / "jsonl").iterdir())
-    assert [len(f.read_text().splitlines()) for f in files] == [4, 4, 2]
-    assert json.loads(files[0].read_text().splitlines()[0])["input_ids"]
+    first = write_jsonl(sft_records(generate_problems(6, "train")), tmp_path / "a" / "raw.jsonl")
+    second = write_jsonl(sft_records(generate_problems(4, "eval")), tmp_path / "b" / "raw.jsonl")
+    argv = ["--type", "sft", "--data_input_dirs", f"{first.parent},{second.parent}", "--tokenizer_dir",
+            str(tiny_assets["model"]), "--data_arrow_output_dir", str(tmp_path / "arrow"), "--data_jsonl_output_dir",
+            str(tmp_path / "jsonl"), "--num_spliced_dataset_bins", "3", "--num_samples_per_datafile", "2",
+            "--data_cache_dir", str(tmp_path / "cache"), "--max_length", "128"]
+    module.main(argv)
+    assert part_bounds(10, 3) == [(0, 3), (3, 7), (7, 10)]      # 34 % steps, boundaries rounded to the closest row
+    parts = sorted(p.name for p in (tmp_path / "arrow").iterdir() if p.is_dir())
+    assert parts == ["part-00000", "part-00001", "part-00002"]
+    assert [len(load_prepared([tmp_path / "arrow" / p])) for p in parts] == [2, 2, 2]
+    assert len(load_prepared([tmp_path / "arrow"], "sft")) == 6
+    jsonl = sorted((tmp_path / "jsonl").iterdir())
+    assert [f.name for f in jsonl] == [f"{p}.jsonl" for p in parts]
+    row = json.loads(jsonl[0].read_text().splitlines()[0])
+    assert row["input_ids"] and row["labels_decode"][0].endswith(END_OF_TURN)
+    with pytest.raises(SystemExit):
+        module.main(argv)
+    err = capsys.readouterr().err
+    assert "--data_arrow_output_dir" in err and "already holds part-00000" in err
+
+
+def test_one_row_lands_in_the_part_colossalchat_puts_it_in():
+    """With ColossalChat's default 10 bins, one row is in part 5 alone (`train[50%:60%]`), the part its
+    test_templating.sh reads."""
+    from coati.dataset.prepare import OutputLayout
+
+    assert [index for index, _ in OutputLayout(bins=10).split([{"row": 0}])] == [5]
 
 
 @pytest.mark.parametrize("name, argv, message", [

@@ -202,3 +202,22 @@ def test_data_prepared_by_colossalchat_is_refused_with_how_to_prepare_it_again(t
                                               r"'chosen_loss_mask' column\); prepare the raw data again with "
                                               r"examples/data_preparation_scripts/prepare_dataset.py --type preference"):
         load_prepared([tmp_path / "cc"], "preference")
+
+
+def test_template_system_message_opens_conversations_without_one_and_prompt_answers_are_dropped(tiny_assets, tmp_path):
+    """ColossalChat's template config: its `system_message` becomes the first turn of a conversation that has no
+    system turn (one that has its own keeps it); a prompt row ending with the answer is prepared without it."""
+    from coati.dataset.prepare import prepare_dataset
+    from coati.dataset.tokenization import load_tokenizer, template_system_message
+
+    config = tmp_path / "template.json"
+    config.write_text(json.dumps({"system_message": "Answer with a number.", "stop_ids": [2]}))
+    tokenizer = load_tokenizer(str(tiny_assets["model"]), template_config=str(config))
+    own = {"role": "system", "content": "Be brief."}
+    ask = {"role": "user", "content": "1 + 1?"}
+    raw = _write(tmp_path / "p.jsonl", [{"messages": [ask, {"role": "assistant", "content": "2"}]}, {"messages": [own, ask]}])
+    prepare_dataset([raw], "prompt", tokenizer, 64, tmp_path / "out", system_message=template_system_message(str(config)))
+    texts = [tokenizer.decode(ids) for ids in load_from_disk(str(tmp_path / "out"))["input_ids"]]
+    assert texts == [tokenizer.apply_chat_template([{"role": "system", "content": "Answer with a number."}, ask],
+                                                   tokenize=False, add_generation_prompt=True),
+                     tokenizer.apply_chat_template([own, ask], tokenize=False, add_generation_prompt=True)]

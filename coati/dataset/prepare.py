@@ -7,6 +7,8 @@ dropped and counted.
 """
 import functools
 import json
+import math
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -16,8 +18,9 @@ from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from coati.utils.errors import CoatiUsageError, first_line
+from coati.utils.preflight import PART_PREFIX, prepared_folders
 
-from .tokenization import tokenize_conversation, tokenize_kto, tokenize_preference
+from .tokenization import IGNORE_INDEX, tokenize_conversation, tokenize_kto, tokenize_preference
 from .validation import jsonl_entries, validate_rows
 
 PathLike = Union[str, Path]
@@ -63,40 +66,97 @@ def load_rows(inputs: Sequence[PathLike], data_type: str, skip_invalid: bool = F
     return rows, skipped
 
 
+def part_bounds(num_rows: int, bins: int) -> List[Tuple[int, int]]:
+    """Row ranges of the parts ColossalChat's prepare_dataset.py splits `num_rows` rows into for `bins` bins:
+    `datasets`' percent slices `train[a%:b%]` in steps of ceil(100 / bins) %, each boundary rounded to the
+    closest row as `datasets` rounds it (so a part may be empty, and there may be fewer parts than bins)."""
+    step = math.ceil(100 / bins)
+    return [(_closest_row(start, num_rows), _closest_row(min(start + step, 100), num_rows))
+            for start in range(0, 100, step)]
+
+
+def _closest_row(percent: int, num_rows: int) -> int:
+    return int(round(percent * num_rows / 100.0))
+
+
 @dataclass(frozen=True)
 class OutputLayout:
-    """How a prepared dataset is written: `num_shards` arrow files, and with `jsonl_dir` the same rows as
-    JSONL files too, `rows_per_jsonl` rows each (0: one file). ColossalChat's prepare_dataset.py flags
-    `--num_spliced_dataset_bins`, `--data_jsonl_output_dir` and `--num_samples_per_datafile` set them."""
+    """How a prepared dataset is written. Rows are split into parts as ColossalChat's prepare_dataset.py splits
+    them into `bins` (`part_bounds`), and each part keeps at most `samples_per_part` rows (0: all), drawn with
+    `seed`. With `part_folders`, each non-empty part is a dataset folder `part-NNNNN` of its own (ColossalChat's
+    layout, which its training commands list one by one); otherwise one folder holds every part, one arrow file
+    each. With `jsonl_dir`, each part is also written as `part-NNNNN.jsonl`, rows with their text decoded
+    (ColossalChat's sidecar, for checking a template by eye)."""
 
-    num_shards: int = 1
+    bins: int = 1
+    part_folders: bool = False
     jsonl_dir: Optional[PathLike] = None
-    rows_per_jsonl: int = 0
+    samples_per_part: int = 0
+    seed: int = 42
 
-    def write(self, encoded: List[Dict], out_dir: PathLike) -> None:
-        Dataset.from_list(encoded).save_to_disk(str(out_dir), num_shards=min(self.num_shards, len(encoded)))
+    def split(self, rows: List[Dict]) -> List[Tuple[int, List[Dict]]]:
+        """(part index, its rows) for every non-empty part, sampled down to `samples_per_part`."""
+        parts = []
+        for index, (start, end) in enumerate(part_bounds(len(rows), self.bins)):
+            part = rows[start:end]
+            if 0 < self.samples_per_part < len(part):
+                keep = sorted(random.Random(self.seed + index).sample(range(len(part)), self.samples_per_part))
+                part = [part[i] for i in keep]
+            if part:
+                parts.append((index, part))
+        return parts
+
+    def check_free(self, out_dir: PathLike) -> None:
+        """Parts are never written over an earlier run's (stale parts would be read with the new ones)."""
+        for folder, flag in ((out_dir, "--data_arrow_output_dir"), (self.jsonl_dir, "--data_jsonl_output_dir")):
+            if folder is None or (folder == out_dir and not self.part_folders):
+                continue
+            found = sorted(Path(folder).glob(f"{PART_PREFIX}*")) if Path(folder).is_dir() else []
+            if found:
+                raise CoatiUsageError(f"{flag} {folder} already holds {found[0].name} (an earlier preparation); "
+                                      "remove it or write to a new folder")
+
+    def write(self, parts: List[Tuple[int, List[Dict]]], out_dir: PathLike, readable: Callable[[Dict], Dict]) -> None:
+        if self.part_folders:
+            for index, encoded in parts:
+                Dataset.from_list(encoded).save_to_disk(str(Path(out_dir) / part_name(index)))
+        else:
+            rows = [row for _, encoded in parts for row in encoded]
+            Dataset.from_list(rows).save_to_disk(str(out_dir), num_shards=min(len(parts), len(rows)))
         if self.jsonl_dir is None:
             return
-        folder = Path(self.jsonl_dir)
-        folder.mkdir(parents=True, exist_ok=True)
-        size = self.rows_per_jsonl or len(encoded)
-        for part, start in enumerate(range(0, len(encoded), size)):
-            with open(folder / f"part-{part:05d}.jsonl", "w") as out:
-                out.writelines(json.dumps(row) + "\n" for row in encoded[start:start + size])
+        Path(self.jsonl_dir).mkdir(parents=True, exist_ok=True)
+        for index, encoded in parts:
+            with open(Path(self.jsonl_dir) / f"{part_name(index)}.jsonl", "w", encoding="utf-8") as out:
+                out.writelines(json.dumps({**row, **readable(row)}, ensure_ascii=False) + "\n" for row in encoded)
+
+
+def part_name(index: int) -> str:
+    return f"{PART_PREFIX}{index:05d}"
 
 
 def _prepare(rows: List[Dict], encode: Callable[[Dict], Optional[Dict]], out_dir: PathLike,
-             layout: OutputLayout = OutputLayout()) -> Dict[str, int]:
-    """Encode each row, drop those `encode` returns None for (cut away by truncation), save as `layout`
-    says; returns counts."""
+             layout: OutputLayout = OutputLayout(), readable: Callable[[Dict], Dict] = dict) -> Dict[str, int]:
+    """Split and sample `rows` as `layout` says, encode each, drop those `encode` returns None for (cut away by
+    truncation), save; returns counts."""
     if not rows:
         raise CoatiUsageError("no usable rows in the input data")
-    encoded = [e for e in (encode(row) for row in tqdm(rows, desc="tokenizing")) if e is not None]
-    if not encoded:
-        raise CoatiUsageError(f"all {len(rows)} rows were dropped by truncation (each response would be cut away "
+    parts = layout.split(rows)
+    sampled = sum(len(part) for _, part in parts)
+    progress = tqdm(total=sampled, desc="tokenizing")
+    encoded = []
+    for index, part in parts:
+        kept = [e for e in (encode(row) for row in part) if e is not None]
+        progress.update(len(part))
+        if kept:
+            encoded.append((index, kept))
+    progress.close()
+    kept = sum(len(part) for _, part in encoded)
+    if not kept:
+        raise CoatiUsageError(f"all {sampled} rows were dropped by truncation (each response would be cut away "
                               "entirely at this --max_length); raise --max_length. Nothing was written")
-    layout.write(encoded, out_dir)
-    return {"rows": len(rows), "kept": len(encoded), "dropped": len(rows) - len(encoded)}
+    layout.write(encoded, out_dir, readable)
+    return {"rows": len(rows), "kept": kept, "dropped": sampled - kept, "unsampled": len(rows) - sampled}
 
 
 def _write_info(out_dir: PathLike, data_type: str, max_length: int, counts: Dict[str, int]) -> None:
@@ -131,13 +191,65 @@ def tokenize_prompt(tokenizer: PreTrainedTokenizerBase, row: Dict, max_length: i
 
 def prepare_dataset(inputs: Sequence[PathLike], data_type: str, tokenizer: PreTrainedTokenizerBase, max_length: int,
                     out_dir: PathLike, skip_invalid: bool = False, layout: OutputLayout = OutputLayout(),
-                    cache_dir: Optional[PathLike] = None) -> Dict[str, int]:
-    """Validate, tokenize and save (as `layout` says); returns rows read, kept, dropped by truncation, and
-    skipped as invalid. `cache_dir` is `datasets`' cache for input dataset folders."""
+                    cache_dir: Optional[PathLike] = None, system_message: Optional[str] = None) -> Dict[str, int]:
+    """Validate, tokenize and save (as `layout` says); returns rows read, kept, dropped by truncation, left out by
+    sampling, and skipped as invalid. `cache_dir` is `datasets`' cache for input dataset folders;
+    `system_message` opens every conversation that has no system turn of its own (ColossalChat's template
+    config field)."""
+    layout.check_free(out_dir)
     rows, skipped = load_rows(inputs, data_type, skip_invalid, cache_dir)
-    counts = {**_prepare(rows, encoder(data_type, tokenizer, max_length), out_dir, layout), "skipped": skipped}
-    _write_info(out_dir, data_type, max_length, counts)
+    if system_message is not None:
+        rows = [with_system_message(row, data_type, system_message) for row in rows]
+    encode = encoder(data_type, tokenizer, max_length)
+    counts = {**_prepare(rows, encode, out_dir, layout, readable_fields(data_type, tokenizer)), "skipped": skipped}
+    folders = [Path(out_dir), *(sorted(Path(out_dir).glob(f"{PART_PREFIX}*")) if layout.part_folders else [])]
+    for folder in folders:
+        _write_info(folder, data_type, max_length, counts)
     return counts
+
+
+CONVERSATION_FIELDS = {"sft": "messages", "prompt": "messages", "preference": "context", "kto": "context"}
+"""Where a validated row of each type keeps the turns before its response."""
+
+
+def with_system_message(row: Dict, data_type: str, message: str) -> Dict:
+    """`row` with `message` as its first, system turn, unless it has a system turn already."""
+    field = CONVERSATION_FIELDS[data_type]
+    turns = row[field]
+    if turns and turns[0]["role"] == "system":
+        return row
+    return {**row, field: [{"role": "system", "content": message}, *turns]}
+
+
+def readable_fields(data_type: str, tokenizer: PreTrainedTokenizerBase) -> Callable[[Dict], Dict]:
+    """The decoded text ColossalChat's prepare_dataset.py writes beside each row of its JSONL parts (and its
+    `verify_chat_data.py` reads): the whole input, and each run of label tokens as one string."""
+    def decode(ids: Sequence[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=False)
+
+    def label_runs(labels: Sequence[int]) -> List[str]:
+        runs, run = [], []
+        for label in [*labels, IGNORE_INDEX]:
+            if label != IGNORE_INDEX:
+                run.append(label)
+            elif run:
+                runs.append(decode(run))
+                run = []
+        return runs
+
+    def fields(row: Dict) -> Dict:
+        if data_type == "sft":
+            return {"inputs_decode": decode(row["input_ids"]), "labels_decode": label_runs(row["labels"])}
+        if data_type == "preference":
+            return {f"{side}_{name}": value for side in ("chosen", "rejected")
+                    for name, value in (("inputs_decode", decode(row[f"{side}_input_ids"])),
+                                        ("label_decode", label_runs(row[f"{side}_labels"])))}
+        if data_type == "kto":
+            return {"input_id_decode": decode(row["input_ids"]), "completion_decode": "".join(label_runs(row["labels"])),
+                    "label": row["desirable"]}
+        return {"inputs_decode": decode(row["input_ids"])}
+
+    return fields
 
 
 def prepare_sft(data_files: Sequence[PathLike], tokenizer: PreTrainedTokenizerBase, max_length: int,
@@ -151,12 +263,14 @@ def prepare_preference(data_files: Sequence[PathLike], tokenizer: PreTrainedToke
 
 
 def load_prepared(paths: Sequence[PathLike], data_type: Optional[str] = None) -> Dataset:
-    """Prepared datasets written by `save_to_disk`, concatenated in order. With `data_type`, a folder
+    """Prepared datasets written by `save_to_disk`, concatenated in order; a folder of ColossalChat's
+    `part-NNNNN` parts stands for its parts. With `data_type`, a folder
     prepared as another type is refused by name. Columns that only some folders have (a prompt set's
     ground-truth fields) are kept, as None where a folder lacks them."""
     missing = [str(p) for p in paths if not Path(p).is_dir()]
     if missing:
         raise CoatiUsageError(f"prepared dataset not found: {', '.join(missing)} (run prepare_dataset.py first)")
+    paths = [folder for path in paths for folder in (prepared_folders(path) or [Path(path)])]
     for path in paths:
         found = prepared_type(path)
         if data_type and found and found != data_type:

@@ -11,25 +11,53 @@ IGNORE_INDEX = -100
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False, template_config: Optional[str] = None) -> PreTrainedTokenizerBase:
-    """The tokenizer in `path` (EOS standing in for a missing pad token), with the chat template and
-    optional end-of-turn token of the JSON `template_config` when given."""
+    """The tokenizer in `path` (EOS standing in for a missing pad token), with the chat template (where the
+    JSON `template_config` has one; the tokenizer's own otherwise, as in ColossalChat) and the optional
+    end-of-turn token of `template_config` when given."""
     if not Path(path).is_dir():
         raise CoatiUsageError(f"tokenizer directory {path} does not exist or is not a directory")
-    config = read_json(Path(template_config), "--conversation_template_config") if template_config else None
-    if config is not None and not isinstance(config.get("chat_template"), str):
-        raise CoatiUsageError(f"{template_config}: field 'chat_template' is missing or not a string "
-                              "(--conversation_template_config)")
+    config = _template_config(template_config)
+    if config is not None and not isinstance(config.get("chat_template", ""), str):
+        raise CoatiUsageError(f"{template_config}: field 'chat_template' is not a string (--conversation_template_config)")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as error:
         raise CoatiUsageError(f"no tokenizer could be loaded from {path} ({first_line(error)})") from None
     if config is not None:
-        tokenizer.chat_template = config["chat_template"]
+        tokenizer.chat_template = config.get("chat_template") or tokenizer.chat_template
         if config.get("end_of_turn_token"):
             tokenizer.eos_token = config["end_of_turn_token"]
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if config is not None:
+        _check_template(tokenizer, template_config)
     return tokenizer
+
+
+def _check_template(tokenizer: PreTrainedTokenizerBase, template_config: str) -> None:
+    """A template that fails on this tokenizer (one that reads a `bos_token` it lacks) is one line, not a
+    traceback from inside jinja at the first row."""
+    from jinja2 import TemplateError
+
+    try:
+        tokenizer.apply_chat_template([{"role": "user", "content": "1 + 1?"}, {"role": "assistant", "content": "2"}],
+                                      tokenize=False)
+    except TemplateError as error:
+        raise CoatiUsageError(f"{template_config}: its chat template fails on the tokenizer "
+                              f"({type(error).__name__}: {first_line(error)}) (--conversation_template_config)") from None
+
+
+def template_system_message(template_config: Optional[str]) -> Optional[str]:
+    """The `system_message` of a ColossalChat template config: the system turn of every conversation that has
+    none of its own (None: no such turn)."""
+    message = (_template_config(template_config) or {}).get("system_message")
+    if message is not None and not isinstance(message, str):
+        raise CoatiUsageError(f"{template_config}: field 'system_message' is not a string (--conversation_template_config)")
+    return message
+
+
+def _template_config(path: Optional[str]) -> Optional[Dict[str, Any]]:
+    return read_json(Path(path), "--conversation_template_config") if path else None
 
 
 def assistant_spans(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Dict[str, str]],

@@ -5,8 +5,9 @@ Accepted shapes (ColossalChat's and OpenAI/HF's):
   turns alternating, ending with a non-empty assistant turn. ShareGPT's `conversations` (`from`:
   human/gpt/system, `value`) is read the same way, for prompt data too.
 - preference: `context` + `chosen` + `rejected` message lists, or `prompt`/`chosen`/`rejected` strings.
-- prompt: `messages` ending with a user turn, or a `prompt` string; every other field (e.g.
-  `gt_answer`) is carried through unchanged for the reward function.
+- prompt: `messages` ending with a user turn (a final assistant turn, the answer, is dropped, as ColossalChat
+  does), or a `prompt` string; every other field (e.g. `gt_answer`) is carried through unchanged for the
+  reward function.
 - kto: `prompt` + `completion` (strings, or a message list and assistant turns, or ColossalChat's single
   completion message object) + boolean `label` (desirable or not), or `messages` ending with the assistant
   completion + `label`.
@@ -141,11 +142,15 @@ def _response(row: Row, field: str, where: str) -> List[Dict[str, str]]:
     return turns
 
 
-def _prompt_turns(row: Any, field: str, where: str) -> List[Dict[str, str]]:
-    """The conversation so far: message list `field` ending with a user turn, or a plain `prompt` string."""
+def _prompt_turns(row: Any, field: str, where: str, drop_answer: bool = False) -> List[Dict[str, str]]:
+    """The conversation so far: message list `field` ending with a user turn, or a plain `prompt` string. With
+    `drop_answer`, a list that ends with an assistant turn loses it (ColossalChat's prompt data: the answer is
+    not part of the prompt)."""
     if isinstance(row, dict) and field not in row and isinstance(row.get("prompt"), str):
         return [{"role": "user", "content": row["prompt"]}]
     messages = normalize_messages(_require(row, field, where), where, field)
+    if drop_answer and len(messages) > 1 and messages[-1]["role"] == "assistant":
+        messages = messages[:-1]
     check_turn_order(messages, where, field, last_role="user")
     return messages
 
@@ -161,7 +166,7 @@ def validate_prompt(row: Any, where: str) -> Row:
         return {"messages": [{"role": "user", "content": row["question"]}], **extra,
                 "gt_answer": gsm8k_answer(row, where), "solution": row["answer"]}
     field = conversation_field(row)
-    messages = _prompt_turns(row, field, where)
+    messages = _prompt_turns(row, field, where, drop_answer=True)
     extra = {k: v for k, v in row.items() if k not in (field, "prompt")}
     return {"messages": messages, **extra}
 

@@ -5,7 +5,7 @@ import argparse
 import os
 import re
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from coati.utils.errors import CoatiUsageError, first_line
 from coati.utils.file_checks import check_model_dir
@@ -15,6 +15,8 @@ DATA_FLAGS = ("dataset", "eval_dataset", "ptx_dataset")
 OUTPUT_FLAGS = ("output_dir", "save_dir", "log_dir")
 PREPARED_MARKERS = ("state.json", "dataset_dict.json")
 """Files `datasets.save_to_disk` writes into every dataset (or dataset dict) folder."""
+PART_PREFIX = "part-"
+"""ColossalChat's name for each of a prepared dataset's parts: `part-00000`, `part-00001`, ..."""
 
 
 def check_writable_dir(path: str, flag: str) -> None:
@@ -31,13 +33,24 @@ def check_writable_dir(path: str, flag: str) -> None:
         raise CoatiUsageError(f"{flag} {path} cannot be written: no write permission on {existing}")
 
 
+def prepared_folders(path: str) -> List[Path]:
+    """The dataset folders `path` stands for: itself when `save_to_disk` wrote it, else its `part-NNNNN`
+    subfolders that it wrote (ColossalChat's layout, `prepare_dataset.py --data_arrow_output_dir`)."""
+    folder = Path(path)
+    if any((folder / marker).is_file() for marker in PREPARED_MARKERS):
+        return [folder]
+    parts = sorted(folder.glob(f"{PART_PREFIX}*")) if folder.is_dir() else []
+    return [p for p in parts if any((p / marker).is_file() for marker in PREPARED_MARKERS)]
+
+
 def check_data_dirs(paths: Optional[Sequence[str]], flag: str) -> None:
-    """Each path is a folder that `prepare_dataset.py` (`datasets.save_to_disk`) wrote."""
+    """Each path is a folder that `prepare_dataset.py` (`datasets.save_to_disk`) wrote, or one holding such
+    folders as ColossalChat's `part-NNNNN` parts."""
     for path in paths or ():
         if not Path(path).is_dir():
             raise CoatiUsageError(f"{flag} {path} does not exist or is not a directory (a folder written by "
                                   "prepare_dataset.py)")
-        if not any((Path(path) / marker).is_file() for marker in PREPARED_MARKERS):
+        if not prepared_folders(path):
             raise CoatiUsageError(f"{flag} {path} is not a prepared dataset (no {PREPARED_MARKERS[0]}); "
                                   "write one from raw data with prepare_dataset.py")
 
