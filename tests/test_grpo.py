@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from coati.dataset import PromptCollator
 from coati.dataset.demo_data import generate_problems, prompt_records
-from coati.dataset.prepare import tokenize_prompt
+from coati.dataset.prepare import encode_prompt
 from coati.experience.experience import Experience, GRPOExperienceMaker, GRPOConfig
 from coati.models.generation import HFEngine, SamplingConfig
 from coati.rewards import WeightedReward
@@ -33,7 +33,7 @@ class Recorder(Callback):
 def _grpo_trainer(assets, optimizer_cls=torch.optim.AdamW, old_log_probs_at_collection=True, **kwargs) -> GRPOTrainer:
     """A GRPOTrainer on 8 prompts, 2 per batch (an epoch of prompts every 4 batches), with `kwargs`."""
     tokenizer = AutoTokenizer.from_pretrained(assets["model"])
-    rows = [tokenize_prompt(tokenizer, r, 64) for r in prompt_records(generate_problems(8, "train"))]
+    rows = [encode_prompt(tokenizer, r, 64) for r in prompt_records(generate_problems(8, "train"))]
     plugin = TorchDDPPlugin()
     booster = Booster(plugin=plugin)
     loader = build_dataloader(plugin, rows, 2, PromptCollator(tokenizer.pad_token_id), True, 0)

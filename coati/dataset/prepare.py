@@ -179,10 +179,10 @@ def encoder(data_type: str, tokenizer: PreTrainedTokenizerBase, max_length: int)
         return lambda row: tokenize_preference(tokenizer, row["context"], row["chosen"], row["rejected"], max_length)
     if data_type == "kto":
         return lambda row: tokenize_kto(tokenizer, row["context"], row["completion"], row["label"], max_length)
-    return lambda row: tokenize_prompt(tokenizer, row, max_length)
+    return lambda row: encode_prompt(tokenizer, row, max_length)
 
 
-def tokenize_prompt(tokenizer: PreTrainedTokenizerBase, row: Dict, max_length: int) -> Optional[Dict]:
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, row: Dict, max_length: int) -> Optional[Dict]:
     """The prompt rendered with the generation prompt, left-truncated to `max_length`; other fields kept."""
     ids = tokenizer.apply_chat_template(row["messages"], tokenize=True, add_generation_prompt=True)
     extra = {k: v for k, v in row.items() if k != "messages"}
@@ -284,17 +284,23 @@ def load_prepared(paths: Sequence[PathLike], data_type: Optional[str] = None) ->
     return concatenate_datasets(parts)
 
 
+NEEDED_COLUMN = {"sft": "labels", "preference": "chosen_labels", "kto": "prompt_length", "prompt": "input_ids"}
+"""The column each kind of prepared data cannot train without."""
+
+
 def _refuse_colossalchat_data(path: PathLike, columns: Sequence[str], data_type: Optional[str]) -> None:
-    """A folder ColossalChat's prepare_dataset.py wrote (its masks and decoded text, not coati's labels) is
-    refused with how to prepare it again: the same raw JSONL goes through coati's script."""
-    if prepared_type(path):
-        return
+    """A folder ColossalChat's prepare_dataset.py wrote with its own tokenizers (its masks and decoded text, not
+    coati's labels) is refused with how to prepare it again: the same raw JSONL goes through coati's script.
+    Its SFT and prompt data (the same input_ids and labels), and data its script wrote with coati's tokenizers,
+    load as they are."""
     found = next((c for c in columns if c.endswith(COLOSSALCHAT_COLUMNS)), None)
-    if found:
-        kind = data_type or "sft|preference|prompt|kto"
-        raise CoatiUsageError(f"dataset {path} was prepared by ColossalChat's prepare_dataset.py (it has a {found!r} "
-                              f"column); prepare the raw data again with examples/data_preparation_scripts/"
-                              f"prepare_dataset.py --type {kind}, which reads the same JSONL")
+    needed = [NEEDED_COLUMN[data_type]] if data_type else list(NEEDED_COLUMN.values())
+    if prepared_type(path) or not found or any(c in columns for c in needed):
+        return
+    kind = data_type or "sft|preference|prompt|kto"
+    raise CoatiUsageError(f"dataset {path} was prepared by ColossalChat's prepare_dataset.py (it has a {found!r} "
+                          f"column); prepare the raw data again with examples/data_preparation_scripts/"
+                          f"prepare_dataset.py --type {kind}, which reads the same JSONL")
 
 
 def _with_columns(dataset: Dataset, columns: Sequence[str]) -> Dataset:

@@ -4,11 +4,13 @@ Stored that way, `from_pretrained` loads any causal LM or reward model as a crit
 `score` head becomes the value head (ColossalChat starts the critic from the reward model), and a
 causal LM gets a new head.
 """
+from typing import Any, Optional
+
 import torch
-from transformers import AutoConfig, AutoModelForTokenClassification, PreTrainedModel
+from transformers import AutoConfig, AutoModelForTokenClassification, PretrainedConfig, PreTrainedModel
 
 from .logprobs import mask_positions
-from .reward_model import from_pretrained_with_head
+from .reward_model import from_pretrained_with_head, model_with_head
 
 
 def load_critic(path: str, pad_token_id: int, trust_remote_code: bool = False) -> PreTrainedModel:
@@ -28,3 +30,23 @@ def action_values(critic: torch.nn.Module, sequences: torch.Tensor, attention_ma
     values = critic(input_ids=sequences, attention_mask=attention_mask,
                     position_ids=mask_positions(attention_mask)).logits.squeeze(-1)
     return values[:, prompt_length - 1:-1].float()
+
+
+class Critic(torch.nn.Module):
+    """ColossalChat's `Critic(pretrained, config, **from_pretrained_kwargs)`: coati's critic (`.model`, a
+    `*ForTokenClassification` with one label) whose forward gives a value at every position, (batch, length)."""
+
+    def __init__(self, pretrained: Optional[str] = None, config: Optional[PretrainedConfig] = None, **kwargs: Any) -> None:
+        super().__init__()
+        self.model = model_with_head(AutoModelForTokenClassification, pretrained, config, "critic", **kwargs)
+        self.config = self.model.config
+
+    def forward(self, input_ids: torch.LongTensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        return self.model(input_ids=input_ids, attention_mask=mask, position_ids=mask_positions(mask)).logits.squeeze(-1)
+
+    def get_input_embeddings(self) -> torch.nn.Module:
+        return self.model.get_input_embeddings()
+
+    def get_output_embeddings(self) -> Optional[torch.nn.Module]:
+        return self.model.get_output_embeddings()

@@ -6,11 +6,11 @@ each sequence stops at its first end-of-turn/EOS token, and finished rows leave 
 cache rows are dropped), so a finished sequence stops costing compute.
 """
 from dataclasses import dataclass, field
-from typing import Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, Iterator, Optional, Protocol, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache
+from transformers import DynamicCache, PreTrainedTokenizerBase
 
 from coati.utils.errors import NonFiniteError
 
@@ -107,11 +107,28 @@ class HFEngine:
         """Completions of the left-padded prompts; with `logprobs`, each sampled token's log-prob, read off the
         sampling step's own logits (at temperature 1, as the trainer computes them), so no second forward is
         needed for behaviour log-probs."""
-        rows, prompt_length = input_ids.shape
+        for decoded in self.stream(input_ids, attention_mask, config, logprobs):
+            pass
+        action_mask = torch.arange(config.max_new_tokens, device=input_ids.device) < decoded.lengths.unsqueeze(-1)
+        tokens = decoded.tokens.masked_fill(~action_mask, self.pad_token_id)
+        return GenerationOutput(
+            sequences=torch.cat([input_ids, tokens], dim=-1),
+            attention_mask=torch.cat([attention_mask, action_mask.to(attention_mask.dtype)], dim=-1),
+            action_mask=action_mask,
+            prompt_length=input_ids.size(1),
+            logprobs=None if decoded.logprobs is None else decoded.logprobs * action_mask,
+        )
+
+    @torch.no_grad()
+    def stream(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, config: SamplingConfig,
+               logprobs: bool = False) -> Iterator["Decoded"]:
+        """The decoding so far, after each step (one token for every row still going; the same object, updated)."""
+        rows = input_ids.size(0)
         stops = torch.tensor(config.stop_token_ids or self.stop_token_ids, device=input_ids.device)
-        tokens = torch.full((rows, config.max_new_tokens), self.pad_token_id, dtype=torch.long, device=input_ids.device)
-        lengths = torch.full((rows,), config.max_new_tokens, dtype=torch.long, device=input_ids.device)
-        token_logps_ = torch.zeros(rows, config.max_new_tokens, device=input_ids.device) if logprobs else None
+        decoded = Decoded(tokens=torch.full((rows, config.max_new_tokens), self.pad_token_id, dtype=torch.long,
+                                            device=input_ids.device),
+                          lengths=torch.full((rows,), config.max_new_tokens, dtype=torch.long, device=input_ids.device),
+                          logprobs=torch.zeros(rows, config.max_new_tokens, device=input_ids.device) if logprobs else None)
         cache = DynamicCache()
         positions = mask_positions(attention_mask)
         logits = self._forward(input_ids, attention_mask, positions, cache)
@@ -122,11 +139,13 @@ class HFEngine:
         mask, next_position = attention_mask, positions[:, -1] + 1
         for step in range(config.max_new_tokens):
             token = sample_next(logits, config)
-            tokens[active, step] = token
-            if token_logps_ is not None:
-                token_logps_[active, step] = token_logps(logits, token)
+            decoded.tokens[active, step] = token
+            if decoded.logprobs is not None:
+                decoded.logprobs[active, step] = token_logps(logits, token)
             finished = torch.isin(token, stops)
-            lengths[active[finished]] = step + 1
+            decoded.lengths[active[finished]] = step + 1
+            decoded.steps = step + 1
+            yield decoded
             if step == config.max_new_tokens - 1 or finished.all():
                 break
             if finished.any():
@@ -136,12 +155,40 @@ class HFEngine:
             mask = torch.cat([mask, mask.new_ones(mask.size(0), 1)], dim=-1)
             logits = self._forward(token.unsqueeze(-1), mask, next_position.unsqueeze(-1), cache)
             next_position = next_position + 1
-        action_mask = torch.arange(config.max_new_tokens, device=input_ids.device) < lengths.unsqueeze(-1)
-        tokens = tokens.masked_fill(~action_mask, self.pad_token_id)
-        return GenerationOutput(
-            sequences=torch.cat([input_ids, tokens], dim=-1),
-            attention_mask=torch.cat([attention_mask, action_mask.to(attention_mask.dtype)], dim=-1),
-            action_mask=action_mask,
-            prompt_length=prompt_length,
-            logprobs=None if token_logps_ is None else token_logps_ * action_mask,
-        )
+
+
+@dataclass
+class Decoded:
+    """Generation in progress: `tokens` (rows, max_new_tokens), pad past each row's end or not yet sampled;
+    `lengths`, each row's length once it stopped (max_new_tokens while it goes on); `steps` taken so far."""
+
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+    logprobs: Optional[torch.Tensor] = None
+    steps: int = 0
+
+
+def generate_streaming(model: torch.nn.Module, input_ids: torch.Tensor, tokenizer: PreTrainedTokenizerBase,
+                       max_length: int, num_beams: int = 1, do_sample: bool = True, early_stopping: bool = False,
+                       top_k: Optional[int] = None, top_p: Optional[float] = None, temperature: Optional[float] = None,
+                       prepare_inputs_fn: Optional[Callable] = None, update_model_kwargs_fn: Optional[Callable] = None,
+                       **model_kwargs: Any) -> Iterator[torch.Tensor]:
+    """ColossalChat's streaming generation (its chat demo prints as tokens come): after each new token, the
+    left-padded `input_ids` followed by the tokens generated so far, until `max_length` tokens in all or every row
+    has stopped at the tokenizer's EOS. Sampled (`do_sample`) or greedy; beam search does not stream."""
+    if num_beams != 1:
+        raise ValueError("generate_streaming: beam search does not stream; use num_beams=1")
+    if prepare_inputs_fn is not None or update_model_kwargs_fn is not None:
+        raise ValueError("generate_streaming: coati prepares the model's inputs and KV cache itself; "
+                         "prepare_inputs_fn and update_model_kwargs_fn are not taken")
+    if max_length <= input_ids.size(1):
+        raise ValueError(f"generate_streaming: max_length {max_length} leaves no room after the "
+                         f"{input_ids.size(1)}-token prompt")
+    attention_mask = model_kwargs.get("attention_mask")
+    if attention_mask is None:
+        attention_mask = input_ids.ne(tokenizer.pad_token_id).long()
+    config = SamplingConfig(max_new_tokens=max_length - input_ids.size(1), temperature=temperature or 1.0,
+                            top_k=top_k or 0, top_p=top_p or 1.0, do_sample=do_sample)
+    engine = HFEngine(model, tokenizer.pad_token_id, [tokenizer.eos_token_id])
+    for decoded in engine.stream(input_ids, attention_mask, config):
+        yield torch.cat([input_ids, decoded.tokens[:, :decoded.steps]], dim=-1)

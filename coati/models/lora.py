@@ -3,6 +3,8 @@
 Only the adapters (and, for a reward model, its score head) train. Checkpoints keep the whole
 adapted model, so a run resumes exactly; the export merges the adapters into the base weights so
 that `from_pretrained` loads a plain model, and also writes the adapters alone in peft's format.
+ColossalChat's LoRA names (`LoraConfig`, `LoraLinear`, `LoraEmbedding`, `convert_to_lora_module`) are here
+too, as peft layers.
 """
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
@@ -10,10 +12,17 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from colossalai.booster import Booster
 from colossalai.booster.plugin import Plugin
+from peft.tuners.lora import Embedding as PeftEmbedding
+from peft.tuners.lora import Linear as PeftLinear
+from torch import nn
 from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
 
 from coati.distributed.comm import barrier
-from coati.utils.errors import CoatiUsageError
+from coati.utils.colossalchat import LORA_INIT, LoraConfig
+from coati.utils.errors import CoatiUsageError, warn_user
+
+__all__ = ["LoraConfig", "LoraEmbedding", "LoraLinear", "convert_to_lora_module", "enable_lora",
+           "export_adapter_and_merge", "peft_model_of"]
 
 
 def _task_type(model: torch.nn.Module) -> str:
@@ -23,20 +32,28 @@ def _task_type(model: torch.nn.Module) -> str:
 
 
 def enable_lora(booster: Booster, plugin: Plugin, plugin_name: str, model: torch.nn.Module, rank: int, alpha: float,
-                dropout: float = 0.0, target_modules: Sequence[str] = ("all-linear",)) -> torch.nn.Module:
-    """`model` with rank-`rank` adapters on `target_modules` and every other weight frozen; call before boosting."""
+                dropout: float = 0.0, target_modules: Sequence[str] = ("all-linear",), bias: str = "none",
+                init: str = "kaiming_uniform") -> torch.nn.Module:
+    """`model` with rank-`rank` adapters on `target_modules` and every other weight frozen (but the biases `bias`
+    names: peft's none, all or lora_only), started as `init` says (kaiming_uniform or pissa); call before
+    boosting."""
     if not plugin.support_lora():
         raise CoatiUsageError(f"--lora_rank: --plugin {plugin_name} does not support LoRA in colossalai; "
                               "use ddp, zero2, zero2_cpu or 3d")
-    from peft import LoraConfig
+    from peft import LoraConfig as PeftLoraConfig
 
     targets = "all-linear" if list(target_modules) == ["all-linear"] else list(target_modules)
-    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
-                        task_type=_task_type(model))
+    config = PeftLoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias=bias,
+                            init_lora_weights=_peft_init(init), task_type=_task_type(model))
     try:
         return booster.enable_lora(model, lora_config=config)
     except ValueError as error:
         raise CoatiUsageError(f"--lora_target_modules: {error}") from error
+
+
+def _peft_init(init: str) -> Union[bool, str]:
+    """peft's `init_lora_weights`: True is its kaiming-uniform A and zero B."""
+    return True if init == "kaiming_uniform" else init
 
 
 def peft_model_of(model: torch.nn.Module) -> Optional[Any]:
@@ -53,7 +70,76 @@ def export_adapter_and_merge(booster: Booster, model: torch.nn.Module, adapter_d
     peft_model = peft_model_of(model)
     if peft_model is None:
         return None
-    booster.save_lora_as_pretrained(model, str(adapter_dir), use_safetensors=True)
+    written = not _started_with_pissa(peft_model)
+    if written:
+        booster.save_lora_as_pretrained(model, str(adapter_dir), use_safetensors=True)
+    else:
+        warn_user("--lora_init pissa: the adapters alone are not exported (they apply to the weights PiSSA left "
+                  "in the base model, not to the base model itself); the merged model is")
     barrier()
     peft_model.merge_and_unload()
-    return Path(adapter_dir)
+    return Path(adapter_dir) if written else None
+
+
+def _started_with_pissa(peft_model: Any) -> bool:
+    return any(str(config.init_lora_weights).startswith("pissa") for config in peft_model.peft_config.values())
+
+
+class LoraLinear(PeftLinear):
+    """ColossalChat's `LoraLinear(weight, bias, r, ...)`: a linear layer over `weight` (and `bias`: a parameter,
+    True for a new zero one, None for none) with a peft LoRA adapter; the weight is frozen, the adapter trains."""
+
+    def __init__(self, weight: nn.Parameter, bias: Union[nn.Parameter, bool, None], r: int = 0, lora_alpha: int = 32,
+                 lora_dropout: float = 0.0, lora_initialization_method: str = "kaiming_uniform") -> None:
+        base = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None and bias is not False)
+        base.weight = weight
+        if isinstance(bias, nn.Parameter):
+            base.bias = bias
+        elif base.bias is not None:
+            nn.init.zeros_(base.bias)
+        super().__init__(base, "default", r=_rank(r), lora_alpha=lora_alpha, lora_dropout=lora_dropout,
+                         init_lora_weights=_peft_init(LORA_INIT[lora_initialization_method]))
+        weight.requires_grad = False
+
+
+class LoraEmbedding(PeftEmbedding):
+    """ColossalChat's `LoraEmbedding(weight, r, ...)`: an embedding over `weight` with a peft LoRA adapter (A zero,
+    B normal, for PiSSA too, as in ColossalChat; no dropout); the weight is frozen."""
+
+    def __init__(self, weight: nn.Parameter, r: int = 0, lora_alpha: int = 32, lora_dropout: float = 0.1,
+                 num_embeddings: Optional[int] = None, embedding_dim: Optional[int] = None,
+                 padding_idx: Optional[int] = None, max_norm: Optional[float] = None, norm_type: float = 2.0,
+                 scale_grad_by_freq: bool = False, sparse: bool = False,
+                 lora_initialization_method: str = "kaiming_uniform") -> None:
+        LORA_INIT[lora_initialization_method]   # a name ColossalChat does not know fails here, as there
+        base = nn.Embedding(num_embeddings or weight.shape[0], embedding_dim or weight.shape[1], padding_idx=padding_idx,
+                            max_norm=max_norm, norm_type=norm_type, scale_grad_by_freq=scale_grad_by_freq, sparse=sparse)
+        base.weight = weight
+        super().__init__(base, "default", r=_rank(r), lora_alpha=lora_alpha, lora_dropout=lora_dropout)
+        weight.requires_grad = False
+
+
+def _rank(r: int) -> int:
+    if r <= 0:
+        raise ValueError(f"LoRA rank r={r}: a LoRA layer needs r >= 1 (r=0 means no adapter: keep the plain layer)")
+    return r
+
+
+def convert_to_lora_module(module: nn.Module, lora_config: LoraConfig) -> nn.Module:
+    """ColossalChat's `convert_to_lora_module`: peft adapters, in place, on `module`'s linear and embedding layers
+    whose name is in `lora_config.target_modules` (all of them when None); every other weight is frozen, biases
+    too unless `lora_train_bias` says otherwise. r=0 leaves `module` as it is."""
+    if lora_config.r <= 0:
+        return module
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import inject_adapter_in_model
+
+    wanted = lora_config.target_modules
+    targets = [name for name, child in module.named_modules() if isinstance(child, (nn.Linear, nn.Embedding))
+               and (wanted is None or name.rsplit(".", 1)[-1] in wanted)]
+    if not targets:
+        raise ValueError(f"convert_to_lora_module: no linear or embedding layer is named {wanted}")
+    config = PeftLoraConfig(r=lora_config.r, lora_alpha=lora_config.lora_alpha,
+                            lora_dropout=lora_config.linear_lora_dropout, bias=lora_config.peft_bias,
+                            init_lora_weights=_peft_init(lora_config.peft_init), target_modules=targets)
+    return inject_adapter_in_model(config, module)

@@ -90,7 +90,7 @@ def prepare_model(model: torch.nn.Module, args: argparse.Namespace, setup: Boost
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if args.lora_rank:
         model = enable_lora(setup.booster, setup.plugin, args.plugin, model, args.lora_rank, args.lora_alpha,
-                            args.lora_dropout, args.lora_target_modules)
+                            args.lora_dropout, args.lora_target_modules, args.lora_bias, args.lora_init)
     return model
 
 

@@ -32,7 +32,13 @@ def training_parser(description: str, dataset_flag: str = "--dataset", on_policy
     model.add_argument("--lora_alpha", type=positive(), default=16, help="LoRA scaling numerator (scale = alpha / rank)")
     model.add_argument("--lora_dropout", type=in_range(0, 1, high_open=True), default=0.0, help="dropout on the LoRA path")
     model.add_argument("--lora_target_modules", nargs="+", default=["all-linear"],
-                       help="module names to adapt, or 'all-linear' for every linear layer but the output head")
+                       help="module names to adapt (linear or embedding layers), or 'all-linear' for every linear "
+                            "layer but the output head")
+    model.add_argument("--lora_bias", choices=("none", "all", "lora_only"), default="none",
+                       help="biases that train beside the adapters: none, every bias, or those of adapted layers")
+    model.add_argument("--lora_init", choices=("kaiming_uniform", "pissa"), default="kaiming_uniform",
+                       help="adapter start: A kaiming-uniform and B zero, or PiSSA (A, B from the weight's top singular "
+                            "vectors, the base keeps the rest; arXiv:2404.02948)")
 
     data = parser.add_argument_group("data")
     data.add_argument(dataset_flag, dest="dataset", nargs="+", required=True,

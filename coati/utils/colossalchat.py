@@ -7,6 +7,7 @@ instead. The README's table lists them all.
 """
 import argparse
 import json
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -20,10 +21,57 @@ COLOSSALCHAT_REWARDS = {"gsm8k_reward_fn": ["math_answer", "answer_format"],
                         "math_competition_reward_fn": ["math_answer", "answer_format"]}
 """ColossalChat's RLVR reward functions -> coati's: the answer checked against `gt_answer`, plus its format."""
 
-LORA_KEYS = {"r": "lora_rank", "lora_alpha": "lora_alpha", "linear_lora_dropout": "lora_dropout",
-             "target_modules": "lora_target_modules"}
-LORA_FIXED = {"embedding_lora_dropout": 0.0, "lora_train_bias": "none", "lora_initialization_method": "kaiming_uniform"}
-"""ColossalChat `LoraConfig` fields coati has no setting for, with the only value it can honour."""
+LORA_BIAS = {"none": "none", "all": "all", "lora": "lora_only"}
+"""ColossalChat's `lora_train_bias` -> peft's `bias`: which biases train beside the adapters."""
+LORA_INIT = {"kaiming_uniform": "kaiming_uniform", "PiSSA": "pissa"}
+"""ColossalChat's `lora_initialization_method` -> coati's `--lora_init` (peft's `init_lora_weights`)."""
+
+
+@dataclass
+class LoraConfig:
+    """ColossalChat's LoRA settings, as its `lora_config.json` spells them (`coati.models.lora.LoraConfig`).
+    `target_modules` None adapts every linear and embedding layer. Embedding adapters take no dropout, in peft
+    as in ColossalChat, so `embedding_lora_dropout` is read and not applied."""
+
+    r: int = 0
+    lora_alpha: int = 32
+    linear_lora_dropout: float = 0.1
+    embedding_lora_dropout: float = 0.0
+    lora_train_bias: str = "none"
+    lora_initialization_method: str = "kaiming_uniform"
+    target_modules: Optional[List[str]] = None
+
+    def __post_init__(self) -> None:
+        if self.lora_train_bias not in LORA_BIAS:
+            raise ValueError(f"lora_train_bias={self.lora_train_bias!r}: expected one of {', '.join(LORA_BIAS)}")
+        if self.lora_initialization_method not in LORA_INIT:
+            raise ValueError(f"lora_initialization_method={self.lora_initialization_method!r}: expected one of "
+                             f"{', '.join(LORA_INIT)}")
+
+    @classmethod
+    def from_file(cls, config_file: str) -> "LoraConfig":
+        """The settings in a ColossalChat LoRA JSON file; an unknown key or value is one `CoatiUsageError` line."""
+        try:
+            config = json.loads(Path(config_file).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CoatiUsageError(f"--lora_config {config_file}: {exc}") from None
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(config) - known)
+        if unknown:
+            raise CoatiUsageError(f"--lora_config {config_file}: unknown key {unknown[0]!r}; expected {', '.join(sorted(known))}")
+        try:
+            return cls(**config)
+        except ValueError as error:
+            raise CoatiUsageError(f"--lora_config {config_file}: {error}") from None
+
+    @property
+    def peft_bias(self) -> str:
+        return LORA_BIAS[self.lora_train_bias]
+
+    @property
+    def peft_init(self) -> str:
+        return LORA_INIT[self.lora_initialization_method]
+
 
 REFUSED: Dict[str, Dict[str, str]] = {
     "--inference_batch_size": {s: "generation runs on each rank's --batch_size prompts at once; lower --batch_size"
@@ -161,19 +209,14 @@ def attention_implementation(args: argparse.Namespace) -> Optional[str]:
 
 
 def _apply_lora_config(args: argparse.Namespace, path: Path) -> None:
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CoatiUsageError(f"--lora_config {path}: {exc}") from None
-    for key, value in config.items():
-        if key in LORA_KEYS:
-            if value is not None:
-                setattr(args, LORA_KEYS[key], value)
-        elif key in LORA_FIXED:
-            if value != LORA_FIXED[key]:
-                raise CoatiUsageError(f"--lora_config {path}: {key}={value!r} is not supported; coati uses {LORA_FIXED[key]!r}")
-        else:
-            raise CoatiUsageError(f"--lora_config {path}: unknown key {key!r}; expected {', '.join([*LORA_KEYS, *LORA_FIXED])}")
+    config = LoraConfig.from_file(str(path))
+    args.lora_rank, args.lora_alpha, args.lora_dropout = config.r, config.lora_alpha, config.linear_lora_dropout
+    args.lora_bias, args.lora_init = config.peft_bias, config.peft_init
+    if config.target_modules is not None:
+        args.lora_target_modules = list(config.target_modules)
+    if config.embedding_lora_dropout:
+        warn_user(f"--lora_config {path}: embedding_lora_dropout={config.embedding_lora_dropout} is not applied "
+                  "(embedding adapters take no dropout, in peft as in ColossalChat)")
 
 
 def _reward_names(specs: Sequence[str]) -> List[str]:
