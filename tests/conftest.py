@@ -53,6 +53,12 @@ PROCESS_GROUP_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MA
 process's store instead of starting its own."""
 
 
+def checkpoint_names(save_dir: Path) -> list:
+    """The checkpoint folders (`epoch-E_step-S`) in `save_dir`, by name: not the final model a script exports there
+    without --output_dir (`modeling`, ColossalChat's place)."""
+    return sorted(p.name for p in Path(save_dir).iterdir() if p.name.startswith("epoch-"))
+
+
 def child_env(**extra: str) -> dict:
     """The environment for a script started from a test: this one without the process-group variables, with
     TORCHRUN_ENV and `extra`."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SCRIPTS, child_env, torchrun
+from conftest import REPO, SCRIPTS, checkpoint_names, child_env, torchrun
 
 PREPARE = REPO / "examples" / "data_preparation_scripts" / "prepare_dataset.py"
 
@@ -64,7 +64,7 @@ def _checkpoints(root: Path, assets) -> dict:
                       str(assets["sft_train"]), "--batch_size", "16", "--max_steps", "1", "--save_dir",
                       str(root / "ckpt"), "--plugin", "ddp")
     assert result.returncode == 0, result.stderr[-3000:]
-    good = next((root / "ckpt").iterdir())
+    good = root / "ckpt" / checkpoint_names(root / "ckpt")[0]
     other = root / "other_size_run"
     result = torchrun(SCRIPTS / "train_sft.py", 1, "--pretrain", str(root / "small_model"), "--dataset",
                       str(assets["sft_train"]), "--batch_size", "16", "--max_steps", "1", "--save_dir", str(other),
@@ -77,7 +77,7 @@ def _checkpoints(root: Path, assets) -> dict:
     incomplete = root / "ckpt_incomplete" / good.name
     shutil.copytree(good, incomplete)
     (incomplete / "COMPLETE").unlink()
-    return {"ckpt": str(good), "ckpt_dir": str(root / "ckpt"), "ckpt_other_size": str(next(other.iterdir())),
+    return {"ckpt": str(good), "ckpt_dir": str(root / "ckpt"), "ckpt_other_size": str(other / checkpoint_names(other)[0]),
             "ckpt_truncated": str(truncated), "ckpt_incomplete": str(incomplete)}
 
 
@@ -90,7 +90,7 @@ def _raw_files(root: Path, assets) -> dict:
     raw["malformed"].write_text('{"messages": [}\n')
     raw["missing_field"].write_text('{"msgs": []}\n')
     raw["template_bad_json"].write_text('{"chat_template": "{{ x }}",\n "end_of_turn_token": }\n')
-    raw["template_no_field"].write_text('{"end_of_turn_token": "</s>"}\n')
+    raw["template_no_field"].write_text('{"chat_template": 5, "end_of_turn_token": "</s>"}\n')
     (root / "raw_dir").mkdir()
     (root / "raw_dir" / "notes.xyz").write_text("no data here\n")
     paths = {k: str(v) for k, v in raw.items()}
@@ -159,8 +159,8 @@ CASES = [
     ("num_episodes_0", lambda p: _grpo(p, "--num_episodes", "0"), "--num_episodes: must be >= 1"),
     ("rl_max_steps", lambda p: _grpo(p, "--max_steps", "3"), "unrecognized arguments: --max_steps 3"),
     ("save_freq_secs_without_save_dir", lambda p: _grpo(p, "--save_freq_secs", "60"), "--save_freq_secs needs --save_dir"),
-    ("colossalchat_refused", lambda p: _grpo(p, "--inference_batch_size", "4"),
-     "--inference_batch_size is ColossalChat's and coati does not take it: generation runs on each rank's"),
+    ("colossalchat_refused", lambda p: _grpo(p, "--max_tokens_thinking", "4"),
+     "--max_tokens_thinking is ColossalChat's and coati does not take it: use --max_new_tokens"),
     ("rl_max_epochs", lambda p: _grpo(p, "--max_epochs", "2"), "unrecognized arguments: --max_epochs"),
     ("kl_coef_negative", lambda p: _grpo(p, "--kl_coef", "-0.1"), "--kl_coef: must be >= 0"),
     ("kl_target_without_kl_coef", lambda p: _grpo(p, "--kl_target", "6"), "--kl_target 6.0 adapts --kl_coef, which must start above 0"),
@@ -246,7 +246,7 @@ CASES = [
     ("prep_template_bad_json", lambda p: _prep(p, "--conversation_template_config", p["template_bad_json"]),
      "template.json:2: invalid JSON"),
     ("prep_template_no_field", lambda p: _prep(p, "--conversation_template_config", p["template_no_field"]),
-     "field 'chat_template' is missing"),
+     "field 'chat_template' is not a string"),
     ("prep_everything_truncated", lambda p: _prep(p, "--max_length", "3"), "all 96 rows were dropped by truncation"),
     ("prep_tokenizer_missing", lambda p: ("prepare_dataset", ["--type", "sft", "--data_input_dirs", p["sft_train_raw"],
                                                               "--tokenizer_dir", p["empty"] + "/nope",

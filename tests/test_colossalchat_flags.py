@@ -134,7 +134,7 @@ def test_a_colossalchat_sft_command_line_means_the_same_here(files, monkeypatch,
     args = _parse("sft", ["--pretrain", "m", "--dataset", "d", "--save_path", str(tmp_path / "out"), "--max_len", "256",
                           "--lora_config", str(files["--lora_config"]), "--disable_loss_mask", "--max_epochs", "2"],
                   monkeypatch)
-    assert args.save_dir == args.output_dir == str(tmp_path / "out") and args.max_length == 256
+    assert args.save_dir == str(tmp_path / "out") and args.output_dir is None and args.max_length == 256
     assert (args.lora_rank, args.lora_alpha, args.lora_dropout) == (8, 32, 0.05) and args.disable_loss_mask
 
 
@@ -155,9 +155,9 @@ def test_colossalchat_rl_flags_map_to_ours(files, monkeypatch):
 def test_colossalchat_values_coati_cannot_honour_are_refused(argv, message, monkeypatch, capsys, tmp_path):
     if "BAD" in argv:
         bad = tmp_path / "lora.json"
-        bad.write_text(json.dumps({"r": 4, "lora_train_bias": "all"}))
+        bad.write_text(json.dumps({"r": 4, "lora_train_bias": "some"}))
         argv = ["--lora_config", str(bad)]
-        message = "lora_train_bias='all' is not supported"
+        message = "lora_train_bias='some': expected one of none, all, lora"
     with pytest.raises(SystemExit) as exit_:
         _parse("dpo", ["--pretrain", "m", "--dataset", "d", *argv], monkeypatch)
     assert exit_.value.code == 2 and message in capsys.readouterr().err

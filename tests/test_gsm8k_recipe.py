@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from coati.dataset.demo_data import generate_problems, gsm8k_records, write_jsonl
-from conftest import REPO, child_env
+from conftest import REPO, checkpoint_names, child_env
 
 RECIPE = REPO / "applications" / "gsm8k_rlvr" / "run_gsm8k.py"
 
@@ -24,7 +24,7 @@ def test_gsm8k_recipe_saves_and_evaluates_on_its_cadence(tiny_assets, tmp_path, 
            *rollout, "--", "--batch_size", "2", "--num_generations", "4", "--max_new_tokens", "8"]
     result = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
-    assert sorted(p.name.split("_")[1] for p in (out / "checkpoints").iterdir()) == ["step-3", "step-6"]
+    assert [name.split("_")[1] for name in checkpoint_names(out / "checkpoints")] == ["step-3", "step-6"]
     history = json.loads((out / "eval_results.json").read_text())
     assert list(history) == ["0", "4", "5", "6"]         # before, an epoch's end, the 5th, the last
     assert all(0 <= h["eval/rewards/math_answer"] <= 1 for h in history.values())

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from coati.dataset import SupervisedCollator
 from coati.dataset.demo_data import generate_problems, sft_records, write_jsonl
 from coati.dataset.prepare import prepare_sft
-from conftest import SCRIPTS, torchrun
+from conftest import SCRIPTS, checkpoint_names, torchrun
 
 
 def _sft(assets, out: Path, *extra: str):
@@ -58,7 +58,7 @@ def test_two_process_run_logs_checkpoints_and_resumes_exactly(tiny_assets, tmp_p
     assert evaluated == pytest.approx(_held_out_loss(full / "final" / "model", tiny_assets["sft_eval"]), rel=1e-4)
     assert records[-1]["train/loss"] < records[0]["train/loss"]
     assert list((full / "logs" / "tensorboard").glob("events.out.tfevents.*"))
-    checkpoints = sorted(p.name for p in (full / "ckpt").iterdir())
+    checkpoints = checkpoint_names(full / "ckpt")
     assert checkpoints == ["epoch-0_step-2", "epoch-1_step-4", "epoch-2_step-6"]
     mid = full / "ckpt" / "epoch-0_step-2"
     assert (mid / "COMPLETE").is_file() and (mid / "rng_state_rank1.pt").is_file()

@@ -3,13 +3,13 @@ import dataclasses
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
 from coati.models.critic import action_values
 from coati.models.generation import GenerationOutput, InferenceEngine, SamplingConfig, through_last
-from coati.models.logprobs import action_logps
+from coati.models.logprobs import action_logps, in_row_chunks
 from coati.models.loss import kl_penalty, masked_mean, masked_var
 from coati.rewards import WeightedReward
 
@@ -89,6 +89,9 @@ class RolloutConfig:
     optimizer step per update pass): the old log-probs then equal the learning forward's own, which are taken
     detached instead (as TRL does with one iteration), one forward fewer per batch. With a reference model the
     forward stays (the KL to it is logged, and adapted, from the experience)."""
+    forward_batch_size: int = 0
+    """Rows per forward when the experience's log-probs, values and reward-model scores are computed, to bound
+    memory (`--logits_forward_batch_size`; 0: all rows at once)."""
 
 
 @dataclass(frozen=True)
@@ -183,7 +186,7 @@ class ExperienceMaker:
     def __init__(self, actor: torch.nn.Module, engine: InferenceEngine, tokenizer: Any,
                  reward_fn: Optional[WeightedReward], config: RolloutConfig,
                  ref_model: Optional[torch.nn.Module] = None, reward_model: Optional[torch.nn.Module] = None) -> None:
-        self.scorer = Scorer(tokenizer, reward_fn, reward_model)
+        self.scorer = Scorer(tokenizer, reward_fn, reward_model, config.forward_batch_size)
         self.actor, self.engine, self.tokenizer = actor, engine, tokenizer
         self.config, self.ref_model = config, ref_model
 
@@ -221,12 +224,18 @@ class ExperienceMaker:
         logps = ref_logps = kl = None
         if self.config.old_log_probs_at_collection or self.ref_model is not None:
             with timer.phase("actor_forward"):
-                logps = action_logps(self.actor, out.sequences, out.attention_mask, out.prompt_length)
+                logps = self._per_rows(lambda rows: action_logps(self.actor, out.sequences[rows],
+                                                                 out.attention_mask[rows], out.prompt_length), out)
         if self.ref_model is not None:
             with timer.phase("reference_forward"):
-                ref_logps = action_logps(self.ref_model, out.sequences, out.attention_mask, out.prompt_length)
+                ref_logps = self._per_rows(lambda rows: action_logps(self.ref_model, out.sequences[rows],
+                                                                     out.attention_mask[rows], out.prompt_length), out)
             kl = kl_penalty(logps, ref_logps, self.config.kl_estimator) * out.action_mask
         return _Rollout(scored, logps, ref_logps, kl, self._terminated(out), timer.seconds)
+
+    def _per_rows(self, forward: Callable[[slice], torch.Tensor], out: GenerationOutput) -> torch.Tensor:
+        """`forward` over `out`'s rows, `config.forward_batch_size` at a time."""
+        return in_row_chunks(forward, out.sequences.size(0), self.config.forward_batch_size)
 
     def _terminated(self, out: GenerationOutput) -> torch.Tensor:
         """Per row: whether the completion ended with a stop token (rather than at the length limit)."""
@@ -336,7 +345,8 @@ class PPOExperienceMaker(ExperienceMaker):
     def _experience(self, r: _Rollout, **fields_: Any) -> Experience:
         mask = r.out.action_mask
         start = time.perf_counter()
-        values = action_values(self.critic, r.out.sequences, r.out.attention_mask, r.out.prompt_length) * mask
+        values = self._per_rows(lambda rows: action_values(self.critic, r.out.sequences[rows], r.out.attention_mask[rows],
+                                                           r.out.prompt_length), r.out) * mask
         r.timing["critic_forward"] = time.perf_counter() - start
         token_rewards = last_token_rewards(r.scored.rewards, mask)
         if r.kl is not None:

@@ -6,6 +6,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from coati.models.generation import GenerationOutput, concat_outputs
+from coati.models.logprobs import in_row_chunks
 from coati.models.reward_model import sequence_rewards
 from coati.rewards import WeightedReward
 from coati.rewards.remote import Sequences
@@ -20,13 +21,15 @@ Scores = Tuple[List[float], Dict[str, List[float]]]
 class Scorer:
     """Decodes completions (special tokens left out) and scores them: `reward_fn` on the text with the prompt
     row's other fields, plus `reward_model`'s score of the token sequences (the component `reward_model`) when
-    one is given. Returns (total per completion, components by name)."""
+    one is given (`forward_batch_size` rows per forward; 0: all at once). Returns (total per completion, components
+    by name)."""
 
     def __init__(self, tokenizer: Any, reward_fn: Optional[WeightedReward] = None,
-                 reward_model: Optional[torch.nn.Module] = None) -> None:
+                 reward_model: Optional[torch.nn.Module] = None, forward_batch_size: int = 0) -> None:
         if reward_fn is None and reward_model is None:
             raise ValueError("a scorer needs a reward function or a reward model")
         self.tokenizer, self.reward_fn, self.reward_model = tokenizer, reward_fn, reward_model
+        self.forward_batch_size = forward_batch_size
         self._pending: List[Tuple[Sequence[str], Sequence[str], Dict[str, Sequence[Any]], Optional[GenerationOutput],
                                   asyncio.Future]] = []
 
@@ -63,7 +66,9 @@ class Scorer:
         if self.reward_model is not None:
             if out is None:
                 raise ValueError("a reward model scores token sequences: pass the generation output")
-            scores = sequence_rewards(self.reward_model, out.sequences, out.attention_mask).tolist()
+            scores = in_row_chunks(lambda rows: sequence_rewards(self.reward_model, out.sequences[rows],
+                                                                 out.attention_mask[rows]),
+                                   out.sequences.size(0), self.forward_batch_size).tolist()
             components = {**components, REWARD_MODEL: scores}
             total = [t + s for t, s in zip(total, scores)]
         return total, components

@@ -89,12 +89,15 @@ def sample_next(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
 
 
 class HFEngine:
-    """Generation with a transformers causal LM (the actor itself: weights are shared, never copied)."""
+    """Generation with a transformers causal LM (the actor itself: weights are shared, never copied), at most
+    `max_batch_rows` rows decoded at once (0: every row of a call), to bound the KV cache's memory."""
 
-    def __init__(self, model: torch.nn.Module, pad_token_id: int, stop_token_ids: Sequence[int]) -> None:
+    def __init__(self, model: torch.nn.Module, pad_token_id: int, stop_token_ids: Sequence[int],
+                 max_batch_rows: int = 0) -> None:
         self.model = model
         self.pad_token_id = pad_token_id
         self.stop_token_ids = tuple(stop_token_ids)
+        self.max_batch_rows = max_batch_rows
 
     def _forward(self, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -107,17 +110,27 @@ class HFEngine:
         """Completions of the left-padded prompts; with `logprobs`, each sampled token's log-prob, read off the
         sampling step's own logits (at temperature 1, as the trainer computes them), so no second forward is
         needed for behaviour log-probs."""
-        for decoded in self.stream(input_ids, attention_mask, config, logprobs):
-            pass
-        action_mask = torch.arange(config.max_new_tokens, device=input_ids.device) < decoded.lengths.unsqueeze(-1)
-        tokens = decoded.tokens.masked_fill(~action_mask, self.pad_token_id)
+        rows = input_ids.size(0)
+        size = self.max_batch_rows or rows
+        decoded = [self._decode(input_ids[start:start + size], attention_mask[start:start + size], config, logprobs)
+                   for start in range(0, rows, size)]
+        lengths = torch.cat([d.lengths for d in decoded])
+        action_mask = torch.arange(config.max_new_tokens, device=input_ids.device) < lengths.unsqueeze(-1)
+        tokens = torch.cat([d.tokens for d in decoded]).masked_fill(~action_mask, self.pad_token_id)
+        token_logps_ = torch.cat([d.logprobs for d in decoded]) if logprobs else None
         return GenerationOutput(
             sequences=torch.cat([input_ids, tokens], dim=-1),
             attention_mask=torch.cat([attention_mask, action_mask.to(attention_mask.dtype)], dim=-1),
             action_mask=action_mask,
             prompt_length=input_ids.size(1),
-            logprobs=None if decoded.logprobs is None else decoded.logprobs * action_mask,
+            logprobs=None if token_logps_ is None else token_logps_ * action_mask,
         )
+
+    def _decode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, config: SamplingConfig,
+                logprobs: bool) -> "Decoded":
+        for decoded in self.stream(input_ids, attention_mask, config, logprobs):
+            pass
+        return decoded
 
     @torch.no_grad()
     def stream(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, config: SamplingConfig,

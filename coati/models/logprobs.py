@@ -15,6 +15,14 @@ def mask_positions(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def in_row_chunks(forward: Callable[[slice], torch.Tensor], rows: int, chunk: int) -> torch.Tensor:
+    """`forward(rows)` over slices of at most `chunk` rows (0: all at once), concatenated: the same values with a
+    smaller peak of activation memory."""
+    if not chunk or chunk >= rows:
+        return forward(slice(0, rows))
+    return torch.cat([forward(slice(start, min(start + chunk, rows))) for start in range(0, rows, chunk)])
+
+
 LOGP_CHUNK_ROWS = 1024
 """Positions whose log-softmax (or entropy) is taken at once: the float copy and exp() of a chunk's logits are the
 only vocabulary-sized temporaries, and with gradients each chunk is recomputed in backward where it would keep one."""

@@ -1,7 +1,7 @@
 """The set-up on-policy scripts share: prompts, actor, reference, engine, reward, trainer, export.
 
-`run_grpo` and `run_ppo` differ only in their experience maker and trainer (and PPO's critic,
-reward model and ptx data); everything else is `_run`.
+`run_grpo` and `run_ppo` differ only in their experience maker and trainer (and PPO's critic); everything
+else is `_run`.
 """
 import argparse
 import json
@@ -69,16 +69,27 @@ def _one_update_per_experience(args: argparse.Namespace) -> bool:
     return args.num_update_steps == 1 and _micro_batches_per_pass(args) <= args.accumulation_steps
 
 
+DEFAULT_REWARD = "math_answer"
+
+
+def _reward_specs(args: argparse.Namespace) -> List[str]:
+    """`--reward_fn`; when it is not given, `DEFAULT_REWARD`, or nothing beside a reward model."""
+    if args.reward_fn is not None:
+        return list(args.reward_fn)
+    return [] if args.rm_pretrain else [DEFAULT_REWARD]
+
+
 def _reward_fn(args: argparse.Namespace) -> Optional[WeightedReward]:
     """The flags' reward functions, the built-ins configured by their flags."""
-    if not args.reward_fn:
+    specs = _reward_specs(args)
+    if not specs:
         return None
     limits = SandboxLimits(cpu_s=args.sandbox_timeout, wall_s=2 * args.sandbox_timeout,
                            memory_mb=args.sandbox_memory_mb, processes=args.sandbox_processes)
     servers = {spec: RemoteReward(spec, args.reward_server_timeout, args.reward_server_retries)
-               for spec in (split_spec(s)[0] for s in args.reward_fn) if is_url(spec)}
+               for spec in (split_spec(s)[0] for s in specs) if is_url(spec)}
     builtins = {**BUILTIN, "code_tests": CodeTests(limits, args.sandbox_workers, args.code_all_or_nothing), **servers}
-    return WeightedReward.from_specs(args.reward_fn, args.reward_timeout, builtins)
+    return WeightedReward.from_specs(specs, args.reward_timeout, builtins)
 
 
 def _policy_loss(args: argparse.Namespace) -> PolicyLoss:
@@ -131,8 +142,8 @@ def _run(args: argparse.Namespace, build: Callable[..., RolloutTrainer]) -> Roll
     actor, optimizer, scheduler, _ = setup.boost(actor, optimizer, scheduler)
     reference = frozen_reference(args, setup) if args.kl_coef > 0 else None
     generator = actor.unwrap(unwrap_peft=False) if hasattr(actor, "unwrap") else actor
-    engine = HFEngine(generator, tokenizer.pad_token_id, _stop_ids(args, tokenizer))
-    kwargs = _trainer_kwargs(args, setup, coordinator, held_out)
+    engine = HFEngine(generator, tokenizer.pad_token_id, _stop_ids(args, tokenizer), args.inference_batch_size)
+    kwargs = {**_trainer_kwargs(args, setup, coordinator, held_out), **_ptx(args, setup, tokenizer)}
     if args.rollout_backend == "vllm" and not getattr(args, "async_rollout", False):
         kwargs["rollout_engine"] = _vllm_pool(args, tokenizer)
     trainer = build(args, setup, tokenizer, actor, optimizer, scheduler, engine, reference, prompts, kwargs)
@@ -142,12 +153,22 @@ def _run(args: argparse.Namespace, build: Callable[..., RolloutTrainer]) -> Roll
         coordinator.print_on_master(resumed_line(checkpoint, f"episode {trainer.start_episode}"))
     trainer.fit(args.num_episodes, args.num_collect_steps, args.num_update_steps,
                 metrics_logger=open_logger(args, type(trainer), trainer.start_episode if checkpoint else None))
-    if args.output_dir:
-        if trainer.eval_history and coordinator.is_master():
-            Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-            (Path(args.output_dir) / "eval_results.json").write_text(json.dumps(trainer.eval_history, indent=2))
-        export_model(args, setup, actor, tokenizer, coordinator)
+    if args.output_dir and trainer.eval_history and coordinator.is_master():
+        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(args.output_dir) / "eval_results.json").write_text(json.dumps(trainer.eval_history, indent=2))
+    export_model(args, setup, actor, tokenizer, coordinator)
     return trainer
+
+
+def _ptx(args: argparse.Namespace, setup: Any, tokenizer: Any) -> Dict[str, Any]:
+    """The trainer's ptx arguments: `--ptx_dataset`'s supervised batches and `--ptx_coef`, when it is above 0."""
+    if args.ptx_coef <= 0:
+        return {}
+    if not args.ptx_dataset:
+        raise CoatiUsageError("--ptx_coef > 0 needs --ptx_dataset (prepared sft data)")
+    loader = build_dataloader(setup.plugin, load_prepared(args.ptx_dataset, "sft"), args.ptx_batch_size or args.batch_size,
+                              SupervisedCollator(tokenizer.pad_token_id, args.max_length), True, args.seed)
+    return dict(ptx_dataloader=loader, ptx_coef=args.ptx_coef)
 
 
 def _kl_controller(args: argparse.Namespace) -> KLController:
@@ -162,10 +183,12 @@ def _build_grpo(args, setup, tokenizer, actor, optimizer, scheduler, engine, ref
                             max_sampling_rounds=args.max_sampling_rounds, reward_shaping=tuple(args.reward_shaping),
                             shaping=ShapingConfig(args.max_new_tokens, args.overlong_buffer_len,
                                                   args.overlong_penalty_factor),
-                            old_log_probs_at_collection=not _one_update_per_experience(args))
+                            old_log_probs_at_collection=not _one_update_per_experience(args),
+                            forward_batch_size=args.logits_forward_batch_size)
     temperature = (TemperatureController(args.maxent_tau, args.maxent_target_entropy, args.maxent_tau_lr)
                    if args.adv_estimator == "maxent" else None)
-    maker = GRPOExperienceMaker(actor, engine, tokenizer, _reward_fn(args), config, reference, temperature=temperature)
+    maker = GRPOExperienceMaker(actor, engine, tokenizer, _reward_fn(args), config, reference,
+                                _frozen_reward_model(args, tokenizer), temperature=temperature)
     if args.async_rollout:
         kwargs["source"] = AsyncRollouts(maker, actor, len(prompts.dataset), **_rollout_side(args, maker))
     return GRPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler,
@@ -225,8 +248,9 @@ def _check_backend(args: argparse.Namespace) -> None:
 
 def run_grpo(args: argparse.Namespace) -> GRPOTrainer:
     """GRPO as the flags say: held-out reward before and after (with `--eval_dataset`), then the export."""
-    if not args.reward_fn:
-        raise CoatiUsageError("--reward_fn: GRPO needs at least one reward function")
+    if not _reward_specs(args) and not args.rm_pretrain:
+        raise CoatiUsageError("GRPO needs a reward: --reward_fn (at least one function) and/or --rm_pretrain "
+                              "(a trained reward model)")
     if args.num_generations < 2:
         raise CoatiUsageError(f"--num_generations {args.num_generations}: GRPO needs at least 2 completions per prompt, "
                               "since each completion's advantage is its reward relative to the others of its group")
@@ -262,24 +286,19 @@ def _build_ppo(args, setup, tokenizer, actor, optimizer, scheduler, engine, refe
     config = PPOConfig(sampling=_sampling(args), kl_estimator=args.kl_estimator, samples_per_prompt=args.num_generations,
                            kl_coef=args.kl_coef, gamma=args.gamma, lam=args.lam,
                            whiten_advantages=not args.no_whiten_advantages,
-                           old_log_probs_at_collection=not _one_update_per_experience(args))
+                           old_log_probs_at_collection=not _one_update_per_experience(args),
+                           forward_batch_size=args.logits_forward_batch_size)
     maker = PPOExperienceMaker(actor, critic, engine, tokenizer, _reward_fn(args), config, reference,
                                _frozen_reward_model(args, tokenizer), kl_controller=_kl_controller(args))
-    ptx = None
-    if args.ptx_coef > 0:
-        if not args.ptx_dataset:
-            raise CoatiUsageError("--ptx_coef > 0 needs --ptx_dataset (prepared sft data)")
-        ptx = build_dataloader(setup.plugin, load_prepared(args.ptx_dataset, "sft"), args.ptx_batch_size or args.batch_size,
-                               SupervisedCollator(tokenizer.pad_token_id, args.max_length), True, args.seed)
     return PPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler, critic=critic,
                       critic_optim=critic_optim, critic_booster=critic_setup.booster, critic_lr_scheduler=critic_scheduler,
-                      value_loss=ValueLoss(args.value_clip), ptx_dataloader=ptx, ptx_coef=args.ptx_coef, **kwargs)
+                      value_loss=ValueLoss(args.value_clip), **kwargs)
 
 
 def run_ppo(args: argparse.Namespace) -> PPOTrainer:
     """PPO as the flags say: rewards from `--rm_pretrain` and/or `--reward_fn`, a critic from
     `--critic_pretrain` (default: the reward model), KL-penalised to the reference; then the export."""
-    if not args.rm_pretrain and not args.reward_fn:
+    if not args.rm_pretrain and not _reward_specs(args):
         raise CoatiUsageError("PPO needs a reward: --rm_pretrain (a trained reward model) and/or --reward_fn")
     _reward_fn(args)
     _check_kl_control(args)

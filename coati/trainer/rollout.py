@@ -17,7 +17,7 @@ from coati.utils.stats_tracker import StatsTracker
 
 from .base import LogCadence, OLTrainer, move_to_device
 from .callbacks import Callback, fire
-from .components import POLICY_LOSS_EXTREMES, Accumulation, CriticUpdate, LossTerm, actor_loss
+from .components import POLICY_LOSS_EXTREMES, Accumulation, CriticUpdate, LossTerm, PtxTerm, actor_loss
 from .sources import CyclingLoader, LocalRollouts, RolloutSource
 
 SAMPLE_TABLE = "completions"
@@ -31,7 +31,9 @@ class RolloutTrainer(OLTrainer):
     micro-batches of `train_batch_size`.
 
     The actor's step is `actor_loss`: `policy_loss` minus `entropy_coef` times the entropy plus each of
-    `loss_terms` (GRPO's KL term, PPO's ptx loss); `critic`, when given, learns from the same micro-batches. After
+    `loss_terms` (GRPO's KL term) and, with `ptx_dataloader` and `ptx_coef` > 0, `ptx_coef` times the
+    language-modelling loss on one supervised batch per step (InstructGPT's ptx, a `PtxTerm`, which keeps the policy
+    close to its supervised behaviour); `critic`, when given, learns from the same micro-batches. After
     the updates the source learns of the new weights and the controllers (`_adapt`) move. When `evaluator` says
     so (default: every `eval_interval` episodes), before the first and after the last, the held-out prompts are
     completed greedily and scored; every `sample_log_interval` episodes a sample table goes to the metrics logger.
@@ -71,6 +73,8 @@ class RolloutTrainer(OLTrainer):
         rollout_engine: Optional[Any] = None,
         loss_terms: Sequence[LossTerm] = (),
         critic: Optional[CriticUpdate] = None,
+        ptx_dataloader: Optional[Any] = None,
+        ptx_coef: float = 0.0,
     ) -> None:
         super().__init__(actor_booster, critic_booster, [], callbacks, coordinator=coordinator,
                          skip_nonfinite=skip_nonfinite, logging=logging)
@@ -93,6 +97,8 @@ class RolloutTrainer(OLTrainer):
         self.prompts_trained = 0
         self.controllers: Dict[str, Any] = {}
         self.loss_terms, self.critic = list(loss_terms), critic
+        if ptx_dataloader is not None and ptx_coef > 0:
+            self.loss_terms.append(PtxTerm(self.actor, CyclingLoader(ptx_dataloader, self.device), ptx_coef))
         self._num_episodes = 0
 
     # ---- the parts an algorithm brings ------------------------------------------------------------

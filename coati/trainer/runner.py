@@ -94,13 +94,25 @@ def prepare_model(model: torch.nn.Module, args: argparse.Namespace, setup: Boost
     return model
 
 
+def export_dir(args: argparse.Namespace) -> Optional[Path]:
+    """Where the final model goes: `--output_dir/model`; with `--save_dir` alone, `--save_dir/modeling`, where
+    ColossalChat's scripts write it (and its next stage reads it); None with neither."""
+    if args.output_dir:
+        return Path(args.output_dir) / "model"
+    return Path(args.save_dir) / "modeling" if args.save_dir else None
+
+
 def export_model(args: argparse.Namespace, setup: BoostSetup, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
                  coordinator: DistCoordinator) -> None:
-    """The final model in HF format under `--output_dir/model`; with LoRA, adapters merged and also kept alone."""
-    adapter = export_adapter_and_merge(setup.booster, model, Path(args.output_dir) / "adapter")
+    """The final model in HF format at `export_dir(args)` (if any); with LoRA, adapters merged and also kept alone
+    beside it, in `adapter`."""
+    target = export_dir(args)
+    if target is None:
+        return
+    adapter = export_adapter_and_merge(setup.booster, model, target.parent / "adapter")
     if adapter:
         coordinator.print_on_master(f"saved LoRA adapter to {adapter}")
-    path = save_hf_model(Path(args.output_dir) / "model", setup.booster, model, tokenizer, coordinator)
+    path = save_hf_model(target, setup.booster, model, tokenizer, coordinator)
     coordinator.print_on_master(f"saved HF model to {path}")
 
 
@@ -247,6 +259,5 @@ def run_supervised(
         trainer.load_checkpoint(checkpoint)
         coordinator.print_on_master(resumed_line(checkpoint, f"epoch {trainer.start_epoch}, step {trainer.step}"))
     trainer.fit(train_loader, eval_loader, metrics_logger=open_logger(args, trainer_cls, trainer.step if checkpoint else None))
-    if args.output_dir:
-        export_model(args, setup, model, tokenizer, coordinator)
+    export_model(args, setup, model, tokenizer, coordinator)
     return trainer

@@ -74,7 +74,8 @@ def training_parser(description: str, dataset_flag: str = "--dataset", on_policy
                             "the metrics); one more stops the run (0: the first one stops it)")
 
     ckpt = parser.add_argument_group("checkpoints")
-    ckpt.add_argument("--save_dir", default=None, help="where checkpoints epoch-{e}_step-{s} are written")
+    ckpt.add_argument("--save_dir", default=None, help="where checkpoints epoch-{e}_step-{s} are written (and, "
+                      "without --output_dir, the final model, in save_dir/modeling as ColossalChat writes it)")
     ckpt.add_argument("--save_interval", type=at_least(0), default=0,
                       help=f"save every N {'episodes' if on_policy else 'optimizer steps'} (0: only at the end)")
     ckpt.add_argument("--save_freq_epochs", type=at_least(0), default=0,
@@ -148,14 +149,29 @@ def add_grpo_args(parser: argparse.ArgumentParser) -> None:
     rl.add_argument("--top_p", type=in_range(0, 1, low_open=True), default=1.0,
                     help="nucleus sampling: sample from the smallest set of tokens whose probability reaches P")
     rl.add_argument("--top_k", type=at_least(0), default=0, help="0: no top-k cut")
-    rl.add_argument("--reward_fn", nargs="+", default=["math_answer"],
-                    help="reward functions, by built-in name or package.module:function, each optionally =weight")
+    rl.add_argument("--reward_fn", nargs="+", default=None,
+                    help="reward functions, by built-in name or package.module:function, each optionally =weight "
+                         "(default: math_answer, or none beside --rm_pretrain)")
+    rl.add_argument("--rm_pretrain", default=None,
+                    help="a trained reward model (train_rm.py's exported model): its score is added to the rewards")
+    rl.add_argument("--rm_checkpoint_path", default=None,
+                    help="the reward model's weights from a train_rm.py checkpoint (save_dir/modeling, or a "
+                         "save_dir/epoch-E_step-S folder), in place of --rm_pretrain's")
+    rl.add_argument("--inference_batch_size", type=at_least(0), default=0,
+                    help="completions generated at once on each rank (0: every completion of a collect step)")
+    rl.add_argument("--logits_forward_batch_size", type=at_least(0), default=0,
+                    help="rows per forward when the experience's log-probs, values and reward-model scores are "
+                         "computed (0: all at once)")
     rl.add_argument("--reward_timeout", type=positive(), default=DEFAULT_REWARD_TIMEOUT_S,
                     help="seconds one call of a reward function may take; a call that takes longer stops the run")
     rl.add_argument("--reward_server_timeout", type=positive(), default=DEFAULT_SERVER_TIMEOUT_S,
                     help="a --reward_fn http://... server: seconds one request may take")
     rl.add_argument("--reward_server_retries", type=at_least(0), default=DEFAULT_SERVER_RETRIES,
                     help="a --reward_fn http://... server: retries of a failed request (backoff 1 s, doubling)")
+    ptx = parser.add_argument_group("ptx (InstructGPT's supervised loss beside the policy's)")
+    ptx.add_argument("--ptx_dataset", nargs="*", default=None, help="prepared sft data for the ptx loss")
+    ptx.add_argument("--ptx_coef", type=non_negative(), default=0.0, help="weight of the ptx (supervised) loss")
+    ptx.add_argument("--ptx_batch_size", type=at_least(1), default=None, help="ptx micro-batch per rank (default: --batch_size)")
     code = parser.add_argument_group("code_tests reward (programs run in a sandbox)")
     code.add_argument("--code_all_or_nothing", action="store_true",
                       help="code_tests scores 1 only when every test passes (default: the fraction passed)")
@@ -271,10 +287,9 @@ def add_async_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_ppo_args(parser: argparse.ArgumentParser) -> None:
-    """PPO's critic, reward model, GAE and ptx flags, on top of `add_grpo_args`. Here `--kl_coef` weighs
+    """PPO's critic and GAE flags, on top of `add_grpo_args`. Here `--kl_coef` weighs
     the per-token KL penalty in the reward (k1 by default), and `--reward_fn` is optional."""
     group = parser.add_argument_group("ppo")
-    group.add_argument("--rm_pretrain", default=None, help="trained reward model directory (train_rm.py --output_dir/model)")
     group.add_argument("--critic_pretrain", default=None,
                        help="critic initialisation (default: --rm_pretrain, else --pretrain with a new value head)")
     group.add_argument("--critic_lr", type=positive(), default=None, help="critic learning rate (default: --lr)")
@@ -282,7 +297,4 @@ def add_ppo_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--lam", type=in_range(0, 1), default=0.95, help="GAE lambda")
     group.add_argument("--value_clip", type=positive(), default=0.2, help="clipping range of the value loss")
     group.add_argument("--no_whiten_advantages", action="store_true", help="keep raw GAE advantages")
-    group.add_argument("--ptx_dataset", nargs="*", default=None, help="prepared sft data for the ptx loss")
-    group.add_argument("--ptx_coef", type=non_negative(), default=0.0, help="weight of the ptx (supervised) loss")
-    group.add_argument("--ptx_batch_size", type=at_least(1), default=None, help="ptx micro-batch per rank (default: --batch_size)")
     parser.set_defaults(reward_fn=[], kl_coef=0.05, kl_estimator="k1", num_generations=1)

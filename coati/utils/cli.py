@@ -5,9 +5,10 @@ is refused at parse time, before anything is loaded, and `--help` shows the rang
 """
 import argparse
 import math
+import sys
 from typing import Callable, NoReturn, Optional
 
-from coati.utils.errors import USAGE_EXIT_CODE, CoatiUsageError, fail
+from coati.utils.errors import USAGE_EXIT_CODE, CoatiUsageError, fail, warn_user
 
 
 class RangeHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -31,8 +32,14 @@ class CoatiArgumentParser(argparse.ArgumentParser):
 
     def parse_args(self, args=None, namespace=None) -> argparse.Namespace:
         """Parse, then run the parser's `post_parse` steps (e.g. translating ColossalChat's flags); a step's
-        `CoatiUsageError` is reported like any other argument error."""
-        parsed = super().parse_args(args, namespace)
+        `CoatiUsageError` is reported like any other argument error. An argument that is only blanks (a shell line
+        ending in `\\ \\`, as one of ColossalChat's own test commands does) is dropped with a warning."""
+        argv = sys.argv[1:] if args is None else list(args)
+        blank = [a for a in argv if isinstance(a, str) and a and not a.strip()]
+        if blank:
+            warn_user(f"ignoring {len(blank)} blank argument(s) {blank!r} (an escaped space in the command line?)")
+            argv = [a for a in argv if a not in blank]
+        parsed = super().parse_args(argv, namespace)
         for step in getattr(self, "post_parse", []):
             try:
                 step(parsed)

@@ -74,20 +74,11 @@ class LoraConfig:
 
 
 REFUSED: Dict[str, Dict[str, str]] = {
-    "--inference_batch_size": {s: "generation runs on each rank's --batch_size prompts at once; lower --batch_size"
-                               for s in ON_POLICY},
-    "--logits_forward_batch_size": {s: "log-probs are computed per --train_batch_size micro-batch" for s in ON_POLICY},
     "--initial_temperature": {"grpo": "use --temperature (no schedule)"},
     "--final_temperature": {"grpo": "use --temperature (no schedule)"},
     "--max_tokens_thinking": {"grpo": "use --max_new_tokens to bound the whole completion"},
-    "--rm_checkpoint_path": {s: "pass the exported reward model (train_rm.py --output_dir/model) as --rm_pretrain"
-                             for s in ON_POLICY},
     "--critic_checkpoint_path": {"ppo": "pass the critic's model folder as --critic_pretrain, or resume actor and "
                                         "critic together with --checkpoint_path"},
-    "--rm_pretrain": {"grpo": "GRPO scores with --reward_fn; train with a reward model in train_ppo.py --rm_pretrain"},
-    "--ptx_dataset": {"grpo": "the ptx loss is PPO's: train_ppo.py --ptx_dataset"},
-    "--ptx_coef": {"grpo": "the ptx loss is PPO's: train_ppo.py --ptx_coef"},
-    "--ptx_batch_size": {"grpo": "the ptx loss is PPO's: train_ppo.py --ptx_batch_size"},
     "--disable_loss_mask": {s: "no replacement: the loss covers each completion's own tokens and never its padding"
                             for s in ON_POLICY},
 }
@@ -117,7 +108,8 @@ def add_colossalchat_flags(parser: argparse.ArgumentParser, script: str) -> None
     group.add_argument("--lora_config", default=None, help="ColossalChat LoraConfig JSON: sets --lora_rank, "
                        "--lora_alpha, --lora_dropout and --lora_target_modules")
     if script in ("sft", "ppo", "grpo"):
-        group.add_argument("--save_path", default=None, help="--save_dir and --output_dir both (unless given)")
+        group.add_argument("--save_path", default=None, help="--save_dir (unless given): checkpoints, and the final "
+                           "model in save_path/modeling, where ColossalChat writes it")
     if script in SUPERVISED:
         group.add_argument("--max_len", dest="max_length", type=at_least(0), help="alias of --max_length", **alias)
     if script in ("sft", "dpo", "kto", "orpo"):
@@ -143,7 +135,8 @@ def add_colossalchat_flags(parser: argparse.ArgumentParser, script: str) -> None
                            help='JSON whose "stop_ids" also end generation (its chat template applies when preparing)')
     if script == "ppo":
         group.add_argument("--no_neural_reward_model", action="store_true",
-                           help="no reward model: the rewards come from --reward_fn alone")
+                           help="no reward model: the rewards come from --reward_fn alone (--rm_pretrain then starts "
+                                "the critic, as in ColossalChat)")
     for flag, scripts in REFUSED.items():
         if script in scripts:
             group.add_argument(flag, action=_Refuse, instead=scripts[script])
@@ -162,7 +155,6 @@ def translate(args: argparse.Namespace) -> None:
         _apply_lora_config(args, Path(args.lora_config))
     if getattr(args, "save_path", None):
         args.save_dir = args.save_dir or args.save_path
-        args.output_dir = args.output_dir or args.save_path
     if args.enable_sequence_parallelism:
         if args.plugin != "3d":
             raise CoatiUsageError("--enable_sequence_parallelism needs --plugin 3d")
@@ -174,10 +166,23 @@ def translate(args: argparse.Namespace) -> None:
         warn_user("--model_type is read and not used (as in ColossalChat)")
     if isinstance(getattr(args, "reward_fn", None), list):
         args.reward_fn = _reward_names(args.reward_fn)
-    if getattr(args, "no_neural_reward_model", False) and args.rm_pretrain:
-        raise CoatiUsageError("--no_neural_reward_model and --rm_pretrain contradict each other; drop one")
+    if getattr(args, "no_neural_reward_model", False):
+        _no_neural_reward_model(args)
     if getattr(args, "conversation_template_config", None):
         args.extra_stop_ids = _stop_ids(Path(args.conversation_template_config))
+
+
+def _no_neural_reward_model(args: argparse.Namespace) -> None:
+    """No reward model: the rewards are --reward_fn's alone, and --rm_pretrain, as in ColossalChat, only starts the
+    critic (unless --critic_pretrain does)."""
+    if args.rm_checkpoint_path:
+        raise CoatiUsageError("--no_neural_reward_model and --rm_checkpoint_path contradict each other; drop one")
+    if not args.reward_fn:
+        raise CoatiUsageError("--no_neural_reward_model: the rewards then come from --reward_fn (or "
+                              "--reward_functions) alone; name at least one")
+    if args.rm_pretrain:
+        args.critic_pretrain = args.critic_pretrain or args.rm_pretrain
+        args.rm_pretrain = None
 
 
 def write_config_file(args: argparse.Namespace) -> None:

@@ -81,10 +81,26 @@ def resolve_model_dir(value: str, flag: str) -> str:
 
 
 def resolve_model_flags(args: argparse.Namespace) -> None:
-    """Replace Hugging Face model ids among the model and tokenizer flags by their local snapshot folders."""
+    """Replace Hugging Face model ids among the model and tokenizer flags by their local snapshot folders, and
+    `--rm_pretrain` by the model of `--rm_checkpoint_path` when one is given."""
     for name in (*MODEL_FLAGS, "tokenizer_dir"):
         if getattr(args, name, None):
             setattr(args, name, resolve_model_dir(getattr(args, name), f"--{name}"))
+    if getattr(args, "rm_checkpoint_path", None):
+        args.rm_pretrain = checkpoint_model_dir(args.rm_checkpoint_path, "--rm_checkpoint_path")
+
+
+def checkpoint_model_dir(path: str, flag: str) -> str:
+    """The model folder of a training checkpoint: `path` itself (train_rm.py's save_dir/modeling), or the `modeling`
+    folder inside it (a save_dir/epoch-E_step-S checkpoint)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise CoatiUsageError(f"{flag} {path} does not exist or is not a directory")
+    for candidate in (folder / "modeling", folder):
+        if (candidate / "config.json").is_file():
+            return str(candidate)
+    raise CoatiUsageError(f"{flag} {path} holds no model (no config.json in it or in its modeling folder); pass a "
+                          "train_rm.py checkpoint folder (save_dir/epoch-E_step-S) or its final save_dir/modeling")
 
 
 def check_run_paths(args: argparse.Namespace) -> Dict[str, dict]:

@@ -8,7 +8,9 @@ from coati.utils.cli import in_range, non_negative, positive
 from coati.utils.colossalchat import add_colossalchat_flags
 from coati.utils.errors import exit_cleanly
 
-DEFAULT_BETA = {"sigmoid": 0.1, "ipo": 0.1, "simpo": 2.0}
+DEFAULT_BETA = {"sigmoid": 0.1, "ipo": 0.1, "simpo": 2.0, "dpo_loss": 0.1, "simpo_loss": 0.1}
+COLOSSALCHAT_MARGIN = 1.4
+"""ColossalChat's default --gamma for its simpo_loss."""
 
 
 @exit_cleanly
@@ -16,7 +18,9 @@ def main(argv=None) -> None:
     parser = training_parser(__doc__.strip().splitlines()[0])
     group = parser.add_argument_group("preference loss")
     group.add_argument("--loss_type", default="sigmoid", choices=tuple(DEFAULT_BETA),
-                       help="sigmoid: DPO; ipo: IPO; simpo: SimPO (no reference model)")
+                       help="sigmoid: DPO; ipo: IPO; simpo: SimPO (no reference model); ColossalChat's names: "
+                            "dpo_loss is sigmoid, simpo_loss is DPO on length-normalised log-probs with a margin "
+                            f"(--gamma, default {COLOSSALCHAT_MARGIN}), the reference kept unless --disable_reference_model")
     group.add_argument("--beta", type=positive(), default=None, help="inverse temperature (default: 0.1; simpo 2.0)")
     group.add_argument("--label_smoothing", type=in_range(0, 0.5, high_open=True), default=0.0, help="cDPO: assumed rate of flipped labels")
     group.add_argument("--gamma", type=non_negative(), default=None,
@@ -29,11 +33,14 @@ def main(argv=None) -> None:
     from coati.trainer.runner import reference_hook, run_supervised
 
     beta = DEFAULT_BETA[args.loss_type] if args.beta is None else args.beta
+    colossalchat_simpo = args.loss_type == "simpo_loss"
     if args.loss_type == "simpo":
         loss = SimPOLoss(beta, 0.5 if args.gamma is None else args.gamma, args.label_smoothing)
     else:
-        loss = DPOLoss(beta, args.label_smoothing, args.loss_type, args.gamma or 0.0,
-                       reference_free=args.disable_reference_model, length_normalization=args.length_normalization)
+        margin = COLOSSALCHAT_MARGIN if colossalchat_simpo and args.gamma is None else args.gamma or 0.0
+        loss = DPOLoss(beta, args.label_smoothing, "ipo" if args.loss_type == "ipo" else "sigmoid", margin,
+                       reference_free=args.disable_reference_model,
+                       length_normalization=args.length_normalization or colossalchat_simpo)
     run_supervised(args, DPOTrainer, "preference", trainer_kwargs={"loss_fn": loss},
                    setup_hook=reference_hook if loss.needs_reference else None)
 
