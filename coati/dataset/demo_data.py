@@ -111,7 +111,8 @@ def kto_records(problems: Iterable[Problem], seed: int = 0,
     for p in problems:
         desirable = rng.random() < 0.5
         completion = p.solution if desirable else REJECTIONS[rng.choice(tuple(rejections))](p, rng)
-        records.append({"prompt": p.question, "completion": completion, "label": desirable})
+        records.append({"prompt": [{"role": "user", "content": p.question}],
+                        "completion": [{"role": "assistant", "content": completion}], "label": desirable})
     return records
 
 

@@ -20,7 +20,7 @@ from transformers import PreTrainedTokenizerBase
 from coati.utils.errors import CoatiUsageError, first_line
 from coati.utils.preflight import PART_PREFIX, prepared_folders
 
-from .tokenization import IGNORE_INDEX, tokenize_conversation, tokenize_kto, tokenize_preference
+from .tokenization import IGNORE_INDEX, tokenize_conversation, tokenize_kto, tokenize_preference, tokenize_text
 from .validation import jsonl_entries, validate_rows
 
 PathLike = Union[str, Path]
@@ -172,21 +172,50 @@ def prepared_type(path: PathLike) -> Optional[str]:
 
 
 def encoder(data_type: str, tokenizer: PreTrainedTokenizerBase, max_length: int) -> Callable[[Dict], Optional[Dict]]:
-    """The function that tokenizes one validated row of `data_type`."""
-    if data_type == "sft":
-        return lambda row: tokenize_conversation(tokenizer, row["messages"], max_length)
-    if data_type == "preference":
-        return lambda row: tokenize_preference(tokenizer, row["context"], row["chosen"], row["rejected"], max_length)
-    if data_type == "kto":
-        return lambda row: tokenize_kto(tokenizer, row["context"], row["completion"], row["label"], max_length)
-    return lambda row: encode_prompt(tokenizer, row, max_length)
+    """The function that tokenizes one validated row of `data_type` (a conversation, or TRL's standard text)."""
+    def text(prompt: str, completion: str) -> Optional[Dict]:
+        return tokenize_text(tokenizer, prompt, completion, max_length)
+
+    def sft(row: Dict) -> Optional[Dict]:
+        if "completion_text" in row:
+            return text(row["prompt_text"], row["completion_text"])
+        return tokenize_conversation(tokenizer, row["messages"], max_length, label_from=row.get("label_from", 0))
+
+    def preference(row: Dict) -> Optional[Dict]:
+        if "prompt_text" not in row:
+            return tokenize_preference(tokenizer, row["context"], row["chosen"], row["rejected"], max_length)
+        sides = {side: text(row["prompt_text"], row[f"{side}_text"]) for side in ("chosen", "rejected")}
+        if any(encoded is None for encoded in sides.values()):
+            return None
+        return {f"{side}_{name}": values for side, encoded in sides.items() for name, values in encoded.items()}
+
+    def kto(row: Dict) -> Optional[Dict]:
+        if "prompt_text" not in row:
+            return tokenize_kto(tokenizer, row["context"], row["completion"], row["label"], max_length)
+        encoded = text(row["prompt_text"], row["completion_text"])
+        if encoded is None:
+            return None
+        start = next(i for i, label in enumerate(encoded["labels"]) if label != IGNORE_INDEX)
+        return {**encoded, "prompt_length": start, "desirable": bool(row["label"])}
+
+    encoders = {"sft": sft, "preference": preference, "kto": kto}
+    return encoders.get(data_type, lambda row: encode_prompt(tokenizer, row, max_length))
+
+
+PROMPT_COLUMN = "prompt"
+"""The prompt as the data gave it, JSON-encoded (text, or a message list), for reward functions (TRL passes them
+the prompts in the dataset's own format)."""
 
 
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, row: Dict, max_length: int) -> Optional[Dict]:
-    """The prompt rendered with the generation prompt, left-truncated to `max_length`; other fields kept."""
-    ids = tokenizer.apply_chat_template(row["messages"], tokenize=True, add_generation_prompt=True)
-    extra = {k: v for k, v in row.items() if k != "messages"}
-    return {"input_ids": ids[-max_length:], **extra}
+    """The prompt (messages rendered with the generation prompt; standard text as it is), left-truncated to
+    `max_length`; the prompt itself kept as `PROMPT_COLUMN`, other fields kept."""
+    if "prompt_text" in row:
+        ids, prompt = tokenizer(row["prompt_text"], add_special_tokens=True)["input_ids"], row["prompt_text"]
+    else:
+        ids, prompt = tokenizer.apply_chat_template(row["messages"], tokenize=True, add_generation_prompt=True), row["messages"]
+    extra = {k: v for k, v in row.items() if k not in ("messages", "prompt_text")}
+    return {"input_ids": ids[-max_length:], **extra, PROMPT_COLUMN: json.dumps(prompt)}
 
 
 def prepare_dataset(inputs: Sequence[PathLike], data_type: str, tokenizer: PreTrainedTokenizerBase, max_length: int,
@@ -213,12 +242,14 @@ CONVERSATION_FIELDS = {"sft": "messages", "prompt": "messages", "preference": "c
 
 
 def with_system_message(row: Dict, data_type: str, message: str) -> Dict:
-    """`row` with `message` as its first, system turn, unless it has a system turn already."""
+    """`row` with `message` as its first, system turn, unless it has a system turn already or is TRL's standard
+    text (which takes no template)."""
     field = CONVERSATION_FIELDS[data_type]
-    turns = row[field]
-    if turns and turns[0]["role"] == "system":
+    turns = row.get(field)
+    if not turns or turns[0]["role"] == "system":
         return row
-    return {**row, field: [{"role": "system", "content": message}, *turns]}
+    shifted = {"label_from": row["label_from"] + 1} if "label_from" in row else {}
+    return {**row, field: [{"role": "system", "content": message}, *turns], **shifted}
 
 
 def readable_fields(data_type: str, tokenizer: PreTrainedTokenizerBase) -> Callable[[Dict], Dict]:

@@ -106,6 +106,21 @@ def tokenize_conversation(
     return {"input_ids": encoded["input_ids"][:end], "labels": labels[:end]}
 
 
+def tokenize_text(tokenizer: PreTrainedTokenizerBase, prompt: str, completion: str,
+                  max_length: int) -> Optional[Dict[str, List[int]]]:
+    """TRL's standard (plain-text) rows: `prompt + completion` tokenized as it is (the tokenizer's own special
+    tokens, e.g. BOS, but no chat template), then EOS; labels on the tokens that reach into the completion, and EOS.
+    Truncated to `max_length` from the right; None when that leaves no label."""
+    encoded = tokenizer(prompt + completion, add_special_tokens=True, return_offsets_mapping=True)
+    ids = encoded["input_ids"] + [tokenizer.eos_token_id]
+    labels = [token if end > len(prompt) else IGNORE_INDEX for token, (_, end) in zip(ids, encoded["offset_mapping"])]
+    labels.append(tokenizer.eos_token_id)
+    ids, labels = ids[:max_length], labels[:max_length]
+    if all(label == IGNORE_INDEX for label in labels):
+        return None
+    return {"input_ids": ids, "labels": labels}
+
+
 def tokenize_preference(
     tokenizer: PreTrainedTokenizerBase,
     context: Sequence[Dict[str, str]],

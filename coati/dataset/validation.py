@@ -1,23 +1,28 @@
 """Reading and checking raw data rows: one clear error naming file, line and field for each bad row.
 
-Accepted shapes (ColossalChat's and OpenAI/HF's):
+Accepted shapes (ColossalChat's, OpenAI/HF's and every one of TRL's dataset formats). Conversational rows go
+through the chat template; TRL's standard rows (plain text) are tokenized as they are, with no template, as TRL does.
 - sft: `messages` = [{role|from, content|value}, ...]: an optional system turn, then user/assistant
-  turns alternating, ending with a non-empty assistant turn. ShareGPT's `conversations` (`from`:
-  human/gpt/system, `value`) is read the same way, for prompt data too.
-- preference: `context` + `chosen` + `rejected` message lists, or `prompt`/`chosen`/`rejected` strings.
-- prompt: `messages` ending with a user turn (a final assistant turn, the answer, is dropped, as ColossalChat
-  does), or a `prompt` string; every other field (e.g. `gt_answer`) is carried through unchanged for the
-  reward function.
+  turns alternating, ending with a non-empty assistant turn (labels on the assistant turns). ShareGPT's
+  `conversations` (`from`: human/gpt/system, `value`) is read the same way, for prompt data too. TRL's
+  language modelling `text` (labels on all of it) and prompt-completion, standard (`prompt`/`completion`
+  strings) or conversational (message lists), labels on the completion only.
+- preference: `context` (or TRL's conversational `prompt`) + `chosen` + `rejected` message lists;
+  `prompt`/`chosen`/`rejected` strings; TRL's implicit prompt, `chosen` and `rejected` alone (strings or full
+  conversations), whose shared start is the prompt.
+- prompt: `messages` or TRL's conversational `prompt`, ending with a user turn (a final assistant turn, the
+  answer, is dropped, as ColossalChat does), or a standard `prompt` string; every other field (e.g.
+  `gt_answer`) is carried through unchanged for the reward function.
 - kto: `prompt` + `completion` (strings, or a message list and assistant turns, or ColossalChat's single
   completion message object) + boolean `label` (desirable or not), or `messages` ending with the assistant
-  completion + `label`.
+  completion + `label`; or a preference row, read as two (chosen desirable, rejected not), as TRL's KTO does.
 - GSM8K's `question` + `answer` (a worked solution ending in `#### N`, as in openai/gsm8k), for sft
   (the solution is the assistant turn) and prompt (`gt_answer` = N, commas dropped; `solution` kept).
 """
 import functools
 import json
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Sequence, Tuple, Union
 
 from coati.utils.errors import CoatiUsageError
 
@@ -119,10 +124,35 @@ def conversation_field(row: Any) -> str:
     return SHAREGPT_FIELD if isinstance(row, dict) and "messages" not in row and SHAREGPT_FIELD in row else "messages"
 
 
+def _text(row: Row, field: str, where: str, empty_ok: bool = False) -> str:
+    value = _require(row, field, where)
+    if not isinstance(value, str):
+        raise DataValidationError(where, field, "expected a string (TRL's standard format) like the row's other texts")
+    if not empty_ok and not value.strip():
+        raise DataValidationError(where, field, "empty text")
+    return value
+
+
+def is_standard(row: Any, fields: Sequence[str]) -> bool:
+    """Whether `row` is in TRL's standard format: every one of `fields` it has is plain text (not messages)."""
+    present = [row[f] for f in fields if isinstance(row, dict) and f in row]
+    return bool(present) and all(isinstance(value, str) for value in present)
+
+
 def validate_sft(row: Any, where: str) -> Row:
+    """A conversation (labels on its assistant turns), TRL's language modelling `text` (labels on all of it) or
+    prompt-completion (labels on the completion: standard text, or prompt and completion message lists)."""
     if is_gsm8k(row):
         gsm8k_answer(row, where)
         return {"messages": [{"role": "user", "content": row["question"]}, {"role": "assistant", "content": row["answer"]}]}
+    if isinstance(row, dict) and "messages" not in row and SHAREGPT_FIELD not in row:
+        if is_standard(row, ("text",)):
+            return {"prompt_text": "", "completion_text": _text(row, "text", where)}
+        if is_standard(row, ("prompt", "completion")):
+            return {"prompt_text": _text(row, "prompt", where, empty_ok=True), "completion_text": _text(row, "completion", where)}
+        if "prompt" in row and "completion" in row:
+            prompt = _prompt_turns(row, "prompt", where)
+            return {"messages": prompt + _response(row, "completion", where), "label_from": len(prompt)}
     field = conversation_field(row)
     messages = normalize_messages(_require(row, field, where), where, field)
     check_turn_order(messages, where, field, last_role="assistant")
@@ -143,11 +173,8 @@ def _response(row: Row, field: str, where: str) -> List[Dict[str, str]]:
 
 
 def _prompt_turns(row: Any, field: str, where: str, drop_answer: bool = False) -> List[Dict[str, str]]:
-    """The conversation so far: message list `field` ending with a user turn, or a plain `prompt` string. With
-    `drop_answer`, a list that ends with an assistant turn loses it (ColossalChat's prompt data: the answer is
-    not part of the prompt)."""
-    if isinstance(row, dict) and field not in row and isinstance(row.get("prompt"), str):
-        return [{"role": "user", "content": row["prompt"]}]
+    """The conversation so far: message list `field` ending with a user turn. With `drop_answer`, a list that ends
+    with an assistant turn loses it (ColossalChat's prompt data: the answer is not part of the prompt)."""
     messages = normalize_messages(_require(row, field, where), where, field)
     if drop_answer and len(messages) > 1 and messages[-1]["role"] == "assistant":
         messages = messages[:-1]
@@ -155,23 +182,76 @@ def _prompt_turns(row: Any, field: str, where: str, drop_answer: bool = False) -
     return messages
 
 
+def shared_prefix(chosen: Sequence[Any], rejected: Sequence[Any]) -> int:
+    """Where an implicit prompt ends (TRL's `extract_prompt`): the length of chosen's and rejected's common start,
+    less a space it ends with (texts), so that the responses keep their leading space."""
+    end = next((i for i, (a, b) in enumerate(zip(chosen, rejected)) if a != b), min(len(chosen), len(rejected)))
+    if isinstance(chosen, str) and end > 0 and chosen[end - 1] == " ":
+        end -= 1
+    return end
+
+
 def validate_preference(row: Any, where: str) -> Row:
-    context = _prompt_turns(row, "context", where)
+    """A prompt with a chosen and a rejected response: standard texts (`prompt`, `chosen`, `rejected`), message
+    lists (`context` or `prompt`, then the responses), or TRL's implicit prompt (`chosen` and `rejected` alone, whose
+    shared start is the prompt)."""
+    if is_standard(row, ("prompt", "chosen", "rejected")):
+        if "prompt" not in row:
+            chosen, rejected = _text(row, "chosen", where), _text(row, "rejected", where)
+            end = shared_prefix(chosen, rejected)
+            row = {"prompt": chosen[:end], "chosen": chosen[end:], "rejected": rejected[end:]}
+        return {"prompt_text": _text(row, "prompt", where, empty_ok=True), "chosen_text": _text(row, "chosen", where),
+                "rejected_text": _text(row, "rejected", where)}
+    if isinstance(row, dict) and "context" not in row and "prompt" not in row and "chosen" in row:
+        return _implicit_conversation(row, where)
+    context = _prompt_turns(row, "prompt" if isinstance(row, dict) and "context" not in row else "context", where)
     return {"context": context, "chosen": _response(row, "chosen", where), "rejected": _response(row, "rejected", where)}
 
 
+def _implicit_conversation(row: Row, where: str) -> Row:
+    """Chosen and rejected conversations that share their first turns: those turns are the prompt."""
+    chosen = normalize_messages(_require(row, "chosen", where), where, "chosen")
+    rejected = normalize_messages(_require(row, "rejected", where), where, "rejected")
+    end = shared_prefix(chosen, rejected)
+    while end and chosen[end - 1]["role"] != "user":
+        end -= 1
+    if not end:
+        raise DataValidationError(where, "chosen", "an implicit prompt needs chosen and rejected to start with the same "
+                                                   "turns, up to a user turn")
+    context = chosen[:end]
+    check_turn_order(context, where, "chosen", last_role="user")
+    return {"context": context, "chosen": _response({"chosen": chosen[end:]}, "chosen", where),
+            "rejected": _response({"rejected": rejected[end:]}, "rejected", where)}
+
+
 def validate_prompt(row: Any, where: str) -> Row:
+    """A prompt to complete: messages (`messages`, ShareGPT's `conversations`, or TRL's conversational `prompt`), or
+    TRL's standard `prompt` text, which is tokenized as it is, with no chat template. Other fields are kept."""
     if is_gsm8k(row):
         extra = {k: v for k, v in row.items() if k not in ("question", "answer")}
         return {"messages": [{"role": "user", "content": row["question"]}], **extra,
                 "gt_answer": gsm8k_answer(row, where), "solution": row["answer"]}
+    if isinstance(row, dict) and "messages" not in row and SHAREGPT_FIELD not in row and "prompt" in row:
+        extra = {k: v for k, v in row.items() if k != "prompt"}
+        if isinstance(row["prompt"], str):
+            return {"prompt_text": _text(row, "prompt", where), **extra}
+        return {"messages": _prompt_turns(row, "prompt", where, drop_answer=True), **extra}
     field = conversation_field(row)
-    messages = _prompt_turns(row, field, where, drop_answer=True)
-    extra = {k: v for k, v in row.items() if k not in (field, "prompt")}
-    return {"messages": messages, **extra}
+    extra = {k: v for k, v in row.items() if k != field}
+    return {"messages": _prompt_turns(row, field, where, drop_answer=True), **extra}
 
 
-def validate_kto(row: Any, where: str) -> Row:
+def validate_kto(row: Any, where: str) -> Union[Row, List[Row]]:
+    """An unpaired example (`prompt` + `completion` + boolean `label`: standard texts or message lists, or
+    `messages` ending with the completion), or a preference row, which gives two: chosen desirable, rejected not
+    (as TRL's KTO trainer reads preference data)."""
+    if isinstance(row, dict) and "chosen" in row and "rejected" in row and "label" not in row:
+        pair = validate_preference(row, where)
+        if "prompt_text" in pair:
+            return [{"prompt_text": pair["prompt_text"], "completion_text": pair[side], "label": side == "chosen_text"}
+                    for side in ("chosen_text", "rejected_text")]
+        return [{"context": pair["context"], "completion": pair[side], "label": side == "chosen"}
+                for side in ("chosen", "rejected")]
     label = _require(row, "label", where)
     if not isinstance(label, bool):
         raise DataValidationError(where, "label", f"expected true or false, got {label!r}")
@@ -179,16 +259,14 @@ def validate_kto(row: Any, where: str) -> Row:
         messages = normalize_messages(row["messages"], where, "messages")
         check_turn_order(messages, where, "messages", last_role="assistant")
         return {"context": messages[:-1], "completion": messages[-1:], "label": label}
-    prompt = _require(row, "prompt", where)
-    if isinstance(prompt, str):
-        context = [{"role": "user", "content": prompt}]
-    else:
-        context = normalize_messages(prompt, where, "prompt")
-        check_turn_order(context, where, "prompt", last_role="user")
-    return {"context": context, "completion": _response(row, "completion", where), "label": label}
+    if is_standard(row, ("prompt", "completion")):
+        return {"prompt_text": _text(row, "prompt", where, empty_ok=True), "completion_text": _text(row, "completion", where),
+                "label": label}
+    _require(row, "prompt", where)
+    return {"context": _prompt_turns(row, "prompt", where), "completion": _response(row, "completion", where), "label": label}
 
 
-VALIDATORS: Dict[str, Callable[[Any, str], Row]] = {
+VALIDATORS: Dict[str, Callable[[Any, str], Union[Row, List[Row]]]] = {
     "sft": validate_sft,
     "preference": validate_preference,
     "prompt": validate_prompt,
@@ -204,7 +282,8 @@ def validate_rows(entries: Iterable[Tuple[str, Callable[[], Any]]], data_type: s
     rows, skipped = [], 0
     for where, read in entries:
         try:
-            rows.append(validate(read(), where))
+            row = validate(read(), where)
+            rows.extend(row if isinstance(row, list) else [row])
         except DataValidationError:
             if not skip_invalid:
                 raise

@@ -1,7 +1,8 @@
 """Held-out evaluation of a saved model outside training: greedy completions of prepared prompts,
 scored by reward functions (with `math_answer`, exact-answer accuracy)."""
+import math
 from dataclasses import dataclass
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 from torch.utils.data import DataLoader
@@ -13,6 +14,7 @@ from coati.dataset.prepare import load_prepared
 from coati.dataset.tokenization import load_tokenizer
 from coati.models.generation import HFEngine, SamplingConfig
 from coati.rewards import WeightedReward
+from coati.rewards.registry import table_columns
 
 from .scorer import Scorer
 
@@ -42,11 +44,15 @@ def evaluate_model(model_dir: str, prompt_dirs: Sequence[str], reward_specs: Seq
     for batch in tqdm(loader, desc=f"evaluating {model_dir}", leave=False):
         out = engine.generate(batch["input_ids"], batch["attention_mask"], sampling)
         prompts, completions, (total, components) = scorer.score_batch(batch, out)
-        samples += [{"prompt": p, "completion": c, "reward": t, **{k: v[i] for k, v in components.items()}}
+        samples += [{"prompt": p, "completion": c, "reward": t, **table_columns(components, i)}
                     for i, (p, c, t) in enumerate(zip(prompts, completions, total))]
     names = [k for k in samples[0] if k not in ("prompt", "completion", "reward")] if samples else []
-    return EvalResult(_mean(samples, "reward"), {k: _mean(samples, k) for k in names}, samples)
+    means = {k: _mean(samples, k) for k in names}
+    return EvalResult(_mean(samples, "reward"), {k: v for k, v in means.items() if v is not None}, samples)
 
 
-def _mean(samples: List[Dict[str, object]], key: str) -> float:
-    return sum(float(s[key]) for s in samples) / max(len(samples), 1)
+def _mean(samples: List[Dict[str, object]], key: str) -> Optional[float]:
+    """The mean of `key` over the samples that have a number there (a reward function's None leaves one out);
+    None when none has (a `log_extra` column of text)."""
+    values = [float(s[key]) for s in samples if isinstance(s[key], (int, float)) and not math.isnan(s[key])]
+    return sum(values) / len(values) if values else None

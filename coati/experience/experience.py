@@ -12,6 +12,7 @@ from coati.models.generation import GenerationOutput, InferenceEngine, SamplingC
 from coati.models.logprobs import action_logps, in_row_chunks
 from coati.models.loss import kl_penalty, masked_mean, masked_var
 from coati.rewards import WeightedReward
+from coati.rewards.registry import table_columns
 
 from .advantages import ADVANTAGE_ESTIMATORS, compute_gae, tied_groups
 from .controllers import KLController, TemperatureController
@@ -362,7 +363,6 @@ def completion_rows(experience: Experience) -> List[Dict[str, Any]]:
     advantages = experience.advantages
     per_row = advantages if advantages.dim() == 1 else masked_mean(advantages, experience.action_mask, dim=-1)
     components = experience.reward_components
-    return [{"prompt": p, "completion": c, "reward": float(r), **{k: float(v[i]) for k, v in components.items()},
-             "advantage": float(a)}
+    return [{"prompt": p, "completion": c, "reward": float(r), **table_columns(components, i), "advantage": float(a)}
             for i, (p, c, r, a) in enumerate(zip(experience.prompts, experience.completions,
                                                  experience.rewards.tolist(), per_row.tolist()))]

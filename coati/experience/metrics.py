@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from coati.distributed.comm import gather_lists
+from coati.rewards.registry import EXTRA_PREFIX, component_metrics
 
 from .experience import Experience
 
@@ -20,14 +21,18 @@ def quantiles(prefix: str, values: Sequence[float]) -> Dict[str, float]:
 
 
 def reward_stats(rewards: Sequence[float], components: Dict[str, Sequence[float]]) -> Dict[str, float]:
-    """`reward` (mean), `reward_std` (population), `reward_pNN`; per component `rewards/<name>/mean`, `/std`, `/pNN`."""
+    """`reward` (mean), `reward_std` (population), `reward_pNN`; per component `rewards/<name>/mean`, `/std`, `/pNN`
+    over the rows it scored (a function's None leaves a row out), and each `log_metric` value by its name."""
     array = np.asarray(rewards, dtype=np.float64)
     stats = {"reward": float(array.mean()), "reward_std": float(array.std()), **quantiles("reward_p", array)}
-    for name, values in components.items():
+    for name, values in component_metrics(components):
         values = np.asarray(values, dtype=np.float64)
-        stats[f"rewards/{name}/mean"] = float(values.mean())
-        stats[f"rewards/{name}/std"] = float(values.std())
-        stats.update(quantiles(f"rewards/{name}/p", values))
+        if not name.startswith("rewards/"):          # a reward function's log_metric
+            stats[name] = float(values.mean())
+            continue
+        stats[f"{name}/mean"] = float(values.mean())
+        stats[f"{name}/std"] = float(values.std())
+        stats.update(quantiles(f"{name}/p", values))
     return stats
 
 
@@ -86,7 +91,8 @@ def rollout_metrics(experience: Experience, group_size: int = 1) -> Dict[str, fl
     of two or more) and `kl_stats` when there is a reference. A collective: every rank calls it."""
     mask = experience.action_mask
     rewards = gather_lists(experience.rewards.tolist())
-    components = {name: gather_lists(values) for name, values in experience.reward_components.items()}
+    components = {name: gather_lists(values) for name, values in experience.reward_components.items()
+                  if not name.startswith(EXTRA_PREFIX)}
     metrics = reward_stats(rewards, components)
     advantages = experience.advantages
     if advantages.dim() == 2:

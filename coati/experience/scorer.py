@@ -1,19 +1,24 @@
 """One scorer for every place completions are scored: rollouts for training, rollout workflows (asynchronous
 generation) and held-out evaluation all decode and reward the same way."""
 import asyncio
+import json
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
+from transformers import TrainerState
 
 from coati.models.generation import GenerationOutput, concat_outputs
 from coati.models.logprobs import in_row_chunks
 from coati.models.reward_model import sequence_rewards
+from coati.dataset.prepare import PROMPT_COLUMN
 from coati.rewards import WeightedReward
+from coati.rewards.registry import RewardInputs
 from coati.rewards.remote import Sequences
 
 REWARD_MODEL = "reward_model"
 PROMPT_FIELDS = ("input_ids", "attention_mask")
-"""A prompt batch's columns that are the prompt itself; its other fields (e.g. `gt_answer`) go to the rewards."""
+"""A prompt batch's columns that are the prompt itself; its other fields (e.g. `gt_answer`) go to the rewards, and
+`PROMPT_COLUMN` (the prompt as the data gave it) becomes their `prompts`."""
 
 Scores = Tuple[List[float], Dict[str, List[float]]]
 
@@ -30,6 +35,8 @@ class Scorer:
             raise ValueError("a scorer needs a reward function or a reward model")
         self.tokenizer, self.reward_fn, self.reward_model = tokenizer, reward_fn, reward_model
         self.forward_batch_size = forward_batch_size
+        self.trainer_state: Optional[TrainerState] = None
+        """The trainer's progress, for reward functions (TRL's `trainer_state`); the trainer sets it each episode."""
         self._pending: List[Tuple[Sequence[str], Sequence[str], Dict[str, Sequence[Any]], Optional[GenerationOutput],
                                   asyncio.Future]] = []
 
@@ -44,11 +51,6 @@ class Scorer:
     def _fn_reads_sequences(self) -> bool:
         return bool(getattr(self.reward_fn, "takes_sequences", False))
 
-    @property
-    def reads_sequences(self) -> bool:
-        """Whether scoring needs the generation output (a reward model, or a reward server, reads the sequences)."""
-        return self.reward_model is not None or self._fn_reads_sequences
-
     def sequences(self, out: GenerationOutput) -> Sequences:
         """`out`'s full sequences (prompt and completion, padding left out) as ids and as text with special tokens."""
         ids = [row[mask.bool()].tolist() for row, mask in zip(out.sequences, out.attention_mask)]
@@ -59,10 +61,13 @@ class Scorer:
                     out: Optional[GenerationOutput] = None) -> Scores:
         """Scores of `completions` of `prompts`; `fields` are the rows' other columns; the reward model, if any,
         reads `out`'s token sequences."""
+        fields = dict(fields)
+        originals = fields.pop(PROMPT_COLUMN, None)
         total, components = [0.0] * len(completions), {}
         if self.reward_fn is not None:
             sequences = {"sequences": self.sequences(out)} if out is not None and self._fn_reads_sequences else {}
-            total, components = self.reward_fn(list(prompts), list(completions), **fields, **sequences)
+            inputs = self.reward_inputs(prompts, completions, originals, out)
+            total, components = self.reward_fn(list(prompts), list(completions), inputs=inputs, **fields, **sequences)
         if self.reward_model is not None:
             if out is None:
                 raise ValueError("a reward model scores token sequences: pass the generation output")
@@ -72,6 +77,21 @@ class Scorer:
             components = {**components, REWARD_MODEL: scores}
             total = [t + s for t, s in zip(total, scores)]
         return total, components
+
+    def reward_inputs(self, prompts: Sequence[str], completions: Sequence[str], originals: Optional[Sequence[Any]],
+                      out: Optional[GenerationOutput]) -> RewardInputs:
+        """TRL's reward-function arguments: each prompt as the data gave it (`PROMPT_COLUMN`; the decoded prompt for
+        data prepared without it), each completion as text, or as one assistant message for a conversational
+        prompt, and the completions' token ids (the generated ones; re-tokenized when `out` is not given)."""
+        given = [json.loads(o) if isinstance(o, str) else None for o in (originals or [None] * len(prompts))]
+        data_prompts = [p if g is None else g for p, g in zip(prompts, given)]
+        data_completions = [[{"role": "assistant", "content": c}] if isinstance(g, list) else c
+                            for c, g in zip(completions, given)]
+        if out is not None:
+            ids = [row[mask].tolist() for row, mask in zip(out.sequences[:, out.prompt_length:], out.action_mask.bool())]
+        else:
+            ids = self.tokenizer(list(completions), add_special_tokens=False)["input_ids"]
+        return RewardInputs(data_prompts, data_completions, ids, self.trainer_state)
 
     async def ascore(self, prompts: Sequence[str], completions: Sequence[str], fields: Dict[str, Sequence[Any]],
                      out: Optional[GenerationOutput] = None) -> Scores:
@@ -89,8 +109,8 @@ class Scorer:
         pending, self._pending = self._pending, []
         try:
             fields = {k: [v for request in pending for v in request[2][k]] for k in pending[0][2]}
-            out = (concat_outputs([request[3] for request in pending], self.tokenizer.pad_token_id)
-                   if self.reads_sequences else None)
+            outs = [request[3] for request in pending]
+            out = concat_outputs(outs, self.tokenizer.pad_token_id) if all(o is not None for o in outs) else None
             total, components = await asyncio.to_thread(
                 self.score_texts, [p for request in pending for p in request[0]],
                 [c for request in pending for c in request[1]], fields, out)

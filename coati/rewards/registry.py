@@ -1,18 +1,26 @@
 """Reward functions by name, and a weighted sum of them.
 
-Contract: `fn(prompts, completions, **sample_fields)` returns a list of floats (one per completion), a
-dict of named lists (each a component, logged on its own), or a `RewardOutput` (the reward, and diagnostics
-that are logged but not added). `sample_fields` are the prompt data's other columns, e.g. `gt_answer`.
-Built-ins: `math_answer`, `answer_format`, `code_tests`; a reward server by its `http(s)://` URL; your own as
-`package.module:function`; each with an optional weight: `--reward_fn math_answer answer_format=0.1`.
+Contract (TRL's): `fn(prompts, completions, completion_ids, trainer_state, log_extra, log_metric, **columns)`
+returns one value per completion: a float, or None where the function does not apply to that row (it is then left
+out of the sum and of that function's metrics; a row no function scores gets 0, with a warning). `prompts` and
+`completions` come in the data's own format: text for TRL's standard rows, message lists for conversational ones
+(each completion one assistant message). `columns` are the prompt data's other columns, e.g. `gt_answer`;
+`log_extra(column, values)` adds a column to the sample table, `log_metric(name, value)` logs a number. A function
+may be `async def`, and may also return a dict of named lists (each a component, logged on its own) or a
+`RewardOutput` (the reward, and diagnostics that are logged but not added).
+Built-ins: `math_answer`, `answer_format`, `code_tests`; a reward server by its `http(s)://` URL (these get text);
+your own as `package.module:function`, logged as `rewards/function/...`; each with an optional weight:
+`--reward_fn math_answer answer_format=0.1`.
 """
+import asyncio
 import importlib
+import inspect
 import math
 import threading
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from coati.utils.errors import CoatiUsageError
+from coati.utils.errors import CoatiUsageError, warn_user
 
 from .code import code_tests
 from .math import answer_format, math_answer
@@ -51,17 +59,27 @@ class RewardTimeoutError(RewardFunctionError):
     """A reward function's call took longer than its timeout; the message names it."""
 
 
+def _call(fn: RewardFn, **kwargs: Any) -> Any:
+    """`fn(**kwargs)`, run to its end on an event loop of its own when `fn` is `async def`."""
+    value = fn(**kwargs)
+    if inspect.isawaitable(value):
+        async def wait() -> Any:
+            return await value
+        value = asyncio.run(wait())
+    return value
+
+
 def call_with_timeout(name: str, fn: RewardFn, timeout_s: Optional[float], **kwargs: Any) -> Any:
-    """`fn(**kwargs)` in a daemon thread, waited for at most `timeout_s` seconds (None: no limit). A call that
-    does not return in time raises `RewardTimeoutError`; its thread cannot be stopped but, being a daemon,
-    does not keep the process alive."""
+    """`fn(**kwargs)` (awaited, for a coroutine function) in a daemon thread, waited for at most `timeout_s` seconds
+    (None: no limit, in this thread). A call that does not return in time raises `RewardTimeoutError`; its thread
+    cannot be stopped but, being a daemon, does not keep the process alive."""
     if timeout_s is None:
-        return fn(**kwargs)
+        return _call(fn, **kwargs)
     outcome: Dict[str, Any] = {}
 
     def run() -> None:
         try:
-            outcome["value"] = fn(**kwargs)
+            outcome["value"] = _call(fn, **kwargs)
         except BaseException as error:   # handed to the caller's thread
             outcome["error"] = error
 
@@ -76,18 +94,38 @@ def call_with_timeout(name: str, fn: RewardFn, timeout_s: Optional[float], **kwa
 
 
 @dataclass
+class RewardInputs:
+    """What TRL passes each reward function beside the data's columns: `prompts` and `completions` in the data's own
+    format, the completions' token ids, and the trainer's state (a `transformers.TrainerState`)."""
+
+    prompts: List[Any]
+    completions: List[Any]
+    completion_ids: List[List[int]]
+    trainer_state: Any = None
+
+
+EXTRA_PREFIX = "log_extra/"
+"""Components under this prefix are `log_extra` columns: shown in sample tables, not reduced into metrics."""
+METRIC_PREFIX = "log_metric/"
+"""Components under this prefix are `log_metric` values (one per row, all equal): logged under the bare name."""
+
+
+@dataclass
 class WeightedReward:
     """The weighted sum of named reward functions; also returns every component for logging. Each call of a
-    function may take at most `timeout_s` seconds (None: no limit)."""
+    function may take at most `timeout_s` seconds (None: no limit). Built-ins and reward servers (`builtin` parts)
+    get text; your functions get TRL's arguments (`RewardInputs`)."""
 
     parts: List[Tuple[str, RewardFn, float]]
     timeout_s: Optional[float] = None
+    builtin: List[str] = field(default_factory=list)
+    _warned_unscored: bool = field(default=False, repr=False)
 
     @classmethod
     def from_specs(cls, specs: Sequence[str], timeout_s: Optional[float] = None,
                    builtins: Optional[Dict[str, RewardFn]] = None) -> "WeightedReward":
         """From `name` or `name=weight` strings; `builtins` replaces `BUILTIN` (built-ins configured by flags)."""
-        parts = []
+        parts, builtin = [], []
         for spec in specs:
             name, weight = split_spec(spec)
             try:
@@ -96,8 +134,11 @@ class WeightedReward:
                 raise CoatiUsageError(f"--reward_fn {spec}: the weight {weight!r} is not a number") from None
             if not math.isfinite(value):
                 raise CoatiUsageError(f"--reward_fn {spec}: the weight must be a finite number")
-            parts.append((_label(name, [label for label, _, _ in parts]), resolve(name, builtins), value))
-        return cls(parts, timeout_s)
+            label = _label(name, [label for label, _, _ in parts])
+            parts.append((label, resolve(name, builtins), value))
+            if name in (BUILTIN if builtins is None else builtins) or is_url(name):
+                builtin.append(label)
+        return cls(parts, timeout_s, builtin)
 
     @property
     def takes_sequences(self) -> bool:
@@ -105,27 +146,69 @@ class WeightedReward:
         return any(getattr(fn, "takes_sequences", False) for _, fn, _ in self.parts)
 
     def __call__(self, prompts: Sequence[str], completions: Sequence[str], sequences: Optional[Sequences] = None,
-                 **fields: Sequence[object]) -> Tuple[List[float], Dict[str, List[float]]]:
-        """(total reward per completion, {component name: values}); diagnostics are components too, not in the total.
-        `sequences` goes to the parts that take it."""
+                 inputs: Optional[RewardInputs] = None, **fields: Sequence[object]) -> Tuple[List[float], Dict[str, List[Any]]]:
+        """(total reward per completion, {component name: values}); diagnostics, `log_extra` columns and `log_metric`
+        values are components too, not in the total. `prompts`/`completions` are text; `inputs`, when given, is what
+        your functions get instead (TRL's arguments). `sequences` goes to the parts that take it."""
         total = [0.0] * len(completions)
-        components: Dict[str, List[float]] = {}
+        scored = [False] * len(completions)
+        components: Dict[str, List[Any]] = {}
         for name, fn, weight in self.parts:
-            extra = {"sequences": sequences} if getattr(fn, "takes_sequences", False) else {}
-            rewards, diagnostics = _checked(name, fn, prompts, completions, {**fields, **extra}, self.timeout_s)
+            if name in self.builtin or inputs is None:
+                extra = {"sequences": sequences} if getattr(fn, "takes_sequences", False) else {}
+                arguments = {"prompts": list(prompts), "completions": list(completions), **fields, **extra}
+            else:
+                arguments = {**fields, **self._trl_arguments(inputs, components, len(completions))}
+            rewards, diagnostics = _checked(name, fn, arguments, len(completions), self.timeout_s)
             for component, values in rewards.items():
                 components[component] = values
-                total = [t + weight * v for t, v in zip(total, values)]
+                for i, v in enumerate(values):
+                    if not math.isnan(v):
+                        total[i] += weight * v
+                        scored[i] = True
             components.update(diagnostics)
+        if not all(scored) and not self._warned_unscored:
+            self._warned_unscored = True
+            warn_user(f"every reward function returned None for {scored.count(False)} of {len(completions)} "
+                      "completions; such a completion gets 0 (said once)")
         return total, components
+
+    @staticmethod
+    def _trl_arguments(inputs: RewardInputs, components: Dict[str, List[Any]], rows: int) -> Dict[str, Any]:
+        def log_extra(column: str, values: Sequence[Any]) -> None:
+            components[f"{EXTRA_PREFIX}{column}"] = list(values)
+
+        def log_metric(name: str, value: float) -> None:
+            components[f"{METRIC_PREFIX}{name}"] = [float(value)] * rows
+
+        return {"prompts": list(inputs.prompts), "completions": list(inputs.completions),
+                "completion_ids": list(inputs.completion_ids), "trainer_state": inputs.trainer_state,
+                "log_extra": log_extra, "log_metric": log_metric}
+
+
+def component_metrics(components: Dict[str, Sequence[Any]]) -> Iterator[Tuple[str, List[float]]]:
+    """(metric name, values) of each numeric component, the rows a function returned None for left out:
+    `rewards/<component>`, or a `log_metric` value under its own name; `log_extra` columns are not metrics."""
+    for name, values in components.items():
+        if name.startswith(EXTRA_PREFIX):
+            continue
+        kept = [float(v) for v in values if not math.isnan(v)]
+        if kept:
+            yield (name[len(METRIC_PREFIX):] if name.startswith(METRIC_PREFIX) else f"rewards/{name}"), kept
+
+
+def table_columns(components: Dict[str, Sequence[Any]], row: int) -> Dict[str, Any]:
+    """One sample-table row's component columns: numbers as floats, `log_extra` columns as given, by their name."""
+    return {(name[len(EXTRA_PREFIX):] if name.startswith(EXTRA_PREFIX) else name):
+            (values[row] if name.startswith(EXTRA_PREFIX) else float(values[row])) for name, values in components.items()}
 
 
 def _label(name: str, taken: Sequence[str]) -> str:
-    """The name a reward's values are logged under: its own, or `reward_server` (`_2`, ...) for a URL."""
-    if not is_url(name):
-        return name
-    count = 1 + sum(label.startswith("reward_server") for label in taken)
-    return "reward_server" if count == 1 else f"reward_server_{count}"
+    """The name a reward's values are logged under: a function's own name (`package.module:function` gives
+    `function`, as TRL logs it; `function_2`... when two share it), or `reward_server` (`_2`, ...) for a URL."""
+    base = "reward_server" if is_url(name) else name.rpartition(":")[2]
+    count = 1 + sum(label == base or label.startswith(f"{base}_") and label[len(base) + 1:].isdigit() for label in taken)
+    return base if count == 1 else f"{base}_{count}"
 
 
 def split_spec(spec: str) -> Tuple[str, str]:
@@ -144,13 +227,12 @@ def split_spec(spec: str) -> Tuple[str, str]:
     return name, weight
 
 
-def _checked(name: str, fn: RewardFn, prompts: Sequence[str], completions: Sequence[str],
-             fields: Dict[str, Sequence[object]], timeout_s: Optional[float] = None
+def _checked(name: str, fn: RewardFn, arguments: Dict[str, Any], count: int, timeout_s: Optional[float] = None
              ) -> Tuple[Dict[str, List[float]], Dict[str, List[float]]]:
-    """`fn`'s result as ({reward component: floats}, {diagnostic: floats}), or a `RewardFunctionError` that names
-    `fn` and the problem."""
+    """`fn(**arguments)`'s result as ({reward component: floats, NaN where it returned None}, {diagnostic: floats}),
+    or a `RewardFunctionError` that names `fn` and the problem."""
     try:
-        result = call_with_timeout(name, fn, timeout_s, prompts=list(prompts), completions=list(completions), **fields)
+        result = call_with_timeout(name, fn, timeout_s, **arguments)
     except CoatiUsageError:   # a timeout, an unreachable reward server: their messages are already clear
         raise
     except Exception as error:
@@ -160,21 +242,22 @@ def _checked(name: str, fn: RewardFn, prompts: Sequence[str], completions: Seque
         diagnostics = dict(result.diagnostics)
         result = result.values
     named = result if isinstance(result, dict) else {name: result}
-    return _floats(named, name, len(completions)), _floats(diagnostics, name, len(completions))
+    return _floats(named, name, count, allow_none=True), _floats(diagnostics, name, count)
 
 
-def _floats(named: Dict[str, Any], name: str, count: int) -> Dict[str, List[float]]:
-    """Each named sequence as `count` finite floats, labelled `name` or `name/component`."""
+def _floats(named: Dict[str, Any], name: str, count: int, allow_none: bool = False) -> Dict[str, List[float]]:
+    """Each named sequence as `count` finite floats (None as NaN, with `allow_none`), labelled `name` or
+    `name/component`."""
     checked = {}
     for component, values in named.items():
         label = name if component == name else f"{name}/{component}"
         try:
-            floats = [float(v) for v in values]
+            floats = [math.nan if v is None and allow_none else float(v) for v in values]
         except (TypeError, ValueError):
-            raise RewardFunctionError(f"reward function {label} must return numbers, got {values!r:.80}") from None
+            raise RewardFunctionError(f"reward function {label} must return numbers (or None), got {values!r:.80}") from None
         if len(floats) != count:
             raise RewardFunctionError(f"reward function {label} returned {len(floats)} values for {count} completions")
-        if not all(math.isfinite(v) for v in floats):
+        if not all(math.isfinite(v) for v, raw in zip(floats, values) if raw is not None):
             raise RewardFunctionError(f"reward function {label} returned a NaN or infinite value")
         checked[label] = floats
     return checked

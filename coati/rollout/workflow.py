@@ -57,8 +57,7 @@ class RLVRWorkflow(RolloutWorkflow):
         prompt = self.scorer.decode(sample["input_ids"])
         completions = self.scorer.completions(out)
         fields = {k: [v] * n for k, v in sample.items() if k not in PROMPT_FIELDS}
-        sequences = out.as_output() if self.scorer.reads_sequences else None
-        total, components = await self.scorer.ascore([prompt] * n, completions, fields, sequences)
+        total, components = await self.scorer.ascore([prompt] * n, completions, fields, out.as_output())
         return Trajectory(out.sequences, out.action_mask, out.logprobs, torch.tensor(total, dtype=torch.float32),
                           out.prompt_length, out.version,
                           {"prompts": [prompt] * n, "completions": completions, "reward_components": components})

@@ -6,11 +6,13 @@ from dataclasses import replace
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
+from transformers import TrainerState
 
 from coati.experience.experience import Experience, ExperienceMaker, completion_rows
 from coati.distributed.comm import gather_lists
 from coati.experience.metrics import rollout_metrics, tokens_in
 from coati.models.loss import PolicyLoss
+from coati.rewards.registry import component_metrics
 from coati.utils.cadence import Evaluator, Saver
 from coati.utils.ckpt_io import ModelState, load_checkpoint, read_running_state, save_checkpoint
 from coati.utils.stats_tracker import StatsTracker
@@ -136,6 +138,8 @@ class RolloutTrainer(OLTrainer):
 
     def _make_experience(self, collect_step: int) -> Experience:
         self._set_train_mode(False)
+        self.maker.scorer.trainer_state = TrainerState(global_step=self.episode, max_steps=self._num_episodes,
+                                                       epoch=self._epoch_progress())
         experience = self.source.next(self.episode, self.stats)
         self._record_experience(experience, collect_step)
         return experience
@@ -249,8 +253,8 @@ class RolloutTrainer(OLTrainer):
             out = self.maker.engine.generate(batch["input_ids"], batch["attention_mask"], greedy)
             _, _, (total, components) = self.maker.scorer.score_batch(batch, out)
             stats.add("reward", float(sum(total)), len(total))
-            for name, values in components.items():
-                stats.add(f"rewards/{name}", float(sum(values)), len(values))
+            for name, values in component_metrics(components):
+                stats.add(name, float(sum(values)), len(values))
         self.eval_history[step] = self._flush_metrics(step, prefix="eval/", stats=stats)
         fire(self.callbacks, "on_evaluate", step, self.eval_history[step])
         return self.eval_history[step]
