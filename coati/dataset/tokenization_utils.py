@@ -24,7 +24,7 @@ EMPTY = {
 
 def _tokenize(data_type: str, data_point: Dict[str, Any], tokenizer: PreTrainedTokenizerBase,
               conversation_template: Optional[Conversation], max_length: int) -> Dict[str, Any]:
-    row = VALIDATORS[data_type](data_point, "data_point")
+    row = VALIDATORS[data_type](dict(data_point), "data_point")      # datasets.map hands a row that is not a dict
     if conversation_template is not None:
         tokenizer.chat_template = conversation_template.chat_template
         if conversation_template.system_message is not None:
