@@ -238,3 +238,21 @@ def test_colossalchat_aliases_keep_our_ranges(name, argv, message, monkeypatch, 
     with pytest.raises(SystemExit) as exit_:
         _parse(name, [*base, *argv], monkeypatch)
     assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_rm_checkpoint_path_takes_a_checkpoint_or_its_modeling_folder(tmp_path):
+    """ColossalChat chains train_rm.py's `save_dir/modeling` (or a checkpoint folder) into PPO/GRPO."""
+    import argparse
+
+    from coati.utils.errors import CoatiUsageError
+    from coati.utils.preflight import resolve_model_flags
+
+    modeling = tmp_path / "rm" / "epoch-1_step-8" / "modeling"
+    modeling.mkdir(parents=True)
+    (modeling / "config.json").write_text("{}")
+    for given in (modeling.parent, modeling):
+        args = argparse.Namespace(rm_pretrain="base_model_dir", rm_checkpoint_path=str(given))
+        resolve_model_flags(args)
+        assert args.rm_pretrain == str(modeling)
+    with pytest.raises(CoatiUsageError, match="holds no model"):
+        resolve_model_flags(argparse.Namespace(rm_checkpoint_path=str(tmp_path / "rm")))

@@ -1,8 +1,9 @@
 """ColossalChat's own material run against coati, as a ColossalChat user would (tests/colossalchat/NOTICE.md): its
 data preparation and templating scripts as written, in a folder laid out as ColossalChat's, with a local model for
-the hub ids; the training commands of its test_train.sh with `--plugin ddp` under torchrun; its imports."""
+the hub ids; the training commands of its test_train.sh, launched with `colossalai run` as there, `--plugin ddp`."""
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, SCRIPTS, child_env, torchrun_cmd
+from conftest import REPO, SCRIPTS, child_env
 
 CC = REPO / "tests" / "colossalchat"
 HUB_IDS = ("hf-internal-testing/llama-tokenizer", "hpcai-tech/Colossal-LLaMA-2-7b-base", "THUDM/chatglm3-6b",
@@ -137,6 +138,13 @@ def _on_policy_argv(script: str, reward: str, data: Path, model: Path, save: Pat
 COMMANDS = [*SUPERVISED, "grpo-nn", "grpo-vr", "ppo-nn", "ppo-vr"]
 
 
+def _free_port() -> int:
+    """A port for the run's rendezvous (ColossalChat's commands pin 31332, which a run left over would hold)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("command", COMMANDS)
 def test_colossalchat_training_command_runs_with_ddp(command, prepared, llama_like, tree, tmp_path):
@@ -144,8 +152,11 @@ def test_colossalchat_training_command_runs_with_ddp(command, prepared, llama_li
     save = tmp_path / "rlhf_models"
     argv = (_on_policy_argv(script, reward, prepared, llama_like, save, tree) if reward
             else _supervised_argv(script, prepared, llama_like, save))
-    result = subprocess.run(torchrun_cmd(SCRIPTS / f"train_{script}.py", 2, *argv), capture_output=True, text=True,
-                            timeout=900, env=child_env(), cwd=tree)
+    launcher = [str(Path(sys.executable).parent / "colossalai"), "run", "--nproc_per_node", "2", "--master_port",
+                str(_free_port())]
+    result = subprocess.run([*launcher, str(SCRIPTS / f"train_{script}.py"), *argv], capture_output=True, text=True,
+                            timeout=900, env=child_env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"),
+                            cwd=tree)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     assert (save / "modeling" / "config.json").is_file()                    # the final model where ColossalChat puts it
     assert (tmp_path / "models_config" / "config.jsonl").is_file() or reward

@@ -187,10 +187,14 @@ def test_sharegpt_conversations_and_colossalchat_kto_rows_prepare_like_ours(tiny
     kto = _write(tmp_path / "kto.jsonl", [
         {"prompt": [{"from": "user", "content": "2 + 2?"}], "completion": {"from": "assistant", "content": "4"},
          "label": True}])
+    listed = _write(tmp_path / "kto_listed.jsonl", [{"prompt": [{"role": "user", "content": "2 + 2?"}],
+                                                     "completion": [{"role": "assistant", "content": "4"}], "label": True}])
     plain = _write(tmp_path / "kto_plain.jsonl", [{"prompt": "2 + 2?", "completion": "4", "label": True}])
-    prepare_dataset([kto], "kto", tokenizer, 64, tmp_path / "kto")
-    prepare_dataset([plain], "kto", tokenizer, 64, tmp_path / "kto_plain")
-    assert load_from_disk(str(tmp_path / "kto"))[0] == load_from_disk(str(tmp_path / "kto_plain"))[0]
+    for name, raw in (("kto", kto), ("kto_listed", listed), ("kto_plain", plain)):
+        prepare_dataset([raw], "kto", tokenizer, 64, tmp_path / name)
+    assert load_from_disk(str(tmp_path / "kto"))[0] == load_from_disk(str(tmp_path / "kto_listed"))[0]
+    plain_row = load_from_disk(str(tmp_path / "kto_plain"))[0]                    # TRL's standard text: no template
+    assert tokenizer.decode(plain_row["input_ids"]) == "2 + 2?4" + tokenizer.eos_token
 
 
 def test_data_prepared_by_colossalchat_is_refused_with_how_to_prepare_it_again(tmp_path):
