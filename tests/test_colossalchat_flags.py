@@ -256,3 +256,19 @@ def test_rm_checkpoint_path_takes_a_checkpoint_or_its_modeling_folder(tmp_path):
         assert args.rm_pretrain == str(modeling)
     with pytest.raises(CoatiUsageError, match="holds no model"):
         resolve_model_flags(argparse.Namespace(rm_checkpoint_path=str(tmp_path / "rm")))
+
+
+@pytest.mark.parametrize("argv, normalised, margin, reference_free", [
+    (["--loss_type", "simpo_loss"], True, 1.4, False),
+    (["--loss_type", "simpo_loss", "--gamma", "0.3", "--disable_reference_model"], True, 0.3, True),
+    (["--loss_type", "dpo_loss"], False, 0.0, False),
+])
+def test_colossalchat_loss_type_names(argv, normalised, margin, reference_free, monkeypatch):
+    """ColossalChat's `simpo_loss` is its DPO loss on length-normalised log-probs with a margin (1.4 unless
+    --gamma), the reference kept unless disabled; `dpo_loss` is DPO."""
+    from coati.models.loss import DPOLoss
+
+    args = _parse("dpo", ["--pretrain", "m", "--dataset", "d", *argv], monkeypatch)
+    loss = _script("dpo").preference_loss(args)
+    assert type(loss) is DPOLoss and loss.loss_type == "sigmoid" and loss.beta == 0.1
+    assert (loss.length_normalized, loss.gamma, not loss.needs_reference) == (normalised, margin, reference_free)

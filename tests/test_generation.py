@@ -103,3 +103,25 @@ def test_sampled_log_probs_come_from_the_sampling_forwards_and_match_a_full_forw
         full = action_logps(EosBoost(model, tokenizer.eos_token_id), out.sequences, out.attention_mask, out.prompt_length)
     assert torch.allclose(out.logprobs, full * out.action_mask, atol=1e-4)
     assert (out.logprobs[~out.action_mask] == 0).all() and (out.logprobs[out.action_mask] < 0).all()
+
+
+def test_inference_and_logits_forward_batch_sizes_bound_rows_not_results(tiny_assets):
+    """`--inference_batch_size` (the engine's `max_batch_rows`) and `--logits_forward_batch_size` (`in_row_chunks`)
+    only split the rows: the same tokens, masks and log-probs as all rows at once."""
+    from coati.models.logprobs import action_logps, in_row_chunks
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
+    model = AutoModelForCausalLM.from_pretrained(tiny_assets["model"]).eval()
+    batch = _prompts(tokenizer, ["Ann has 3 pens.", "Ben has 9 cards and 2 more.", "Cy has 1.", "Di has 4 hats.", "E"])
+    config = SamplingConfig(max_new_tokens=8, do_sample=False)
+    whole = HFEngine(model, tokenizer.pad_token_id, [tokenizer.eos_token_id]).generate(
+        batch["input_ids"], batch["attention_mask"], config, logprobs=True)
+    split = HFEngine(model, tokenizer.pad_token_id, [tokenizer.eos_token_id], max_batch_rows=2).generate(
+        batch["input_ids"], batch["attention_mask"], config, logprobs=True)
+    assert torch.equal(whole.sequences, split.sequences) and torch.equal(whole.action_mask, split.action_mask)
+    assert torch.allclose(whole.logprobs, split.logprobs, atol=1e-5)
+    with torch.no_grad():
+        full = action_logps(model, whole.sequences, whole.attention_mask, whole.prompt_length)
+        chunked = in_row_chunks(lambda rows: action_logps(model, whole.sequences[rows], whole.attention_mask[rows],
+                                                          whole.prompt_length), whole.sequences.size(0), 2)
+    assert torch.allclose(full, chunked, atol=1e-5)

@@ -3,6 +3,9 @@
     torchrun --nproc_per_node 2 examples/training_scripts/train_dpo.py --pretrain SFT_MODEL \
         --dataset data/pref --plugin ddp --batch_size 8 --beta 0.1 --save_dir ckpt/dpo --output_dir out/dpo
 """
+import argparse
+from typing import Any
+
 from coati.utils.arguments import add_reference_args, training_parser
 from coati.utils.cli import in_range, non_negative, positive
 from coati.utils.colossalchat import add_colossalchat_flags
@@ -28,21 +31,26 @@ def main(argv=None) -> None:
     add_reference_args(parser)
     add_colossalchat_flags(parser, "dpo")
     args = parser.parse_args(argv)
-    from coati.models.loss import DPOLoss, SimPOLoss   # the training stack loads once the flags are read
-    from coati.trainer.dpo import DPOTrainer
+    from coati.trainer.dpo import DPOTrainer   # the training stack loads once the flags are read
     from coati.trainer.runner import reference_hook, run_supervised
 
-    beta = DEFAULT_BETA[args.loss_type] if args.beta is None else args.beta
-    colossalchat_simpo = args.loss_type == "simpo_loss"
-    if args.loss_type == "simpo":
-        loss = SimPOLoss(beta, 0.5 if args.gamma is None else args.gamma, args.label_smoothing)
-    else:
-        margin = COLOSSALCHAT_MARGIN if colossalchat_simpo and args.gamma is None else args.gamma or 0.0
-        loss = DPOLoss(beta, args.label_smoothing, "ipo" if args.loss_type == "ipo" else "sigmoid", margin,
-                       reference_free=args.disable_reference_model,
-                       length_normalization=args.length_normalization or colossalchat_simpo)
+    loss = preference_loss(args)
     run_supervised(args, DPOTrainer, "preference", trainer_kwargs={"loss_fn": loss},
                    setup_hook=reference_hook if loss.needs_reference else None)
+
+
+def preference_loss(args: argparse.Namespace) -> Any:
+    """The loss `--loss_type` names, with `--beta`, `--gamma` and `--label_smoothing` (their defaults per loss)."""
+    from coati.models.loss import DPOLoss, SimPOLoss
+
+    beta = DEFAULT_BETA[args.loss_type] if args.beta is None else args.beta
+    if args.loss_type == "simpo":
+        return SimPOLoss(beta, 0.5 if args.gamma is None else args.gamma, args.label_smoothing)
+    colossalchat_simpo = args.loss_type == "simpo_loss"
+    margin = COLOSSALCHAT_MARGIN if colossalchat_simpo and args.gamma is None else args.gamma or 0.0
+    return DPOLoss(beta, args.label_smoothing, "ipo" if args.loss_type == "ipo" else "sigmoid", margin,
+                   reference_free=args.disable_reference_model,
+                   length_normalization=args.length_normalization or colossalchat_simpo)
 
 
 if __name__ == "__main__":
