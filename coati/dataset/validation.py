@@ -173,9 +173,12 @@ def _response(row: Row, field: str, where: str) -> List[Dict[str, str]]:
 
 
 def _prompt_turns(row: Any, field: str, where: str, drop_answer: bool = False) -> List[Dict[str, str]]:
-    """The conversation so far: message list `field` ending with a user turn. With `drop_answer`, a list that ends
-    with an assistant turn loses it (ColossalChat's prompt data: the answer is not part of the prompt)."""
-    messages = normalize_messages(_require(row, field, where), where, field)
+    """The conversation so far: message list `field` ending with a user turn, or a string, the user's turn (a plain
+    prompt beside message-list responses). With `drop_answer`, a list that ends with an assistant turn loses it
+    (ColossalChat's prompt data: the answer is not part of the prompt)."""
+    if isinstance(_require(row, field, where), str):
+        return [{"role": "user", "content": _text(row, field, where)}]
+    messages = normalize_messages(row[field], where, field)
     if drop_answer and len(messages) > 1 and messages[-1]["role"] == "assistant":
         messages = messages[:-1]
     check_turn_order(messages, where, field, last_role="user")
