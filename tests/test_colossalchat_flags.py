@@ -272,3 +272,11 @@ def test_colossalchat_loss_type_names(argv, normalised, margin, reference_free, 
     loss = _script("dpo").preference_loss(args)
     assert type(loss) is DPOLoss and loss.loss_type == "sigmoid" and loss.beta == 0.1
     assert (loss.length_normalized, loss.gamma, not loss.needs_reference) == (normalised, margin, reference_free)
+
+
+def test_a_blank_argument_is_dropped_with_a_warning(monkeypatch, capsys):
+    """ColossalChat's GRPO test command ends a line with `\\ \\`: a lone blank argument under a direct launch."""
+    args = _parse("grpo", ["--pretrain", "m", "--prompt_dataset", "d", "--max_len", "200", " ", "--max_seq_len", "10"],
+                  monkeypatch)
+    assert args.max_length == 200 and args.max_new_tokens == 10
+    assert "warning: ignoring 1 blank argument(s) [' ']" in capsys.readouterr().err

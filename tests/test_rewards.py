@@ -137,9 +137,9 @@ def named_parts(prompts, completions, **_):
 
 
 def test_user_reward_functions_by_module_path_with_clear_errors():
-    with pytest.raises(RewardFunctionError, match=r"reward function bad_length returned 1 values for 2 completions"):
+    with pytest.raises(RewardFunctionError, match=r"reward function test_rewards:bad_length returned 1 values for 2 completions"):
         WeightedReward.from_specs(["test_rewards:bad_length"])(["a", "b"], ["x", "y"])
-    with pytest.raises(RewardFunctionError, match=r"reward function raises raised KeyError: 'gt_answer'"):
+    with pytest.raises(RewardFunctionError, match=r"reward function test_rewards:raises raised KeyError: 'gt_answer'"):
         WeightedReward.from_specs(["test_rewards:raises"])(["a"], ["x"])
     total, components = WeightedReward.from_specs(["test_rewards:named_parts=2"])(["a", "b"], ["xy", "xyz"])
     assert components == {"named_parts/short": [1.0, 0.0], "named_parts/long": [0.0, 1.0]}   # by name, as TRL logs

@@ -119,13 +119,15 @@ class WeightedReward:
     parts: List[Tuple[str, RewardFn, float]]
     timeout_s: Optional[float] = None
     builtin: List[str] = field(default_factory=list)
+    specs: Dict[str, str] = field(default_factory=dict)
+    """Each part's label -> the name it was given by (`package.module:function`), which error messages use."""
     _warned_unscored: bool = field(default=False, repr=False)
 
     @classmethod
     def from_specs(cls, specs: Sequence[str], timeout_s: Optional[float] = None,
                    builtins: Optional[Dict[str, RewardFn]] = None) -> "WeightedReward":
         """From `name` or `name=weight` strings; `builtins` replaces `BUILTIN` (built-ins configured by flags)."""
-        parts, builtin = [], []
+        parts, builtin, names = [], [], {}
         for spec in specs:
             name, weight = split_spec(spec)
             try:
@@ -136,9 +138,10 @@ class WeightedReward:
                 raise CoatiUsageError(f"--reward_fn {spec}: the weight must be a finite number")
             label = _label(name, [label for label, _, _ in parts])
             parts.append((label, resolve(name, builtins), value))
+            names[label] = name
             if name in (BUILTIN if builtins is None else builtins) or is_url(name):
                 builtin.append(label)
-        return cls(parts, timeout_s, builtin)
+        return cls(parts, timeout_s, builtin, names)
 
     @property
     def takes_sequences(self) -> bool:
@@ -159,7 +162,8 @@ class WeightedReward:
                 arguments = {"prompts": list(prompts), "completions": list(completions), **fields, **extra}
             else:
                 arguments = {**fields, **self._trl_arguments(inputs, components, len(completions))}
-            rewards, diagnostics = _checked(name, fn, arguments, len(completions), self.timeout_s)
+            rewards, diagnostics = _checked(name, fn, arguments, len(completions), self.timeout_s,
+                                            self.specs.get(name, name))
             for component, values in rewards.items():
                 components[component] = values
                 for i, v in enumerate(values):
@@ -227,37 +231,39 @@ def split_spec(spec: str) -> Tuple[str, str]:
     return name, weight
 
 
-def _checked(name: str, fn: RewardFn, arguments: Dict[str, Any], count: int, timeout_s: Optional[float] = None
-             ) -> Tuple[Dict[str, List[float]], Dict[str, List[float]]]:
-    """`fn(**arguments)`'s result as ({reward component: floats, NaN where it returned None}, {diagnostic: floats}),
-    or a `RewardFunctionError` that names `fn` and the problem."""
+def _checked(name: str, fn: RewardFn, arguments: Dict[str, Any], count: int, timeout_s: Optional[float] = None,
+             spec: Optional[str] = None) -> Tuple[Dict[str, List[float]], Dict[str, List[float]]]:
+    """`fn(**arguments)`'s result as ({reward component: floats, NaN where it returned None}, {diagnostic: floats})
+    labelled `name`, or a `RewardFunctionError` that names `fn` by `spec` (the name it was given by) and the problem."""
+    spec = spec or name
     try:
-        result = call_with_timeout(name, fn, timeout_s, **arguments)
+        result = call_with_timeout(spec, fn, timeout_s, **arguments)
     except CoatiUsageError:   # a timeout, an unreachable reward server: their messages are already clear
         raise
     except Exception as error:
-        raise RewardFunctionError(f"reward function {name} raised {type(error).__name__}: {error}") from error
+        raise RewardFunctionError(f"reward function {spec} raised {type(error).__name__}: {error}") from error
     diagnostics = {}
     if isinstance(result, RewardOutput):
         diagnostics = dict(result.diagnostics)
         result = result.values
     named = result if isinstance(result, dict) else {name: result}
-    return _floats(named, name, count, allow_none=True), _floats(diagnostics, name, count)
+    return _floats(named, name, count, spec, allow_none=True), _floats(diagnostics, name, count, spec)
 
 
-def _floats(named: Dict[str, Any], name: str, count: int, allow_none: bool = False) -> Dict[str, List[float]]:
+def _floats(named: Dict[str, Any], name: str, count: int, spec: str, allow_none: bool = False) -> Dict[str, List[float]]:
     """Each named sequence as `count` finite floats (None as NaN, with `allow_none`), labelled `name` or
-    `name/component`."""
+    `name/component`; errors name the function by `spec`."""
     checked = {}
     for component, values in named.items():
-        label = name if component == name else f"{name}/{component}"
+        suffix = "" if component == name else f"/{component}"
+        shown = f"{spec}{suffix}"
         try:
             floats = [math.nan if v is None and allow_none else float(v) for v in values]
         except (TypeError, ValueError):
-            raise RewardFunctionError(f"reward function {label} must return numbers (or None), got {values!r:.80}") from None
+            raise RewardFunctionError(f"reward function {shown} must return numbers (or None), got {values!r:.80}") from None
         if len(floats) != count:
-            raise RewardFunctionError(f"reward function {label} returned {len(floats)} values for {count} completions")
+            raise RewardFunctionError(f"reward function {shown} returned {len(floats)} values for {count} completions")
         if not all(math.isfinite(v) for v, raw in zip(floats, values) if raw is not None):
-            raise RewardFunctionError(f"reward function {label} returned a NaN or infinite value")
-        checked[label] = floats
+            raise RewardFunctionError(f"reward function {shown} returned a NaN or infinite value")
+        checked[f"{name}{suffix}"] = floats
     return checked
