@@ -146,10 +146,10 @@ def _prepare(rows: List[Dict], encode: Callable[[Dict], Optional[Dict]], out_dir
     progress = tqdm(total=sampled, desc="tokenizing")
     encoded = []
     for index, part in parts:
-        kept = [e for e in (encode(row) for row in part) if e is not None]
+        rows_kept = [e for e in (encode(row) for row in part) if e is not None]
         progress.update(len(part))
-        if kept:
-            encoded.append((index, kept))
+        if rows_kept:
+            encoded.append((index, rows_kept))
     progress.close()
     kept = sum(len(part) for _, part in encoded)
     if not kept:
