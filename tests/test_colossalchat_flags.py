@@ -280,3 +280,13 @@ def test_a_blank_argument_is_dropped_with_a_warning(monkeypatch, capsys):
                   monkeypatch)
     assert args.max_length == 200 and args.max_new_tokens == 10
     assert "warning: ignoring 1 blank argument(s) [' ']" in capsys.readouterr().err
+
+
+def test_no_neural_reward_model_with_rm_pretrain_starts_the_critic(monkeypatch, capsys):
+    """ColossalChat's own PPO test passes both: the rewards come from the functions, --rm_pretrain starts the critic."""
+    base = ["--pretrain", "m", "--prompt_dataset", "d", "--no_neural_reward_model", "--rm_pretrain", "rm"]
+    args = _parse("ppo", [*base, "--reward_functions", "gsm8k_reward_fn"], monkeypatch)
+    assert (args.rm_pretrain, args.critic_pretrain, args.reward_fn) == (None, "rm", ["math_answer", "answer_format"])
+    with pytest.raises(SystemExit):
+        _parse("ppo", base, monkeypatch)
+    assert "--no_neural_reward_model: the rewards then come from --reward_fn" in capsys.readouterr().err

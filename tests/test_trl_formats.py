@@ -116,7 +116,11 @@ def test_every_format_trains_on_its_trainers(script, prepared, tiny_assets, tmp_
     data = [str(folder) for (k, _), folder in folders.items() if k == kind]
     flag = "--prompt_dataset" if script == "grpo" else "--dataset"
     argv = ["--pretrain", str(tiny_assets["model"]), flag, *data, "--plugin", "ddp", "--log_dir", str(tmp_path / "logs"),
-            *(["--max_epochs", "1"] if script != "grpo" else []), *extra]
+            *extra]
+    if script == "grpo":                               # ptx beside GRPO's loss, as ColossalChat's GRPO takes it
+        argv += ["--ptx_dataset", str(folders["sft", "text"]), "--ptx_coef", "0.1"]
+    else:
+        argv += ["--max_epochs", "1"]
     result = subprocess.run(torchrun_cmd(SCRIPTS / f"train_{script}.py", 1, *argv), capture_output=True, text=True,
                             timeout=600, env=child_env(PYTHONPATH=str(REPO / "tests")), cwd=REPO)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
@@ -137,6 +141,8 @@ def _check_trl_reward_metrics(records):
     assert first["train/rewards/async_reward_func/mean"] >= 0 and first["train/rewards/completion_length_reward/mean"] > 0
     steps = [r["train/rewards/curriculum_reward/mean"] for r in records if "train/rewards/curriculum_reward/mean" in r]
     assert steps == [0.0, 1.0]
+    ptx = [r["train/loss/ptx"] for r in records if "train/loss/ptx" in r]
+    assert len(ptx) == 2 and all(value > 0 for value in ptx)          # one a step, from --ptx_dataset
 
 
 def _scored(prepared, tiny_assets, names, specs, state=None):
