@@ -96,7 +96,22 @@ def fail(message: str, code: int, every_rank: bool = False) -> NoReturn:
     if every_rank or _is_local_rank_0():
         sys.stdout.flush()
         print(message, file=sys.stderr, flush=True)
+    else:
+        time.sleep(QUIET_RANK_GRACE_S)
     sys.exit(code)
+
+
+QUIET_RANK_GRACE_S = 3.0
+"""How long a rank that does not print the error waits before it exits: torchrun stops every rank as soon as one
+fails, and on a loaded machine the printing rank may not have printed yet."""
+
+
+def close_process_group() -> None:
+    """Destroy the process group of a run that finished: left to interpreter teardown, gloo can abort a rank
+    under load (SIGABRT, 'terminate called without an active exception') after every step succeeded."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def exit_cleanly(main: Callable[..., T]) -> Callable[..., T]:
@@ -116,7 +131,9 @@ def exit_cleanly(main: Callable[..., T]) -> Callable[..., T]:
 
         follow_launcher()
         try:
-            return main(*args, **kwargs)
+            result = main(*args, **kwargs)
+            close_process_group()
+            return result
         except CoatiUsageError as error:
             fail(f"error: {error}", USAGE_EXIT_CODE)
         except KeyboardInterrupt:
