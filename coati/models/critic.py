@@ -27,9 +27,13 @@ def action_values(critic: torch.nn.Module, sequences: torch.Tensor, attention_ma
                   prompt_length: int) -> torch.Tensor:
     """V(s_t) for each completion token t of `sequences[:, prompt_length:]`: the value read at the token
     before it, so values line up with `action_logps`. (batch, N), float32."""
-    values = critic(input_ids=sequences, attention_mask=attention_mask,
-                    position_ids=mask_positions(attention_mask)).logits.squeeze(-1)
-    return values[:, prompt_length - 1:-1].float()
+    return token_values(critic, sequences, attention_mask)[:, prompt_length - 1:-1].float()
+
+
+def token_values(critic: torch.nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The critic's value at every position of left- or right-padded `sequences`, (batch, length)."""
+    return critic(input_ids=sequences, attention_mask=attention_mask,
+                  position_ids=mask_positions(attention_mask)).logits.squeeze(-1)
 
 
 class Critic(torch.nn.Module):
@@ -42,8 +46,7 @@ class Critic(torch.nn.Module):
         self.config = self.model.config
 
     def forward(self, input_ids: torch.LongTensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
-        return self.model(input_ids=input_ids, attention_mask=mask, position_ids=mask_positions(mask)).logits.squeeze(-1)
+        return token_values(self.model, input_ids, torch.ones_like(input_ids) if attention_mask is None else attention_mask)
 
     def get_input_embeddings(self) -> torch.nn.Module:
         return self.model.get_input_embeddings()
