@@ -106,13 +106,6 @@ QUIET_RANK_GRACE_S = 3.0
 fails, and on a loaded machine the printing rank may not have printed yet."""
 
 
-def close_process_group() -> None:
-    """Destroy the process group of a run that finished: left to interpreter teardown, gloo can abort a rank
-    under load (SIGABRT, 'terminate called without an active exception') after every step succeeded."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-
 
 def exit_cleanly(main: Callable[..., T]) -> Callable[..., T]:
     """Run a script's `main`, turning the failures a user meets into one line and an exit status.
@@ -131,9 +124,7 @@ def exit_cleanly(main: Callable[..., T]) -> Callable[..., T]:
 
         follow_launcher()
         try:
-            result = main(*args, **kwargs)
-            close_process_group()
-            return result
+            return main(*args, **kwargs)
         except CoatiUsageError as error:
             fail(f"error: {error}", USAGE_EXIT_CODE)
         except KeyboardInterrupt:
