@@ -78,7 +78,7 @@ def torchrun(script: Path, nproc: int, *args: str, timeout: int = 600) -> subpro
 
 def dist_script_result(name: str, nproc: int = 2) -> dict:
     """Run tests/dist_scripts/`name` on `nproc` ranks and return the JSON it prints after `RESULT `."""
-    result = torchrun(REPO / "tests" / "dist_scripts" / name, nproc)
+    result = torchrun(REPO / "tests" / "dist_scripts" / name, nproc, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     line = next(l for l in result.stdout.splitlines() if l.startswith("RESULT "))
     return json.loads(line[len("RESULT "):])

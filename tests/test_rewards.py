@@ -52,8 +52,18 @@ CASES = [
 ]
 
 
+@pytest.fixture(scope="module")
+def patient_verifier():
+    """A verifier whose checks may take a minute: these cases test verdicts, and under CI load a first symbolic check
+    once overran the 5 s default (the timeout has its own test below)."""
+    verifier = MathVerifier(timeout_s=60)
+    yield verifier
+    verifier.close()
+
+
 @pytest.mark.parametrize("completion,truth,expected", CASES)
-def test_math_answer_on_tricky_answers(completion, truth, expected):
+def test_math_answer_on_tricky_answers(completion, truth, expected, patient_verifier, monkeypatch):
+    monkeypatch.setattr("coati.rewards.math.shared_verifier", lambda: patient_verifier)
     assert answers_match(completion, truth) is expected
 
 

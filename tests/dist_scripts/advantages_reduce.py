@@ -6,10 +6,12 @@ from types import SimpleNamespace
 import torch
 
 from coati.distributed import rank
-from coati.distributed.comm import barrier, gather_lists
+from coati.distributed.comm import gather_lists
 from coati.distributed.launch import init_distributed
 from coati.experience.advantages import ADVANTAGE_ESTIMATORS
 from coati.experience.controllers import KLController
+
+from leave import leave_together
 
 init_distributed()
 rewards = [torch.tensor([0.0, 2.0]), torch.tensor([4.0, 6.0])][rank()]
@@ -22,5 +24,4 @@ every = gather_lists([(advantages.tolist(), controller.value)])
 if rank() == 0:
     print("RESULT " + json.dumps({"rank0": every[0][0], "rank1": every[1][0],
                                   "kl_values": [every[0][1], every[1][1]]}), flush=True)
-barrier()
-torch.distributed.destroy_process_group()   # before exit: left to interpreter teardown, gloo once aborted (SIGABRT)
+leave_together()

@@ -1,12 +1,11 @@
 """Run under torchrun: every rank fills a meter differently; rank 0 prints the reduced means as JSON."""
 import json
 
-import torch
-
 from coati.distributed import rank
-from coati.distributed.comm import barrier
 from coati.distributed.launch import init_distributed
 from coati.utils import AccumulativeMeanMeter, all_reduce_meter
+
+from leave import leave_together
 
 init_distributed()
 meter = AccumulativeMeanMeter()
@@ -17,5 +16,4 @@ if r == 1:
 reduced = all_reduce_meter(meter)
 if r == 0:
     print("RESULT " + json.dumps(reduced))
-barrier()   # leave together, as the training scripts do (their last step is a barrier)
-torch.distributed.destroy_process_group()   # before exit: left to interpreter teardown, gloo once aborted (SIGABRT)
+leave_together()
