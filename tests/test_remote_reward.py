@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import REPO, SCRIPTS, child_env, torchrun
-from coati.rewards import WeightedReward
+from coati.rewards import RewardFunctionError, WeightedReward
 from coati.rewards.remote import RemoteReward, RemoteRewardError
 
 SERVER = REPO / "examples" / "reward_server.py"
@@ -130,15 +130,17 @@ def test_a_server_that_is_down_ends_the_run_with_one_line_and_status_2(tiny_asse
 
 
 class _Handler(BaseHTTPRequestHandler):
-    """Answers as the class attributes say: `delay_s` first, then `statuses` in turn (the last one repeats)."""
-    delay_s, statuses, seen = 0.0, [200], []
+    """Answers as the class attributes say: `delay_s` first, then `statuses` in turn (the last one repeats), with
+    `extra` added to a 200 answer."""
+    delay_s, statuses, seen, extra = 0.0, [200], [], {}
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).seen.append(body)
         time.sleep(self.delay_s)
         status = self.statuses[min(len(self.seen) - 1, len(self.statuses) - 1)]
-        data = json.dumps({"rewards": [len(c) for c in body["completions"]]} if status == 200 else {"error": "no"})
+        data = json.dumps({"rewards": [len(c) for c in body["completions"]], **self.extra} if status == 200
+                          else {"error": "no"})
         self.send_response(status)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -150,7 +152,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def fake_server():
-    _Handler.delay_s, _Handler.statuses, _Handler.seen = 0.0, [200], []
+    _Handler.delay_s, _Handler.statuses, _Handler.seen, _Handler.extra = 0.0, [200], [], {}
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}/score"
@@ -176,6 +178,14 @@ def test_failed_requests_are_retried_and_refusals_are_not(fake_server):
     with pytest.raises(RemoteRewardError, match="refused the request"):
         RemoteReward(fake_server, retries=3, backoff_s=0.05)(["p"], ["c"])
     assert len(_Handler.seen) == 1
+
+
+@pytest.mark.parametrize("diagnostics", ["all fine", ["a", "b"], {"pass_rate": "high"}, {"pass_rate": [1.0]}])
+def test_malformed_diagnostics_end_the_run_in_one_line(fake_server, diagnostics):
+    _Handler.extra = {"diagnostics": diagnostics}
+    reward = WeightedReward.from_specs([fake_server], builtins={fake_server: RemoteReward(fake_server, retries=0)})
+    with pytest.raises(RewardFunctionError, match=f"reward function {re.escape(fake_server)}"):
+        reward(["p", "q"], ["ab", "abc"])
 
 
 def test_reward_specs_with_urls():

@@ -12,13 +12,22 @@ import psutil
 import pytest
 
 from coati.rewards import CodeTests, RewardFunctionError, WeightedReward, code_tests, extract_code
-from coati.rewards.sandbox import (CPU_TIME, FILE_SIZE, LIMIT, MEMORY, NAMESPACES, OK, OWN_USER, PROCESSES, UID_RANGE,
-                                   WALL_TIME, Sandbox, SandboxLimits)
+from coati.rewards.sandbox import (BWRAP, CPU_TIME, FILE_SIZE, LIMIT, MEMORY, NAMESPACES, OK, OWN_USER, PROCESSES,
+                                   UID_RANGE, WALL_TIME, Sandbox, SandboxLimits, bwrap_problem)
 
 LIMITS = SandboxLimits(cpu_s=2, wall_s=3, memory_mb=256, processes=16, file_size_mb=4)
-ISOLATION = set(Sandbox(LIMITS, workers=1).run("pass").isolation)
-"""What this machine allows: namespaces (root with CAP_SYS_ADMIN), an own user id (root)."""
-needs_namespaces = pytest.mark.skipif(NAMESPACES not in ISOLATION, reason="no namespaces here (needs CAP_SYS_ADMIN)")
+
+
+def backends_here():
+    """The backends that contain programs on this machine: bubblewrap where it works, coati's own namespaces as root
+    with CAP_SYS_ADMIN."""
+    found = [BWRAP] if bwrap_problem() is None else []
+    if os.geteuid() == 0 and NAMESPACES in Sandbox(LIMITS, 1, NAMESPACES).run("pass").isolation:
+        found.append(NAMESPACES)
+    return found
+
+
+BACKENDS_HERE = backends_here()
 
 
 def sandbox_processes():
@@ -35,9 +44,10 @@ def sandbox_processes():
     return found
 
 
-@pytest.fixture(scope="module")
-def sandbox():
-    box = Sandbox(LIMITS, workers=2)
+@pytest.fixture(scope="module", params=BACKENDS_HERE or [pytest.param(None, marks=pytest.mark.skip(
+    reason="nothing contains programs here: no bubblewrap, not root"))])
+def sandbox(request):
+    box = Sandbox(LIMITS, workers=2, backend=request.param)
     yield box
     box.close()
 
@@ -71,7 +81,6 @@ def test_hostile_programs_are_stopped_by_the_limit_they_hit(sandbox, source, lim
     assert (result.status, result.limit) == (LIMIT, limit), result.stderr[-300:]
 
 
-@needs_namespaces
 def test_a_program_cannot_write_outside_its_folder(sandbox, tmp_path):
     os.chmod(tmp_path, 0o777)
     target, scratch = tmp_path / "escaped", "/tmp/coati-sandbox-escape"
@@ -87,7 +96,6 @@ def test_a_program_sees_none_of_our_environment(sandbox, monkeypatch):
     assert "COATI_TEST_SECRET" not in result.stdout
 
 
-@needs_namespaces
 def test_a_program_cannot_reach_a_local_port(sandbox):
     server = socket.create_server(("127.0.0.1", 0))
     server.settimeout(5)
@@ -98,8 +106,8 @@ def test_a_program_cannot_reach_a_local_port(sandbox):
     result = sandbox.run(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'hi')")
     listener.join()
     server.close()
-    assert result.status != OK and "unreachable" in result.stderr
-    assert accepted == [None]
+    assert result.status != OK and ("unreachable" in result.stderr or "Connection refused" in result.stderr)
+    assert accepted == [None]   # a network of its own: the host's port is not there
 
 
 def _accept(server):
@@ -109,7 +117,6 @@ def _accept(server):
         return None
 
 
-@pytest.mark.skipif(not ISOLATION, reason="a non-root user gets the process-group kill only")
 def test_what_a_program_starts_is_killed_when_it_ends(sandbox):
     result = sandbox.run("import subprocess\nsubprocess.Popen(['sleep', '600', 'coati-sandbox-test'], "
                          "start_new_session=True)\nprint('started')")
@@ -127,7 +134,7 @@ def test_without_namespaces_the_own_user_still_contains_processes(tmp_path):
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent("""
         from coati.rewards.sandbox import Sandbox, SandboxLimits
-        box = Sandbox(SandboxLimits(cpu_s=2, wall_s=3, processes=16))
+        box = Sandbox(SandboxLimits(cpu_s=2, wall_s=3, processes=16), backend="namespaces")
         bomb = box.run("import os\\nwhile True:\\n    os.fork()")
         daemon = box.run("import subprocess\\nsubprocess.Popen(['sleep', '600', 'coati-sandbox-test'], "
                          "start_new_session=True)")
@@ -136,8 +143,9 @@ def test_without_namespaces_the_own_user_still_contains_processes(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     done = subprocess.run(["setpriv", "--bounding-set", "-sys_admin", sys.executable, str(script)],
                           capture_output=True, text=True, env=env, timeout=120)
-    assert done.stdout.strip() == "['own_user'] processes ok", done.stderr[-500:]
-    assert "running without namespaces" in done.stderr
+    assert done.stdout.strip() in ("['own_user'] processes ok", "['own_user', 'memory_cgroup'] processes ok"), \
+        done.stderr[-500:]
+    assert "no bubblewrap and no CAP_SYS_ADMIN: programs run as a user id of their own" in done.stderr
 
 
 def test_extract_code_takes_the_last_python_block():

@@ -4,18 +4,23 @@ A row carries its tests in one of two forms (ColossalChat's PRIME-style data, an
 - `test_cases`: `{"inputs": [...], "outputs": [...]}` (or that as a JSON string): the program reads each input on
   stdin and passes when its stdout equals the output (trailing whitespace on each line and trailing blank lines
   ignored);
-- `tests`: assert statements (a list of strings, or one string of statements): the program is run once per test
-  with the test after it, and passes when the run reaches its end (an early `sys.exit(0)` does not count).
+- `tests`: assert statements (a list of strings, or one string of statements): each test is run against a fresh
+  run of the program, and passes when its statements hold.
+
+Each test is judged inside the sandbox by `harness.py`, in a process apart from the program's: the program never
+sees the expected output or the test, cannot write the verdict, and its values reach the comparison as plain data
+(so an object whose `__eq__` always says True passes nothing).
 """
 import ast
 import json
 import re
-import secrets
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from . import harness
 from .output import RewardOutput
-from .sandbox import LIMITS, OK, RunResult, SandboxLimits, shared_sandbox
+from .sandbox import AUTO, LIMITS, OK, RunResult, SandboxLimits, shared_sandbox
 
 _FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.S)
 _PYTHON_LABELS = ("python", "py", "python3", "")
@@ -25,12 +30,6 @@ def extract_code(completion: str) -> Optional[str]:
     """The last complete fenced code block labelled Python (or not labelled); None when there is none."""
     blocks = [body for label, body in _FENCE.findall(completion) if label.lower() in _PYTHON_LABELS]
     return blocks[-1] if blocks else None
-
-
-def _same_output(got: str, want: str) -> bool:
-    def lines(text: str) -> List[str]:
-        return [line.rstrip() for line in str(text).rstrip().splitlines()]
-    return lines(got) == lines(want)
 
 
 def _assert_tests(tests: Any) -> List[str]:
@@ -49,33 +48,25 @@ def _stdio_cases(cases: Any) -> List[Tuple[str, str]]:
     return [(str(i), str(o)) for i, o in zip(inputs, outputs)]
 
 
-@dataclass(frozen=True)
-class _Job:
-    """One sandbox run and how to judge it."""
-
-    source: str
-    stdin: str
-    expected: Optional[str] = None
-    token: Optional[str] = None
-
-    def passed(self, result: RunResult) -> bool:
-        if result.status != OK:
-            return False
-        if self.token is not None:
-            return result.stdout.rstrip().endswith(self.token)
-        return _same_output(result.stdout, self.expected)
+_HARNESS = Path(harness.__file__).read_text()
 
 
-def _jobs(code: str, test_cases: Any, tests: Any) -> List[_Job]:
-    """The runs that check `code` against one row's tests."""
+def _passed(result: RunResult) -> bool:
+    """The harness's verdict on one test: its last stdout line, which the program cannot write."""
+    if result.status != OK:
+        return False
+    try:
+        return json.loads(result.stdout.strip().splitlines()[-1])["passed"] is True
+    except (IndexError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _requests(code: str, test_cases: Any, tests: Any) -> List[str]:
+    """The harness's request (its stdin) for each of one row's tests."""
     if test_cases:
-        return [_Job(code, stdin, expected=out) for stdin, out in _stdio_cases(test_cases)]
+        return [json.dumps({"source": code, "stdin": given, "expected": out}) for given, out in _stdio_cases(test_cases)]
     if tests:
-        jobs = []
-        for test in _assert_tests(tests):
-            token = secrets.token_hex(8)
-            jobs.append(_Job(f"{code}\n\n{test}\nprint({token!r})\n", "", token=token))
-        return jobs
+        return [json.dumps({"source": code, "assert": test}) for test in _assert_tests(tests)]
     raise ValueError("a row has neither test_cases nor tests")
 
 
@@ -89,21 +80,22 @@ class CodeTests:
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     workers: int = 0
     all_or_nothing: bool = False
+    backend: str = AUTO
 
     def __call__(self, prompts: Sequence[str], completions: Sequence[str], test_cases: Optional[Sequence[Any]] = None,
                  tests: Optional[Sequence[Any]] = None, **_: object) -> RewardOutput:
         rows = len(completions)
         test_cases, tests = test_cases or [None] * rows, tests or [None] * rows
         codes = [extract_code(c) for c in completions]
-        per_row = [_jobs(code, cases, row_tests) if code is not None else []
+        per_row = [_requests(code, cases, row_tests) if code is not None else []
                    for code, cases, row_tests in zip(codes, test_cases, tests)]
-        flat = [job for jobs in per_row for job in jobs]
-        results = shared_sandbox(self.limits, self.workers).run_many([(job.source, job.stdin) for job in flat])
+        sandbox = shared_sandbox(self.limits, self.workers, self.backend)
+        results = sandbox.run_many([(_HARNESS, request) for requests in per_row for request in requests])
         rates, hits, start = [], {limit: [] for limit in LIMITS}, 0
-        for jobs in per_row:
-            ran = results[start:start + len(jobs)]
-            start += len(jobs)
-            rates.append(sum(job.passed(r) for job, r in zip(jobs, ran)) / len(jobs) if jobs else 0.0)
+        for requests in per_row:
+            ran = results[start:start + len(requests)]
+            start += len(requests)
+            rates.append(sum(map(_passed, ran)) / len(requests) if requests else 0.0)
             for limit in LIMITS:
                 hits[limit].append(float(any(r.limit == limit for r in ran)))
         values = [float(rate == 1.0) for rate in rates] if self.all_or_nothing else rates

@@ -2,26 +2,30 @@
 math-verify where it is an expression (LaTeX, sets, intervals, equations)."""
 import re
 from fractions import Fraction
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from .output import RewardOutput
 from .verifier import ERROR, MATCH, MISMATCH, TIMEOUT, shared_verifier
 
 _HASHES = re.compile(r"####\s*([^\n]+)")
+_BRACES = re.compile(r"\\boxed\{|[{}]")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
 
 
 def last_boxed(text: str) -> Optional[str]:
-    """The content of the last `\\boxed{...}`, its braces matched to any depth; None without a complete one."""
-    start = text.rfind("\\boxed{")
-    while start >= 0:
-        depth, begin = 0, start + len("\\boxed{")
-        for end in range(begin - 1, len(text)):
-            depth += {"{": 1, "}": -1}.get(text[end], 0)
-            if depth == 0:
-                return text[begin:end]
-        start = text.rfind("\\boxed{", 0, start)
-    return None
+    """The content of the last `\\boxed{...}` that closes, its braces matched to any depth; None without one. One pass
+    over the text (a long completion full of unclosed boxes must not take quadratic time)."""
+    opened: List[int] = []   # each brace still open: where a box's content starts, -1 for other braces
+    last: Optional[Tuple[int, int]] = None
+    for match in _BRACES.finditer(text):
+        if match.group() == "}":
+            if opened:
+                start = opened.pop()
+                if start >= 0 and (last is None or start > last[0]):
+                    last = (start, match.start())
+        else:
+            opened.append(match.end() if match.group() == "\\boxed{" else -1)
+    return text[last[0]:last[1]] if last else None
 
 
 def marked_answer(text: str) -> Optional[str]:

@@ -244,6 +244,9 @@ def _checked(name: str, fn: RewardFn, arguments: Dict[str, Any], count: int, tim
         raise RewardFunctionError(f"reward function {spec} raised {type(error).__name__}: {error}") from error
     diagnostics = {}
     if isinstance(result, RewardOutput):
+        if not isinstance(result.diagnostics, dict):
+            raise RewardFunctionError(f"reward function {spec} returned diagnostics that are not an object of number "
+                                      f"lists (name -> one number per completion): {result.diagnostics!r:.80}")
         diagnostics = dict(result.diagnostics)
         result = result.values
     named = result if isinstance(result, dict) else {name: result}

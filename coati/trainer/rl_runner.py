@@ -26,7 +26,7 @@ from coati.rewards import BUILTIN, WeightedReward
 from coati.rewards.code import CodeTests
 from coati.rewards.registry import split_spec
 from coati.rewards.remote import RemoteReward, is_url
-from coati.rewards.sandbox import SandboxLimits
+from coati.rewards.sandbox import SandboxError, SandboxLimits, resolve_backend
 from coati.distributed.comm import rank, world_size
 from coati.distributed.plugins import build_booster
 from coati.rollout import GeneratorPool, PromptStream, RLVRWorkflow, WorkflowExecutor
@@ -88,8 +88,19 @@ def _reward_fn(args: argparse.Namespace) -> Optional[WeightedReward]:
                            memory_mb=args.sandbox_memory_mb, processes=args.sandbox_processes)
     servers = {spec: RemoteReward(spec, args.reward_server_timeout, args.reward_server_retries)
                for spec in (split_spec(s)[0] for s in specs) if is_url(spec)}
-    builtins = {**BUILTIN, "code_tests": CodeTests(limits, args.sandbox_workers, args.code_all_or_nothing), **servers}
+    if any(split_spec(s)[0] == "code_tests" for s in specs):
+        _check_sandbox(args.sandbox)
+    code = CodeTests(limits, args.sandbox_workers, args.code_all_or_nothing, args.sandbox)
+    builtins = {**BUILTIN, "code_tests": code, **servers}
     return WeightedReward.from_specs(specs, args.reward_timeout, builtins)
+
+
+def _check_sandbox(backend: str) -> None:
+    """Before training: the code sandbox can contain programs here as `--sandbox` asks, or one line says why not."""
+    try:
+        resolve_backend(backend)
+    except SandboxError as error:
+        raise CoatiUsageError(f"code_tests: {error}") from None
 
 
 def _policy_loss(args: argparse.Namespace) -> PolicyLoss:

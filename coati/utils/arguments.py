@@ -177,7 +177,13 @@ def add_grpo_args(parser: argparse.ArgumentParser) -> None:
                       help="code_tests scores 1 only when every test passes (default: the fraction passed)")
     code.add_argument("--sandbox_timeout", type=positive(), default=5.0,
                       help="CPU seconds one test run may use; its wall-clock limit is twice this")
-    code.add_argument("--sandbox_memory_mb", type=at_least(32), default=512, help="address space of each process")
+    code.add_argument("--sandbox", default="auto", choices=["auto", "bwrap", "namespaces", "unisolated"],
+                      help="how test runs are contained: auto (bubblewrap where it works, else coati's own namespaces "
+                           "as root, else an error naming what to install), bwrap, namespaces (root), or unisolated "
+                           "(rlimits only: a program can then read this user's files and kill the run)")
+    code.add_argument("--sandbox_memory_mb", type=at_least(32), default=512,
+                      help="memory of one test run: its whole process tree where a memory cgroup can be made (root), "
+                           "and each process's address space")
     code.add_argument("--sandbox_processes", type=at_least(1), default=32, help="processes one test run may have at once")
     code.add_argument("--sandbox_workers", type=at_least(0), default=0,
                       help="test runs at once on each rank (0: the CPU count, at most 8)")
