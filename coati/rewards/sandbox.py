@@ -63,7 +63,8 @@ _PYTHON_MOUNT = "/tmp/.python"
 @dataclass(frozen=True)
 class SandboxLimits:
     """What one run may use. `cpu_s`: CPU seconds of each process; `wall_s`: seconds from start to end;
-    `memory_mb`: address space of each process; `processes`: processes and threads at once; `file_size_mb`: the
+    `memory_mb`: address space of each process, and memory of the whole tree where a memory cgroup can be made
+    (root); `processes`: processes and threads at once; `file_size_mb`: the
     largest file it may write (its stdout and stderr included); `output_bytes`: how much of stdout/stderr is read."""
 
     cpu_s: float = 5.0
@@ -589,7 +590,7 @@ def main() -> None:
     except Exception as error:
         sys.stderr.write(f"{type(error).__name__}: {error}\n")
         sys.exit(1)
-    sys.stdout.write(json.dumps(result))
+    sys.stdout.buffer.write(json.dumps(result, ensure_ascii=False).encode())   # not 6 bytes per undecodable byte
 
 
 if __name__ == "__main__":
