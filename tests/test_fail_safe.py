@@ -21,7 +21,7 @@ from coati.utils.metrics_logger import PREVIOUS_RUNS_DIR, public_config
 from test_trainer_base import _linear_trainer, _rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "applications" / "demo"))
-from report import reward_vs_accuracy  # noqa: E402
+from report import alarm_lines, reward_vs_accuracy  # noqa: E402
 
 
 def _rows_with_nan_at(n, bad_rows):
@@ -154,9 +154,19 @@ def test_secrets_are_matched_by_name_not_by_substring():
 def test_the_report_warns_when_a_learned_reward_rises_while_accuracy_falls():
     records = [{"step": i, "train/rewards/reward_model": 0.1 * i} for i in range(1, 21)]
     warning = reward_vs_accuracy("PPO", records, "train/rewards/reward_model", 0.617, 0.227)
-    assert warning.startswith("WARNING: PPO: training reward (train/rewards/reward_model) 0.300 -> 1.800; "
-                              "held-out accuracy 0.617 -> 0.227.")
+    assert warning.startswith("WARNING: PPO lowered held-out accuracy: held-out accuracy 0.617 -> 0.227 (-0.390, "
+                              "-63%); training reward (train/rewards/reward_model) 0.300 -> 1.800.")
     assert "reward over-optimisation" in warning
     fine = reward_vs_accuracy("PPO", records, "train/rewards/reward_model", 0.617, 0.650)
-    assert not fine.startswith("WARNING") and "0.617 -> 0.650" in fine
+    assert fine == ("PPO raised held-out accuracy: held-out accuracy 0.617 -> 0.650 (+0.033, +5%); training reward "
+                    "(train/rewards/reward_model) 0.300 -> 1.800.")
     assert reward_vs_accuracy("PPO", [], "train/reward", 0.5, 0.4) is None
+
+
+def test_the_report_says_plainly_when_accuracy_fell_though_the_reward_fell_too():
+    """The demo's PPO once lowered accuracy by a sixth while its reward model's score fell: no warning was given."""
+    records = [{"step": i, "train/rewards/reward_model": 3.7 - 0.01 * i} for i in range(1, 21)]
+    worse = reward_vs_accuracy("PPO", records, "train/rewards/reward_model", 0.625, 0.523)
+    assert worse.startswith("WARNING: PPO lowered held-out accuracy: held-out accuracy 0.625 -> 0.523 (-0.102, -16%)")
+    assert worse.endswith("This stage made the model worse on held-out questions; do not use its model.")
+    assert alarm_lines("PPO", {"eval_drop": "alarm eval_drop at step 8: ..."}) == ["PPO alarm: alarm eval_drop at step 8: ..."]

@@ -55,21 +55,32 @@ def _mean(values: Sequence[float]) -> float:
 
 def reward_vs_accuracy(stage: str, records: List[Dict[str, float]], reward_metric: str, start_accuracy: float,
                        end_accuracy: float, window: int = 5) -> Optional[str]:
-    """A plain sentence on how `stage`'s training reward (mean of its first and last `window` logged values)
-    moved against its held-out accuracy; a warning when the reward rose while the accuracy fell (the policy
-    exploits the reward instead of solving the task). None without logged rewards."""
+    """A plain sentence on whether `stage` raised or lowered held-out accuracy, and by how much, beside how its
+    training reward (mean of its first and last `window` logged values) moved. A warning when accuracy fell, whatever
+    the reward did, and a sharper one when the reward rose meanwhile (the policy exploits the reward instead of
+    solving the task). None without logged rewards."""
     _, values = series(records, reward_metric)
     if len(values) < 2:
         return None
     n = max(1, min(window, len(values) // 2))
     first, last = _mean(values[:n]), _mean(values[-n:])
-    moved = (f"{stage}: training reward ({reward_metric}) {first:.3f} -> {last:.3f}; held-out accuracy "
-             f"{start_accuracy:.3f} -> {end_accuracy:.3f}.")
-    if last > first and end_accuracy < start_accuracy:
+    change = end_accuracy - start_accuracy
+    verdict = "raised" if change > 0 else ("lowered" if change < 0 else "did not change")
+    relative = f", {change / start_accuracy:+.0%}" if start_accuracy else ""
+    moved = (f"{stage} {verdict} held-out accuracy: held-out accuracy {start_accuracy:.3f} -> {end_accuracy:.3f} "
+             f"({change:+.3f}{relative}); training reward ({reward_metric}) {first:.3f} -> {last:.3f}.")
+    if change >= 0:
+        return moved
+    if last > first:
         return (f"WARNING: {moved} The reward rose while held-out accuracy fell: the policy learned to please "
                 f"the reward, not to solve the task (reward over-optimisation). Do not read the reward curve as "
                 f"progress; give the reward model wrong-answer examples, raise --kl_coef, or add a verifiable reward.")
-    return moved
+    return f"WARNING: {moved} This stage made the model worse on held-out questions; do not use its model."
+
+
+def alarm_lines(stage: str, alarms: Dict[str, str]) -> List[str]:
+    """The health alarms a stage raised while it trained (its `alarms.json`), one line each."""
+    return [f"{stage} alarm: {line}" for line in alarms.values()]
 
 
 def bar_chart(path: Path, title: str, values: Dict[str, float]) -> Path:

@@ -30,7 +30,7 @@ from coati.models.tiny import MODEL_SIZES, write_tiny_model
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "examples" / "training_scripts"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import bar_chart, plot, read_metrics, reward_vs_accuracy, write_report  # noqa: E402
+from report import alarm_lines, bar_chart, plot, read_metrics, reward_vs_accuracy, write_report  # noqa: E402
 
 STAGES = ("sft", "rm", "ppo", "grpo")
 MODELS = {"initial": "model_init", "sft": "sft/model", "ppo": "ppo/model", "grpo": "grpo/model"}
@@ -152,7 +152,7 @@ def report(out: Path, results: Dict[str, Dict], timings: Dict[str, float]) -> Pa
                     "Accuracy = exact final answer of a greedy completion (the math_answer reward)."),
               ("h2", "Held-out accuracy"),
               ("table", [["model", "accuracy", "prompts"]] + [[k, f"{v['accuracy']:.3f}", len(v["samples"])] for k, v in results.items()]),
-              ("h2", "Did RL help?")] + [("p", line) for line in reward_checks(logs, results)] + [
+              ("h2", "Did RL help?")] + [("p", line) for line in reward_checks(out, logs, results)] + [
               ("h2", "Stage wall times"),
               ("table", [["stage", "seconds"]] + [[k, f"{v:.1f}"] for k, v in timings.items()]),
               ("h2", "Plots")] + [("image", str(path)) for path in images if path is not None]
@@ -164,12 +164,18 @@ RL_REWARDS = {"ppo": "train/rewards/reward_model/mean", "grpo": "train/reward"}
 """The reward each RL stage optimises that is not held-out accuracy itself: PPO's learned reward model score."""
 
 
-def reward_checks(logs: Dict[str, List[Dict]], results: Dict[str, Dict]) -> List[str]:
-    """For each RL stage that ran, its reward's trend against its held-out accuracy (SFT model -> RL model)."""
+def reward_checks(out: Path, logs: Dict[str, List[Dict]], results: Dict[str, Dict]) -> List[str]:
+    """For each RL stage that ran: whether it raised or lowered held-out accuracy (SFT model -> RL model), beside its
+    reward's trend, and the health alarms it raised while training."""
     if "sft" not in results:
         return []
-    lines = [reward_vs_accuracy(name.upper(), logs[name], metric, results["sft"]["accuracy"], results[name]["accuracy"])
-             for name, metric in RL_REWARDS.items() if name in results]
+    lines = []
+    for name, metric in RL_REWARDS.items():
+        if name in results:
+            lines.append(reward_vs_accuracy(name.upper(), logs[name], metric, results["sft"]["accuracy"],
+                                            results[name]["accuracy"]))
+            alarms = out / name / "alarms.json"
+            lines += alarm_lines(name.upper(), json.loads(alarms.read_text()) if alarms.is_file() else {})
     return [line for line in lines if line]
 
 

@@ -123,19 +123,17 @@ class _TrainerCore:
 
     def _flush_metrics(self, step: int, prefix: str = "train/", extra: Optional[Dict[str, float]] = None,
                        stats: Optional[StatsTracker] = None) -> Dict[str, float]:
-        """Reduce the stats (`self.stats` unless given) across ranks (once), log them at `step`, fire `on_log`;
-        the stats start afresh."""
+        """Reduce the stats (`self.stats` unless given) across ranks (once), fire `on_log` (a callback may add
+        entries, alarms say), then log them at `step`; the stats start afresh."""
         reduced = (stats or self.stats).export()
         metrics = {f"{prefix}{k}": v for k, v in reduced.items()}
         if self.nonfinite.max_skips and prefix == "train/":
             metrics["train/skipped_nonfinite_steps"] = float(self.nonfinite.skipped)
         metrics.update(extra or {})
         if prefix == "train/":   # each loop's `_position()`: (epochs done, fractional where known; optimizer steps)
-            epoch, global_step = self._position()
-            metrics = self.stats_logger.commit(epoch, step, global_step, metrics)
-        else:
-            self.metrics_logger.log(metrics, step)
+            metrics = self.stats_logger.record(*self._position(), metrics)
         fire(self.callbacks, "on_log", step, metrics)
+        self.metrics_logger.log(metrics, step)
         return metrics
 
     def _should_stop(self) -> bool:

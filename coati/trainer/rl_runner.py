@@ -4,6 +4,7 @@
 else is `_run`.
 """
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -31,8 +32,9 @@ from coati.distributed.comm import rank, world_size
 from coati.distributed.plugins import build_booster
 from coati.rollout import GeneratorPool, PromptStream, RLVRWorkflow, WorkflowExecutor
 from coati.utils.arguments import evaluator, log_cadence, plugin_config, saver
-from coati.utils.errors import CoatiUsageError
+from coati.utils.errors import CoatiUsageError, fail
 
+from .callbacks.health import ALARM_EXIT_CODE, AlarmThresholds, HealthMonitor
 from .grpo import GRPOTrainer
 from .ppo import PPOTrainer
 from .rollout import RolloutTrainer
@@ -129,6 +131,24 @@ def _vllm_pool(args: argparse.Namespace, tokenizer: Any, num_engines: int = 1) -
     return pool
 
 
+def health_monitor(args: argparse.Namespace) -> HealthMonitor:
+    """The health alarms as `--stop_on_alarm` and `--alarm_threshold NAME=VALUE ...` set them."""
+    limits = [f.name for f in dataclasses.fields(AlarmThresholds)]
+    changed = {}
+    for item in args.alarm_threshold:
+        name, _, value = item.partition("=")
+        if name not in limits or not value:
+            raise CoatiUsageError(f"--alarm_threshold {item}: expected NAME=VALUE with NAME one of {', '.join(limits)}")
+        try:
+            changed[name] = int(value) if name == "patience" else float(value)
+        except ValueError:
+            raise CoatiUsageError(f"--alarm_threshold {item}: {value!r} is not a number") from None
+    try:
+        return HealthMonitor(AlarmThresholds(**changed), stop_on=tuple(args.stop_on_alarm))
+    except ValueError as error:
+        raise CoatiUsageError(f"--stop_on_alarm: {error}") from None
+
+
 def _trainer_kwargs(args: argparse.Namespace, setup: Any, coordinator: Any, held_out: Any) -> Dict[str, Any]:
     return dict(policy_loss=_policy_loss(args),
                 entropy_coef=args.entropy_coef, grad_clip=setup.grad_clip if setup.trainer_clips_grad else 0.0,
@@ -136,7 +156,7 @@ def _trainer_kwargs(args: argparse.Namespace, setup: Any, coordinator: Any, held
                 train_batch_size=args.train_batch_size, accumulation_steps=args.accumulation_steps,
                 sample_log_interval=args.sample_log_interval, coordinator=coordinator, logging=log_cadence(args),
                 saver=saver(args), evaluator=evaluator(args),
-                skip_nonfinite=args.skip_nonfinite)
+                skip_nonfinite=args.skip_nonfinite, callbacks=[health_monitor(args)])
 
 
 def _run(args: argparse.Namespace, build: Callable[..., RolloutTrainer]) -> RolloutTrainer:
@@ -164,9 +184,16 @@ def _run(args: argparse.Namespace, build: Callable[..., RolloutTrainer]) -> Roll
         coordinator.print_on_master(resumed_line(checkpoint, f"episode {trainer.start_episode}"))
     trainer.fit(args.num_episodes, args.num_collect_steps, args.num_update_steps,
                 metrics_logger=open_logger(args, type(trainer), trainer.start_episode if checkpoint else None))
-    if args.output_dir and trainer.eval_history and coordinator.is_master():
+    monitor = next(cb for cb in trainer.callbacks if isinstance(cb, HealthMonitor))
+    if args.output_dir and coordinator.is_master():
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-        (Path(args.output_dir) / "eval_results.json").write_text(json.dumps(trainer.eval_history, indent=2))
+        if trainer.eval_history:
+            (Path(args.output_dir) / "eval_results.json").write_text(json.dumps(trainer.eval_history, indent=2))
+        (Path(args.output_dir) / "alarms.json").write_text(json.dumps(monitor.fired, indent=2))
+    coordinator.print_on_master(f"alarms: {'; '.join(monitor.fired.values()) or 'none'}")
+    if monitor.stopped_by:
+        where = f"resume it from {args.save_dir} with --checkpoint_path latest" if args.save_dir else "no --save_dir"
+        fail(f"error: stopped by alarm {monitor.stopped_by} (--stop_on_alarm); {where}", ALARM_EXIT_CODE)
     export_model(args, setup, actor, tokenizer, coordinator)
     return trainer
 

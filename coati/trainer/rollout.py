@@ -262,14 +262,14 @@ class RolloutTrainer(OLTrainer):
     # ---- checkpoints ------------------------------------------------------------------------------
     def _after_episode(self, episode: int) -> None:
         """Evaluation, then a checkpoint, when their `Evaluator` and `Saver` say they are due (and after the last
-        episode)."""
-        done, last = episode + 1, episode + 1 == self._num_episodes
+        episode, or the one a callback stopped the run at)."""
+        done, last = episode + 1, episode + 1 == self._num_episodes or self._should_stop()
         epochs = int(self._epoch_progress())
         ended, self._epochs_done = epochs > self._epochs_done, epochs
         if self.eval_dataloader is not None:
             self.evaluator.evaluate(lambda: self.evaluate(step=done), epochs, done, epoch_ended=ended, last=last)
-        if self.save_dir:
-            self.saver.save(lambda: self._save(done), epochs, done, epoch_ended=ended, last=last)
+        if self.save_dir:   # a run stopped early (a callback, an alarm) keeps its last episode
+            self.saver.save(lambda: self._save(done), epochs, done, epoch_ended=ended, last=last or self._should_stop())
 
     def _save(self, step: int) -> None:
         path = save_checkpoint(self.save_dir, self.actor_booster, self.actor, self.optimizer, self.lr_scheduler,

@@ -188,6 +188,13 @@ def add_grpo_args(parser: argparse.ArgumentParser) -> None:
     code.add_argument("--sandbox_workers", type=at_least(0), default=0,
                       help="test runs at once on each rank (0: the CPU count, at most 8)")
     add_rollout_backend_args(parser)
+    rl.add_argument("--stop_on_alarm", nargs="*", default=[], metavar="ALARM",
+                    help="end the run (with a checkpoint, exit status 4) when one of these health alarms fires: all, "
+                         "eval_drop, eval_falls_reward_rises, entropy_collapse, length_collapse, length_at_limit, "
+                         "zero_std_groups, kl_runaway, engine_ratio_drift, grad_spike (every alarm warns either way)")
+    rl.add_argument("--alarm_threshold", nargs="*", default=[], metavar="NAME=VALUE",
+                    help="change when alarms fire, e.g. eval_drop=0.2 patience=5 (coati.trainer.callbacks.health."
+                         "AlarmThresholds)")
     rl.add_argument("--kl_coef", type=non_negative(), default=0.0,
                     help="weight of the KL to the reference in the loss (0: no reference)")
     rl.add_argument("--kl_estimator", default="k3", choices=KL_ESTIMATORS.names(), help="estimator of the KL to the reference")

@@ -141,12 +141,17 @@ class StatsLogger:
     def commit(self, epoch: float, step: int, global_step: int,
                stats: Union[Dict[str, float], Sequence[Dict[str, float]]]) -> Dict[str, float]:
         """Log `stats` at `step` and return what was logged."""
+        record = self.record(epoch, global_step, stats)
+        self.metrics_logger.log(record, step)
+        return record
+
+    def record(self, epoch: float, global_step: int,
+               stats: Union[Dict[str, float], Sequence[Dict[str, float]]]) -> Dict[str, float]:
+        """`stats` merged in order, with the position: what `commit` logs."""
         merged: Dict[str, float] = {}
         for part in ([stats] if isinstance(stats, dict) else stats):
             merged.update(part)
-        record = {**merged, f"{self.prefix}epoch": float(epoch), f"{self.prefix}global_step": float(global_step)}
-        self.metrics_logger.log(record, step)
-        return record
+        return {**merged, f"{self.prefix}epoch": float(epoch), f"{self.prefix}global_step": float(global_step)}
 
 def _truncate_jsonl(path: Path, last_step: int) -> None:
     """Keep the records up to `last_step` (atomically); a torn last line from a crash goes too."""

@@ -1,0 +1,146 @@
+"""Health alarms: quiet on the recorded traces of healthy demo runs, each one firing on a failure injected into
+such a trace; `--stop_on_alarm` ends a real run with a checkpoint that resumes."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from coati.trainer.callbacks.health import ALARMS, AlarmThresholds, HealthMonitor
+from conftest import SCRIPTS, torchrun
+
+TRACES = Path(__file__).parent / "data"
+"""metrics.jsonl of the demo's PPO and GRPO stages (the test demo, tests/test_demo_pipeline.py), the watched keys."""
+
+
+def trace(stage: str) -> list:
+    return [json.loads(line) for line in (TRACES / f"healthy_{stage}_metrics.jsonl").read_text().splitlines()]
+
+
+def replay(rows: list, monitor: HealthMonitor) -> list:
+    """Feed each record to `on_log` as a trainer would; the records as logged (alarms added)."""
+    logged = []
+    for row in rows:
+        metrics = {k: v for k, v in row.items() if k != "step"}
+        monitor.on_log(row["step"], metrics)
+        logged.append(metrics)
+    return logged
+
+
+def late_train_rows(rows: list, count: int = 4) -> list:
+    return [r for r in rows if "train/reward" in r][-count:]
+
+
+def set_late(metric: str, value: float):
+    def inject(rows):
+        for row in late_train_rows(rows):
+            row[metric] = value
+    return inject
+
+
+def scale_late(metric: str, factor: float):
+    def inject(rows):
+        for row in late_train_rows(rows):
+            row[metric] *= factor
+    return inject
+
+
+def spike_grad_norm(rows):
+    late_train_rows(rows, 1)[0]["train/grad_norm"] *= 50
+
+
+def eval_falls(by: float, reward_rises: bool):
+    def inject(rows):
+        evals = [r for r in rows if "eval/reward" in r]
+        for row in evals[len(evals) // 2:]:
+            row["eval/reward"] -= by
+        if reward_rises:
+            train = [r for r in rows if "train/reward" in r]
+            for i, row in enumerate(train):
+                row["train/reward"] = 0.1 * i
+    return inject
+
+
+INJECTED = {
+    "entropy_collapse": ("grpo", scale_late("train/policy_entropy", 0.05)),
+    "length_collapse": ("grpo", set_late("train/completions/mean_length_sampled", 2.0)),
+    "length_at_limit": ("grpo", set_late("train/completions/clipped_frac", 1.0)),
+    "zero_std_groups": ("grpo", set_late("train/frac_reward_zero_std", 1.0)),
+    "kl_runaway": ("ppo", set_late("train/kl", 3.0)),
+    "engine_ratio_drift": ("grpo", set_late("train/behaviour_ratio", 1.6)),
+    "grad_spike": ("grpo", spike_grad_norm),
+    "eval_drop": ("ppo", eval_falls(0.1, reward_rises=False)),
+    "eval_falls_reward_rises": ("ppo", eval_falls(0.03, reward_rises=True)),
+}
+
+
+@pytest.mark.parametrize("stage", ["ppo", "grpo"])
+def test_healthy_demo_runs_raise_no_alarm(stage, capsys):
+    monitor = HealthMonitor()
+    logged = replay(trace(stage), monitor)
+    assert monitor.fired == {} and not any(k.startswith("alarm/") for m in logged for k in m)
+    assert "alarm" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("alarm", ALARMS)
+def test_each_alarm_fires_once_on_its_injected_failure(alarm, capsys):
+    stage, inject = INJECTED[alarm]
+    rows = trace(stage)
+    inject(rows)
+    monitor = HealthMonitor()
+    logged = replay(rows, monitor)
+    assert list(monitor.fired) == [alarm]
+    assert sum(m.get(f"alarm/{alarm}", 0.0) for m in logged) == 1.0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: alarm")]
+    assert warnings == [f"warning: {monitor.fired[alarm]}"]
+    assert re.fullmatch(rf"warning: alarm {alarm} at step \d+: (train|eval)/\S+ = -?[\d.e+-]+[ ,].+", warnings[0])
+    assert not monitor.stop_training
+
+
+def test_an_alarm_named_in_stop_on_stops_training_and_others_only_warn():
+    rows = trace("grpo")
+    INJECTED["entropy_collapse"][1](rows)
+    spike_grad_norm(rows)
+    monitor = HealthMonitor(stop_on=["grad_spike"])
+    replay(rows, monitor)
+    assert monitor.stop_training and monitor.stopped_by == "grad_spike" and set(monitor.fired) == {"entropy_collapse",
+                                                                                                  "grad_spike"}
+    assert "--stop_on_alarm" in monitor.fired["grad_spike"] and "--stop_on_alarm" not in monitor.fired["entropy_collapse"]
+
+
+def test_patience_and_thresholds_are_the_user_s():
+    rows = trace("grpo")
+    for row in late_train_rows(rows, 2):   # two bad logs: fewer than the default patience of 3
+        row["train/frac_reward_zero_std"] = 1.0
+    quiet = HealthMonitor()
+    replay(rows, quiet)
+    assert quiet.fired == {}
+    eager = HealthMonitor(AlarmThresholds(patience=2))
+    replay(rows, eager)
+    assert list(eager.fired) == ["zero_std_groups"]
+    with pytest.raises(ValueError, match="unknown alarm entropy; choose from all, "):
+        HealthMonitor(stop_on=["entropy"])
+
+
+@pytest.mark.slow
+def test_stop_on_alarm_ends_the_run_with_a_checkpoint_that_resumes(tiny_assets, tmp_path):
+    args = ["--pretrain", str(tiny_assets["model"]), "--prompt_dataset", str(tiny_assets["prompt_train"]),
+            "--plugin", "ddp", "--batch_size", "2", "--max_new_tokens", "8", "--num_episodes", "4",
+            "--num_generations", "2", "--reward_fn", "answer_format", "--save_dir", str(tmp_path / "ckpt"),
+            "--log_dir", str(tmp_path / "logs")]
+    stopped = torchrun(SCRIPTS / "train_grpo.py", 1, *args, "--output_dir", str(tmp_path / "out"),
+                       "--stop_on_alarm", "entropy_collapse", "--alarm_threshold", "entropy_floor=2", "patience=1")
+    assert stopped.returncode != 0 and re.search(r"exitcode\s*: 4", stopped.stderr), stopped.stderr[-3000:]
+    errors = [line for line in stopped.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [f"error: stopped by alarm entropy_collapse (--stop_on_alarm); resume it from {tmp_path / 'ckpt'} "
+                      "with --checkpoint_path latest"]
+    assert "warning: alarm entropy_collapse at step 1: train/policy_entropy = " in stopped.stderr
+    alarms = json.loads((tmp_path / "out" / "alarms.json").read_text())   # answer_format is 0 for all: no spread
+    assert list(alarms) == ["entropy_collapse", "zero_std_groups"] and "--stop_on_alarm" in alarms["entropy_collapse"]
+    assert (tmp_path / "ckpt" / "epoch-0_step-1").is_dir() and not (tmp_path / "out" / "model").exists()
+    logged = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged if "alarm/entropy_collapse" in r] == [1]
+
+    resumed = torchrun(SCRIPTS / "train_grpo.py", 1, *args, "--checkpoint_path", "latest")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout + resumed.stderr and (tmp_path / "ckpt" / "epoch-0_step-4").is_dir()
