@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from coati.experience.evaluation import k_values, pass_at_k, sampled_metrics
 from coati.trainer.callbacks.health import ALARMS, AlarmThresholds, HealthMonitor
 from conftest import SCRIPTS, torchrun
 
@@ -141,6 +142,33 @@ def test_stop_on_alarm_ends_the_run_with_a_checkpoint_that_resumes(tiny_assets, 
     logged = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged if "alarm/entropy_collapse" in r] == [1]
 
-    resumed = torchrun(SCRIPTS / "train_grpo.py", 1, *args, "--checkpoint_path", "latest")
+    resumed = torchrun(SCRIPTS / "train_grpo.py", 1, *args, "--checkpoint_path", "latest",
+                       "--eval_dataset", str(tiny_assets["prompt_train"]), "--eval_n_samples", "4")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout + resumed.stderr and (tmp_path / "ckpt" / "epoch-0_step-4").is_dir()
+    final = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()][-1]
+    sampled = {k: v for k, v in final.items() if k.startswith("eval/rewards/answer_format/")}
+    assert set(sampled) == {f"eval/rewards/answer_format/{m}" for m in ("pass@1", "pass@2", "pass@4", "maj@4", "mean@4")}
+    assert sampled["eval/rewards/answer_format/pass@1"] == pytest.approx(sampled["eval/rewards/answer_format/mean@4"])
+    assert 0 <= sampled["eval/rewards/answer_format/pass@1"] <= sampled["eval/rewards/answer_format/pass@4"] <= 1
+
+
+@pytest.mark.parametrize("n, c, k, expected", [
+    (5, 0, 1, 0.0), (5, 5, 3, 1.0), (4, 1, 1, 0.25), (4, 1, 2, 0.5), (4, 2, 2, 1 - 1 / 6), (10, 3, 5, 1 - 21 / 252),
+    (3, 1, 3, 1.0), (6, 2, 4, 1 - 1 / 15)])
+def test_pass_at_k_is_the_unbiased_estimator(n, c, k, expected):
+    """1 - C(n-c, k) / C(n, k), worked by hand: 4 samples, 1 right, k=2 draws: 1 - C(3,2)/C(4,2) = 1 - 3/6."""
+    assert pass_at_k(n, c, k) == pytest.approx(expected)
+
+
+def test_sampled_metrics_vote_on_final_answers_and_average():
+    values = [1.0, 0.0, 0.0, 1.0]
+    answers = ["7", "8", "8", "7"]   # a tie: the first answer to reach the most votes wins
+    assert sampled_metrics(values, answers) == {"mean@4": 0.5, "pass@1": 0.5, "pass@2": pytest.approx(5 / 6),
+                                                "pass@4": 1.0, "maj@4": 1.0}
+    assert sampled_metrics([0.0, 1.0, 0.0], ["8", "7", "8"])["maj@3"] == 0.0
+    assert sampled_metrics([0.0, 1.0, 0.0], [None, "7", None])["maj@3"] == 1.0   # no answer, no vote
+    assert sampled_metrics([0.5, 2.0], ["1", "2"]) == {"mean@2": 1.25}   # not a pass/fail reward: the mean only
+    assert k_values(8) == [1, 2, 4, 8] and k_values(6) == [1, 2, 4, 6] and k_values(1) == [1]
+    with pytest.raises(ValueError):
+        pass_at_k(3, 1, 4)

@@ -156,7 +156,9 @@ def _trainer_kwargs(args: argparse.Namespace, setup: Any, coordinator: Any, held
                 train_batch_size=args.train_batch_size, accumulation_steps=args.accumulation_steps,
                 sample_log_interval=args.sample_log_interval, coordinator=coordinator, logging=log_cadence(args),
                 saver=saver(args), evaluator=evaluator(args),
-                skip_nonfinite=args.skip_nonfinite, callbacks=[health_monitor(args)])
+                skip_nonfinite=args.skip_nonfinite, callbacks=[health_monitor(args)], eval_samples=args.eval_n_samples,
+                eval_sampling=dataclasses.replace(_sampling(args), do_sample=True,
+                                                  temperature=args.eval_temperature or args.temperature))
 
 
 def _run(args: argparse.Namespace, build: Callable[..., RolloutTrainer]) -> RolloutTrainer:

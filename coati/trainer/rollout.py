@@ -1,6 +1,7 @@
 """What GRPO and PPO share on top of the on-policy loop: prompts drawn in a resumable order, rollout
 metrics and sample tables, the actor's clipped policy-gradient step, held-out evaluation, and
 checkpoints of every model being trained."""
+import math
 import time
 from dataclasses import replace
 from typing import Any, Dict, List, Optional, Sequence
@@ -8,16 +9,19 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 from transformers import TrainerState
 
+from coati.experience.evaluation import sampled_metrics
 from coati.experience.experience import Experience, ExperienceMaker, completion_rows
 from coati.distributed.comm import gather_lists
 from coati.experience.metrics import rollout_metrics, tokens_in
 from coati.models.loss import PolicyLoss
+from coati.models.generation import SamplingConfig
+from coati.rewards.math import extract_answer
 from coati.rewards.registry import component_metrics
 from coati.utils.cadence import Evaluator, Saver
 from coati.utils.ckpt_io import ModelState, load_checkpoint, read_running_state, save_checkpoint
 from coati.utils.stats_tracker import StatsTracker
 
-from .base import LogCadence, OLTrainer, move_to_device
+from .base import LogCadence, OLTrainer, move_to_device, repeat_rows
 from .callbacks import Callback, fire
 from .components import POLICY_LOSS_EXTREMES, Accumulation, CriticUpdate, LossTerm, PtxTerm, actor_loss
 from .sources import CyclingLoader, LocalRollouts, RolloutSource
@@ -77,6 +81,8 @@ class RolloutTrainer(OLTrainer):
         critic: Optional[CriticUpdate] = None,
         ptx_dataloader: Optional[Any] = None,
         ptx_coef: float = 0.0,
+        eval_sampling: Optional[SamplingConfig] = None,
+        eval_samples: int = 0,
     ) -> None:
         super().__init__(actor_booster, critic_booster, [], callbacks, coordinator=coordinator,
                          skip_nonfinite=skip_nonfinite, logging=logging)
@@ -93,6 +99,8 @@ class RolloutTrainer(OLTrainer):
         self.prompts = CyclingLoader(prompt_dataloader, self.device)
         self.source = source or LocalRollouts(experience_maker, self.prompts, engine=rollout_engine)
         self.eval_dataloader = eval_dataloader
+        self.eval_samples = eval_samples
+        self.eval_sampling = eval_sampling or replace(experience_maker.config.sampling, do_sample=True)
         self.sample_log_interval = sample_log_interval
         self.eval_history: Dict[int, Dict[str, float]] = {}
         self.tokens_seen = 0
@@ -243,8 +251,10 @@ class RolloutTrainer(OLTrainer):
     @torch.no_grad()
     def evaluate(self, step: int) -> Dict[str, float]:
         """Greedy completions of the held-out prompts scored like rollouts: eval/reward and
-        eval/rewards/<component> (with `math_answer`, exact-answer accuracy), logged at `step` and kept
-        in `eval_history`. Runs before training, when the `evaluator` says so, and after the last episode."""
+        eval/rewards/<component> (with `math_answer`, exact-answer accuracy), and with `eval_samples` N, N sampled
+        completions of each (`eval_sampling`): eval/<reward>/pass@k, maj@N, mean@N (`sampled_metrics`). Logged at
+        `step` and kept in `eval_history`. Runs before training, when the `evaluator` says so, and after the last
+        episode."""
         self._set_train_mode(False)
         greedy = replace(self.maker.config.sampling, do_sample=False)
         stats = StatsTracker()
@@ -255,9 +265,27 @@ class RolloutTrainer(OLTrainer):
             stats.add("reward", float(sum(total)), len(total))
             for name, values in component_metrics(components):
                 stats.add(name, float(sum(values)), len(values))
+            if self.eval_samples:
+                self._record_sampled(stats, batch)
         self.eval_history[step] = self._flush_metrics(step, prefix="eval/", stats=stats)
         fire(self.callbacks, "on_evaluate", step, self.eval_history[step])
         return self.eval_history[step]
+
+    def _record_sampled(self, stats: StatsTracker, batch: Dict[str, Any]) -> None:
+        """`eval_samples` sampled completions of each prompt of `batch`, scored; each prompt's pass@k, maj@N and mean@N
+        under the total reward and each reward function added to `stats` (one count per prompt)."""
+        n = self.eval_samples
+        rows = repeat_rows(batch, n)
+        out = self.maker.engine.generate(rows["input_ids"], rows["attention_mask"], self.eval_sampling)
+        _, completions, (total, components) = self.maker.scorer.score_batch(rows, out)
+        answers = [extract_answer(c) for c in completions]
+        scores = {"reward": total, **{f"rewards/{k}": v for k, v in components.items() if "/" not in k}}
+        for name, values in scores.items():
+            for start in range(0, len(values), n):
+                group = [float(v) for v in values[start:start + n]]
+                if not any(math.isnan(v) for v in group):
+                    for metric, value in sampled_metrics(group, answers[start:start + n]).items():
+                        stats.add(f"{name}/{metric}", value, 1)
 
     # ---- checkpoints ------------------------------------------------------------------------------
     def _after_episode(self, episode: int) -> None:

@@ -219,6 +219,12 @@ def add_grpo_args(parser: argparse.ArgumentParser) -> None:
     rl.add_argument("--entropy_coef", type=non_negative(), default=0.0, help="weight of the entropy bonus")
     rl.add_argument("--eval_interval", type=at_least(0), default=0,
                     help="held-out evaluation every N episodes (always before the first and after the last)")
+    rl.add_argument("--eval_n_samples", type=at_least(0), default=0,
+                    help="besides the greedy completion, sample N completions of each held-out prompt (at "
+                         "--eval_temperature) and log eval/<reward>/pass@k (unbiased, k = 1, 2, 4, ..., N), maj@N and "
+                         "mean@N (0: greedy only)")
+    rl.add_argument("--eval_temperature", type=positive(), default=None,
+                    help="sampling temperature of --eval_n_samples (default: --temperature)")
     rl.add_argument("--eval_freq_epochs", type=at_least(0), default=0,
                     help="also evaluate when every N-th pass over the prompts ends (0: off)")
     rl.add_argument("--eval_freq_secs", type=non_negative(), default=0,
