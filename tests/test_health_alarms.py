@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from coati.experience.evaluation import k_values, pass_at_k, sampled_metrics
+from coati.trainer.callbacks.best import BestModelKeeper
 from coati.trainer.callbacks.health import ALARMS, AlarmThresholds, HealthMonitor
+from coati.utils.errors import CoatiUsageError
 from conftest import SCRIPTS, torchrun
 
 TRACES = Path(__file__).parent / "data"
@@ -143,8 +145,14 @@ def test_stop_on_alarm_ends_the_run_with_a_checkpoint_that_resumes(tiny_assets, 
     assert [r["step"] for r in logged if "alarm/entropy_collapse" in r] == [1]
 
     resumed = torchrun(SCRIPTS / "train_grpo.py", 1, *args, "--checkpoint_path", "latest",
-                       "--eval_dataset", str(tiny_assets["prompt_train"]), "--eval_n_samples", "4")
+                       "--eval_dataset", str(tiny_assets["prompt_train"]), "--eval_n_samples", "4",
+                       "--save_best", "rewards/answer_format", "--output_dir", str(tmp_path / "final"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    best = json.loads((tmp_path / "final" / "best.json").read_text())
+    evals = [r for r in map(json.loads, (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines())
+             if "eval/rewards/answer_format" in r]
+    assert best["value"] == max(r["eval/rewards/answer_format"] for r in evals) and best["metric"] == "eval/rewards/answer_format"
+    assert (tmp_path / "final" / "best" / "config.json").is_file() and (tmp_path / "final" / "model" / "config.json").is_file()
     assert "resumed from" in resumed.stdout + resumed.stderr and (tmp_path / "ckpt" / "epoch-0_step-4").is_dir()
     final = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()][-1]
     sampled = {k: v for k, v in final.items() if k.startswith("eval/rewards/answer_format/")}
@@ -172,3 +180,18 @@ def test_sampled_metrics_vote_on_final_answers_and_average():
     assert k_values(8) == [1, 2, 4, 8] and k_values(6) == [1, 2, 4, 6] and k_values(1) == [1]
     with pytest.raises(ValueError):
         pass_at_k(3, 1, 4)
+
+
+def test_the_best_model_is_kept_only_when_the_metric_improves_and_survives_a_resume(tmp_path):
+    exported = []
+    keeper = BestModelKeeper("rewards/math_answer", tmp_path / "best", exported.append, is_master=True)
+    for step, value in [(0, 0.2), (4, 0.5), (8, 0.4), (12, 0.5), (16, 0.6)]:
+        keeper.on_evaluate(step, {"eval/reward": value, "eval/rewards/math_answer": value})
+    assert len(exported) == 3 and json.loads((tmp_path / "best.json").read_text())["step"] == 16
+    resumed = BestModelKeeper("eval/rewards/math_answer", tmp_path / "best", exported.append, is_master=True)
+    resumed.on_evaluate(20, {"eval/rewards/math_answer": 0.55})
+    assert len(exported) == 3 and resumed.best == 0.6
+    with pytest.raises(CoatiUsageError, match=r"--save_best eval/accuracy: this run's evaluation does not log it; "
+                                              r"it logs eval/reward, eval/rewards/math_answer"):
+        BestModelKeeper("accuracy", tmp_path / "other", exported.append, True).on_evaluate(0, {
+            "eval/reward": 1.0, "eval/rewards/math_answer": 1.0})

@@ -32,16 +32,18 @@ from coati.distributed.comm import rank, world_size
 from coati.distributed.plugins import build_booster
 from coati.rollout import GeneratorPool, PromptStream, RLVRWorkflow, WorkflowExecutor
 from coati.utils.arguments import evaluator, log_cadence, plugin_config, saver
+from coati.utils.ckpt_io import save_hf_model
 from coati.utils.errors import CoatiUsageError, fail
 
+from .callbacks.best import BestModelKeeper
 from .callbacks.health import ALARM_EXIT_CODE, AlarmThresholds, HealthMonitor
 from .grpo import GRPOTrainer
 from .ppo import PPOTrainer
 from .rollout import RolloutTrainer
 from .sources import AsyncRollouts
-from .runner import (_require_dir, build_dataloader, build_optimizer, build_scheduler, export_model, frozen_reference,
-                     load_causal_lm, open_logger, prepare_model, resolve_checkpoint, resumed_line, run_device,
-                     start_run)
+from .runner import (_require_dir, build_dataloader, build_optimizer, build_scheduler, export_dir, export_model,
+                     frozen_reference, load_causal_lm, open_logger, prepare_model, resolve_checkpoint, resumed_line,
+                     run_device, start_run)
 
 
 def _sampling(args: argparse.Namespace) -> SamplingConfig:
@@ -179,6 +181,10 @@ def _run(args: argparse.Namespace, build: Callable[..., RolloutTrainer]) -> Roll
     kwargs = {**_trainer_kwargs(args, setup, coordinator, held_out), **_ptx(args, setup, tokenizer)}
     if args.rollout_backend == "vllm" and not getattr(args, "async_rollout", False):
         kwargs["rollout_engine"] = _vllm_pool(args, tokenizer)
+    if args.save_best:
+        kwargs["callbacks"].append(BestModelKeeper(
+            args.save_best, export_dir(args).parent / "best",
+            lambda folder: save_hf_model(folder, setup.booster, actor, tokenizer, coordinator), coordinator.is_master()))
     trainer = build(args, setup, tokenizer, actor, optimizer, scheduler, engine, reference, prompts, kwargs)
     checkpoint = resolve_checkpoint(args)
     if checkpoint:
@@ -254,6 +260,17 @@ def _rollout_side(args: argparse.Namespace, maker: GRPOExperienceMaker) -> Dict[
     return dict(executor=executor, pool=pool, stream=PromptStream(load_prepared(args.dataset, "prompt"), args.seed))
 
 
+def _check_save_best(args: argparse.Namespace) -> None:
+    if not args.save_best:
+        return
+    if not args.eval_dataset:
+        raise CoatiUsageError(f"--save_best {args.save_best} compares evaluations: give --eval_dataset")
+    if not (args.output_dir or args.save_dir):
+        raise CoatiUsageError(f"--save_best {args.save_best} needs --output_dir (the best model goes to its best/)")
+    if args.lora_rank:
+        raise CoatiUsageError("--save_best does not support --lora_rank yet (exporting merges the adapters)")
+
+
 def _check_kl_control(args: argparse.Namespace) -> None:
     if args.kl_target > 0 and args.kl_coef <= 0:
         raise CoatiUsageError(f"--kl_target {args.kl_target} adapts --kl_coef, which must start above 0 (it is "
@@ -296,6 +313,7 @@ def run_grpo(args: argparse.Namespace) -> GRPOTrainer:
                               "since each completion's advantage is its reward relative to the others of its group")
     _reward_fn(args)   # an unknown or unimportable reward function is refused before anything is loaded
     _check_kl_control(args)
+    _check_save_best(args)
     if "overlong" in args.reward_shaping and args.overlong_buffer_len > args.max_new_tokens:
         raise CoatiUsageError(f"--overlong_buffer_len {args.overlong_buffer_len} must be at most --max_new_tokens "
                               f"{args.max_new_tokens}: the penalty grows over the last tokens before that limit")
@@ -342,5 +360,6 @@ def run_ppo(args: argparse.Namespace) -> PPOTrainer:
         raise CoatiUsageError("PPO needs a reward: --rm_pretrain (a trained reward model) and/or --reward_fn")
     _reward_fn(args)
     _check_kl_control(args)
+    _check_save_best(args)
     _check_backend(args)
     return _run(args, _build_ppo)

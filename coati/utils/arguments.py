@@ -225,6 +225,9 @@ def add_grpo_args(parser: argparse.ArgumentParser) -> None:
                          "mean@N (0: greedy only)")
     rl.add_argument("--eval_temperature", type=positive(), default=None,
                     help="sampling temperature of --eval_n_samples (default: --temperature)")
+    rl.add_argument("--save_best", default=None, metavar="METRIC",
+                    help="after each evaluation that beats the earlier ones on this eval metric (higher is better, "
+                         "e.g. rewards/math_answer), export the model to <output>/best (best.json says when)")
     rl.add_argument("--eval_freq_epochs", type=at_least(0), default=0,
                     help="also evaluate when every N-th pass over the prompts ends (0: off)")
     rl.add_argument("--eval_freq_secs", type=non_negative(), default=0,
