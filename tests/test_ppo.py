@@ -134,3 +134,18 @@ def test_ppo_trainer_fires_hooks_logs_metrics_and_checkpoints_the_critic(ppo_par
     assert second.start_episode == 2 and second.tokens_seen == first.tokens_seen
     for name, value in parts["critic"].unwrap().state_dict().items():
         assert torch.equal(value, saved[name]), name
+
+
+def test_during_the_critic_warmup_only_the_critic_learns(ppo_parts):
+    parts = ppo_parts
+    actor_before = {k: v.clone() for k, v in parts["actor"].unwrap().state_dict().items()}
+    critic_before = {k: v.clone() for k, v in parts["critic"].unwrap().state_dict().items()}
+    trainer = PPOTrainer(parts["actor"], parts["actor_optim"], parts["actor_booster"], _maker(parts), parts["loader"],
+                         critic=parts["critic"], critic_optim=parts["critic_optim"],
+                         critic_booster=parts["critic_booster"], critic_warmup_episodes=2)
+    trainer.fit(num_episodes=2, num_collect_steps=1, num_update_steps=1, metrics_logger=MetricsLogger(None))
+    assert all(torch.equal(v, actor_before[k]) for k, v in parts["actor"].unwrap().state_dict().items())
+    assert not all(torch.equal(v, critic_before[k]) for k, v in parts["critic"].unwrap().state_dict().items())
+    assert trainer.global_step == 0
+    trainer.fit(num_episodes=3, num_collect_steps=1, num_update_steps=1, metrics_logger=MetricsLogger(None))
+    assert not all(torch.equal(v, actor_before[k]) for k, v in parts["actor"].unwrap().state_dict().items())

@@ -10,6 +10,7 @@ accuracy of every model -> REPORT.md / REPORT.html with plots. Each training sta
 Copy this file and point `--pretrain`-style paths at your own model and data to reuse the pipeline.
 """
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -17,7 +18,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional, Sequence
 
 from transformers import AutoTokenizer
 
@@ -49,18 +50,20 @@ def stage(name: str, timings: Dict[str, float]):
     print(f"[demo] {name}: done in {timings[name]:.1f}s", flush=True)
 
 
-def torchrun(script: str, nproc: int, *flags: str) -> None:
-    """Run a training script under torchrun; a failure stops the demo with the script's exit status."""
+def _torchrun_with(script: str, nproc: int, *flags: str, extra: Sequence[str] = ()) -> None:
+    """Run a training script under torchrun with `flags`, then `extra`; a failure stops the demo with the script's
+    exit status."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(SCRIPTS / script), *flags]
+           str(SCRIPTS / script), *flags, *extra]
     result = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if result.returncode != 0:
         sys.exit(f"[demo] {script} failed with exit status {result.returncode}")
 
 
-def build_assets(out: Path, size: str, sizes: Dict[str, int]) -> None:
-    """The tokenizer and random model, and raw task data: held-out sets use wordings training never shows."""
-    write_tiny_model(out / "model_init", tokenizer_corpus(), size=size)
+def build_assets(out: Path, size: str, sizes: Dict[str, int], seed: int = 0) -> None:
+    """The tokenizer and random model (initialised from `seed`), and raw task data: held-out sets use wordings
+    training never shows (the task's data is the same for every seed)."""
+    write_tiny_model(out / "model_init", tokenizer_corpus(), size=size, seed=seed)
     raw = out / "raw"
     write_jsonl(sft_records(generate_problems(sizes["sft_train"], "train")), raw / "sft_train.jsonl")
     write_jsonl(sft_records(generate_problems(256, "eval")), raw / "sft_eval.jsonl")
@@ -78,38 +81,40 @@ def prepare(out: Path) -> None:
         print(f"[demo] {name}: {counts['kept']} rows kept, {counts['dropped']} dropped", flush=True)
 
 
-def common_flags(out: Path, name: str) -> List[str]:
+def common_flags(out: Path, name: str, seed: int) -> List[str]:
     return ["--plugin", "ddp", "--output_dir", str(out / name), "--log_dir", str(out / name / "logs"),
-            "--save_dir", str(out / name / "checkpoints"), "--keep_last", "1"]
+            "--save_dir", str(out / name / "checkpoints"), "--keep_last", "1", "--seed", str(seed)]
 
 
-def run_stage(name: str, out: Path, steps: int, nproc: int) -> None:
-    """One training stage through its script; the flags are the demo's tuned defaults."""
+def run_stage(name: str, out: Path, steps: int, nproc: int, seed: int = 42, extra: Sequence[str] = (),
+              folder: Optional[str] = None) -> None:
+    """One training stage through its script, into `out/folder` (default: its name); the flags are the demo's tuned
+    defaults, then `extra` (a later flag wins)."""
     data = out / "data"
+    folder = folder or name
+    torchrun = functools.partial(_torchrun_with, extra=[*common_flags(out, folder, seed), *extra])
     if name == "sft":
         torchrun("train_sft.py", nproc, "--pretrain", str(out / "model_init"), "--dataset", str(data / "sft_train"),
                  "--eval_dataset", str(data / "sft_eval"), "--batch_size", "16", "--max_steps", str(steps),
-                 "--lr", "3e-3", "--warmup_steps", "5", "--log_interval", "5", *common_flags(out, "sft"))
+                 "--lr", "3e-3", "--warmup_steps", "5", "--log_interval", "5")
     elif name == "rm":
         torchrun("train_rm.py", nproc, "--pretrain", str(out / "sft" / "model"), "--dataset", str(data / "pref_train"),
                  "--eval_dataset", str(data / "pref_eval"), "--batch_size", "16", "--max_steps", str(max(steps // 2, 4)),
-                 "--lr", "1e-3", "--warmup_steps", "5", "--log_interval", "4", *common_flags(out, "rm"))
+                 "--lr", "1e-3", "--warmup_steps", "5", "--log_interval", "4")
     elif name == "ppo":
         torchrun("train_ppo.py", nproc, "--pretrain", str(out / "sft" / "model"), "--rm_pretrain", str(out / "rm" / "model"),
                  "--prompt_dataset", str(data / "prompt_train"), "--eval_dataset", str(data / "prompt_eval"),
                  "--reward_fn", "math_answer", "--batch_size", "16", "--num_episodes", str(max(steps // 2, 2)),
                  "--lr", "1e-4", "--critic_lr", "5e-4", "--warmup_steps", "10", "--kl_coef", "0.1", "--num_update_steps", "2",
                  "--max_new_tokens", str(MAX_NEW_TOKENS), "--eval_interval", str(max(steps // 8, 1)),
-                 "--save_interval", str(max(steps // 4, 1)), "--sample_log_interval", str(max(steps // 4, 1)),
-                 *common_flags(out, "ppo"))
+                 "--save_interval", str(max(steps // 4, 1)), "--sample_log_interval", str(max(steps // 4, 1)))
     elif name == "grpo":
         torchrun("train_grpo.py", nproc, "--pretrain", str(out / "sft" / "model"),
                  "--prompt_dataset", str(data / "prompt_train"), "--eval_dataset", str(data / "prompt_eval"),
                  "--reward_fn", "math_answer", "--num_generations", "8", "--batch_size", "8",
                  "--num_episodes", str(max(steps * 3 // 2, 2)), "--lr", "2e-4", "--warmup_steps", "20",
                  "--max_new_tokens", str(MAX_NEW_TOKENS), "--eval_interval", str(max(steps // 4, 1)),
-                 "--save_interval", str(max(steps // 2, 1)), "--sample_log_interval", str(max(steps // 2, 1)),
-                 *common_flags(out, "grpo"))
+                 "--save_interval", str(max(steps // 2, 1)), "--sample_log_interval", str(max(steps // 2, 1)))
 
 
 def evaluate_all(out: Path) -> Dict[str, Dict]:
@@ -199,6 +204,8 @@ def main(argv=None) -> None:
                         help="SFT optimizer steps; the reward model takes steps/2, PPO steps/2 episodes, GRPO 1.5*steps")
     parser.add_argument("--model_size", default="small", choices=tuple(MODEL_SIZES))
     parser.add_argument("--nproc", type=int, default=2, help="processes per stage")
+    parser.add_argument("--seed", type=int, default=42,
+                        help="seeds the model's initialisation and every stage (the task's data stays the same)")
     parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES,
                         help="training stages to run; a stage uses what earlier runs left in --out")
     args = parser.parse_args(argv)
@@ -206,13 +213,14 @@ def main(argv=None) -> None:
     timings: Dict[str, float] = {}
     if not (out / "data" / "prompt_eval").is_dir() or "sft" in args.stages:
         with stage("build tiny model and task data", timings):
-            build_assets(out, args.model_size, {"sft_train": args.steps * 16 * args.nproc, "pref_train": args.steps * 16 * args.nproc})
+            build_assets(out, args.model_size, {"sft_train": args.steps * 16 * args.nproc,
+                                                "pref_train": args.steps * 16 * args.nproc}, args.seed)
         with stage("prepare datasets", timings):
             prepare(out)
     for name in STAGES:
         if name in args.stages:
             with stage(name, timings):
-                run_stage(name, out, args.steps, args.nproc)
+                run_stage(name, out, args.steps, args.nproc, args.seed)
     with stage("evaluate held-out accuracy", timings):
         results = evaluate_all(out)
     with stage("report", timings):

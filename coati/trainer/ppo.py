@@ -19,9 +19,17 @@ class PPOTrainer(RolloutTrainer):
     maker: PPOExperienceMaker
 
     def __init__(self, *args: Any, critic: torch.nn.Module, critic_optim: torch.optim.Optimizer, critic_booster: Any,
-                 critic_lr_scheduler: Optional[Any] = None, value_loss: Optional[ValueLoss] = None, **kwargs: Any) -> None:
+                 critic_lr_scheduler: Optional[Any] = None, value_loss: Optional[ValueLoss] = None,
+                 critic_warmup_episodes: int = 0, **kwargs: Any) -> None:
         update = CriticUpdate(critic, critic_optim, critic_booster, critic_lr_scheduler, value_loss,
                               kwargs.get("accumulation_steps", 1))
         super().__init__(*args, critic_booster=critic_booster, critic=update, **kwargs)
+        self.critic_warmup_episodes = critic_warmup_episodes
         if self.maker.kl_controller.target > 0:
             self._adapt("kl_ctl", self.maker.kl_controller)
+
+    def _policy_step(self, experience: Any) -> None:
+        """The policy learns only once the critic has had `critic_warmup_episodes` episodes alone (OpenRLHF's
+        `--freezing_actor_steps`): advantages from an untrained critic's values push the policy at random."""
+        if self.episode >= self.critic_warmup_episodes:
+            super()._policy_step(experience)

@@ -350,7 +350,7 @@ def _build_ppo(args, setup, tokenizer, actor, optimizer, scheduler, engine, refe
                                _frozen_reward_model(args, tokenizer), kl_controller=_kl_controller(args))
     return PPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler, critic=critic,
                       critic_optim=critic_optim, critic_booster=critic_setup.booster, critic_lr_scheduler=critic_scheduler,
-                      value_loss=ValueLoss(args.value_clip), **kwargs)
+                      value_loss=ValueLoss(args.value_clip), critic_warmup_episodes=args.critic_warmup_episodes, **kwargs)
 
 
 def run_ppo(args: argparse.Namespace) -> PPOTrainer:

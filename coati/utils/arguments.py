@@ -315,6 +315,9 @@ def add_ppo_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--critic_pretrain", default=None,
                        help="critic initialisation (default: --rm_pretrain, else --pretrain with a new value head)")
     group.add_argument("--critic_lr", type=positive(), default=None, help="critic learning rate (default: --lr)")
+    group.add_argument("--critic_warmup_episodes", type=at_least(0), default=0,
+                       help="train only the critic for the first N episodes, so the policy's first advantages come "
+                            "from values fitted to its own returns (OpenRLHF's --freezing_actor_steps)")
     group.add_argument("--gamma", type=in_range(0, 1), default=1.0, help="GAE discount")
     group.add_argument("--lam", type=in_range(0, 1), default=0.95, help="GAE lambda")
     group.add_argument("--value_clip", type=positive(), default=0.2, help="clipping range of the value loss")
