@@ -312,7 +312,8 @@ class RolloutTrainer(OLTrainer):
         return {"tokens_seen": self.tokens_seen, "prompts_trained": self.prompts_trained,
                 "global_step": self.global_step, "nonfinite_skipped": self.nonfinite.skipped,
                 "controllers": {name: c.state() for name, c in self.controllers.items()},
-                "loss_terms": {term.name: term.state() for term in self.loss_terms}, **self.source.state()}
+                "loss_terms": {term.name: term.state() for term in self.loss_terms}, **self.source.state(),
+                "callbacks": {type(cb).__name__: cb.state_dict() for cb in self.callbacks if cb.state_dict()}}
 
     def _restore_extra_state(self, state: Dict[str, Any]) -> None:
         self.tokens_seen = state.get("tokens_seen", 0)
@@ -328,6 +329,10 @@ class RolloutTrainer(OLTrainer):
         for term in self.loss_terms:
             if term.name in terms:
                 term.restore(terms[term.name])
+        callbacks = state.get("callbacks", {})
+        for callback in self.callbacks:
+            if type(callback).__name__ in callbacks:
+                callback.load_state_dict(callbacks[type(callback).__name__])
 
     def load_checkpoint(self, path: str) -> None:
         """Restore every trained model with its optimizer and scheduler, RNG, the episode, the prompt

@@ -92,6 +92,13 @@ class Callback(ABC):
     def on_checkpoint_saved(self, path: str) -> None:
         pass
 
+    def state_dict(self) -> Dict[str, Any]:
+        """What a checkpoint keeps of this callback (JSON-able), so a resumed run goes on as if never stopped."""
+        return {}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Take back what `state_dict` gave when the run resumes."""
+
 
 PUBLISHED_NAMES = {"on_update_pass_start": "on_learn_epoch_start", "on_update_pass_end": "on_learn_epoch_end",
                    "on_update_batch_start": "on_learn_batch_start", "on_update_batch_end": "on_learn_batch_end",

@@ -7,7 +7,7 @@ episode with a checkpoint (`stop_training`), and the script exits with `ALARM_EX
 """
 import statistics
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from coati.utils.errors import warn_user
 
@@ -125,6 +125,12 @@ class HealthMonitor(Callback):
         raised = self._train_alarms(metrics) + self._eval_alarms(metrics)
         for name, message in raised:
             self._raise(name, message, step, metrics)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"history": self._history, "broken": self._broken, "fired": self.fired}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self._history, self._broken, self.fired = state["history"], state["broken"], state["fired"]
 
     def _train_alarms(self, metrics: Dict[str, float]) -> List[Tuple[str, str]]:
         raised = []
