@@ -1,5 +1,6 @@
-"""train_grpo.py and train_ppo.py under two torchrun processes: a run killed mid-way and resumed from its
-last checkpoint logs exactly what an uninterrupted run logs; exports and sample tables land on disk."""
+"""train_grpo.py and train_ppo.py under two torchrun processes: the same command run twice logs the same metrics
+exactly, and a run killed mid-way and resumed from its last checkpoint logs what an uninterrupted run logs; exports
+and sample tables land on disk."""
 import json
 import time
 from pathlib import Path
@@ -62,6 +63,8 @@ def test_killed_rl_run_resumes_with_the_same_metrics(tiny_assets, tmp_path, scri
     assert f"resumed from {killed_at}" in result.stdout + result.stderr
     resumed = _train_records(run / "logs")
     assert [r["step"] for r in resumed] == list(range(1, EPISODES + 1))
+    before_kill = int(killed_at.name.rsplit("-", 1)[1])   # logged by the second run of the same command, unresumed
+    assert resumed[:before_kill] == expected[:before_kill]   # exactly: same seed, same machine, same ranks
     for got, want in zip(resumed, expected):
         assert got.keys() == want.keys()
         for name, value in want.items():
