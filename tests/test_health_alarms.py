@@ -69,7 +69,7 @@ INJECTED = {
     "length_collapse": ("grpo", set_late("train/completions/mean_length_sampled", 2.0)),
     "length_at_limit": ("grpo", set_late("train/completions/clipped_frac", 1.0)),
     "zero_std_groups": ("grpo", set_late("train/frac_reward_zero_std", 1.0)),
-    "kl_runaway": ("ppo", set_late("train/kl", 3.0)),
+    "kl_runaway": ("ppo", set_late("train/kl_per_completion_token", 3.0)),
     "engine_ratio_drift": ("grpo", set_late("train/behaviour_ratio", 1.6)),
     "grad_spike": ("grpo", spike_grad_norm),
     "eval_drop": ("ppo", eval_falls(0.1, reward_rises=False)),

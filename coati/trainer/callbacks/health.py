@@ -36,8 +36,8 @@ class AlarmThresholds:
     """... having risen by at least this from its first value"""
     zero_std_ceiling: float = 0.95
     """`train/frac_reward_zero_std` (groups with no reward spread, so no learning signal) above this"""
-    kl_ceiling: float = 1.0
-    """`train/kl` (per token, to the reference) above this"""
+    kl_ceiling: float = 0.5
+    """`train/kl_per_completion_token` (nats per completion token, to the reference) above this"""
     ratio_drift: float = 0.2
     """`train/behaviour_ratio` (trainer over engine probabilities of the sampled tokens) further than this from 1"""
     grad_spike: float = 10.0
@@ -87,7 +87,7 @@ TRAIN_ALARMS: Dict[str, Tuple[str, Check, bool]] = {
     "length_collapse": ("train/completions/mean_length_sampled", _below_fraction("length_floor"), True),
     "length_at_limit": ("train/completions/clipped_frac", _clipped_at_limit, True),
     "zero_std_groups": ("train/frac_reward_zero_std", _above("zero_std_ceiling"), True),
-    "kl_runaway": ("train/kl", _above("kl_ceiling"), True),
+    "kl_runaway": ("train/kl_per_completion_token", _above("kl_ceiling"), True),
     "engine_ratio_drift": ("train/behaviour_ratio", _ratio_drift, True),
     "grad_spike": ("train/grad_norm", _grad_spike, False),
 }
