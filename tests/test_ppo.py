@@ -65,9 +65,9 @@ def ppo_parts(world_of_one, tiny_assets):
                 reference=reference, engine=engine, loader=loader)
 
 
-def _maker(parts, whiten_advantages=True):
+def _maker(parts, whiten_advantages=True, rm_weight=1.0):
     config = PPOConfig(sampling=SamplingConfig(max_new_tokens=8), kl_estimator="k1", kl_coef=0.1, gamma=0.9,
-                           lam=0.8, whiten_advantages=whiten_advantages)
+                           lam=0.8, whiten_advantages=whiten_advantages, reward_model_weight=rm_weight)
     return PPOExperienceMaker(parts["actor"], parts["critic"], parts["engine"], parts["tokenizer"],
                               WeightedReward.from_specs(["math_answer"]), config, parts["reference"],
                               parts["reward_model"])
@@ -75,7 +75,7 @@ def _maker(parts, whiten_advantages=True):
 
 def test_ppo_experience_from_real_models(ppo_parts):
     prompts = CyclingLoader(ppo_parts["loader"], torch.device("cpu"))
-    experience = LocalRollouts(_maker(ppo_parts, whiten_advantages=False), prompts).next(0, StatsTracker())
+    experience = LocalRollouts(_maker(ppo_parts, whiten_advantages=False, rm_weight=0.5), prompts).next(0, StatsTracker())
     mask = experience.action_mask
     seq, attn, start = experience.sequences, experience.attention_mask, experience.prompt_length
     with torch.no_grad():
@@ -83,7 +83,8 @@ def test_ppo_experience_from_real_models(ppo_parts):
         values = action_values(ppo_parts["critic"], seq, attn, start) * mask
     components = experience.reward_components
     assert components["reward_model"] == pytest.approx(rm_scores.tolist(), abs=1e-5)
-    assert experience.rewards.tolist() == pytest.approx((rm_scores + T(components["math_answer"])).tolist(), abs=1e-5)
+    assert experience.rewards.tolist() == pytest.approx((0.5 * rm_scores + T(components["math_answer"])).tolist(),
+                                                        abs=1e-5)   # --rm_weight 0.5; the component stays unweighted
     assert torch.allclose(experience.values, values, atol=1e-5)
     token_rewards = last_token_rewards(experience.rewards, mask) - 0.1 * experience.kl
     advantages, returns = compute_gae(token_rewards, values, mask, 0.9, 0.8)

@@ -93,6 +93,8 @@ class RolloutConfig:
     forward_batch_size: int = 0
     """Rows per forward when the experience's log-probs, values and reward-model scores are computed, to bound
     memory (`--logits_forward_batch_size`; 0: all rows at once)."""
+    reward_model_weight: float = 1.0
+    """The weight of the reward model's score in the total reward (`--rm_weight`), beside `--reward_fn`'s weights."""
 
 
 @dataclass(frozen=True)
@@ -187,7 +189,7 @@ class ExperienceMaker:
     def __init__(self, actor: torch.nn.Module, engine: InferenceEngine, tokenizer: Any,
                  reward_fn: Optional[WeightedReward], config: RolloutConfig,
                  ref_model: Optional[torch.nn.Module] = None, reward_model: Optional[torch.nn.Module] = None) -> None:
-        self.scorer = Scorer(tokenizer, reward_fn, reward_model, config.forward_batch_size)
+        self.scorer = Scorer(tokenizer, reward_fn, reward_model, config.forward_batch_size, config.reward_model_weight)
         self.actor, self.engine, self.tokenizer = actor, engine, tokenizer
         self.config, self.ref_model = config, ref_model
 

@@ -26,15 +26,16 @@ Scores = Tuple[List[float], Dict[str, List[float]]]
 class Scorer:
     """Decodes completions (special tokens left out) and scores them: `reward_fn` on the text with the prompt
     row's other fields, plus `reward_model`'s score of the token sequences (the component `reward_model`) when
-    one is given (`forward_batch_size` rows per forward; 0: all at once). Returns (total per completion, components
-    by name)."""
+    one is given (`forward_batch_size` rows per forward; 0: all at once), added to the total with
+    `reward_model_weight`. Returns (total per completion, components by name)."""
 
     def __init__(self, tokenizer: Any, reward_fn: Optional[WeightedReward] = None,
-                 reward_model: Optional[torch.nn.Module] = None, forward_batch_size: int = 0) -> None:
+                 reward_model: Optional[torch.nn.Module] = None, forward_batch_size: int = 0,
+                 reward_model_weight: float = 1.0) -> None:
         if reward_fn is None and reward_model is None:
             raise ValueError("a scorer needs a reward function or a reward model")
         self.tokenizer, self.reward_fn, self.reward_model = tokenizer, reward_fn, reward_model
-        self.forward_batch_size = forward_batch_size
+        self.forward_batch_size, self.reward_model_weight = forward_batch_size, reward_model_weight
         self.trainer_state: Optional[TrainerState] = None
         """The trainer's progress, for reward functions (TRL's `trainer_state`); the trainer sets it each episode."""
         self._pending: List[Tuple[Sequence[str], Sequence[str], Dict[str, Sequence[Any]], Optional[GenerationOutput],
@@ -75,7 +76,7 @@ class Scorer:
                                                                  out.attention_mask[rows]),
                                    out.sequences.size(0), self.forward_batch_size).tolist()
             components = {**components, REWARD_MODEL: scores}
-            total = [t + s for t, s in zip(total, scores)]
+            total = [t + self.reward_model_weight * s for t, s in zip(total, scores)]
         return total, components
 
     def reward_inputs(self, prompts: Sequence[str], completions: Sequence[str], originals: Optional[Sequence[Any]],

@@ -230,7 +230,7 @@ def _build_grpo(args, setup, tokenizer, actor, optimizer, scheduler, engine, ref
                             shaping=ShapingConfig(args.max_new_tokens, args.overlong_buffer_len,
                                                   args.overlong_penalty_factor),
                             old_log_probs_at_collection=not _one_update_per_experience(args),
-                            forward_batch_size=args.logits_forward_batch_size)
+                            forward_batch_size=args.logits_forward_batch_size, reward_model_weight=args.rm_weight)
     temperature = (TemperatureController(args.maxent_tau, args.maxent_target_entropy, args.maxent_tau_lr)
                    if args.adv_estimator == "maxent" else None)
     maker = GRPOExperienceMaker(actor, engine, tokenizer, _reward_fn(args), config, reference,
@@ -345,7 +345,8 @@ def _build_ppo(args, setup, tokenizer, actor, optimizer, scheduler, engine, refe
                            kl_coef=args.kl_coef, gamma=args.gamma, lam=args.lam,
                            whiten_advantages=not args.no_whiten_advantages,
                            old_log_probs_at_collection=not _one_update_per_experience(args),
-                           forward_batch_size=args.logits_forward_batch_size)
+                           forward_batch_size=args.logits_forward_batch_size,
+                           reward_model_weight=args.rm_weight)
     maker = PPOExperienceMaker(actor, critic, engine, tokenizer, _reward_fn(args), config, reference,
                                _frozen_reward_model(args, tokenizer), kl_controller=_kl_controller(args))
     return PPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler, critic=critic,

@@ -188,6 +188,9 @@ def add_grpo_args(parser: argparse.ArgumentParser) -> None:
     code.add_argument("--sandbox_workers", type=at_least(0), default=0,
                       help="test runs at once on each rank (0: the CPU count, at most 8)")
     add_rollout_backend_args(parser)
+    rl.add_argument("--rm_weight", type=non_negative(), default=1.0,
+                    help="weight of --rm_pretrain's score in the reward, beside --reward_fn's weights (the component "
+                         "rewards/reward_model is logged unweighted)")
     rl.add_argument("--stop_on_alarm", nargs="*", default=[], metavar="ALARM",
                     help="end the run (with a checkpoint, exit status 4) when one of these health alarms fires: all, "
                          "eval_drop, eval_falls_reward_rises, entropy_collapse, length_collapse, length_at_limit, "
