@@ -13,7 +13,8 @@ from coati.utils.errors import CoatiUsageError
 from conftest import SCRIPTS, torchrun
 
 TRACES = Path(__file__).parent / "data"
-"""metrics.jsonl of the demo's PPO and GRPO stages (the test demo, tests/test_demo_pipeline.py), the watched keys."""
+"""metrics.jsonl of the PPO and GRPO stages of `make demo` (seed 1 of benchmarks/bench_learning.py; PPO and GRPO ended
+above SFT), the watched keys."""
 
 
 def trace(stage: str) -> list:
@@ -52,11 +53,13 @@ def spike_grad_norm(rows):
     late_train_rows(rows, 1)[0]["train/grad_norm"] *= 50
 
 
-def eval_falls(by: float, reward_rises: bool):
+def eval_falls(by: float, reward_rises: bool, base: float = 0.0):
     def inject(rows):
         evals = [r for r in rows if "eval/reward" in r]
+        for row in evals:
+            row["eval/reward"] += base
         for row in evals[len(evals) // 2:]:
-            row["eval/reward"] -= by
+            row["eval/reward"] = evals[0]["eval/reward"] - by
         if reward_rises:
             train = [r for r in rows if "train/reward" in r]
             for i, row in enumerate(train):
@@ -72,8 +75,8 @@ INJECTED = {
     "kl_runaway": ("ppo", set_late("train/kl_per_completion_token", 3.0)),
     "engine_ratio_drift": ("grpo", set_late("train/behaviour_ratio", 1.6)),
     "grad_spike": ("grpo", spike_grad_norm),
-    "eval_drop": ("ppo", eval_falls(0.1, reward_rises=False)),
-    "eval_falls_reward_rises": ("ppo", eval_falls(0.03, reward_rises=True)),
+    "eval_drop": ("ppo", eval_falls(0.3, reward_rises=False)),
+    "eval_falls_reward_rises": ("grpo", eval_falls(0.06, reward_rises=True, base=1.0)),
 }
 
 

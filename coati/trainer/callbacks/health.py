@@ -19,13 +19,16 @@ REWARD = "train/reward"
 
 @dataclass(frozen=True)
 class AlarmThresholds:
-    """When each alarm fires. Fractions are of the metric's first logged value; `patience` train logs in a row
-    must break a bound before its alarm fires (evaluations, being few, fire at once)."""
+    """When each alarm fires. Fractions are of the metric's first logged value; `patience` train logs (and
+    `eval_patience` evaluations) in a row must break a bound before its alarm fires."""
 
     eval_drop: float = 0.1
     """an eval metric (`eval/reward`, `eval/rewards/<fn>`) fell by more than this fraction of its first value"""
-    eval_min_drop: float = 0.02
-    """... and by at least this much (noise on a handful of held-out rows, or near 0, is not a fall)"""
+    eval_min_drop: float = 0.05
+    """... and by at least this much (about two standard errors of an accuracy on 256 held-out rows: noise, or a
+    metric near 0, is not a fall)"""
+    eval_patience: int = 2
+    """evaluations in a row that must show the fall (a dip that the next evaluation undoes is not one)"""
     entropy_floor: float = 0.1
     """`train/policy_entropy` below this fraction of its first value"""
     length_floor: float = 0.2
@@ -148,17 +151,22 @@ class HealthMonitor(Callback):
         for metric in watched_eval_metrics(metrics):
             history = self._history[metric]
             drop = history[0] - history[-1]
-            if drop < max(self.limits.eval_min_drop, 1e-12):
-                continue
+            fell = drop >= self.limits.eval_min_drop
             relative = drop / abs(history[0]) if history[0] else float("inf")
             where = f"{metric} = {history[-1]:.4g}, down {drop:.4g} from its first {history[0]:.4g}"
             reward = self._history.get(REWARD, [])
-            if "eval_falls_reward_rises" not in self.fired and _rose(reward):
+            if self._persists("eval_falls_reward_rises", metric, fell and _rose(reward)):
                 raised.append(("eval_falls_reward_rises", f"{where} while {REWARD} rose from {_first_mean(reward):.4g} "
                                                           f"to {_recent_mean(reward):.4g}"))
-            if "eval_drop" not in self.fired and relative > self.limits.eval_drop:
+            if self._persists("eval_drop", metric, fell and relative > self.limits.eval_drop):
                 raised.append(("eval_drop", f"{where} (> {self.limits.eval_drop:g} of it)"))
         return raised
+
+    def _persists(self, alarm: str, metric: str, broken: bool) -> bool:
+        """Whether `alarm` on an eval `metric` has now been broken on `eval_patience` evaluations in a row."""
+        key = f"{alarm}:{metric}"
+        self._broken[key] = self._broken.get(key, 0) + 1 if broken else 0
+        return alarm not in self.fired and self._broken[key] >= self.limits.eval_patience
 
     def _raise(self, name: str, message: str, step: int, metrics: Dict[str, float]) -> None:
         if name in self.fired:
