@@ -22,7 +22,7 @@ class AlarmThresholds:
     """When each alarm fires. Fractions are of the metric's first logged value; `patience` train logs (and
     `eval_patience` evaluations) in a row must break a bound before its alarm fires."""
 
-    eval_drop: float = 0.1
+    eval_drop: float = 0.15
     """an eval metric (`eval/reward`, `eval/rewards/<fn>`) fell by more than this fraction of its first value"""
     eval_min_drop: float = 0.05
     """... and by at least this much (about two standard errors of an accuracy on 256 held-out rows: noise, or a
@@ -43,7 +43,7 @@ class AlarmThresholds:
     """`train/kl_per_completion_token` (nats per completion token, to the reference) above this"""
     ratio_drift: float = 0.2
     """`train/behaviour_ratio` (trainer over engine probabilities of the sampled tokens) further than this from 1"""
-    grad_spike: float = 10.0
+    grad_spike: float = 20.0
     """`train/grad_norm` above this multiple of the median of the norms logged before (from the 5th on)"""
     patience: int = 3
 
