@@ -8,7 +8,6 @@ import socket
 import subprocess
 import tempfile
 import textwrap
-import threading
 import time
 from pathlib import Path
 
@@ -16,8 +15,7 @@ import pytest
 
 from coati.rewards import CodeTests
 from coati.rewards.code import _HARNESS
-from coati.rewards.sandbox import (BWRAP, MEMORY, MEMORY_CGROUP, NAMESPACES, SandboxError, SandboxLimits,
-                                   shared_sandbox)
+from coati.rewards.sandbox import BWRAP, MEMORY, MEMORY_CGROUP, SandboxError, SandboxLimits, shared_sandbox
 from test_sandbox import BACKENDS_HERE, LIMITS, sandbox_processes
 
 REPO = Path(__file__).resolve().parents[1]
