@@ -554,7 +554,7 @@ def _run_program(request: Dict, workdir: str, namespaces: bool, files: Dict[str,
     os.close(outcome_write)
     with os.fdopen(report_read, "rb") as report:
         failure = report.read().decode(errors="replace")
-    exited, _, _ = select.select([os.pidfd_open(reaper)], [], [], limits["wall_s"])
+    exited = _await_end(reaper, limits["wall_s"], cgroup)
     processes = _count_processes() if namespaces and not exited else 0
     os.killpg(reaper, signal.SIGKILL)   # what the program left running (with namespaces, all of it goes anyway)
     os.waitpid(reaper, 0)
@@ -574,6 +574,22 @@ def _run_program(request: Dict, workdir: str, namespaces: bool, files: Dict[str,
             MEMORY_CGROUP: cgroup is not None}
     return {"status": LIMIT if limit else (OK if code == 0 else FAILED), "returncode": code, "stdout": stdout,
             "stderr": stderr, "limit": limit, "isolation": [part for part, holds in held.items() if holds]}
+
+
+def _await_end(reaper: int, wall_s: float, cgroup: Optional[Tuple[str, str]]) -> bool:
+    """Wait for the reaper to exit, at most `wall_s`; True when it did. A run whose cgroup had a process killed for
+    memory ends at once (the kernel kills one process, and the rest would run on to the wall clock)."""
+    import time
+
+    pidfd, deadline = os.pidfd_open(reaper), time.monotonic() + wall_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if select.select([pidfd], [], [], min(left, 0.05) if cgroup else left)[0]:
+            return True
+        if _oom_killed(cgroup):
+            return False
 
 
 def _refuse_tracing() -> None:
