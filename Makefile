@@ -42,7 +42,8 @@ demo: install
 $(BWRAP):
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get > /dev/null; then \
 		apt-get install -y -q --no-install-recommends bubblewrap > /dev/null || \
-		(apt-get update -q > /dev/null && apt-get install -y -q --no-install-recommends bubblewrap > /dev/null); \
+		(apt-get update -q > /dev/null && apt-get install -y -q --no-install-recommends bubblewrap > /dev/null) || \
+		echo "note: could not install bubblewrap; the code sandbox falls back to coati's own namespaces"; \
 	else echo "note: install bubblewrap (e.g. sudo apt-get install bubblewrap) to contain the code_tests reward's programs"; fi
 
 $(SYSTEM_TOOLS):
