@@ -28,7 +28,7 @@ from coati.experience.evaluation import evaluate_model  # noqa: E402
 def run_seed(out: Path, seed: int, steps: int, nproc: int, estimators: List[str]) -> Dict[str, Dict[str, float]]:
     """The demo's stages for one seed, then each extra GRPO estimator; {algorithm: {accuracy, seconds}}."""
     timings: Dict[str, float] = {}
-    run_demo.build_assets(out, "small", {"sft_train": steps * 16 * nproc, "pref_train": steps * 16 * nproc}, seed)
+    run_demo.build_assets(out, "small", run_demo.data_sizes(steps, nproc), seed)
     run_demo.prepare(out)
     stages = [(name, name, []) for name in run_demo.STAGES]
     stages += [(f"grpo-{e}", "grpo", ["--adv_estimator", e]) for e in estimators if e != "grpo"]

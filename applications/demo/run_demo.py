@@ -60,6 +60,11 @@ def _torchrun_with(script: str, nproc: int, *flags: str, extra: Sequence[str] = 
         sys.exit(f"[demo] {script} failed with exit status {result.returncode}")
 
 
+def data_sizes(steps: int, nproc: int) -> Dict[str, int]:
+    """Rows of SFT and preference training data: enough for `steps` optimizer steps of 16 rows on `nproc` ranks."""
+    return {"sft_train": steps * 16 * nproc, "pref_train": steps * 16 * nproc}
+
+
 def build_assets(out: Path, size: str, sizes: Dict[str, int], seed: int = 0) -> None:
     """The tokenizer and random model (initialised from `seed`), and raw task data: held-out sets use wordings
     training never shows (the task's data is the same for every seed)."""
@@ -214,8 +219,7 @@ def main(argv=None) -> None:
     timings: Dict[str, float] = {}
     if not (out / "data" / "prompt_eval").is_dir() or "sft" in args.stages:
         with stage("build tiny model and task data", timings):
-            build_assets(out, args.model_size, {"sft_train": args.steps * 16 * args.nproc,
-                                                "pref_train": args.steps * 16 * args.nproc}, args.seed)
+            build_assets(out, args.model_size, data_sizes(args.steps, args.nproc), args.seed)
         with stage("prepare datasets", timings):
             prepare(out)
     for name in STAGES:

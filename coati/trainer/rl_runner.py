@@ -158,7 +158,7 @@ def _trainer_kwargs(args: argparse.Namespace, setup: Any, coordinator: Any, held
                 train_batch_size=args.train_batch_size, accumulation_steps=args.accumulation_steps,
                 sample_log_interval=args.sample_log_interval, coordinator=coordinator, logging=log_cadence(args),
                 saver=saver(args), evaluator=evaluator(args),
-                skip_nonfinite=args.skip_nonfinite, callbacks=[health_monitor(args)], eval_samples=args.eval_n_samples,
+                skip_nonfinite=args.skip_nonfinite, eval_samples=args.eval_n_samples,
                 eval_sampling=dataclasses.replace(_sampling(args), do_sample=True,
                                                   temperature=args.eval_temperature or args.temperature))
 
@@ -178,7 +178,9 @@ def _run(args: argparse.Namespace, build: Callable[..., RolloutTrainer]) -> Roll
     reference = frozen_reference(args, setup) if args.kl_coef > 0 else None
     generator = actor.unwrap(unwrap_peft=False) if hasattr(actor, "unwrap") else actor
     engine = HFEngine(generator, tokenizer.pad_token_id, _stop_ids(args, tokenizer), args.inference_batch_size)
-    kwargs = {**_trainer_kwargs(args, setup, coordinator, held_out), **_ptx(args, setup, tokenizer)}
+    monitor = health_monitor(args)
+    kwargs = {**_trainer_kwargs(args, setup, coordinator, held_out), **_ptx(args, setup, tokenizer),
+              "callbacks": [monitor]}
     if args.rollout_backend == "vllm" and not getattr(args, "async_rollout", False):
         kwargs["rollout_engine"] = _vllm_pool(args, tokenizer)
     if args.save_best:
@@ -192,7 +194,6 @@ def _run(args: argparse.Namespace, build: Callable[..., RolloutTrainer]) -> Roll
         coordinator.print_on_master(resumed_line(checkpoint, f"episode {trainer.start_episode}"))
     trainer.fit(args.num_episodes, args.num_collect_steps, args.num_update_steps,
                 metrics_logger=open_logger(args, type(trainer), trainer.start_episode if checkpoint else None))
-    monitor = next(cb for cb in trainer.callbacks if isinstance(cb, HealthMonitor))
     if args.output_dir and coordinator.is_master():
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
         if trainer.eval_history:

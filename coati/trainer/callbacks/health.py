@@ -95,6 +95,8 @@ TRAIN_ALARMS: Dict[str, Tuple[str, Check, bool]] = {
     "grad_spike": ("train/grad_norm", _grad_spike, False),
 }
 """name -> (the metric it watches, its test, whether it waits for `patience` logs in a row)."""
+WATCHED_TRAIN_METRICS = {metric for metric, _, _ in TRAIN_ALARMS.values()} | {REWARD}
+"""The train metrics whose history is kept (and checkpointed): only what the alarms read."""
 EVAL_ALARMS = ("eval_drop", "eval_falls_reward_rises")
 ALARMS = tuple(TRAIN_ALARMS) + EVAL_ALARMS
 
@@ -122,9 +124,8 @@ class HealthMonitor(Callback):
             raise ValueError(f"unknown alarm {', '.join(unknown)}; choose from all, {', '.join(ALARMS)}")
 
     def on_log(self, step: int, metrics: Dict[str, float]) -> None:
-        for name, value in metrics.items():
-            if name.startswith(("train/", "eval/")) and isinstance(value, (int, float)):
-                self._history.setdefault(name, []).append(float(value))
+        for name in WATCHED_TRAIN_METRICS.intersection(metrics) | set(watched_eval_metrics(metrics)):
+            self._history.setdefault(name, []).append(float(metrics[name]))
         raised = self._train_alarms(metrics) + self._eval_alarms(metrics)
         for name, message in raised:
             self._raise(name, message, step, metrics)
