@@ -315,6 +315,7 @@ def run_grpo(args: argparse.Namespace) -> GRPOTrainer:
     _reward_fn(args)   # an unknown or unimportable reward function is refused before anything is loaded
     _check_kl_control(args)
     _check_save_best(args)
+    health_monitor(args)   # its flags are refused before anything is loaded
     if "overlong" in args.reward_shaping and args.overlong_buffer_len > args.max_new_tokens:
         raise CoatiUsageError(f"--overlong_buffer_len {args.overlong_buffer_len} must be at most --max_new_tokens "
                               f"{args.max_new_tokens}: the penalty grows over the last tokens before that limit")
@@ -363,5 +364,6 @@ def run_ppo(args: argparse.Namespace) -> PPOTrainer:
     _reward_fn(args)
     _check_kl_control(args)
     _check_save_best(args)
+    health_monitor(args)   # its flags are refused before anything is loaded
     _check_backend(args)
     return _run(args, _build_ppo)
