@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from coati.experience.advantages import ADVANTAGE_ESTIMATORS
-from coati.models.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, PolicyLoss
+from coati.experience.advantages import ADVANTAGE_ESTIMATORS, AdvantageConfig
+from coati.models.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, PolicyLoss, PolicyLossConfig
 from coati.trainer.callbacks import Callback
 from coati.utils.errors import CoatiUsageError
 from conftest import dist_script_result
@@ -18,17 +18,17 @@ T = torch.tensor
 
 
 def test_rloo_baseline_is_the_mean_of_the_other_rewards():
-    advantages = ADVANTAGE_ESTIMATORS.get("rloo")(T([1.0, 0.0, 0.0, 2.0]), 4)
+    advantages = ADVANTAGE_ESTIMATORS.get("rloo")(T([1.0, 0.0, 0.0, 2.0]), AdvantageConfig(4))
     # r_i - (sum - r_i) / 3: 1 - 2/3, 0 - 1, 0 - 1, 2 - 1/3
     assert advantages.tolist() == pytest.approx([1 / 3, -1.0, -1.0, 5 / 3])
-    assert ADVANTAGE_ESTIMATORS.get("rloo")(T([3.0, 1.0, 5.0, 5.0]), 2).tolist() == pytest.approx([2.0, -2.0, 0.0, 0.0])
+    assert ADVANTAGE_ESTIMATORS.get("rloo")(T([3.0, 1.0, 5.0, 5.0]), AdvantageConfig(2)).tolist() == pytest.approx([2.0, -2.0, 0.0, 0.0])
 
 
 def test_reinforce_pp_normalises_over_the_whole_batch_not_the_group():
     rewards = T([1.0, 0.0, 3.0, 4.0])                       # mean 2, population std sqrt(2.5)
-    advantages = ADVANTAGE_ESTIMATORS.get("reinforce_pp")(rewards, 2)
+    advantages = ADVANTAGE_ESTIMATORS.get("reinforce_pp")(rewards, AdvantageConfig(2))
     assert advantages.tolist() == pytest.approx([(r - 2) / math.sqrt(2.5) for r in (1, 0, 3, 4)], rel=1e-5)
-    assert ADVANTAGE_ESTIMATORS.get("reinforce_pp")(rewards, 2, scale_by_std=False).tolist() == [-1.0, -2.0, 1.0, 2.0]
+    assert ADVANTAGE_ESTIMATORS.get("reinforce_pp")(rewards, AdvantageConfig(2, scale_by_std=False)).tolist() == [-1.0, -2.0, 1.0, 2.0]
 
 
 def test_reinforce_pp_statistics_span_every_rank():
@@ -42,14 +42,49 @@ def test_reinforce_pp_statistics_span_every_rank():
 def test_gspo_clips_one_sequence_level_ratio():
     logps, old = T([[-1.0, -2.0, 0.0]]), T([[-1.2, -1.6, -5.0]])
     mask = T([[1.0, 1.0, 0.0]])
-    ratio = POLICY_LOSSES.get("gspo")(logps, old, mask)
+    ratio = POLICY_LOSSES.get("gspo")(logps, old, T([[1.0]]), mask, PolicyLossConfig()).ratio
     s = math.exp(((0.2) + (-0.4)) / 2)                     # exp of the mean token log-ratio, padding left out
     assert ratio.tolist() == [pytest.approx([s, s, s])]
-    gspo = PolicyLoss(0.05, ratio="gspo", aggregation="seq-mean-token-mean")
+    gspo = PolicyLoss(0.05, loss="gspo", aggregation="seq-mean-token-mean")
     loss, stats = gspo(logps, old, T([1.0]), mask)           # s = e^-0.1 ~ 0.905, below 1 - 0.05
     assert loss.item() == pytest.approx(-s) and stats["clip_ratio/low"].item() == 0.0   # -min(s A, 0.95 A), A = 1
     loss, stats = gspo(logps, old, T([-1.0]), mask)
     assert loss.item() == pytest.approx(0.95) and stats["clip_ratio/low"].item() == 1.0  # the clip binds for A < 0
+
+
+def test_cispo_truncates_and_stops_the_importance_weight_but_keeps_every_token_s_gradient():
+    logps = T([[-1.0, -2.0]]).requires_grad_()
+    old, mask = T([[-1.5, -1.0]]), T([[1.0, 1.0]])
+    r1, r2 = math.exp(0.5), math.exp(-1.0)                  # 1.6487 is truncated at 1 + 0.2; 0.3679 is kept
+    loss, stats = PolicyLoss(0.2, loss="cispo")(logps, old, T([1.0]), mask)
+    # l_t = -sg(min(r_t, 1.2)) A log pi_t, token-mean
+    assert loss.item() == pytest.approx((1.2 * 1.0 + r2 * 2.0) / 2, rel=1e-6)
+    loss.backward()
+    assert logps.grad.tolist() == [pytest.approx([-1.2 / 2, -r2 / 2], rel=1e-6)]
+    assert stats["clip_ratio/high"].item() == 0.5 and stats["clip_ratio/low"].item() == 0.0
+    ppo_logps = T([[-1.0, -2.0]]).requires_grad_()
+    PolicyLoss(0.2)(ppo_logps, old, T([1.0]), mask)[0].backward()
+    assert ppo_logps.grad[0, 0].item() == 0.0 and r1 > 1.2   # PPO's clip leaves the same token no gradient
+
+
+def test_sapo_gates_softly_with_the_temperature_of_the_advantage_s_sign():
+    def sigmoid(x):
+        return 1 / (1 + math.exp(-x))
+
+    old, mask = T([[-1.2, -1.0]]), T([[1.0, 1.0]])
+    r = [math.exp(0.2), math.exp(-1.0)]
+    for advantage, tau in ((1.0, 1.0), (-2.0, 1.05)):       # temperature_pos = 1.0, temperature_neg = 1.05
+        logps = T([[-1.0, -2.0]]).requires_grad_()
+        loss, stats = PolicyLoss(loss="sapo")(logps, old, T([advantage]), mask)
+        gate = [4 / tau * sigmoid(tau * (x - 1)) for x in r]          # f(r) = (4 / tau) sigmoid(tau (r - 1))
+        assert loss.item() == pytest.approx(-advantage * sum(gate) / 2, rel=1e-6)
+        loss.backward()                                    # d l / d log pi = -A f'(r) r, f'(r) = 4 s (1 - s)
+        grads = [-advantage * 4 * sigmoid(tau * (x - 1)) * (1 - sigmoid(tau * (x - 1))) * x / 2 for x in r]
+        assert logps.grad.tolist() == [pytest.approx(grads, rel=1e-5)]
+        assert stats["clip_ratio/region"].item() == 0.0
+    on_policy = T([[-1.0, -2.0]]).requires_grad_()
+    PolicyLoss(loss="sapo", options={"temperature_pos": 3.0})(on_policy, on_policy.detach(), T([1.0]), mask)[0].backward()
+    assert on_policy.grad.tolist() == [pytest.approx([-0.5, -0.5])]   # at r = 1 it is the policy gradient, any tau
 
 
 def test_kl_and_entropy_terms_follow_the_loss_aggregation():
@@ -68,34 +103,41 @@ def test_an_unknown_name_is_refused_with_the_choices():
         ADVANTAGE_ESTIMATORS.get("no_such_module:fn")
 
 
-def sign_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = True) -> torch.Tensor:
-    """A toy estimator written outside coati: +1 above the group's mean, -1 below, 0 at it."""
-    groups = rewards.view(-1, group_size)
-    return torch.sign(groups - groups.mean(-1, keepdim=True)).reshape(-1)
+def margin_sign_advantages(rewards: torch.Tensor, config: AdvantageConfig) -> torch.Tensor:
+    """A toy estimator written outside coati, with a hyperparameter of its own: +1 more than `margin` above the group's
+    mean, -1 more than `margin` below it, 0 between."""
+    groups = rewards.view(-1, config.group_size)
+    centred = groups - groups.mean(-1, keepdim=True)
+    margin = config.options["margin"]
+    return ((centred > margin).float() - (centred < -margin).float()).reshape(-1)
 
 
-def test_an_estimator_from_outside_the_package_trains(world_of_one, tiny_assets, monkeypatch):
+def test_an_estimator_with_its_own_hyperparameter_from_outside_the_package_trains(world_of_one, tiny_assets,
+                                                                                   monkeypatch):
     from test_grpo import _grpo_trainer
 
-    ADVANTAGE_ESTIMATORS.register("sign")(sign_advantages)
+    ADVANTAGE_ESTIMATORS.register("margin_sign")(margin_sign_advantages)
     trainer = _grpo_trainer(tiny_assets)
-    trainer.maker.config = replace(trainer.maker.config, advantage_estimator="sign")
+    trainer.maker.config = replace(trainer.maker.config, advantage_estimator="margin_sign",
+                                   advantage_options={"margin": 0.3})
     seen = []
     original = trainer._learn_step
     monkeypatch.setattr(trainer, "_learn_step", lambda experience: seen.append(experience) or original(experience))
     trainer.fit(num_episodes=1, num_collect_steps=1, num_update_steps=1)
-    rewards = seen[0].rewards
-    assert torch.equal(seen[0].advantages, sign_advantages(rewards, 4)) and trainer.global_step == 1
-    assert ADVANTAGE_ESTIMATORS.get("test_algorithms:sign_advantages") is sign_advantages
+    groups = seen[0].rewards.view(-1, 4)
+    centred = (groups - groups.mean(-1, keepdim=True)).reshape(-1)
+    expected = [1.0 if c > 0.3 else -1.0 if c < -0.3 else 0.0 for c in centred.tolist()]
+    assert seen[0].advantages.tolist() == expected and trainer.global_step == 1
+    assert ADVANTAGE_ESTIMATORS.get("test_algorithms:margin_sign_advantages") is margin_sign_advantages
 
 
 # ---- MaxEnt weighting, adaptive KL, overlong shaping, dynamic sampling --------------------------------------
 
 def test_maxent_advantages_are_n_times_the_softmax_weight_minus_one():
-    advantages = ADVANTAGE_ESTIMATORS.get("maxent")(T([1.0, 0.0, 0.0, 0.0, 2.0, 2.0, 2.0, 2.0]), 4, tau=1.0)
+    advantages = ADVANTAGE_ESTIMATORS.get("maxent")(T([1.0, 0.0, 0.0, 0.0, 2.0, 2.0, 2.0, 2.0]), AdvantageConfig(4, options={"tau": 1.0}))
     # w = (e, 1, 1, 1) / (e + 3) = (0.475367, 0.174878, ...): A = 4w - 1; a tied group has uniform weights, A = 0
     assert advantages.tolist() == pytest.approx([0.901467, -0.300489, -0.300489, -0.300489, 0, 0, 0, 0], abs=1e-5)
-    sharp = ADVANTAGE_ESTIMATORS.get("maxent")(T([1.0, 0.0]), 2, tau=0.01)      # tau -> 0: best-of-n
+    sharp = ADVANTAGE_ESTIMATORS.get("maxent")(T([1.0, 0.0]), AdvantageConfig(2, options={"tau": 0.01}))      # tau -> 0: best-of-n
     assert sharp.tolist() == pytest.approx([1.0, -1.0], abs=1e-6)
 
 

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from coati.experience.advantages import compute_gae, group_advantages, tied_groups
+from coati.experience.advantages import AdvantageConfig, compute_gae, group_advantages, tied_groups
 from coati.models.loss import PolicyLoss, ValueLoss, aggregate, kl_penalty, token_entropy
 
 T = torch.tensor
@@ -28,8 +28,8 @@ def test_group_advantages_and_tied_groups():
     rewards = T([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
     std = math.sqrt(1 / 3)                                   # unbiased std of (1, 0, 0, 1)
     expected = [0.5 / std, -0.5 / std, -0.5 / std, 0.5 / std, 0.0, 0.0, 0.0, 0.0]
-    assert group_advantages(rewards, 4).tolist() == pytest.approx(expected, rel=1e-5)
-    assert group_advantages(rewards, 4, scale_by_std=False).tolist() == pytest.approx([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0])
+    assert group_advantages(rewards, AdvantageConfig(4)).tolist() == pytest.approx(expected, rel=1e-5)
+    assert group_advantages(rewards, AdvantageConfig(4, scale_by_std=False)).tolist() == pytest.approx([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0])
     assert tied_groups(rewards, 4).tolist() == [False] * 4 + [True] * 4
 
 

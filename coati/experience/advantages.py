@@ -1,6 +1,8 @@
 """Advantage estimators: GAE for PPO, and the outcome-reward estimators `--adv_estimator` picks from
-(ADVANTAGE_ESTIMATORS: GRPO's group normalisation, RLOO, REINFORCE++, MaxEnt weighting)."""
-from typing import Tuple
+(ADVANTAGE_ESTIMATORS: GRPO's group normalisation, RLOO, REINFORCE++, MaxEnt weighting). Each estimator is
+`fn(rewards (N,), config: AdvantageConfig) -> advantages (N,)`; its hyperparameters are in `config.options`."""
+from dataclasses import dataclass, field
+from typing import Any, Dict, Tuple
 
 import torch
 
@@ -25,41 +27,54 @@ def compute_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
     return advantages, (advantages + values) * mask
 
 
+@dataclass(frozen=True)
+class AdvantageConfig:
+    """What an outcome-reward estimator is given besides the rewards: `group_size` (consecutive completions of one
+    prompt), `scale_by_std` (off with `--no_std_normalize`, Dr. GRPO) and `options`, the estimator's own
+    hyperparameters (`--adv_option NAME=VALUE ...`; MaxEnt's `tau` comes from its controller)."""
+
+    group_size: int
+    scale_by_std: bool = True
+    options: Dict[str, Any] = field(default_factory=dict)
+
+
+STD_EPS = 1e-6
+
+
 @ADVANTAGE_ESTIMATORS.register("grpo")
-def group_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = True,
-                     eps: float = 1e-6) -> torch.Tensor:
+def group_advantages(rewards: torch.Tensor, config: AdvantageConfig) -> torch.Tensor:
     """GRPO (Shao et al. 2024): A_i = (r_i - mean(r_group)) / std(r_group), without the division when
     `scale_by_std` is off (Dr. GRPO). `rewards` holds consecutive groups of `group_size`."""
-    groups = rewards.view(-1, group_size)
+    groups = rewards.view(-1, config.group_size)
     centred = groups - groups.mean(-1, keepdim=True)
-    if scale_by_std:
-        centred = centred / (groups.std(-1, keepdim=True) + eps)
+    if config.scale_by_std:
+        centred = centred / (groups.std(-1, keepdim=True) + STD_EPS)
     return centred.reshape(-1)
 
 
 @ADVANTAGE_ESTIMATORS.register("rloo")
-def leave_one_out_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = True) -> torch.Tensor:
+def leave_one_out_advantages(rewards: torch.Tensor, config: AdvantageConfig) -> torch.Tensor:
     """RLOO (Ahmadian et al. 2024): A_i = r_i - (1/(n-1)) sum_{j != i} r_j, the mean of the group's other
     rewards as the baseline (unscaled; `scale_by_std` does not apply)."""
-    if group_size < 2:
+    n = config.group_size
+    if n < 2:
         raise ValueError("RLOO needs groups of at least 2 completions")
-    groups = rewards.view(-1, group_size)
-    others = (groups.sum(-1, keepdim=True) - groups) / (group_size - 1)
+    groups = rewards.view(-1, n)
+    others = (groups.sum(-1, keepdim=True) - groups) / (n - 1)
     return (groups - others).reshape(-1)
 
 
 @ADVANTAGE_ESTIMATORS.register("reinforce_pp")
-def global_normalised_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = True,
-                                 eps: float = 1e-6) -> torch.Tensor:
+def global_normalised_advantages(rewards: torch.Tensor, config: AdvantageConfig) -> torch.Tensor:
     """REINFORCE++ (Hu 2025), outcome rewards: A_i = (r_i - mean(r)) / std(r) over the global batch (every
     rank's completions), not per group; without the division when `scale_by_std` is off."""
     local = rewards.double()
     total, squares, count = all_reduce_sums([local.sum().item(), (local ** 2).sum().item(), local.numel()])
     mean = total / count
     centred = rewards - mean
-    if scale_by_std:
+    if config.scale_by_std:
         std = max(squares / count - mean ** 2, 0.0) ** 0.5
-        centred = centred / (std + eps)
+        centred = centred / (std + STD_EPS)
     return centred
 
 
@@ -69,11 +84,12 @@ def maxent_weights(rewards: torch.Tensor, group_size: int, tau: float) -> torch.
 
 
 @ADVANTAGE_ESTIMATORS.register("maxent")
-def maxent_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool = True, tau: float = 1.0) -> torch.Tensor:
+def maxent_advantages(rewards: torch.Tensor, config: AdvantageConfig) -> torch.Tensor:
     """MaxEnt weighting: A_i = n * softmax(r_group / tau)_i - 1, the completion's weight against the uniform 1/n (sums to 0
-    over a group; tau -> 0 is best-of-n, large tau is a scaled mean baseline). `tau` comes from `--maxent_tau` and its
-    controller; `scale_by_std` does not apply."""
-    return group_size * maxent_weights(rewards, group_size, tau) - 1.0
+    over a group; tau -> 0 is best-of-n, large tau is a scaled mean baseline). `options["tau"]` comes from
+    `--maxent_tau` and its controller (default 1); `scale_by_std` does not apply."""
+    n = config.group_size
+    return n * maxent_weights(rewards, n, float(config.options.get("tau", 1.0))) - 1.0
 
 
 def tied_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

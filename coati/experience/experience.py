@@ -14,7 +14,7 @@ from coati.models.loss import kl_penalty, masked_mean, masked_var
 from coati.rewards import WeightedReward
 from coati.rewards.registry import table_columns
 
-from .advantages import ADVANTAGE_ESTIMATORS, compute_gae, tied_groups
+from .advantages import ADVANTAGE_ESTIMATORS, AdvantageConfig, compute_gae, tied_groups
 from .controllers import KLController, TemperatureController
 from .scorer import Scorer
 from .shaping import ShapingConfig, shape_rewards
@@ -109,6 +109,8 @@ class GRPOConfig(RolloutConfig):
     """Mask groups whose rewards all tie out of the loss (`--drop_tied_groups`)."""
     advantage_estimator: str = "grpo"
     """The `ADVANTAGE_ESTIMATORS` entry (`--adv_estimator`)."""
+    advantage_options: Dict[str, Any] = field(default_factory=dict)
+    """The estimator's own hyperparameters (`--adv_option NAME=VALUE ...`), in its `AdvantageConfig.options`."""
     reward_shaping: Tuple[str, ...] = ()
     """`REWARD_SHAPERS` entries added to each completion's reward (`--reward_shaping`)."""
     shaping: Optional[ShapingConfig] = None
@@ -267,6 +269,13 @@ class GRPOExperienceMaker(ExperienceMaker):
     def group_size(self) -> int:
         return self.config.num_generations
 
+    def advantage_config(self) -> AdvantageConfig:
+        """The estimator's config now: the group size, std scaling, the user's options and MaxEnt's current tau."""
+        options = dict(self.config.advantage_options)
+        if self.temperature is not None:
+            options["tau"] = self.temperature.value
+        return AdvantageConfig(self.config.num_generations, self.config.scale_rewards, options)
+
     def _experience(self, r: _Rollout, **fields_: Any) -> Experience:
         n, config = self.config.num_generations, self.config
         rewards = r.scored.rewards
@@ -274,8 +283,7 @@ class GRPOExperienceMaker(ExperienceMaker):
             lengths = through_last(r.out.action_mask.bool()).sum(-1)
             rewards = shape_rewards(rewards, r.scored.components, lengths, config.reward_shaping,
                                     config.shaping or ShapingConfig(config.sampling.max_new_tokens))
-        extra = {"tau": self.temperature.value} if self.temperature is not None else {}
-        advantages = ADVANTAGE_ESTIMATORS.get(config.advantage_estimator)(rewards, n, config.scale_rewards, **extra)
+        advantages = ADVANTAGE_ESTIMATORS.get(config.advantage_estimator)(rewards, self.advantage_config())
         loss_mask = r.out.action_mask.clone()
         if config.drop_tied_groups or config.dynamic_sampling:
             loss_mask[tied_groups(r.scored.rewards, n)] = False

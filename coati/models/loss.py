@@ -1,7 +1,7 @@
 """Every training loss in one place: pairwise reward-model losses, the DPO family, and PPO/GRPO's policy
 and value losses with their KL estimators and aggregation. Each states its equation in its docstring."""
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterator, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -246,37 +246,106 @@ def kl_penalty(logps: torch.Tensor, ref_logps: torch.Tensor, kind: str = "k3") -
 
 
 
+@dataclass(frozen=True)
+class PolicyLossConfig:
+    """What a policy loss is given besides the log-probs and advantages: the clip range (`--clip_eps_low`,
+    `--clip_eps_high`) and its own hyperparameters (`--policy_loss_option NAME=VALUE ...`)."""
+
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    options: Dict[str, Any] = field(default_factory=dict)
+
+
+class PolicyTerms(NamedTuple):
+    """A policy loss's per-token values (batch, T): the losses (before the off-policy weight and the aggregation),
+    the importance ratio pi / pi_old (the skip threshold and the logs read it), and where a clip (or truncation)
+    acted below and above (bool), logged as `clip_ratio/low` and `clip_ratio/high`."""
+
+    token_losses: torch.Tensor
+    ratio: torch.Tensor
+    clipped_low: torch.Tensor
+    clipped_high: torch.Tensor
+
+
+def _clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, config: PolicyLossConfig) -> PolicyTerms:
+    """-min(r A, clip(r, 1 - eps_low, 1 + eps_high) A) per token; the clip acts below for A < 0, above for A > 0."""
+    low, high = 1 - config.clip_eps_low, 1 + config.clip_eps_high
+    token_losses = -torch.min(ratio * advantages, ratio.clamp(low, high) * advantages)
+    return PolicyTerms(token_losses, ratio, (ratio < low) & (advantages < 0), (ratio > high) & (advantages > 0))
+
+
 @POLICY_LOSSES.register("ppo")
-def token_ratio(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """PPO (Schulman et al. 2017): r_t = pi(y_t) / pi_old(y_t), clipped token by token."""
-    return torch.exp(logps - old_logps)
+def ppo_clip(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+             config: PolicyLossConfig) -> PolicyTerms:
+    """PPO (Schulman et al. 2017): r_t = pi(y_t) / pi_old(y_t), clipped token by token (DAPO's clip-higher when the
+    bounds differ)."""
+    return _clipped_surrogate(torch.exp(logps - old_logps), advantages, config)
 
 
 @POLICY_LOSSES.register("gspo")
-def sequence_ratio(logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def gspo_clip(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+              config: PolicyLossConfig) -> PolicyTerms:
     """GSPO (Zheng et al. 2025): s_i = exp((1/|y_i|) sum_t log(pi(y_it) / pi_old(y_it))), one ratio per sequence,
     clipped as a whole (use small clip ranges, ~3e-4 / 4e-4, and --loss_agg seq-mean-token-mean)."""
-    return torch.exp(masked_mean(logps - old_logps, mask, dim=-1)).unsqueeze(-1).expand_as(logps)
+    ratio = torch.exp(masked_mean(logps - old_logps, mask, dim=-1)).unsqueeze(-1).expand_as(logps)
+    return _clipped_surrogate(ratio, advantages, config)
+
+
+@POLICY_LOSSES.register("cispo")
+def cispo(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+          config: PolicyLossConfig) -> PolicyTerms:
+    """CISPO (MiniMax-M1, 2025): l_t = -sg(min(r_t, 1 + eps_high)) A_t log pi(y_t). The importance weight is
+    truncated and its gradient stopped, so every token keeps a gradient (a clipped PPO token has none); the gradient
+    is min(r_t, 1 + eps_high) A_t grad log pi. Truncated tokens are logged as `clip_ratio/high`. ScaleRL uses a cap
+    of 5: `--clip_eps_high 4`."""
+    ratio = torch.exp(logps - old_logps)
+    cap = 1 + config.clip_eps_high
+    weight = ratio.clamp(max=cap).detach()
+    return PolicyTerms(-weight * advantages * logps, ratio, torch.zeros_like(ratio, dtype=torch.bool), ratio > cap)
+
+
+@POLICY_LOSSES.register("sapo")
+def sapo(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+         config: PolicyLossConfig) -> PolicyTerms:
+    """SAPO (Gao et al. 2025): l_t = -f(r_t) A_t, f(r) = (4 / tau) sigmoid(tau (r - 1)), a soft gate in place of the
+    hard clip: f(1) = 2 / tau and f'(1) = 1, so on-policy it is the policy gradient, and a token far off-policy
+    fades smoothly instead of being cut. tau is `temperature_pos` (default 1.0) where A > 0, `temperature_neg`
+    (default 1.05) elsewhere (`--policy_loss_option temperature_neg=1.05`). Nothing is clipped."""
+    ratio = torch.exp(logps - old_logps)
+    pos, neg = float(config.options.get("temperature_pos", 1.0)), float(config.options.get("temperature_neg", 1.05))
+    tau = torch.where(advantages > 0, torch.full_like(ratio, pos), torch.full_like(ratio, neg))
+    gate = torch.sigmoid(tau * (ratio - 1)) * 4 / tau
+    nothing = torch.zeros_like(ratio, dtype=torch.bool)
+    return PolicyTerms(-gate * advantages, ratio, nothing, nothing)
 
 
 class PolicyLoss(torch.nn.Module):
-    """PPO clipped surrogate (Schulman et al. 2017) with separate bounds (DAPO's clip-higher):
-    -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), r = exp(log pi - log pi_old), per token, aggregated.
+    """The actor's policy-gradient loss: the registered per-token loss `loss` (POLICY_LOSSES: "ppo", the PPO
+    clipped surrogate -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), r = exp(log pi - log pi_old), with DAPO's
+    clip-higher; "gspo"; "cispo"; "sapo"), weighted for off-policy samples and aggregated.
 
     Constructed as ColossalChat's: `PolicyLoss(clip_eps=0.2, skip_threshold=20.0)`. `clip_eps` is both bounds
     unless `clip_eps_low` / `clip_eps_high` are given; when the mean ratio over the completion tokens exceeds
-    `skip_threshold` (old log-probs far from the current policy), the batch contributes no gradient. `ratio`
-    names the registered importance ratio (POLICY_LOSSES: "ppo" per token, "gspo" per sequence)."""
+    `skip_threshold` (old log-probs far from the current policy), the batch contributes no gradient. `options` are
+    the loss's own hyperparameters (SAPO's temperatures)."""
 
     def __init__(self, clip_eps: float = 0.2, skip_threshold: float = 20.0, *, clip_eps_low: Optional[float] = None,
                  clip_eps_high: Optional[float] = None, aggregation: str = "token-mean", norm_length: int = 0,
-                 behaviour_cap: float = 5.0, ratio: str = "ppo") -> None:
+                 behaviour_cap: float = 5.0, loss: str = "ppo", options: Optional[Dict[str, Any]] = None) -> None:
         super().__init__()
-        self.ratio = POLICY_LOSSES.get(ratio)
-        self.clip_eps_low = clip_eps if clip_eps_low is None else clip_eps_low
-        self.clip_eps_high = clip_eps if clip_eps_high is None else clip_eps_high
+        self.loss = POLICY_LOSSES.get(loss)
+        self.config = PolicyLossConfig(clip_eps if clip_eps_low is None else clip_eps_low,
+                                       clip_eps if clip_eps_high is None else clip_eps_high, dict(options or {}))
         self.skip_threshold = skip_threshold
         self.aggregation, self.norm_length, self.behaviour_cap = aggregation, norm_length, behaviour_cap
+
+    @property
+    def clip_eps_low(self) -> float:
+        return self.config.clip_eps_low
+
+    @property
+    def clip_eps_high(self) -> float:
+        return self.config.clip_eps_high
 
     def aggregate(self, token_values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Per-token values (the policy term, or the KL and entropy terms beside it) as one number, by this loss's
@@ -286,8 +355,8 @@ class PolicyLoss(torch.nn.Module):
     def forward(self, logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 behaviour_logps: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
         """(loss, stats); `advantages` per token (batch, T) or per row (batch,). Stats, as fractions of
-        tokens: `clip_ratio/low` (r < 1 - eps_low with A < 0), `clip_ratio/high` (r > 1 + eps_high with
-        A > 0), `clip_ratio/region` (either), `approx_kl` (mean (log r)^2 / 2), `token_loss` (the mean
+        tokens: `clip_ratio/low` and `clip_ratio/high` (where the loss's clip acted below and above; for "ppo",
+        r < 1 - eps_low with A < 0 and r > 1 + eps_high with A > 0), `clip_ratio/region` (either), `approx_kl` (mean (log r)^2 / 2), `token_loss` (the mean
         per-token loss, whatever the aggregation) and `skipped` (1 when the ratio passed `skip_threshold`).
 
         With `behaviour_logps` (samples generated by older weights than `old_logps`, the proximal policy),
@@ -298,10 +367,8 @@ class PolicyLoss(torch.nn.Module):
         uncapped ratio's mean, min and max (`behaviour_ratio`, `behaviour_ratio_min`, `behaviour_ratio_max`)."""
         if advantages.dim() == 1:
             advantages = advantages.unsqueeze(-1)
-        ratio = self.ratio(logps, old_logps, mask.to(logps.dtype))
-        surrogate = ratio * advantages
-        clipped = ratio.clamp(1 - self.clip_eps_low, 1 + self.clip_eps_high) * advantages
-        token_losses = -torch.min(surrogate, clipped)
+        terms = self.loss(logps, old_logps, advantages, mask.to(logps.dtype), self.config)
+        token_losses, ratio = terms.token_losses, terms.ratio
         weights = capped = None
         if behaviour_logps is not None:
             weights = torch.exp(old_logps - behaviour_logps).detach()
@@ -313,8 +380,7 @@ class PolicyLoss(torch.nn.Module):
             loss = loss * 0.0
         with torch.no_grad():
             mask = mask.float()
-            low = (ratio < 1 - self.clip_eps_low) & (advantages < 0)
-            high = (ratio > 1 + self.clip_eps_high) & (advantages > 0)
+            low, high = terms.clipped_low.expand_as(ratio), terms.clipped_high.expand_as(ratio)
             stats = {"clip_ratio/low": masked_mean(low.float(), mask), "clip_ratio/high": masked_mean(high.float(), mask),
                      "clip_ratio/region": masked_mean((low | high).float(), mask),
                      "approx_kl": masked_mean(0.5 * (logps - old_logps) ** 2, mask),

@@ -110,7 +110,8 @@ def _check_sandbox(backend: str) -> None:
 def _policy_loss(args: argparse.Namespace) -> PolicyLoss:
     """The actor's loss as the flags say."""
     return PolicyLoss(clip_eps_low=args.clip_eps_low, clip_eps_high=args.clip_eps_high, aggregation=args.loss_agg,
-                      norm_length=args.max_new_tokens, ratio=args.policy_loss, behaviour_cap=args.behaviour_cap)
+                      norm_length=args.max_new_tokens, loss=args.policy_loss, behaviour_cap=args.behaviour_cap,
+                      options=dict(args.policy_loss_option))
 
 
 def _vllm_config(args: argparse.Namespace) -> VLLMConfig:
@@ -226,7 +227,8 @@ def _kl_controller(args: argparse.Namespace) -> KLController:
 def _build_grpo(args, setup, tokenizer, actor, optimizer, scheduler, engine, reference, prompts, kwargs) -> GRPOTrainer:
     config = GRPOConfig(sampling=_sampling(args), kl_estimator=args.kl_estimator, num_generations=args.num_generations,
                             scale_rewards=not args.no_std_normalize, drop_tied_groups=args.drop_tied_groups,
-                            advantage_estimator=args.adv_estimator, dynamic_sampling=args.dynamic_sampling,
+                            advantage_estimator=args.adv_estimator, advantage_options=dict(args.adv_option),
+                            dynamic_sampling=args.dynamic_sampling,
                             max_sampling_rounds=args.max_sampling_rounds, reward_shaping=tuple(args.reward_shaping),
                             shaping=ShapingConfig(args.max_new_tokens, args.overlong_buffer_len,
                                                   args.overlong_penalty_factor),

@@ -12,7 +12,8 @@ from coati.rewards.remote import DEFAULT_TIMEOUT_S as DEFAULT_SERVER_TIMEOUT_S
 from coati.utils.cadence import LOGGING_STRATEGIES, Evaluator, LogCadence, Saver
 from coati.utils.cli import CoatiArgumentParser, at_least, in_range, non_negative, positive
 from coati.utils.metrics_logger import DEFAULT_WANDB_TABLE_ROWS
-from coati.utils.registry import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, REWARD_SHAPERS
+from coati.utils.registry import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, REWARD_SHAPERS,
+                                  option)
 
 DEFAULT_REWARD_TIMEOUT_S = 600.0
 
@@ -211,7 +212,11 @@ def add_grpo_args(parser: argparse.ArgumentParser) -> None:
     rl.add_argument("--policy_loss", default="ppo", type=POLICY_LOSSES.choice(),
                     help=f"{' | '.join(POLICY_LOSSES.names())} | package.module:function. ppo: token-level clipped "
                          "ratio; gspo: sequence-level ratio (GSPO; use --clip_eps_low/high ~3e-4/4e-4 and "
-                         "--loss_agg seq-mean-token-mean)")
+                         "--loss_agg seq-mean-token-mean); cispo: truncated, stop-gradient importance weight on every "
+                         "token (cap 1 + --clip_eps_high; ScaleRL uses 4); sapo: soft sigmoid gate instead of the clip "
+                         "(temperature_pos/temperature_neg options)")
+    rl.add_argument("--policy_loss_option", nargs="+", default=[], type=option, metavar="NAME=VALUE",
+                    help="the policy loss's own hyperparameters, e.g. temperature_neg=1.05 for sapo")
     rl.add_argument("--clip_eps_low", type=in_range(0, 1, high_open=True), default=0.2,
                     help="the ratio is clipped below at 1 - this")
     rl.add_argument("--clip_eps_high", type=non_negative(), default=0.2, help="DAPO's clip-higher uses 0.28")
@@ -275,6 +280,9 @@ def add_group_advantage_args(parser: argparse.ArgumentParser) -> None:
         help=f"{' | '.join(ADVANTAGE_ESTIMATORS.names())} | package.module:function. grpo: group mean/std; rloo: "
              "leave-one-out group baseline; reinforce_pp: REINFORCE++, global batch mean/std (--no_std_normalize "
              "drops the std where one is used); maxent: n * softmax(rewards / tau) - 1 within the group")
+    group.add_argument("--adv_option", nargs="+", default=[], type=option, metavar="NAME=VALUE",
+                       help="the estimator's own hyperparameters, in its AdvantageConfig.options (an estimator of "
+                            "your own reads them)")
     group.add_argument("--maxent_tau", type=positive(), default=1.0, help="maxent: the softmax temperature tau")
     group.add_argument("--maxent_target_entropy", type=in_range(0, 1), default=0.0,
                        help="maxent: adapt tau after every episode towards this entropy of the weights, as a fraction "

@@ -6,8 +6,9 @@ The registries are declared here, with the names of their built-ins and the modu
 command line lists and checks the names without importing that module (and torch with it), so `--help` and flag
 errors answer at once; the first `get` imports it."""
 import argparse
+import ast
 import importlib
-from typing import Callable, Dict, Generic, List, Optional, Sequence, TypeVar
+from typing import Any, Callable, Dict, Generic, List, Optional, Sequence, Tuple, TypeVar
 
 from coati.utils.errors import CoatiUsageError
 
@@ -73,19 +74,32 @@ class Registry(Generic[F]):
                               "or package.module:function")
 
 
+def option(text: str) -> Tuple[str, Any]:
+    """An argparse `type` for a registered function's hyperparameter, NAME=VALUE: VALUE read as a Python literal (a
+    number, True/False, a quoted string, a list), else kept as text."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=VALUE, e.g. tau=0.5")
+    try:
+        return name, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return name, value
+
+
 ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator", "coati.experience.advantages",
                                           ("grpo", "rloo", "reinforce_pp", "maxent"))
-"""`fn(rewards (N,), group_size, scale_by_std=True) -> advantages (N,)`; `rewards` holds consecutive groups of
-`group_size` completions of one prompt. A new estimator is one decorated function. (`maxent` also takes `tau`,
-which the experience maker passes from its `TemperatureController`.)"""
+"""`fn(rewards (N,), config: AdvantageConfig) -> advantages (N,)`; `rewards` holds consecutive groups of
+`config.group_size` completions of one prompt, `config.options` the estimator's hyperparameters (`--adv_option`).
+A new estimator is one decorated function."""
 AGGREGATIONS: Registry = Registry("loss aggregation", "coati.models.loss",
                                   ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
 """`fn(token_losses (batch, T), mask (float), norm_length) -> loss`, by the name `--loss_agg` takes."""
 KL_ESTIMATORS: Registry = Registry("KL estimator", "coati.models.loss", ("k1", "k2", "k3"))
 """`fn(log_ratio) -> per-token estimate of KL(pi || ref)`, log_ratio = log pi - log ref of the sampled
 tokens (Schulman 2020), by the name `--kl_estimator` takes."""
-POLICY_LOSSES: Registry = Registry("policy loss", "coati.models.loss", ("ppo", "gspo"))
-"""`fn(logps, old_logps, mask) -> per-token importance ratio (batch, T)`, which `PolicyLoss` clips: the
-policy losses by the name `--policy_loss` takes."""
+POLICY_LOSSES: Registry = Registry("policy loss", "coati.models.loss", ("ppo", "gspo", "cispo", "sapo"))
+"""`fn(logps, old_logps, advantages, mask, config: PolicyLossConfig) -> PolicyTerms` (per-token losses, ratio, where
+a clip acted), which `PolicyLoss` weights for off-policy samples and aggregates: the policy losses by the name
+`--policy_loss` takes; `config.options` holds `--policy_loss_option`."""
 REWARD_SHAPERS: Registry = Registry("reward shaper", "coati.experience.shaping", ("overlong",))
 """`fn(lengths (N,) completion tokens, config) -> (N,)` the term added to each completion's reward."""

@@ -8,14 +8,14 @@ import torch
 from coati.distributed import rank
 from coati.distributed.comm import gather_lists
 from coati.distributed.launch import init_distributed
-from coati.experience.advantages import ADVANTAGE_ESTIMATORS
+from coati.experience.advantages import ADVANTAGE_ESTIMATORS, AdvantageConfig
 from coati.experience.controllers import KLController
 
 from leave import leave_together
 
 init_distributed()
 rewards = [torch.tensor([0.0, 2.0]), torch.tensor([4.0, 6.0])][rank()]
-advantages = ADVANTAGE_ESTIMATORS.get("reinforce_pp")(rewards, 2)
+advantages = ADVANTAGE_ESTIMATORS.get("reinforce_pp")(rewards, AdvantageConfig(2))
 # per-token KL of 2 completions per rank: summed per completion rank 0 [1, 3], rank 1 [5, 7] -> global mean 4
 kl = [torch.tensor([[0.5, 0.5], [1.0, 2.0]]), torch.tensor([[5.0, 0.0], [3.0, 4.0]])][rank()]
 controller = KLController(0.1, target=5.0, horizon=100)
