@@ -1,6 +1,7 @@
 """GRPOTrainer in one process: hooks fire in order with real experiences; rewards reach the metrics."""
 import argparse
 
+import pytest
 import torch
 from colossalai.booster import Booster
 from colossalai.booster.plugin import TorchDDPPlugin
@@ -52,11 +53,11 @@ def test_hooks_fire_in_order_with_real_experiences(world_of_one, tiny_assets, tm
     trainer = _grpo_trainer(tiny_assets, callbacks=[recorder])
     trainer.fit(num_episodes=2, num_collect_steps=2, num_update_steps=1,
                 metrics_logger=MetricsLogger(str(tmp_path / "logs")))
-    names = [name for name, _ in recorder.events if name != "on_log"]
+    names = [name for name, _ in recorder.events]
     episode = (["on_episode_start"] + ["on_make_experience_start", "on_make_experience_end"] * 2
                + ["on_update_pass_start", "on_learn_epoch_start"]
                + ["on_update_batch_start", "on_learn_batch_start", "on_update_batch_end", "on_learn_batch_end"] * 2
-               + ["on_update_pass_end", "on_learn_epoch_end", "on_episode_end"])
+               + ["on_update_pass_end", "on_learn_epoch_end", "on_log", "on_episode_end"])
     assert names == ["on_fit_start"] + episode * 2 + ["on_fit_end"]
     experiences = [args[0] for name, args in recorder.events if name == "on_make_experience_end"]
     for experience in experiences:
@@ -66,6 +67,24 @@ def test_hooks_fire_in_order_with_real_experiences(world_of_one, tiny_assets, tm
     logged = [args[1] for name, args in recorder.events if name == "on_log"]
     assert [set(m) >= {"train/reward", "train/rewards/math_answer/mean", "train/rewards/answer_format/mean", "train/loss/policy"}
             for m in logged] == [True, True]
+
+
+def test_on_episode_end_and_on_fit_end_fire_when_an_episode_raises(world_of_one, tiny_assets, monkeypatch):
+    recorder = Recorder()
+    trainer = _grpo_trainer(tiny_assets, callbacks=[recorder])
+    next_batch = trainer.source.next
+
+    def fail_at_second_episode(episode, stats):
+        if episode == 1:
+            raise RuntimeError("generation failed")
+        return next_batch(episode, stats)
+
+    monkeypatch.setattr(trainer.source, "next", fail_at_second_episode)
+    with pytest.raises(RuntimeError, match="generation failed"):
+        trainer.fit(num_episodes=3, num_collect_steps=1, num_update_steps=1)
+    names = [name for name, _ in recorder.events]
+    assert names[-4:] == ["on_episode_start", "on_make_experience_start", "on_episode_end", "on_fit_end"]
+    assert names.count("on_episode_end") == 2 and trainer.global_step == 1
 
 
 def test_saver_and_evaluator_decide_by_steps_epochs_and_the_last_episode(world_of_one, tiny_assets, tmp_path):
@@ -87,13 +106,12 @@ def test_micro_batches_with_accumulation_take_the_whole_batch_step(world_of_one,
     torch.manual_seed(0)
     experience = whole.source.next(0, whole.stats)
     experience.advantages = torch.linspace(-1.0, 1.0, experience.sequences.size(0))   # untied, so there is a gradient
+    learned = Recorder()
+    parts.callbacks.append(learned)
     for trainer in (whole, parts):
-        trainer.data_buffer[:] = [experience]
-        batches = trainer._update_batches()
-        for batch in batches:
-            trainer._learn_step(batch)
+        trainer._update_pass(0, [experience])
         assert trainer.global_step == 1
-    assert [b.sequences.size(0) for b in parts._update_batches()] == [4, 4]
+    assert [args[0].sequences.size(0) for name, args in learned.events if name == "on_update_batch_end"] == [4, 4]
     for (name, a), b in zip(whole.actor.named_parameters(), parts.actor.parameters()):
         assert torch.allclose(a, b, atol=1e-6), name
     moved = any(not torch.equal(a, b) for a, b in zip(whole.actor.parameters(),

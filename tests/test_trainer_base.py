@@ -1,10 +1,10 @@
-"""SLTrainer's loop (accumulation, step counting, hooks) and OLTrainer's hook order, in one process."""
+"""SLTrainer's loop (accumulation, step counting, hooks), in one process (OLTrainer's hooks: test_grpo.py)."""
 import pytest
 import torch
 from colossalai.booster import Booster
 from colossalai.booster.plugin import TorchDDPPlugin
 
-from coati.trainer import BatchResult, Callback, OLTrainer, SLTrainer
+from coati.trainer import BatchResult, Callback, SLTrainer
 from coati.trainer.runner import build_dataloader
 
 
@@ -111,47 +111,6 @@ def test_callback_can_stop_training(world_of_one):
                                          callbacks=[StopAfterFirstStep()])
     trainer.fit(loader)
     assert trainer.step == 1
-
-
-class ToyOL(OLTrainer):
-    def __init__(self, callbacks, fail_at_episode=None):
-        super().__init__(actor_booster=None, callbacks=callbacks)
-        self.fail_at_episode = fail_at_episode
-
-    def _make_experience(self, collect_step):
-        if self.episode == self.fail_at_episode:
-            raise RuntimeError("generation failed")
-        return {"collect_step": collect_step}
-
-    def _learn_step(self, experience):
-        self._record({"reward": (1.0, 1)})
-
-
-def test_ol_hooks_fire_in_order():
-    recorder = Recorder()
-    ToyOL([recorder]).fit(num_episodes=1, num_collect_steps=2, num_update_steps=1)
-    assert recorder.calls == [
-        ("on_fit_start",), ("on_episode_start", 0),
-        ("on_make_experience_start",), ("on_make_experience_end", {"collect_step": 0}),
-        ("on_make_experience_start",), ("on_make_experience_end", {"collect_step": 1}),
-        ("on_update_pass_start", 0), ("on_learn_epoch_start", 0),
-        ("on_update_batch_start",), ("on_learn_batch_start",),
-        ("on_update_batch_end", {"collect_step": 0}), ("on_learn_batch_end", {"collect_step": 0}),
-        ("on_update_batch_start",), ("on_learn_batch_start",),
-        ("on_update_batch_end", {"collect_step": 1}), ("on_learn_batch_end", {"collect_step": 1}),
-        ("on_update_pass_end", 0), ("on_learn_epoch_end", 0),
-        ("on_log", 1, {"train/reward": 1.0, "train/epoch": 0.0, "train/global_step": 0.0}),
-        ("on_episode_end", 0), ("on_fit_end",),
-    ]
-
-
-def test_on_episode_end_and_on_fit_end_fire_when_an_episode_raises():
-    recorder = Recorder()
-    with pytest.raises(RuntimeError, match="generation failed"):
-        ToyOL([recorder], fail_at_episode=1).fit(num_episodes=3, num_collect_steps=1, num_update_steps=1)
-    assert recorder.calls[-4:] == [("on_episode_start", 1), ("on_make_experience_start",), ("on_episode_end", 1),
-                                   ("on_fit_end",)]
-    assert [c[0] for c in recorder.calls].count("on_episode_end") == 2
 
 
 def test_max_steps_stops_at_that_optimizer_step_and_checkpoints_the_position(world_of_one, tmp_path):

@@ -1,8 +1,8 @@
-"""The two training loops every coati trainer stands on: `SLTrainer` (supervised) and `OLTrainer` (on-policy).
+"""What every coati trainer stands on (`_TrainerCore`: callbacks, metrics, guarded optimizer steps) and the
+supervised loop, `SLTrainer`; the on-policy loop, `OLTrainer`, is in `onpolicy.py`.
 
-A trainer subclass holds only its algorithm: `SLTrainer` subclasses say what one micro-batch's loss
-and metrics are; `OLTrainer` subclasses say how to make one experience and learn from one batch.
-Accumulation, clipping, logging, checkpoints, resume, progress bars and callbacks live here.
+An `SLTrainer` subclass holds only its algorithm: what one micro-batch's loss and metrics are. Accumulation,
+clipping, logging, checkpoints, resume, progress bars and callbacks live here.
 """
 import json
 import math
@@ -76,6 +76,28 @@ def _reports_grad_norm(optimizer: torch.optim.Optimizer) -> bool:
     return type(optimizer).get_grad_norm is not OptimizerWrapper.get_grad_norm
 
 
+def apply_gradients(optimizer: torch.optim.Optimizer, lr_scheduler: Optional[Any], grad_clip: float,
+                    loss: torch.Tensor, guard: NonFiniteGuard, where: str, model: str = "") -> Tuple[bool, Optional[float]]:
+    """Clip, check and step one optimizer, then the schedule. A step whose `loss` (on any rank) or gradient norm is
+    not finite is not applied: `guard` skips it within its budget, else stops the run with `NonFiniteError` naming
+    `where`, the `model` and the quantity. Returns whether the step was applied, and the gradient norm.
+
+    Plugins that clip inside their own step (ZeRO, Gemini, 3d) report the norm only after stepping; there the loss
+    is checked first, fp16 overflow is the loss scaler's business, and the weights are checked before every
+    checkpoint and export."""
+    norm = clip_gradients(optimizer, grad_clip)
+    problem = guard.problem(loss, norm, model)
+    if problem:
+        guard.skip(where, problem)
+    else:
+        optimizer.step()
+        norm = norm if norm is not None else optimizer.get_grad_norm()
+    optimizer.zero_grad()
+    if lr_scheduler is not None:
+        lr_scheduler.step()
+    return not problem, None if problem or norm is None else float(norm)
+
+
 class _TrainerCore:
     """What both loops share: callbacks around `fit`, the stats tracker, the metrics logger, and optimizer
     steps guarded against non-finite losses and gradients (`skip_nonfinite` such steps may be skipped)."""
@@ -90,27 +112,11 @@ class _TrainerCore:
         self.nonfinite = NonFiniteGuard(skip_nonfinite)
 
     def _apply_gradients(self, optimizer: torch.optim.Optimizer, lr_scheduler: Optional[Any], grad_clip: float,
-                         loss: torch.Tensor, where: str, model: str = "", metric: str = "grad_norm") -> bool:
-        """Clip, check and step one optimizer, then the schedule. A step whose `loss` (on any rank) or
-        gradient norm is not finite is not applied: skipped within the `skip_nonfinite` budget, else the run
-        stops with `NonFiniteError` naming `where`, the `model` and the quantity. Records the gradient norm
-        as `metric`; returns whether the step was applied.
-
-        Plugins that clip inside their own step (ZeRO, Gemini, 3d) report the norm only after stepping;
-        there the loss is checked first, fp16 overflow is the loss scaler's business, and the weights are
-        checked before every checkpoint and export."""
-        norm = clip_gradients(optimizer, grad_clip)
-        problem = self.nonfinite.problem(loss, norm, model)
-        if problem:
-            self.nonfinite.skip(where, problem)
-        else:
-            optimizer.step()
-            norm = norm if norm is not None else optimizer.get_grad_norm()
-            self._record_grad_norm(None if norm is None else float(norm), metric)
-        optimizer.zero_grad()
-        if lr_scheduler is not None:
-            lr_scheduler.step()
-        return not problem
+                         loss: torch.Tensor, where: str) -> bool:
+        """`apply_gradients` under this trainer's non-finite guard; records the gradient norm as `grad_norm`."""
+        applied, norm = apply_gradients(optimizer, lr_scheduler, grad_clip, loss, self.nonfinite, where)
+        self._record_grad_norm(norm)
+        return applied
 
     def _open_logger(self, log_dir: Optional[str], use_wandb: bool, metrics_logger: Optional[MetricsLogger]) -> None:
         self.metrics_logger = metrics_logger or MetricsLogger(log_dir=log_dir, use_wandb=use_wandb,
@@ -127,6 +133,10 @@ class _TrainerCore:
         if norm is not None:
             self._record({name: (norm, 1)})
 
+    def _position(self) -> Tuple[float, int]:
+        """(epochs done, fractional where known; optimizer steps), logged with every window of training metrics."""
+        raise NotImplementedError
+
     def _flush_metrics(self, step: int, prefix: str = "train/", extra: Optional[Dict[str, float]] = None,
                        stats: Optional[StatsTracker] = None) -> Dict[str, float]:
         """Reduce the stats (`self.stats` unless given) across ranks (once), fire `on_log` (a callback may add
@@ -136,7 +146,7 @@ class _TrainerCore:
         if self.nonfinite.max_skips and prefix == "train/":
             metrics["train/skipped_nonfinite_steps"] = float(self.nonfinite.skipped)
         metrics.update(extra or {})
-        if prefix == "train/":   # each loop's `_position()`: (epochs done, fractional where known; optimizer steps)
+        if prefix == "train/":
             metrics = self.stats_logger.record(*self._position(), metrics)
         fire(self.callbacks, "on_log", step, metrics)
         self.metrics_logger.log(metrics, step)
@@ -427,122 +437,3 @@ class SLTrainer(_TrainerCore, ABC):
         )
         self.nonfinite.skipped = read_running_state(path).get("nonfinite_skipped", 0)
         self._last_saved_step = self.step
-
-
-class OLTrainer(_TrainerCore, ABC):
-    """On-policy loop: each episode collects experience into `data_buffer`, then learns from it.
-
-    Hooks fired in order (see `Callback`): on_fit_start; per episode on_episode_start, then per
-    collect step on_make_experience_start/end(experience), then per update step
-    on_update_pass_start(pass_index), on_update_batch_start/end(experience) per micro-batch,
-    on_update_pass_end(pass_index); then
-    on_episode_end (even when the episode raises); on_fit_end even when training raises. Metrics
-    recorded with `_record` are reduced and logged at the episodes `logging` names (default: each), as
-    the mean over the episodes since the last log.
-
-    Subclasses implement `_make_experience(collect_step)` and `_learn_step(experience)`, and may
-    override `_update_batches()` (default: the buffered experiences, in order).
-    """
-
-    def __init__(
-        self,
-        actor_booster: Booster,
-        critic_booster: Optional[Booster] = None,
-        data_buffer: Optional[list] = None,
-        callbacks: Sequence[Callback] = (),
-        *,
-        start_episode: int = 0,
-        coordinator: Optional[DistCoordinator] = None,
-        skip_nonfinite: int = 0,
-        logging: Optional[LogCadence] = None,
-    ) -> None:
-        super().__init__(callbacks, coordinator, skip_nonfinite, logging)
-        self.actor_booster, self.critic_booster = actor_booster, critic_booster
-        self.data_buffer = data_buffer if data_buffer is not None else []
-        self.start_episode = start_episode
-        self.episode = start_episode
-        self.global_step = 0
-
-    @abstractmethod
-    def _make_experience(self, collect_step: int) -> Any:
-        """Generate and score one batch of experience."""
-
-    @abstractmethod
-    def _learn_step(self, experience: Any) -> None:
-        """One training step on one batch of experience; record metrics with `self._record`."""
-
-    def _update_batches(self) -> Iterable[Any]:
-        return list(self.data_buffer)
-
-    def _position(self) -> Tuple[float, int]:
-        """(`_epoch_progress()`, optimizer steps counted in `global_step`)."""
-        return self._epoch_progress(), self.global_step
-
-    def _epoch_progress(self) -> float:
-        """Passes over the prompts done, fractional; 0 for a trainer that does not count them."""
-        return 0.0
-
-    def _end_step(self, step: int, last: bool) -> Optional[Dict[str, float]]:
-        """Close step `step`'s training metrics; log the window when `self.logging` says so, or at the `last`
-        step. With logging off they are dropped. Returns what was logged, if anything."""
-        if not self.logging.enabled:
-            self.stats = StatsTracker()
-            return None
-        self.stats.end_step()
-        if self.logging.due(step) or last:
-            return self._flush_metrics(step, extra=self._step_extras())
-        return None
-
-    def _step_extras(self) -> Dict[str, float]:
-        """Values logged with each window of training metrics as they are at its end (counters, settings)."""
-        return {}
-
-    def _after_updates(self) -> None:
-        """Called once an episode's update passes are done, while its experience is still buffered."""
-
-    def _after_episode(self, episode: int) -> None:
-        """Called after each episode's metrics are logged, before `on_episode_end`: a checkpoint, say."""
-
-    def fit(
-        self,
-        num_episodes: int,
-        num_collect_steps: int,
-        num_update_steps: int,
-        log_dir: Optional[str] = None,
-        use_wandb: bool = False,
-        metrics_logger: Optional[MetricsLogger] = None,
-    ) -> None:
-        self._open_logger(log_dir, use_wandb, metrics_logger)
-        self._run_fit(lambda: self._episodes(num_episodes, num_collect_steps, num_update_steps))
-
-    def _episodes(self, num_episodes: int, num_collect_steps: int, num_update_steps: int) -> None:
-        for episode in tqdm(range(self.start_episode, num_episodes), desc="Episodes", disable=not is_rank_0()):
-            self.episode = episode
-            fire(self.callbacks, "on_episode_start", episode)
-            try:
-                for collect_step in range(num_collect_steps):
-                    self._collect(collect_step)
-                for update_step in range(num_update_steps):
-                    self._update(update_step)
-                self._after_updates()
-                self.data_buffer.clear()
-                self._end_step(episode + 1, last=episode + 1 == num_episodes or self._should_stop())
-                self._after_episode(episode)
-            finally:
-                fire(self.callbacks, "on_episode_end", episode)
-            if self._should_stop():
-                break
-
-    def _collect(self, collect_step: int) -> None:
-        fire(self.callbacks, "on_make_experience_start")
-        experience = self._make_experience(collect_step)
-        fire(self.callbacks, "on_make_experience_end", experience)
-        self.data_buffer.append(experience)
-
-    def _update(self, update_step: int) -> None:
-        fire(self.callbacks, "on_update_pass_start", update_step)
-        for experience in self._update_batches():
-            fire(self.callbacks, "on_update_batch_start")
-            self._learn_step(experience)
-            fire(self.callbacks, "on_update_batch_end", experience)
-        fire(self.callbacks, "on_update_pass_end", update_step)

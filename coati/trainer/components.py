@@ -1,9 +1,11 @@
-"""The on-policy update and what an algorithm adds to it, as parts the loop holds: the actor's loss
-(`actor_loss`), terms added to it (GRPO's KL to the reference, PPO's pretraining loss), gradient accumulation,
-and PPO's critic with its own optimizer. The loop calls them at fixed points; an algorithm is the set of parts it
-brings, not a subclass that overrides the loop."""
+"""The on-policy update and what an algorithm adds to it, as parts the loop holds: the **objective** (the actor's
+loss on one micro-batch; `PolicyGradient` is the built-in, OBJECTIVES the registry), terms added to it (GRPO's KL
+to the reference, PPO's pretraining loss), guarded and accumulated optimizer steps (`OptimizerStep`), and PPO's
+critic with its own step. The loop calls them at fixed points; an algorithm is the set of parts it brings, not a
+subclass that overrides the loop."""
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -13,7 +15,10 @@ from coati.models.critic import action_values
 from coati.models.logprobs import action_logps, model_label_logps
 from coati.models.loss import PolicyLoss, ValueLoss, kl_penalty, masked_mean, masked_var, token_entropy
 from coati.utils.ckpt_io import ModelState
+from coati.utils.registry import OBJECTIVES
 
+from .base import apply_gradients
+from .nonfinite import NonFiniteGuard
 from .sources import CyclingLoader
 
 Metrics = Dict[str, Tuple[float, float]]
@@ -23,10 +28,10 @@ POLICY_LOSS_METRICS = {"clip_ratio/region": ("clip_ratio", "clip_ratio/region_me
                        "clip_ratio/high": ("clip_ratio/high_mean",), "token_loss": ("loss_per_completion_token",),
                        "skipped": ("policy_skipped",)}
 """`PolicyLoss` stats -> the logged names of the published GRPO module (the others keep their own)."""
-POLICY_LOSS_EXTREMES = {"clip_ratio/low": "clip_ratio/low_min", "clip_ratio/high": "clip_ratio/high_max",
-                        "behaviour_ratio_min": "behaviour_ratio/min", "behaviour_ratio_max": "behaviour_ratio/max"}
-"""`PolicyLoss` stats whose extreme over a step is logged, under the name given (the min for a name ending in `min`, else
-max); `behaviour_ratio_min/max` are logged only so, not as means."""
+POLICY_LOSS_MINIMA = {"clip_ratio/low": "clip_ratio/low_min", "behaviour_ratio_min": "behaviour_ratio/min"}
+"""`PolicyLoss` stats whose minimum over a step's micro-batches is logged, under the name given."""
+POLICY_LOSS_MAXIMA = {"clip_ratio/high": "clip_ratio/high_max", "behaviour_ratio_max": "behaviour_ratio/max"}
+"""`PolicyLoss` stats whose maximum over a step's micro-batches is logged (`behaviour_ratio_min/max` only so)."""
 
 
 class LossTerm:
@@ -108,28 +113,66 @@ def policy_loss_metrics(stats: Dict[str, torch.Tensor]) -> Dict[str, Tuple[float
     return metrics
 
 
-def actor_loss(actor: torch.nn.Module, experience: Experience, policy_loss: PolicyLoss, entropy_coef: float,
-               loss_terms: Sequence[LossTerm]) -> Tuple[torch.Tensor, Metrics, Dict[str, torch.Tensor]]:
-    """The actor's loss on one micro-batch of `experience`: `policy_loss` (the clipped surrogate against the
-    experience's log-probs, or this forward's own, detached, where it has none, and its advantages, over its loss
-    mask), minus `entropy_coef` times the entropy, plus each
-    of `loss_terms`, all aggregated alike. Returns it with its metrics and `policy_loss`'s raw stats."""
-    mask = experience.loss_mask if experience.loss_mask is not None else experience.action_mask
-    logps, logits = action_logps(actor, experience.sequences, experience.attention_mask, experience.prompt_length,
-                                 return_logits=True)
-    old_logps = experience.action_log_probs if experience.action_log_probs is not None else logps.detach()
-    loss, stats = policy_loss(logps, old_logps, experience.advantages, mask, experience.behaviour_log_probs)
-    metrics = {"loss/policy": (loss.item(), 1), **policy_loss_metrics(stats)}
-    entropy = policy_loss.aggregate(token_entropy(logits), mask)
-    metrics["policy_entropy"] = (entropy.item(), 1)
-    if entropy_coef > 0:
-        loss = loss - entropy_coef * entropy
-    for term in loss_terms:
-        extra, extra_metrics = term(experience, logps, mask, policy_loss.aggregate)
-        metrics.update(extra_metrics)
-        if extra is not None:
-            loss = loss + extra
-    return loss, {**metrics, "loss": (loss.item(), 1)}, stats
+@dataclass
+class ObjectiveOutput:
+    """An objective's result on one micro-batch: the `loss` to backward (graph attached), `metrics` logged as means
+    over the log window ((total, count) by name), and values logged as their minimum or maximum over an optimizer
+    step's micro-batches (`minima`, `maxima`)."""
+
+    loss: torch.Tensor
+    metrics: Metrics = field(default_factory=dict)
+    minima: Dict[str, float] = field(default_factory=dict)
+    maxima: Dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ObjectiveConfig:
+    """What an objective is built from: the policy loss (`--policy_loss`, its clip range and aggregation), the entropy
+    bonus weight, the loss terms the algorithm adds (the trainer's own list: GRPO's KL, PPO's ptx), and the
+    objective's own hyperparameters (`--objective_option NAME=VALUE ...`)."""
+
+    policy_loss: PolicyLoss
+    entropy_coef: float = 0.0
+    loss_terms: List[LossTerm] = field(default_factory=list)
+    options: Dict[str, Any] = field(default_factory=dict)
+
+
+Objective = Callable[[torch.nn.Module, Experience], ObjectiveOutput]
+"""`objective(actor, experience micro-batch) -> ObjectiveOutput`. OBJECTIVES holds factories `(ObjectiveConfig) ->
+objective`; a factory with `needs_reference = True` gets a frozen reference model's log-probs in the experience
+(`ref_log_probs`) even without `--kl_coef`."""
+
+
+@OBJECTIVES.register("policy_gradient")
+class PolicyGradient:
+    """The actor's loss of PPO and GRPO: `policy_loss` (against the experience's log-probs, or this forward's own,
+    detached, where it has none, and its advantages, over its loss mask), minus `entropy_coef` times the entropy,
+    plus each of `loss_terms`, all aggregated alike."""
+
+    needs_reference = False
+
+    def __init__(self, config: ObjectiveConfig) -> None:
+        self.policy_loss, self.entropy_coef, self.loss_terms = config.policy_loss, config.entropy_coef, config.loss_terms
+
+    def __call__(self, actor: torch.nn.Module, experience: Experience) -> ObjectiveOutput:
+        mask = experience.loss_mask if experience.loss_mask is not None else experience.action_mask
+        logps, logits = action_logps(actor, experience.sequences, experience.attention_mask, experience.prompt_length,
+                                     return_logits=True)
+        old_logps = experience.action_log_probs if experience.action_log_probs is not None else logps.detach()
+        loss, stats = self.policy_loss(logps, old_logps, experience.advantages, mask, experience.behaviour_log_probs)
+        metrics = {"loss/policy": (loss.item(), 1), **policy_loss_metrics(stats)}
+        entropy = self.policy_loss.aggregate(token_entropy(logits), mask)
+        metrics["policy_entropy"] = (entropy.item(), 1)
+        if self.entropy_coef > 0:
+            loss = loss - self.entropy_coef * entropy
+        for term in self.loss_terms:
+            extra, extra_metrics = term(experience, logps, mask, self.policy_loss.aggregate)
+            metrics.update(extra_metrics)
+            if extra is not None:
+                loss = loss + extra
+        return ObjectiveOutput(loss, {**metrics, "loss": (loss.item(), 1)},
+                               {logged: stats[name].item() for name, logged in POLICY_LOSS_MINIMA.items() if name in stats},
+                               {logged: stats[name].item() for name, logged in POLICY_LOSS_MAXIMA.items() if name in stats})
 
 
 class Accumulation:
@@ -175,31 +218,75 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return float(1 - masked_var(returns - values, mask) / masked_var(returns, mask).clamp(min=1e-8))
 
 
-class CriticUpdate:
-    """PPO's critic: trained by the clipped `value_loss` towards the experience's returns on its own booster,
-    optimizer and scheduler, one micro-batch at a time alongside the actor (the same accumulation groups).
-    Logged: `loss/value`, `explained_variance`, `values`, `grad_norm/critic`, `time/critic_learning`."""
+@dataclass
+class AppliedStep:
+    """An optimizer step that was applied: the records of the micro-batches it covered, and its gradient norm (None
+    where the plugin's optimizer reports none)."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, booster: Any,
-                 lr_scheduler: Optional[Any] = None, value_loss: Optional[ValueLoss] = None,
-                 accumulation_steps: int = 1) -> None:
-        self.model, self.optimizer, self.booster, self.lr_scheduler = model, optimizer, booster, lr_scheduler
-        self.value_loss = value_loss or ValueLoss()
+    records: List[Any]
+    grad_norm: Optional[float]
+
+
+class OptimizerStep:
+    """One model's optimizer steps: each micro-batch's loss goes backward through `booster`, scaled for its
+    accumulation group (`accumulation_steps` micro-batches, the last group of a pass may be smaller); a complete
+    group is clipped to `grad_clip`, checked by `guard` (a non-finite loss or gradient norm is skipped within the
+    run's budget, else the run stops naming `model`) and applied, with the schedule's step."""
+
+    def __init__(self, booster: Any, optimizer: torch.optim.Optimizer, lr_scheduler: Optional[Any], grad_clip: float,
+                 guard: NonFiniteGuard, accumulation_steps: int = 1, model: str = "policy") -> None:
+        self.booster, self.optimizer, self.lr_scheduler = booster, optimizer, lr_scheduler
+        self.grad_clip, self.guard, self.model = grad_clip, guard, model
         self.accumulation = Accumulation(accumulation_steps)
+
+    def begin(self, micro_batches: int) -> None:
+        """An update pass of `micro_batches` starts: accumulation groups them from here."""
+        self.accumulation.begin(micro_batches)
+
+    def backward(self, loss: torch.Tensor, record: Any, where: str) -> Optional[AppliedStep]:
+        """Backward one micro-batch's `loss` (kept with `record` until its group steps); the step once its group is
+        complete and applied, else None. `where` names the position in messages about a skipped step."""
+        scale = self.accumulation.scale()
+        self.booster.backward(loss * scale, self.optimizer)
+        if not self.accumulation.add(loss * scale, record):
+            return None
+        group_loss, records = self.accumulation.take()
+        applied, norm = apply_gradients(self.optimizer, self.lr_scheduler, self.grad_clip, group_loss, self.guard,
+                                        where, self.model)
+        return AppliedStep(records, norm) if applied else None
+
+    def learning_rate(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+
+class CriticUpdate:
+    """PPO's critic: trained by the clipped `value_loss` towards the experience's returns through its own optimizer
+    `step` (booster, optimizer, scheduler; the actor's accumulation groups), one micro-batch at a time alongside
+    the actor. Logged: `loss/value`, `explained_variance`, `values`, `grad_norm/critic`, `time/critic_learning`."""
+
+    def __init__(self, model: torch.nn.Module, step: OptimizerStep, value_loss: Optional[ValueLoss] = None) -> None:
+        self.model, self.optimizer_step = model, step
+        self.value_loss = value_loss or ValueLoss()
 
     def model_state(self) -> ModelState:
         """What a checkpoint holds of it."""
-        return self.booster, self.model, self.optimizer, self.lr_scheduler
+        step = self.optimizer_step
+        return step.booster, self.model, step.optimizer, step.lr_scheduler
 
-    def step(self, experience: Experience, accumulated_step: Callable[..., Optional[List[Any]]]) -> List[Metrics]:
-        """Backward one micro-batch's value loss through `accumulated_step` (the loop's guarded, accumulated
-        optimizer step); the records of the micro-batches an applied step covered."""
+    def begin(self, micro_batches: int) -> None:
+        self.optimizer_step.begin(micro_batches)
+
+    def step(self, experience: Experience, where: str) -> List[Metrics]:
+        """Backward one micro-batch's value loss; the records of the micro-batches an applied step covered, with its
+        gradient norm, and this micro-batch's time."""
         start, mask = time.perf_counter(), experience.action_mask
         values = action_values(self.model, experience.sequences, experience.attention_mask, experience.prompt_length)
         loss = self.value_loss(values, experience.values, experience.returns - experience.values, mask)
         record = {"loss/value": (loss.item(), 1),
                   "explained_variance": (explained_variance(values.detach(), experience.returns, mask), 1),
                   "values": (masked_mean(values.detach(), mask.float()).item(), 1)}
-        records = accumulated_step(self.accumulation, self.booster, self.optimizer, self.lr_scheduler, loss, record,
-                                   "critic", "grad_norm/critic") or []
+        applied = self.optimizer_step.backward(loss, record, where)
+        records = [] if applied is None else applied.records
+        if applied is not None and applied.grad_norm is not None:
+            records.insert(0, {"grad_norm/critic": (applied.grad_norm, 1)})
         return records + [{"time/critic_learning": (time.perf_counter() - start, 1)}]

@@ -5,15 +5,15 @@ from coati.experience.controllers import KLController
 from coati.experience.experience import GRPOExperienceMaker
 
 from .components import KLTerm
-from .rollout import RolloutTrainer
+from .onpolicy import OLTrainer
 
 
-class GRPOTrainer(RolloutTrainer):
-    """`RolloutTrainer` with GRPO's experience (groups of `num_generations` completions per prompt, advantages from
+class GRPOTrainer(OLTrainer):
+    """`OLTrainer` with GRPO's experience (groups of `num_generations` completions per prompt, advantages from
     each group's rewards) and, with a KL weight beta > 0, beta times the KL to the reference (the maker's k1/k2/k3
     estimator) added to the loss. beta is `kl_controller`'s (default: `kl_coef`, fixed); it and the maker's MaxEnt
     temperature, when they adapt, move after every episode. Asynchronous GRPO is this trainer with an
-    `AsyncRollouts` source. Takes `RolloutTrainer`'s arguments."""
+    `AsyncRollouts` source. Takes `OLTrainer`'s arguments."""
 
     maker: GRPOExperienceMaker
 

@@ -6,24 +6,25 @@ import torch
 from coati.experience.experience import PPOExperienceMaker
 from coati.models.loss import ValueLoss
 
-from .components import CriticUpdate
-from .rollout import RolloutTrainer
+from .components import CriticUpdate, OptimizerStep
+from .onpolicy import OLTrainer
 
 
-class PPOTrainer(RolloutTrainer):
-    """`RolloutTrainer` with PPO's experience (critic values, KL-penalised token rewards, GAE) and its critic as a
-    `CriticUpdate` part: trained by clipped `value_loss` on its own booster, optimizer and scheduler. The maker's
-    KL weight, when adaptive, moves after every episode. Takes `RolloutTrainer`'s arguments (the ptx loss among
-    them)."""
+class PPOTrainer(OLTrainer):
+    """`OLTrainer` with PPO's experience (critic values, KL-penalised token rewards, GAE) and its critic as a
+    `CriticUpdate` part: trained by clipped `value_loss` through its own optimizer step (booster, optimizer,
+    scheduler). The maker's KL weight, when adaptive, moves after every episode. Takes `OLTrainer`'s arguments
+    (the ptx loss among them)."""
 
     maker: PPOExperienceMaker
 
     def __init__(self, *args: Any, critic: torch.nn.Module, critic_optim: torch.optim.Optimizer, critic_booster: Any,
                  critic_lr_scheduler: Optional[Any] = None, value_loss: Optional[ValueLoss] = None,
                  critic_warmup_episodes: int = 0, **kwargs: Any) -> None:
-        update = CriticUpdate(critic, critic_optim, critic_booster, critic_lr_scheduler, value_loss,
-                              kwargs.get("accumulation_steps", 1))
-        super().__init__(*args, critic_booster=critic_booster, critic=update, **kwargs)
+        super().__init__(*args, **kwargs)
+        step = OptimizerStep(critic_booster, critic_optim, critic_lr_scheduler, self.grad_clip, self.nonfinite,
+                             self.accumulation_steps, "critic")
+        self.critic = CriticUpdate(critic, step, value_loss)
         self.critic_warmup_episodes = critic_warmup_episodes
         if self.maker.kl_controller.target > 0:
             self._adapt("kl_ctl", self.maker.kl_controller)

@@ -34,12 +34,13 @@ from coati.rollout import GeneratorPool, PromptStream, RLVRWorkflow, WorkflowExe
 from coati.utils.arguments import evaluator, log_cadence, plugin_config, saver
 from coati.utils.ckpt_io import save_hf_model
 from coati.utils.errors import CoatiUsageError, fail
+from coati.utils.registry import OBJECTIVES
 
 from .callbacks.best import BestModelKeeper
 from .callbacks.health import ALARM_EXIT_CODE, AlarmThresholds, HealthMonitor
 from .grpo import GRPOTrainer
 from .ppo import PPOTrainer
-from .rollout import RolloutTrainer
+from .onpolicy import OLTrainer
 from .sources import AsyncRollouts
 from .runner import (_require_dir, build_dataloader, build_optimizer, build_scheduler, export_dir, export_model,
                      frozen_reference, load_causal_lm, open_logger, prepare_model, resolve_checkpoint, resumed_line,
@@ -74,6 +75,11 @@ def _one_update_per_experience(args: argparse.Namespace) -> bool:
 
 
 DEFAULT_REWARD = "math_answer"
+
+
+def _objective_needs_reference(args: argparse.Namespace) -> bool:
+    """Whether `--objective` asks for the reference model's log-probs (online DPO's, say) whatever `--kl_coef` is."""
+    return bool(getattr(OBJECTIVES.get(args.objective), "needs_reference", False))
 
 
 def _reward_specs(args: argparse.Namespace) -> List[str]:
@@ -153,7 +159,7 @@ def health_monitor(args: argparse.Namespace) -> HealthMonitor:
 
 
 def _trainer_kwargs(args: argparse.Namespace, setup: Any, coordinator: Any, held_out: Any) -> Dict[str, Any]:
-    return dict(policy_loss=_policy_loss(args),
+    return dict(policy_loss=_policy_loss(args), objective=args.objective, objective_options=dict(args.objective_option),
                 entropy_coef=args.entropy_coef, grad_clip=setup.grad_clip if setup.trainer_clips_grad else 0.0,
                 save_dir=args.save_dir, keep_last=args.keep_last, eval_dataloader=held_out,
                 train_batch_size=args.train_batch_size, accumulation_steps=args.accumulation_steps,
@@ -164,7 +170,7 @@ def _trainer_kwargs(args: argparse.Namespace, setup: Any, coordinator: Any, held
                                                   temperature=args.eval_temperature or args.temperature))
 
 
-def _run(args: argparse.Namespace, build: Callable[..., RolloutTrainer]) -> RolloutTrainer:
+def _run(args: argparse.Namespace, build: Callable[..., OLTrainer]) -> OLTrainer:
     """Prompts, actor, reference and engine; `build(args, setup, ...)` makes the trainer; then resume,
     fit, the held-out results and the export."""
     setup, coordinator, tokenizer = start_run(args)
@@ -176,7 +182,7 @@ def _run(args: argparse.Namespace, build: Callable[..., RolloutTrainer]) -> Roll
     optimizer = build_optimizer(actor, args)
     scheduler = build_scheduler(optimizer, args, _total_steps(args))
     actor, optimizer, scheduler, _ = setup.boost(actor, optimizer, scheduler)
-    reference = frozen_reference(args, setup) if args.kl_coef > 0 else None
+    reference = frozen_reference(args, setup) if args.kl_coef > 0 or _objective_needs_reference(args) else None
     generator = actor.unwrap(unwrap_peft=False) if hasattr(actor, "unwrap") else actor
     engine = HFEngine(generator, tokenizer.pad_token_id, _stop_ids(args, tokenizer), args.inference_batch_size)
     monitor = health_monitor(args)

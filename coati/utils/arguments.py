@@ -12,8 +12,8 @@ from coati.rewards.remote import DEFAULT_TIMEOUT_S as DEFAULT_SERVER_TIMEOUT_S
 from coati.utils.cadence import LOGGING_STRATEGIES, Evaluator, LogCadence, Saver
 from coati.utils.cli import CoatiArgumentParser, at_least, in_range, non_negative, positive
 from coati.utils.metrics_logger import DEFAULT_WANDB_TABLE_ROWS
-from coati.utils.registry import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, REWARD_SHAPERS,
-                                  option)
+from coati.utils.registry import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, OBJECTIVES, POLICY_LOSSES,
+                                  REWARD_SHAPERS, option)
 
 DEFAULT_REWARD_TIMEOUT_S = 600.0
 
@@ -215,6 +215,12 @@ def add_grpo_args(parser: argparse.ArgumentParser) -> None:
                          "--loss_agg seq-mean-token-mean); cispo: truncated, stop-gradient importance weight on every "
                          "token (cap 1 + --clip_eps_high; ScaleRL uses 4); sapo: soft sigmoid gate instead of the clip "
                          "(temperature_pos/temperature_neg options)")
+    rl.add_argument("--objective", default="policy_gradient", type=OBJECTIVES.choice(),
+                    help=f"{' | '.join(OBJECTIVES.names())} | package.module:factory: the actor's loss on each micro-batch "
+                         "(policy_gradient: --policy_loss with the entropy bonus and the KL/ptx terms; your own, e.g. "
+                         "online DPO, is a factory taking an ObjectiveConfig, see the README's Adding an algorithm)")
+    rl.add_argument("--objective_option", nargs="+", default=[], type=option, metavar="NAME=VALUE",
+                    help="the objective's own hyperparameters, in its ObjectiveConfig.options")
     rl.add_argument("--policy_loss_option", nargs="+", default=[], type=option, metavar="NAME=VALUE",
                     help="the policy loss's own hyperparameters, e.g. temperature_neg=1.05 for sapo")
     rl.add_argument("--clip_eps_low", type=in_range(0, 1, high_open=True), default=0.2,

@@ -1,5 +1,5 @@
-"""Named algorithm parts (advantage estimators, policy losses, loss aggregations, KL estimators, reward shapers):
-a function registered under a name with a decorator, so a new algorithm is one function, and the flags' choices
+"""Named algorithm parts (advantage estimators, policy losses, objectives, loss aggregations, KL estimators, reward
+shapers): a function registered under a name with a decorator, so a new algorithm is one function, and the flags' choices
 are the registry's names (help text and code cannot disagree).
 
 The registries are declared here, with the names of their built-ins and the module that registers those: the
@@ -101,5 +101,8 @@ POLICY_LOSSES: Registry = Registry("policy loss", "coati.models.loss", ("ppo", "
 """`fn(logps, old_logps, advantages, mask, config: PolicyLossConfig) -> PolicyTerms` (per-token losses, ratio, where
 a clip acted), which `PolicyLoss` weights for off-policy samples and aggregates: the policy losses by the name
 `--policy_loss` takes; `config.options` holds `--policy_loss_option`."""
+OBJECTIVES: Registry = Registry("objective", "coati.trainer.components", ("policy_gradient",))
+"""`factory(config: ObjectiveConfig) -> objective`, `objective(actor, experience) -> ObjectiveOutput`: the actor's loss
+on one micro-batch of on-policy experience, by the name `--objective` takes (`policy_gradient`: PPO/GRPO's)."""
 REWARD_SHAPERS: Registry = Registry("reward shaper", "coati.experience.shaping", ("overlong",))
 """`fn(lengths (N,) completion tokens, config) -> (N,)` the term added to each completion's reward."""
