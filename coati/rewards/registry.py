@@ -13,7 +13,6 @@ your own as `package.module:function`, logged as `rewards/function/...`; each wi
 `--reward_fn math_answer answer_format=0.1`.
 """
 import asyncio
-import importlib
 import inspect
 import math
 import threading
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from coati.utils.errors import CoatiUsageError, warn_user
+from coati.utils.registry import REWARD_FUNCTIONS
 
 from .code import code_tests
 from .math import answer_format, math_answer
@@ -35,24 +35,19 @@ class RewardFunctionError(CoatiUsageError):
     """A reward function raised or returned something unusable; the message names it."""
 
 
+for _name, _fn in BUILTIN.items():
+    REWARD_FUNCTIONS.register(_name)(_fn)
+
+
 def resolve(name: str, builtins: Optional[Dict[str, RewardFn]] = None) -> RewardFn:
     """A built-in by name (from `builtins`, default `BUILTIN`), a reward server's `http(s)://` URL (`RemoteReward`;
-    `builtins` may hold one configured for it), or `package.module:function`."""
+    `builtins` may hold one configured for it), or `package.module:function` (REWARD_FUNCTIONS)."""
     builtins = BUILTIN if builtins is None else builtins
     if name in builtins:
         return builtins[name]
     if is_url(name):
         return RemoteReward(name)
-    if ":" not in name:
-        raise CoatiUsageError(f"unknown reward function {name!r}: use one of {', '.join(builtins)} or package.module:function")
-    module_name, attr = name.split(":", 1)
-    try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as error:
-        raise CoatiUsageError(f"reward function {name!r} cannot be imported: {error}") from None
-    if not callable(fn):
-        raise CoatiUsageError(f"reward function {name!r} is not callable")
-    return fn
+    return REWARD_FUNCTIONS.get(name)
 
 
 class RewardTimeoutError(RewardFunctionError):

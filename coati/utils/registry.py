@@ -1,5 +1,5 @@
-"""Named algorithm parts (advantage estimators, policy losses, objectives, loss aggregations, KL estimators, reward
-shapers): a function registered under a name with a decorator, so a new algorithm is one function, and the flags' choices
+"""Named parts (advantage estimators, policy losses, objectives, loss aggregations, KL estimators, reward shapers,
+reward functions): a function registered under a name with a decorator, so a new algorithm is one function, and the flags' choices
 are the registry's names (help text and code cannot disagree).
 
 The registries are declared here, with the names of their built-ins and the module that registers those: the
@@ -67,9 +67,12 @@ class Registry(Generic[F]):
         if ":" in name:
             module_name, attr = name.split(":", 1)
             try:
-                return getattr(importlib.import_module(module_name), attr)
+                fn = getattr(importlib.import_module(module_name), attr)
             except (ImportError, AttributeError) as error:
                 raise CoatiUsageError(f"{self.kind} {name!r} cannot be imported: {error}") from None
+            if not callable(fn):
+                raise CoatiUsageError(f"{self.kind} {name!r} is not callable")
+            return fn
         raise CoatiUsageError(f"unknown {self.kind} {name!r}; expected one of {', '.join(self.names())} "
                               "or package.module:function")
 
@@ -104,5 +107,9 @@ a clip acted), which `PolicyLoss` weights for off-policy samples and aggregates:
 OBJECTIVES: Registry = Registry("objective", "coati.trainer.components", ("policy_gradient",))
 """`factory(config: ObjectiveConfig) -> objective`, `objective(actor, experience) -> ObjectiveOutput`: the actor's loss
 on one micro-batch of on-policy experience, by the name `--objective` takes (`policy_gradient`: PPO/GRPO's)."""
+REWARD_FUNCTIONS: Registry = Registry("reward function", "coati.rewards.registry",
+                                      ("math_answer", "answer_format", "code_tests"))
+"""TRL's reward-function contract (`coati.rewards.registry`), by the name `--reward_fn` takes; a reward server is
+named by its URL instead."""
 REWARD_SHAPERS: Registry = Registry("reward shaper", "coati.experience.shaping", ("overlong",))
 """`fn(lengths (N,) completion tokens, config) -> (N,)` the term added to each completion's reward."""
