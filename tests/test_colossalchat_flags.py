@@ -82,8 +82,8 @@ def _script(name: str):
 def _parse(name: str, argv, monkeypatch):
     """The args `train_<name>.py` would run with (its run function is replaced by one that returns them)."""
     module = _script(name)
-    home, runner = ("coati.trainer.rl_runner", f"run_{name}") if name in ("ppo", "grpo") else (
-        "coati.trainer.runner", "run_supervised")
+    home, runner = ("coati.cli.rl_runner", f"run_{name}") if name in ("ppo", "grpo") else (
+        "coati.cli.runner", "run_supervised")
     seen = {}
     monkeypatch.setattr(importlib.import_module(home), runner, lambda args, *a, **k: seen.setdefault("args", args))
     module.main(argv)

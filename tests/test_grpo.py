@@ -15,7 +15,7 @@ from coati.models.generation import HFEngine, SamplingConfig
 from coati.rewards import WeightedReward
 from coati.trainer.callbacks import Callback
 from coati.trainer.grpo import GRPOTrainer
-from coati.trainer.runner import build_dataloader
+from coati.cli.runner import build_dataloader
 from coati.models.loss import PolicyLoss
 from coati.utils.cadence import Evaluator, Saver
 from coati.utils.metrics_logger import MetricsLogger
@@ -140,7 +140,7 @@ def test_one_update_per_experience_takes_the_old_log_probs_from_the_learning_for
 
 
 def test_the_runner_drops_the_collection_forward_only_when_each_experience_gets_one_step():
-    from coati.trainer.rl_runner import _one_update_per_experience
+    from coati.cli.rl_runner import _one_update_per_experience
 
     def flags(**changed):
         return argparse.Namespace(**{"batch_size": 2, "num_generations": 4, "num_collect_steps": 1, "train_batch_size": 0,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from coati.distributed.plugins import CUDA_ONLY, PLUGINS, add_plugin_args, build_booster, check_plugin_available
-from coati.utils.arguments import plugin_config
+from coati.cli.arguments import plugin_config
 from coati.utils import CoatiUsageError
 from conftest import REPO, SCRIPTS, child_env
 

@@ -20,7 +20,7 @@ from coati.trainer.components import explained_variance
 from coati.trainer.ppo import PPOTrainer
 from coati.trainer.sources import CyclingLoader, LocalRollouts
 from coati.utils.stats_tracker import StatsTracker
-from coati.trainer.runner import build_dataloader
+from coati.cli.runner import build_dataloader
 from coati.utils.metrics_logger import MetricsLogger
 from test_grpo import Recorder
 

@@ -14,7 +14,7 @@ from coati.dataset.demo_data import generate_problems, preference_records
 from coati.models.loss import LogExpLoss, LogSigLoss
 from coati.models.reward_model import load_reward_model, sequence_rewards
 from coati.trainer.rm import RewardModelTrainer
-from coati.trainer.runner import build_dataloader
+from coati.cli.runner import build_dataloader
 from coati.utils import CoatiUsageError
 
 

@@ -5,7 +5,7 @@ from colossalai.booster import Booster
 from colossalai.booster.plugin import TorchDDPPlugin
 
 from coati.trainer import BatchResult, Callback, SLTrainer
-from coati.trainer.runner import build_dataloader
+from coati.cli.runner import build_dataloader
 
 
 class Recorder(Callback):

@@ -6,7 +6,7 @@ from typing import Any, Dict, Tuple
 
 import torch
 
-from coati.distributed.comm import all_reduce_sums
+from coati.utils.comm import all_reduce_sums
 from coati.utils.registry import ADVANTAGE_ESTIMATORS
 
 

@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Sequence
 
-from coati.distributed.comm import all_reduce_sums
+from coati.utils.comm import all_reduce_sums
 
 from .advantages import maxent_weights
 

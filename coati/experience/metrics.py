@@ -6,7 +6,7 @@ from typing import Dict, List, Sequence
 import numpy as np
 import torch
 
-from coati.distributed.comm import gather_lists
+from coati.utils.comm import gather_lists
 from coati.rewards.registry import EXTRA_PREFIX, component_metrics
 
 from .experience import Experience

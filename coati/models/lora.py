@@ -17,7 +17,7 @@ from peft.tuners.lora import Linear as PeftLinear
 from torch import nn
 from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
 
-from coati.distributed.comm import barrier
+from coati.utils.comm import barrier
 from coati.utils.colossalchat import LORA_INIT, LoraConfig
 from coati.utils.errors import CoatiUsageError, warn_user
 

@@ -18,7 +18,7 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from coati.dataset.collators import batch_rows
-from coati.distributed.comm import barrier, is_distributed, is_rank_0, rank, world_size
+from coati.utils.comm import barrier, is_distributed, is_rank_0, rank, world_size
 
 from .logprobs import pair_sequence_logps
 

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from coati.dataset.collators import batch_rows
-from coati.distributed.comm import is_distributed, is_rank_0
+from coati.utils.comm import is_distributed, is_rank_0
 from coati.distributed.plugins import trainer_clips_gradients
 from coati.trainer.callbacks.base import Callback, fire
 from coati.trainer.nonfinite import NonFiniteGuard

@@ -4,7 +4,7 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from coati.distributed.comm import is_distributed
+from coati.utils.comm import is_distributed
 from coati.models.logprobs import sequence_logps
 from coati.models.loss import KTOLoss
 from coati.utils.errors import warn_user

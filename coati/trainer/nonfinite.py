@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from coati.distributed.comm import is_distributed
+from coati.utils.comm import is_distributed
 from coati.utils.errors import NonFiniteError, warn_user
 
 

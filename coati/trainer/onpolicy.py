@@ -15,7 +15,7 @@ import torch
 from tqdm import tqdm
 from transformers import TrainerState
 
-from coati.distributed.comm import gather_lists, is_rank_0
+from coati.utils.comm import gather_lists, is_rank_0
 from coati.experience.evaluation import sampled_metrics
 from coati.experience.experience import Experience, ExperienceMaker, completion_rows
 from coati.experience.metrics import rollout_metrics, tokens_in

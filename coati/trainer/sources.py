@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from coati.distributed.comm import is_distributed, rank, world_size
+from coati.utils.comm import is_distributed, rank, world_size
 from coati.experience.experience import Experience, ExperienceMaker
 from coati.experience.scorer import PROMPT_FIELDS
 from coati.rollout import (LocalEngine, PromptStream, RLVRWorkflow, RolloutWorkflow, Trajectory,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict, Optional, Tuple
 
-from coati.distributed.comm import collective_device, is_distributed
+from coati.utils.comm import collective_device, is_distributed
 
 if TYPE_CHECKING:
     import torch.distributed as dist

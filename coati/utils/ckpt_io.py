@@ -30,7 +30,7 @@ import torch
 from colossalai.booster import Booster
 from colossalai.cluster import DistCoordinator
 
-from coati.distributed.comm import barrier, is_distributed, rank, world_size
+from coati.utils.comm import barrier, is_distributed, rank, world_size
 from coati.utils.errors import CoatiUsageError
 from coati.utils.file_checks import (CorruptFileError, check_weight_file, check_weights_dir, model_signature,
                                      read_json, signature_mismatch)

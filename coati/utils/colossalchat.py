@@ -188,7 +188,7 @@ def _no_neural_reward_model(args: argparse.Namespace) -> None:
 def write_config_file(args: argparse.Namespace) -> None:
     """`--config_file`: the run's flags as JSON, as ColossalChat writes them (rank 0 only), secrets left out as
     from every log."""
-    from coati.distributed.comm import is_rank_0
+    from coati.utils.comm import is_rank_0
     from coati.utils.metrics_logger import public_config
 
     if args.config_file and is_rank_0():

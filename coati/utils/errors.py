@@ -120,7 +120,7 @@ def exit_cleanly(main: Callable[..., T]) -> Callable[..., T]:
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
-        from coati.distributed.lifetime import follow_launcher
+        from coati.utils.lifetime import follow_launcher
 
         follow_launcher()
         try:

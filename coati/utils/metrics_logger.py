@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from coati.distributed.comm import is_rank_0
+from coati.utils.comm import is_rank_0
 
 JSONL_NAME = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"

@@ -16,7 +16,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from coati.distributed.comm import collective_device, is_distributed
+from coati.utils.comm import collective_device, is_distributed
 
 from .accumulative_meter import AccumulativeMeanMeter, all_reduce_totals
 

@@ -6,7 +6,7 @@
 import argparse
 from typing import Any
 
-from coati.utils.arguments import add_reference_args, training_parser
+from coati.cli.arguments import add_reference_args, training_parser
 from coati.utils.cli import in_range, non_negative, positive
 from coati.utils.colossalchat import add_colossalchat_flags
 from coati.utils.errors import exit_cleanly
@@ -32,7 +32,7 @@ def main(argv=None) -> None:
     add_colossalchat_flags(parser, "dpo")
     args = parser.parse_args(argv)
     from coati.trainer.dpo import DPOTrainer   # the training stack loads once the flags are read
-    from coati.trainer.runner import reference_hook, run_supervised
+    from coati.cli.runner import reference_hook, run_supervised
 
     loss = preference_loss(args)
     run_supervised(args, DPOTrainer, "preference", trainer_kwargs={"loss_fn": loss},

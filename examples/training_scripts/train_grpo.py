@@ -6,7 +6,7 @@
 
 Add `--async_rollout --max_staleness 1` to generate in Ray actors while the trainer trains.
 """
-from coati.utils.arguments import (add_async_args, add_group_advantage_args, add_grpo_args, add_reference_args,
+from coati.cli.arguments import (add_async_args, add_group_advantage_args, add_grpo_args, add_reference_args,
                                    training_parser)
 from coati.utils.colossalchat import add_colossalchat_flags
 from coati.utils.errors import exit_cleanly
@@ -21,7 +21,7 @@ def main(argv=None) -> None:
     add_async_args(parser)
     add_colossalchat_flags(parser, "grpo")
     args = parser.parse_args(argv)
-    from coati.trainer.rl_runner import run_grpo   # the training stack loads once the flags are read
+    from coati.cli.rl_runner import run_grpo   # the training stack loads once the flags are read
 
     run_grpo(args)
 

@@ -3,7 +3,7 @@
     torchrun --nproc_per_node 2 examples/training_scripts/train_kto.py --pretrain SFT_MODEL \
         --dataset data/kto --plugin ddp --batch_size 8 --beta 0.1 --save_dir ckpt/kto --output_dir out/kto
 """
-from coati.utils.arguments import add_reference_args, training_parser
+from coati.cli.arguments import add_reference_args, training_parser
 from coati.utils.cli import positive
 from coati.utils.colossalchat import add_colossalchat_flags
 from coati.utils.errors import exit_cleanly
@@ -21,7 +21,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     from coati.models.loss import KTOLoss   # the training stack loads once the flags are read
     from coati.trainer.kto import KTOTrainer, balance_kto_weights
-    from coati.trainer.runner import reference_hook, run_supervised
+    from coati.cli.runner import reference_hook, run_supervised
 
     loss = KTOLoss(args.beta, args.desirable_weight, args.undesirable_weight)
 

@@ -3,7 +3,7 @@
     torchrun --nproc_per_node 2 examples/training_scripts/train_orpo.py --pretrain MODEL \
         --dataset data/pref --plugin ddp --batch_size 8 --lam 0.1 --save_dir ckpt/orpo --output_dir out/orpo
 """
-from coati.utils.arguments import training_parser
+from coati.cli.arguments import training_parser
 from coati.utils.cli import non_negative
 from coati.utils.colossalchat import add_colossalchat_flags
 from coati.utils.errors import exit_cleanly
@@ -17,7 +17,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     from coati.models.loss import ORPOLoss   # the training stack loads once the flags are read
     from coati.trainer.dpo import ORPOTrainer
-    from coati.trainer.runner import run_supervised
+    from coati.cli.runner import run_supervised
 
     run_supervised(args, ORPOTrainer, "preference", trainer_kwargs={"loss_fn": ORPOLoss(args.lam)})
 

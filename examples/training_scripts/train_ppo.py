@@ -4,7 +4,7 @@
         --rm_pretrain RM_MODEL --prompt_dataset data/prompts --eval_dataset data/prompts_eval \
         --plugin ddp --batch_size 8 --num_episodes 20 --output_dir out/ppo
 """
-from coati.utils.arguments import add_grpo_args, add_ppo_args, add_reference_args, training_parser
+from coati.cli.arguments import add_grpo_args, add_ppo_args, add_reference_args, training_parser
 from coati.utils.colossalchat import add_colossalchat_flags
 from coati.utils.errors import exit_cleanly
 
@@ -17,7 +17,7 @@ def main(argv=None) -> None:
     add_reference_args(parser, precompute=False)
     add_colossalchat_flags(parser, "ppo")
     args = parser.parse_args(argv)
-    from coati.trainer.rl_runner import run_ppo   # the training stack loads once the flags are read
+    from coati.cli.rl_runner import run_ppo   # the training stack loads once the flags are read
 
     run_ppo(args)
 

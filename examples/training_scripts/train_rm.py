@@ -3,7 +3,7 @@
     torchrun --nproc_per_node 2 examples/training_scripts/train_rm.py --pretrain SFT_MODEL \
         --dataset data/rm --plugin ddp --batch_size 8 --save_dir ckpt/rm --output_dir out/rm --log_dir logs/rm
 """
-from coati.utils.arguments import training_parser
+from coati.cli.arguments import training_parser
 from coati.utils.colossalchat import add_colossalchat_flags
 from coati.utils.errors import exit_cleanly
 
@@ -18,7 +18,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     from coati.models.loss import LogExpLoss, LogSigLoss   # the training stack loads once the flags are read
     from coati.trainer.rm import RewardModelTrainer
-    from coati.trainer.runner import load_reward_model_from_args, run_supervised
+    from coati.cli.runner import load_reward_model_from_args, run_supervised
 
     loss_fn = {"log_sig": LogSigLoss, "log_exp": LogExpLoss}[args.loss_fn]
     run_supervised(args, RewardModelTrainer, "preference",

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import torch
 
 from coati.distributed import rank
-from coati.distributed.comm import gather_lists
+from coati.utils.comm import gather_lists
 from coati.distributed.launch import init_distributed
 from coati.experience.advantages import ADVANTAGE_ESTIMATORS, AdvantageConfig
 from coati.experience.controllers import KLController

@@ -2,7 +2,7 @@
 import os
 import sys
 
-from coati.distributed.comm import barrier
+from coati.utils.comm import barrier
 
 
 def leave_together() -> None:

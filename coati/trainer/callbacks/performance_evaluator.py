@@ -5,7 +5,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 
 from coati.dataset.collators import batch_rows, packed_tokens
-from coati.distributed.comm import is_rank_0, world_size
+from coati.utils.comm import is_rank_0, world_size
 
 from .base import Callback
 

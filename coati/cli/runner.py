@@ -20,7 +20,7 @@ from coati.dataset.collators import COLLATORS
 from coati.dataset.prepare import load_prepared
 from coati.dataset.sampler import StatefulDistributedSampler, TokenBudgetBatchSampler, row_tokens
 from coati.dataset.tokenization import load_tokenizer
-from coati.distributed.comm import rank, world_size
+from coati.utils.comm import rank, world_size
 from coati.distributed.launch import init_distributed
 from coati.distributed.plugins import BoostSetup, build_booster, check_plugin_available
 from coati.models.lora import enable_lora, export_adapter_and_merge
@@ -29,7 +29,7 @@ from coati.models.reference import load_reference_model, with_reference_logps
 from coati.models.reward_model import load_reward_model
 from coati.trainer.base import SLTrainer
 from coati.trainer.callbacks import Callback, PerformanceEvaluator
-from coati.utils.arguments import log_cadence, plugin_config, saver
+from coati.cli.arguments import log_cadence, plugin_config, saver
 from coati.utils.ckpt_io import latest_checkpoint, read_running_state, save_hf_model, verify_checkpoint
 from coati.utils.colossalchat import attention_implementation, write_config_file
 from coati.utils.errors import CoatiUsageError

@@ -28,20 +28,21 @@ from coati.rewards.code import CodeTests
 from coati.rewards.registry import split_spec
 from coati.rewards.remote import RemoteReward, is_url
 from coati.rewards.sandbox import SandboxError, SandboxLimits, resolve_backend
-from coati.distributed.comm import rank, world_size
+from coati.utils.comm import rank, world_size
 from coati.distributed.plugins import build_booster
 from coati.rollout import GeneratorPool, PromptStream, RLVRWorkflow, WorkflowExecutor
-from coati.utils.arguments import evaluator, log_cadence, plugin_config, saver
+from coati.cli.arguments import evaluator, log_cadence, plugin_config, saver
 from coati.utils.ckpt_io import save_hf_model
 from coati.utils.errors import CoatiUsageError, fail
 from coati.utils.registry import OBJECTIVES
 
-from .callbacks.best import BestModelKeeper
-from .callbacks.health import ALARM_EXIT_CODE, AlarmThresholds, HealthMonitor
-from .grpo import GRPOTrainer
-from .ppo import PPOTrainer
-from .onpolicy import OLTrainer
-from .sources import AsyncRollouts
+from coati.trainer.callbacks.best import BestModelKeeper
+from coati.trainer.callbacks.health import ALARM_EXIT_CODE, AlarmThresholds, HealthMonitor
+from coati.trainer.grpo import GRPOTrainer
+from coati.trainer.onpolicy import OLTrainer
+from coati.trainer.ppo import PPOTrainer
+from coati.trainer.sources import AsyncRollouts
+
 from .runner import (_require_dir, build_dataloader, build_optimizer, build_scheduler, export_dir, export_model,
                      frozen_reference, load_causal_lm, open_logger, prepare_model, resolve_checkpoint, resumed_line,
                      run_device, start_run)

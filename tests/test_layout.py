@@ -1,0 +1,58 @@
+"""The package layout the README's code map describes: coati's subpackages import one another in one direction only
+(no cycle), and the scripts' set-up (`coati.cli`) is imported by nothing else in coati."""
+import ast
+from collections import defaultdict
+from pathlib import Path
+from typing import Dict, Set
+
+from conftest import REPO
+
+PACKAGE = REPO / "coati"
+
+
+def _imported_modules(path: Path, module: str) -> Set[str]:
+    """The coati modules `path` imports, at any level of the file, relative imports resolved."""
+    found = set()
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            found.add(".".join(base + ([node.module] if node.module else [])))
+    return {name for name in found if name.split(".")[0] == "coati"}
+
+
+def _subpackage(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def package_graph() -> Dict[str, Set[str]]:
+    """coati subpackage -> the other subpackages its files import."""
+    edges: Dict[str, Set[str]] = defaultdict(set)
+    for path in PACKAGE.rglob("*.py"):
+        module = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        source = _subpackage(module)
+        for name in _imported_modules(path, module):
+            if _subpackage(name) not in ("", source):
+                edges[source].add(_subpackage(name))
+    return edges
+
+
+def test_subpackages_import_each_other_in_one_direction_only():
+    graph = package_graph()
+    done: Set[str] = set()
+
+    def visit(node: str, path: tuple) -> None:
+        assert node not in path, f"import cycle: {' -> '.join(path + (node,))}"
+        if node in done:
+            return
+        for nxt in sorted(graph.get(node, ())):
+            visit(nxt, path + (node,))
+        done.add(node)
+
+    for node in sorted(graph):
+        visit(node, ())
+    assert graph["utils"] == set()                                  # the bottom layer
+    assert not [source for source, targets in graph.items() if "cli" in targets]
