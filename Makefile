@@ -51,7 +51,10 @@ $(SYSTEM_TOOLS):
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends openssh-server iproute2; \
 	else echo "not root: $@ is missing, so the multi-node tests will skip"; fi
 
-test: install vllm-env $(SYSTEM_TOOLS)
+# The two environments build side by side (they share nothing); the system packages first, one apt at a time.
+test: $(SYSTEM_TOOLS)
+	$(MAKE) -j2 $(STAMP) $(VLLM_STAMP)
+	$(MAKE) install
 	$(PY) -m pytest tests
 
 test-fast: install

@@ -302,8 +302,9 @@ def _case(name: str):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", AS_PROCESSES)
+@pytest.mark.parametrize("name", ["batch_size_0", "prep_binary_file"])
 def test_bad_input_as_a_python_process(bad, name):
+    """A plain `python` launch (the torchrun cases below check the same exit status 2, as the worker's)."""
     _, build, expected = _case(name)
     script, argv = build(bad)
     result = subprocess.run([sys.executable, str(_script_path(script)), *argv], capture_output=True, text=True,

@@ -24,9 +24,8 @@ def _losses(out: Path):
 @pytest.mark.parametrize("script,data,extra", [
     ("train_sft.py", "sft_train", []),
     ("train_rm.py", "pref_train", []),
-    ("train_dpo.py", "pref_train", []),
     ("train_dpo.py", "pref_train", ["--precompute_ref_logps"]),
-], ids=["sft", "rm", "dpo", "dpo-precomputed-reference"])
+], ids=["sft", "rm", "dpo-precomputed-reference"])
 def test_packed_run_logs_the_unpacked_losses(tiny_assets, tmp_path, script, data, extra):
     runs = {}
     for mode in ("packed", "padded"):   # packed first: it computes the stored reference log-probs, packed

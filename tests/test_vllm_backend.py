@@ -190,7 +190,7 @@ def own_model(small_model, tmp_path):
 
 
 @pytest.mark.slow
-def test_grpo_and_ppo_train_on_vllm_rollouts(tiny_assets, own_model, tmp_path):
+def test_grpo_trains_on_vllm_rollouts(tiny_assets, own_model, tmp_path):
     grpo = tmp_path / "grpo"
     result = torchrun(SCRIPTS / "train_grpo.py", 2, *_rl_args(tiny_assets, own_model, grpo, 3),
                       "--reward_fn", "math_answer", "answer_format")
@@ -203,11 +203,6 @@ def test_grpo_and_ppo_train_on_vllm_rollouts(tiny_assets, own_model, tmp_path):
         assert abs(r["train/behaviour_ratio"] - 1) < 1e-3   # fp32 engine and trainer agree
     assert all(r["train/time/weight_sync"] > 0 for r in records[1:])   # the weights of episodes 1 and 2
     assert {p.name for p in (grpo / "logs").glob("vllm_*.log")} == {"vllm_rank0_0.log", "vllm_rank1_0.log"}
-
-    ppo = tmp_path / "ppo"
-    result = torchrun(SCRIPTS / "train_ppo.py", 2, *_rl_args(tiny_assets, own_model, ppo, 2), "--reward_fn", "answer_format")
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert [r["step"] for r in _records(ppo)] == [1, 2]
     assert not _server_processes(str(own_model))
 
 
@@ -233,13 +228,16 @@ def _wait_for(predicate, timeout: float, what: str) -> None:
 
 @pytest.mark.slow
 def test_killing_the_trainer_leaves_no_engine_behind(tiny_assets, own_model, tmp_path):
+    """PPO on vLLM rollouts (a critic and a reward model beside the engine) through its first episode, then torchrun
+    and its workers SIGKILLed: the servers notice and exit."""
     shm_before = set(Path("/dev/shm").glob("coati-vllm-*"))
     log = tmp_path / "run.log"
-    proc = start_torchrun(SCRIPTS / "train_grpo.py", 2, *_rl_args(tiny_assets, own_model, tmp_path, 500),
+    proc = start_torchrun(SCRIPTS / "train_ppo.py", 2, *_rl_args(tiny_assets, own_model, tmp_path, 500),
                           "--reward_fn", "answer_format", log=log)
+    metrics = tmp_path / "logs" / "metrics.jsonl"
     servers = []
     try:
-        _wait_for(lambda: "Episodes:" in log.read_text(errors="replace"), 300, "the first episode")
+        _wait_for(lambda: metrics.is_file() and "train/loss/value" in metrics.read_text(), 300, "PPO's first episode")
         servers = _server_processes(str(own_model))
         assert len(servers) == 2
     finally:
