@@ -76,7 +76,7 @@ def bench_model(model_dir: str, args: argparse.Namespace) -> Dict[str, float]:
         syncs = []
         for version in range(1, args.repeats + 1):
             begin = time.perf_counter()
-            [loaded.result() for loaded in pool.publish(model.state_dict(), version)]
+            pool.publish(model.state_dict(), version).result()
             syncs.append(time.perf_counter() - begin)
     finally:
         pool.shutdown()

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "applications" / "demo"))
 import run_demo  # noqa: E402
 
-from coati.experience.evaluation import evaluate_model  # noqa: E402
+from coati.rollout.evaluation import evaluate_model  # noqa: E402
 
 
 def run_seed(out: Path, seed: int, steps: int, nproc: int, estimators: List[str]) -> Dict[str, Dict[str, float]]:

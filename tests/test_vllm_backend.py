@@ -136,13 +136,13 @@ def test_published_weights_are_served_with_their_version(served, tiny_assets):
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.5)
-    answers = [future.result() for future in pool.publish(model.state_dict(), 7)]
+    answers = pool.publish(model.state_dict(), 7).result()
     assert [a["version"] for a in answers] == [7] and pool.last_sync_seconds > 0
     after = _generate(pool, prompts, greedy)
     assert all(c.version == 7 for c in after)
     assert [_tokens(c) for c in after] == [_tokens(c) for c in _hf_greedy(model, tokenizer, prompts, greedy)]
     assert [_tokens(c) for c in after] != before
-    [future.result() for future in pool.publish(model.state_dict(), 8)]
+    pool.publish(model.state_dict(), 8).result()
     assert sorted(p.name for p in pool.work_dir.glob("weights-*")) == ["weights-8.safetensors"]
 
 

@@ -25,7 +25,7 @@ from transformers import AutoTokenizer
 from coati.dataset.demo_data import (REJECTIONS, generate_problems, preference_records, prompt_records, sft_records,
                                      tokenizer_corpus, write_jsonl)
 from coati.dataset.prepare import prepare_dataset
-from coati.experience.evaluation import evaluate_model
+from coati.rollout.evaluation import evaluate_model
 from coati.models.tiny import MODEL_SIZES, write_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]

@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from coati.rollout.engine import BatchingPool, Completions
+from coati.rollout.engine import BatchingPool, Completions, all_of
 from coati.utils.errors import CoatiUsageError
 
 from .vllm_server import AUTHKEY_ENV, LIFELINE_ENV
@@ -231,7 +231,7 @@ def _work_dir() -> Path:
 
 
 class VLLMPool(BatchingPool):
-    """`num_engines` vLLM servers with the policy, as an `AsyncEngine` (`agenerate`) and a weights publisher
+    """`num_engines` vLLM servers with the policy, as a `RolloutEngine` (`agenerate`) and a weights publisher
     (`publish`), like `GeneratorPool`. A request goes to the least-busy server, and each server takes all its waiting
     requests with the same sampling settings as one engine call (`BatchingPool`). `publish` writes the weights once
     and queues a load on every server behind the generations already sent to it, so a rollout in flight finishes on
@@ -321,24 +321,16 @@ class VLLMPool(BatchingPool):
         return Completions(sequences, mask, logprobs, len(prompt), version)
 
     # ---- weights -----------------------------------------------------------------------------------
-    def publish(self, state_dict: Dict[str, Any], version: int) -> List[Future]:
-        """Write `state_dict` as version `version` and queue its load on every server (behind what each is already
-        generating); returns the loads' futures, each giving that server's answer."""
+    def publish(self, weights: Dict[str, Any], version: int) -> "Future[List[Dict[str, Any]]]":
+        """Write `weights` as version `version` and queue its load on every server (behind what each is already
+        generating); the future completes with every server's answer once all have loaded it."""
         start = time.perf_counter()
-        path = self._write(state_dict, version)
+        path = self._write(weights, version)
         with self._lock:
             self._holders[path] = len(self.servers)
-        futures = [worker.submit(self._load, index, path, version) for index, worker in enumerate(self._workers)]
-        pending = [len(futures)]
-
-        def finished(_: Future) -> None:
-            with self._lock:
-                pending[0] -= 1
-                if pending[0] == 0:
-                    self.last_sync_seconds = time.perf_counter() - start
-        for future in futures:
-            future.add_done_callback(finished)
-        return futures
+            self.last_sync_seconds = 0.0
+        return all_of([worker.submit(self._load, index, path, version, start)
+                       for index, worker in enumerate(self._workers)])
 
     def _write(self, state_dict: Dict[str, Any], version: int) -> str:
         """The weights as one safetensors file, written beside and renamed into place (a reader never sees half)."""
@@ -357,9 +349,12 @@ class VLLMPool(BatchingPool):
         os.replace(partial, path)
         return str(path)
 
-    def _load(self, index: int, path: str, version: int) -> Dict[str, Any]:
-        """Server `index` loads `path`; the file it served before is removed once no server needs it."""
+    def _load(self, index: int, path: str, version: int, published: float) -> Dict[str, Any]:
+        """Server `index` loads `path`; the file it served before is removed once no server needs it. The seconds
+        since `published` (the write began) so far are the publish's sync time."""
         answer = self._request(index, {"op": "load_weights", "path": path, "version": version})
+        with self._lock:
+            self.last_sync_seconds = max(self.last_sync_seconds, time.perf_counter() - published)
         server = self.servers[index]
         previous, server.weights = server.weights, (path, version)
         if previous is not None:

@@ -9,6 +9,9 @@ it would tie the generators' lifetime to the trainer's group.
 """
 import asyncio
 import os
+import threading
+from abc import ABC, abstractmethod
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -40,6 +43,49 @@ class Completions:
         prompt = torch.ones(self.sequences.size(0), self.prompt_length, dtype=torch.long, device=self.sequences.device)
         attention = torch.cat([prompt, through_last(self.action_mask.bool()).long()], dim=1)
         return GenerationOutput(self.sequences, attention, self.action_mask, self.prompt_length)
+
+
+class RolloutEngine(ABC):
+    """What a workflow generates with: the training model in this process (`LocalEngine`), Ray generator actors
+    (`GeneratorPool`) or vLLM servers (`coati.inference.vllm.VLLMPool`). `version` is the weights' version new
+    requests are generated with; `seconds` sums the time spent generating."""
+
+    version: int = 0
+    seconds: float = 0.0
+
+    @abstractmethod
+    async def agenerate(self, prompt_ids: List[int], config: SamplingConfig, n: int) -> Completions:
+        """`n` completions of one unpadded prompt."""
+
+    @abstractmethod
+    def publish(self, weights: Dict[str, torch.Tensor], version: int) -> "Future[Any]":
+        """New weights, tagged `version`, for every copy of the model the engine holds; the future completes once
+        each serves them (at once for an engine that shares the trainer's weights)."""
+
+    def shutdown(self) -> None:
+        """Stop what the engine started."""
+
+
+def all_of(futures: Sequence["Future[Any]"]) -> "Future[List[Any]]":
+    """One future for several: done when all are, with their results in order, or the first exception."""
+    combined: "Future[List[Any]]" = Future()
+    pending, lock = [len(futures)], threading.Lock()
+    if not futures:
+        combined.set_result([])
+
+    def finished(_: Future) -> None:
+        with lock:
+            pending[0] -= 1
+            last = pending[0] == 0
+        if last:
+            errors = [f.exception() for f in futures if f.exception() is not None]
+            if errors:
+                combined.set_exception(errors[0])
+            else:
+                combined.set_result([f.result() for f in futures])
+    for future in futures:
+        future.add_done_callback(finished)
+    return combined
 
 
 @torch.no_grad()
@@ -113,7 +159,7 @@ class _Request:
     future: asyncio.Future
 
 
-class BatchingPool:
+class BatchingPool(RolloutEngine):
     """Requests queued per generator of a pool: `agenerate` queues one for the least-busy generator, and that
     generator's dispatcher sends it all the requests waiting for it with the same sampling settings as one batch
     (`_generate_batch`), which is what keeps a CPU or GPU generator efficient. A request whose rollout was cancelled
@@ -209,13 +255,12 @@ class GeneratorPool(BatchingPool):
         self.restarts += 1
         self.actors[index] = self._spawn(index)
 
-    def publish(self, state_dict: Dict[str, torch.Tensor], version: int) -> None:
-        """New weights for every generator, tagged `version`; returns without waiting for them to load."""
+    def publish(self, weights: Dict[str, torch.Tensor], version: int) -> "Future[List[Any]]":
+        """New weights for every generator, tagged `version`; each loads them after the requests it holds."""
         import ray
 
-        self._weights, self.version = ray.put({k: v.detach().cpu() for k, v in state_dict.items()}), version
-        for actor in self.actors:
-            actor.load_weights.remote(self._weights, version)
+        self._weights, self.version = ray.put({k: v.detach().cpu() for k, v in weights.items()}), version
+        return all_of([actor.load_weights.remote(self._weights, version).future() for actor in self.actors])
 
     def pids(self) -> List[int]:
         import ray

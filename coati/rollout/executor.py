@@ -20,7 +20,8 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence
 
 import torch
 
-from .workflow import AsyncEngine, RolloutWorkflow, Trajectory
+from .engine import RolloutEngine
+from .workflow import RolloutWorkflow, Trajectory
 
 MAX_EVENTS = 100_000
 
@@ -73,7 +74,7 @@ class WorkflowExecutor:
     collect steps per episode). A workflow's exception (a generator that could not be restarted) is raised
     in the caller."""
 
-    def __init__(self, engine: AsyncEngine, workflow: RolloutWorkflow, batch_size: int, max_concurrent_rollouts: int,
+    def __init__(self, engine: RolloutEngine, workflow: RolloutWorkflow, batch_size: int, max_concurrent_rollouts: int,
                  max_staleness: int, batches_per_version: int = 1) -> None:
         if batch_size < 1 or max_concurrent_rollouts < 1 or max_staleness < 0 or batches_per_version < 1:
             raise ValueError("batch_size, max_concurrent_rollouts and batches_per_version must be >= 1 and "

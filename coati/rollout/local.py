@@ -1,26 +1,35 @@
-"""Synchronous rollouts through the same workflows as asynchronous ones: an `AsyncEngine` over the training
+"""Synchronous rollouts through the same workflows as asynchronous ones: a `RolloutEngine` over the training
 model, and a function that runs a workflow on a batch of prompts to completion."""
 import asyncio
 import time
+from concurrent.futures import Future
 from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
 
 from coati.models.generation import HFEngine, SamplingConfig
 
-from .engine import Completions, generate_requests
+from .engine import Completions, RolloutEngine, generate_requests
 from .workflow import RolloutWorkflow, Trajectory
 
 _Request = Tuple[List[int], SamplingConfig, int, asyncio.Future]
 
 
-class LocalEngine:
-    """`AsyncEngine` over an in-process `HFEngine` (the training model). The requests made while the event loop
+class LocalEngine(RolloutEngine):
+    """`RolloutEngine` over an in-process `HFEngine` (the training model). The requests made while the event loop
     runs one turn (a workflow's episodes over a prompt batch) are generated together, one batched generation per
     sampling config, as the batch would be. It reports no log-probs: on-policy, the trainer's own forward gives
-    them. `version` is the weights' version; `seconds` sums the time spent generating."""
+    them. It shares the trainer's weights, so `publish` only moves `version`."""
 
     def __init__(self, engine: HFEngine, version: int = 0) -> None:
         self.engine, self.version, self.seconds = engine, version, 0.0
         self._pending: List[_Request] = []
+
+    def publish(self, weights: Dict[str, torch.Tensor], version: int) -> "Future[None]":
+        self.version = version
+        done: "Future[None]" = Future()
+        done.set_result(None)
+        return done
 
     async def agenerate(self, prompt_ids: List[int], config: SamplingConfig, n: int) -> Completions:
         loop = asyncio.get_running_loop()

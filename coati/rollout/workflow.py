@@ -2,21 +2,20 @@
 made, so multi-turn or tool-using episodes are a new workflow, not a new trainer."""
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Protocol
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
 from coati.models.generation import SamplingConfig
 from coati.experience.scorer import PROMPT_FIELDS, Scorer
 
-from .engine import Completions
+from .engine import RolloutEngine
 
 
-class AsyncEngine(Protocol):
-    """What a workflow generates with (`GeneratorPool`)."""
-
-    async def agenerate(self, prompt_ids: List[int], config: SamplingConfig, n: int) -> Completions:
-        """`n` completions of one unpadded prompt."""
+def merged_components(trajectories: Sequence["Trajectory"]) -> Dict[str, List[Any]]:
+    """The reward components of several trajectories, each name's values in the trajectories' order."""
+    names = trajectories[0].info["reward_components"] if trajectories else {}
+    return {name: [v for t in trajectories for v in t.info["reward_components"][name]] for name in names}
 
 
 @dataclass
@@ -39,7 +38,7 @@ class RolloutWorkflow(ABC):
     """Subclass and implement `arun_episode`; the executor runs many at once."""
 
     @abstractmethod
-    async def arun_episode(self, engine: AsyncEngine, sample: Dict[str, Any]) -> Optional[Trajectory]:
+    async def arun_episode(self, engine: RolloutEngine, sample: Dict[str, Any]) -> Optional[Trajectory]:
         """Turn one prompt-dataset row (`input_ids` and its other fields) into a `Trajectory`; None drops it."""
 
 
@@ -51,7 +50,7 @@ class RLVRWorkflow(RolloutWorkflow):
     def __init__(self, scorer: Scorer, sampling: SamplingConfig, num_generations: int) -> None:
         self.scorer, self.sampling, self.num_generations = scorer, sampling, num_generations
 
-    async def arun_episode(self, engine: AsyncEngine, sample: Dict[str, Any]) -> Optional[Trajectory]:
+    async def arun_episode(self, engine: RolloutEngine, sample: Dict[str, Any]) -> Optional[Trajectory]:
         n = self.num_generations
         out = await engine.agenerate(list(sample["input_ids"]), self.sampling, n)
         prompt = self.scorer.decode(sample["input_ids"])

@@ -57,12 +57,6 @@ def move_to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
-def repeat_rows(batch: Dict[str, Any], n: int) -> Dict[str, Any]:
-    """Each row of a batch (tensors along their first dimension, lists item by item) `n` times in a row."""
-    return {k: v.repeat_interleave(n, dim=0) if isinstance(v, torch.Tensor) else [x for x in v for _ in range(n)]
-            for k, v in batch.items()}
-
-
 def clip_gradients(optimizer: torch.optim.Optimizer, grad_clip: float) -> Optional[float]:
     """Clip to `grad_clip` when the trainer, not the plugin, clips (ddp) and return the norm before clipping;
     None where the plugin's optimizer measures (and clips) it inside its own `step`."""

@@ -6,7 +6,6 @@ guarded optimizer steps (the critic, where there is one, steps beside the actor)
 source, the controllers moved, then log, evaluate and save. What an algorithm brings are parts the loop holds (the
 maker, the objective, loss terms, a critic, controllers), not overrides of it.
 """
-import math
 import time
 from dataclasses import replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -16,20 +15,18 @@ from tqdm import tqdm
 from transformers import TrainerState
 
 from coati.utils.comm import gather_lists, is_rank_0
-from coati.experience.evaluation import sampled_metrics
 from coati.experience.experience import Experience, ExperienceMaker, completion_rows
 from coati.experience.metrics import rollout_metrics, tokens_in
 from coati.models.generation import SamplingConfig
 from coati.models.loss import PolicyLoss
-from coati.rewards.math import extract_answer
-from coati.rewards.registry import component_metrics
+from coati.rollout.evaluation import complete, prompt_rows, record_sampled, record_scores
 from coati.utils.cadence import Evaluator, LogCadence, Saver
 from coati.utils.ckpt_io import ModelState, load_checkpoint, read_running_state, save_checkpoint
 from coati.utils.metrics_logger import MetricsLogger
 from coati.utils.registry import OBJECTIVES
 from coati.utils.stats_tracker import StatsTracker
 
-from .base import _TrainerCore, move_to_device, repeat_rows
+from .base import _TrainerCore
 from .callbacks import Callback, fire
 from .components import CriticUpdate, LossTerm, ObjectiveConfig, OptimizerStep, PtxTerm
 from .sources import CyclingLoader, LocalRollouts, RolloutSource
@@ -305,42 +302,23 @@ class OLTrainer(_TrainerCore):
     # ---- evaluation -------------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, step: int) -> Dict[str, float]:
-        """Greedy completions of the held-out prompts scored like rollouts: eval/reward and
-        eval/rewards/<component> (with `math_answer`, exact-answer accuracy), and with `eval_samples` N, N sampled
-        completions of each (`eval_sampling`): eval/<reward>/pass@k, maj@N, mean@N (`sampled_metrics`). Logged at
-        `step` and kept in `eval_history`. Runs before training, when the `evaluator` says so, and after the last
-        episode."""
+        """Greedy completions of the held-out prompts by the rollouts' engine, scored like rollouts (the same
+        workflow): eval/reward and eval/rewards/<component> (with `math_answer`, exact-answer accuracy), and with
+        `eval_samples` N, N sampled completions of each (`eval_sampling`): eval/<reward>/pass@k, maj@N, mean@N.
+        Logged at `step` and kept in `eval_history`. Runs before training, when the `evaluator` says so, and after
+        the last episode."""
         self._set_train_mode(False)
+        engine, scorer = self.source.evaluation_engine(), self.maker.scorer
         greedy = replace(self.maker.config.sampling, do_sample=False)
         stats = StatsTracker()
         for batch in self.eval_dataloader:
-            batch = move_to_device(batch, self.device)
-            out = self.maker.engine.generate(batch["input_ids"], batch["attention_mask"], greedy)
-            _, _, (total, components) = self.maker.scorer.score_batch(batch, out)
-            stats.add("reward", float(sum(total)), len(total))
-            for name, values in component_metrics(components):
-                stats.add(name, float(sum(values)), len(values))
+            rows = prompt_rows(batch)
+            record_scores(stats, complete(engine, scorer, rows, greedy))
             if self.eval_samples:
-                self._record_sampled(stats, batch)
+                record_sampled(stats, complete(engine, scorer, rows, self.eval_sampling, self.eval_samples))
         self.eval_history[step] = self._flush_metrics(step, prefix="eval/", stats=stats)
         fire(self.callbacks, "on_evaluate", step, self.eval_history[step])
         return self.eval_history[step]
-
-    def _record_sampled(self, stats: StatsTracker, batch: Dict[str, Any]) -> None:
-        """`eval_samples` sampled completions of each prompt of `batch`, scored; each prompt's pass@k, maj@N and mean@N
-        under the total reward and each reward function added to `stats` (one count per prompt)."""
-        n = self.eval_samples
-        rows = repeat_rows(batch, n)
-        out = self.maker.engine.generate(rows["input_ids"], rows["attention_mask"], self.eval_sampling)
-        _, completions, (total, components) = self.maker.scorer.score_batch(rows, out)
-        answers = [extract_answer(c) for c in completions]
-        scores = {"reward": total, **{f"rewards/{k}": v for k, v in components.items() if "/" not in k}}
-        for name, values in scores.items():
-            for start in range(0, len(values), n):
-                group = [float(v) for v in values[start:start + n]]
-                if not any(math.isnan(v) for v in group):
-                    for metric, value in sampled_metrics(group, answers[start:start + n]).items():
-                        stats.add(f"{name}/{metric}", value, 1)
 
     # ---- checkpoints ------------------------------------------------------------------------------
     def _save(self, step: int) -> None:

@@ -1,0 +1,100 @@
+"""Held-out evaluation through the rollout workflow and engine, one path for both uses: during training
+(`OLTrainer.evaluate`, on the engine the rollouts use) and of a saved model (`evaluate_model`). Greedy completions
+are scored like rollouts; with N samples per prompt, pass@k, maj@N and mean@N (`coati.experience.evaluation`)."""
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+from transformers import AutoModelForCausalLM
+
+from coati.dataset.collators import PromptCollator
+from coati.dataset.prepare import load_prepared
+from coati.dataset.tokenization import load_tokenizer
+from coati.experience.evaluation import sampled_metrics
+from coati.experience.scorer import PROMPT_FIELDS, Scorer
+from coati.models.generation import HFEngine, SamplingConfig
+from coati.rewards import WeightedReward
+from coati.rewards.math import extract_answer
+from coati.rewards.registry import component_metrics, table_columns
+from coati.utils.stats_tracker import StatsTracker
+
+from .engine import RolloutEngine
+from .local import LocalEngine, run_episodes
+from .workflow import RLVRWorkflow, Trajectory, merged_components
+
+
+def prompt_rows(batch: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The rows of a left-padded prompt batch as workflow samples: unpadded `input_ids`, and the row's other fields."""
+    ids, mask = batch["input_ids"], batch["attention_mask"].bool()
+    fields = {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in batch.items() if k not in PROMPT_FIELDS}
+    return [{"input_ids": ids[i][mask[i]].tolist(), **{k: v[i] for k, v in fields.items()}} for i in range(ids.size(0))]
+
+
+def complete(engine: RolloutEngine, scorer: Scorer, rows: Sequence[Dict[str, Any]], sampling: SamplingConfig,
+             n: int = 1) -> List[Trajectory]:
+    """`n` completions of each row by `engine`, scored by `scorer`: one trajectory per row, in order."""
+    return run_episodes(RLVRWorkflow(scorer, sampling, n), engine, rows)
+
+
+def record_scores(stats: StatsTracker, trajectories: Sequence[Trajectory]) -> None:
+    """The total reward and each reward component of every completion, as means (`reward`, `rewards/<name>/...`)."""
+    total = [float(v) for t in trajectories for v in t.rewards.tolist()]
+    stats.add("reward", float(sum(total)), len(total))
+    for name, values in component_metrics(merged_components(trajectories)):
+        stats.add(name, float(sum(values)), len(values))
+
+
+def record_sampled(stats: StatsTracker, trajectories: Sequence[Trajectory]) -> None:
+    """Each prompt's pass@k, maj@N and mean@N over its N completions, under the total reward and each reward
+    function (one count per prompt; a prompt a function left unscored is left out of that function's)."""
+    for trajectory in trajectories:
+        components = trajectory.info["reward_components"]
+        scores = {"reward": trajectory.rewards.tolist(),
+                  **{f"rewards/{k}": v for k, v in components.items() if "/" not in k}}
+        answers = [extract_answer(c) for c in trajectory.info["completions"]]
+        for name, values in scores.items():
+            group = [float(v) for v in values]
+            if not any(math.isnan(v) for v in group):
+                for metric, value in sampled_metrics(group, answers).items():
+                    stats.add(f"{name}/{metric}", value, 1)
+
+
+@dataclass
+class EvalResult:
+    """Mean total reward and per-component means over every prompt, and every (prompt, completion, reward)."""
+
+    reward: float
+    components: Dict[str, float]
+    samples: List[Dict[str, object]]
+
+
+@torch.no_grad()
+def evaluate_model(model_dir: str, prompt_dirs: Sequence[str], reward_specs: Sequence[str] = ("math_answer",),
+                   max_new_tokens: int = 32, batch_size: int = 64) -> EvalResult:
+    """Greedy completions of the prepared prompt sets `prompt_dirs` by the model in `model_dir` (loaded
+    with `from_pretrained`), scored like rollouts by `reward_specs`."""
+    tokenizer = load_tokenizer(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    engine = LocalEngine(HFEngine(model, tokenizer.pad_token_id, [tokenizer.eos_token_id]))
+    greedy = replace(SamplingConfig(max_new_tokens=max_new_tokens), do_sample=False)
+    scorer = Scorer(tokenizer, WeightedReward.from_specs(list(reward_specs)))
+    loader = DataLoader(load_prepared(list(prompt_dirs), "prompt"), batch_size=batch_size,
+                        collate_fn=PromptCollator(tokenizer.pad_token_id))
+    samples: List[Dict[str, object]] = []
+    for batch in tqdm(loader, desc=f"evaluating {model_dir}", leave=False):
+        for t in complete(engine, scorer, prompt_rows(batch), greedy):
+            samples.append({"prompt": t.info["prompts"][0], "completion": t.info["completions"][0],
+                            "reward": float(t.rewards[0]), **table_columns(t.info["reward_components"], 0)})
+    names = [k for k in samples[0] if k not in ("prompt", "completion", "reward")] if samples else []
+    means = {k: _mean(samples, k) for k in names}
+    return EvalResult(_mean(samples, "reward"), {k: v for k, v in means.items() if v is not None}, samples)
+
+
+def _mean(samples: List[Dict[str, object]], key: str) -> Optional[float]:
+    """The mean of `key` over the samples that have a number there (a reward function's None leaves one out);
+    None when none has (a `log_extra` column of text)."""
+    values = [float(s[key]) for s in samples if isinstance(s[key], (int, float)) and not math.isnan(s[key])]
+    return sum(values) / len(values) if values else None
