@@ -231,9 +231,8 @@ def _group(rewards, first_token):
 
     n = len(rewards)
     sequences = torch.tensor([[5, first_token + i, 7] for i in range(n)])
-    return Trajectory(sequences, torch.ones(n, 2, dtype=torch.bool), None, T(rewards), 1, 0,
-                      {"prompts": ["p"] * n, "completions": [f"c{first_token + i}" for i in range(n)],
-                       "reward_components": {"r": list(rewards)}})
+    return Trajectory(sequences, torch.ones(n, 2, dtype=torch.bool), None, T(rewards), 1, 0, ["p"] * n,
+                      [f"c{first_token + i}" for i in range(n)], {"r": list(rewards)})
 
 
 def test_dynamic_sampling_replaces_tied_groups_with_new_prompts(world_of_one, tiny_assets):
@@ -247,11 +246,11 @@ def test_dynamic_sampling_replaces_tied_groups_with_new_prompts(world_of_one, ti
     source._rollouts = lambda: next(more)
     kept, extra = source._informative(batch)
     assert extra == 8                                          # two more batches of 4 completions were needed
-    assert [t.info["completions"] for t in kept] == [["c12", "c13"], ["c30", "c31"]]
+    assert [t.completions for t in kept] == [["c12", "c13"], ["c30", "c31"]]
     only_ties = iter([[_group([0.0, 0.0], 20), _group([1.0, 1.0], 22)]] * 2)
     source._rollouts = lambda: next(only_ties)
     kept, extra = source._informative([_group([1.0, 1.0], 10), _group([0.0, 1.0], 12)])
-    assert extra == 8 and [t.info["completions"][0] for t in kept] == ["c12", "c10"]   # out of rounds: a tied group fills
+    assert extra == 8 and [t.completions[0] for t in kept] == ["c12", "c10"]   # out of rounds: a tied group fills
 
 
 def test_dynamic_sampling_in_training_logs_its_extra_rollouts(world_of_one, tiny_assets, tmp_path):

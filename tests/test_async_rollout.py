@@ -92,7 +92,7 @@ def test_rollout_batch_runs_exactly_the_given_samples(pool, tokenizer, prompts):
     assert len(trajectories) == 5
     for row, t in zip(rows, trajectories):
         assert t.sequences[:, :t.prompt_length].tolist() == [list(row["input_ids"])] * GENERATIONS
-        expected, _ = workflow.scorer.reward_fn(t.info["prompts"], t.info["completions"], gt_answer=[row["gt_answer"]] * GENERATIONS)
+        expected, _ = workflow.scorer.reward_fn(t.prompts, t.completions, gt_answer=[row["gt_answer"]] * GENERATIONS)
         assert t.rewards.tolist() == pytest.approx(expected)
 
 
@@ -155,20 +155,19 @@ def test_stack_trajectories_left_pads_prompts_and_aligns_completions():
         seqs = torch.tensor([prompt + c + [0] * (width - len(c)) for c in completions])
         mask = torch.tensor([[1] * len(c) + [0] * (width - len(c)) for c in completions], dtype=torch.bool)
         return Trajectory(seqs, mask, mask.float() * -0.5, torch.tensor([1.0] * len(completions)), len(prompt), version,
-                          {"prompts": ["p"] * len(completions), "completions": ["c"] * len(completions),
-                           "reward_components": {"math_answer": [1.0] * len(completions)}})
+                          ["p"] * len(completions), ["c"] * len(completions), {"math_answer": [1.0] * len(completions)})
 
-    scored, behaviour = stack_trajectories(
+    out = stack_trajectories(
         [trajectory([5, 6, 7], [[8], [9, 10]], 0), trajectory([11], [[12, 13, 14], [15]], 1)], torch.device("cpu"))
-    out = scored.out
     assert out.prompt_length == 3
     assert out.sequences.tolist() == [[5, 6, 7, 8, 0, 0], [5, 6, 7, 9, 10, 0], [0, 0, 11, 12, 13, 14],
                                       [0, 0, 11, 15, 0, 0]]
     assert out.attention_mask.tolist() == [[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1],
                                            [0, 0, 1, 1, 0, 0]]
     assert out.action_mask.sum(-1).tolist() == [1, 2, 3, 1]
-    assert behaviour.sum().item() == pytest.approx(-0.5 * 7)
-    assert scored.rewards.tolist() == [1.0] * 4 and scored.components["math_answer"] == [1.0] * 4
+    assert out.behaviour_log_probs.sum().item() == pytest.approx(-0.5 * 7)
+    assert out.rewards.tolist() == [1.0] * 4 and out.reward_components["math_answer"] == [1.0] * 4
+    assert out.versions.tolist() == [0, 0, 1, 1] and out.prompts == ["p"] * 4
 
 
 @pytest.mark.parametrize("engine", ["generators", "local"])
@@ -191,7 +190,7 @@ def test_the_example_two_turn_workflow_masks_the_follow_up_question(engine, requ
         finally:
             executor.shutdown()
     follow_up = workflow.follow_up
-    packed = stack_trajectories([trajectory], torch.device("cpu"))[0].out
+    packed = stack_trajectories([trajectory], torch.device("cpu"))
     spans = packed.attention_mask[:, packed.prompt_length:]
     for i, (row, mask) in enumerate(zip(trajectory.sequences[:, trajectory.prompt_length:], trajectory.action_mask)):
         tokens, masked = row.tolist(), (~mask).nonzero().flatten().tolist()

@@ -1,5 +1,4 @@
 """SLTrainer's loop (accumulation, step counting, hooks), in one process (OLTrainer's hooks: test_grpo.py)."""
-import pytest
 import torch
 from colossalai.booster import Booster
 from colossalai.booster.plugin import TorchDDPPlugin

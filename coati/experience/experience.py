@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import torch
 
 from coati.models.critic import action_values
-from coati.models.generation import GenerationOutput, InferenceEngine, SamplingConfig, through_last
+from coati.models.generation import InferenceEngine, SamplingConfig, through_last
 from coati.models.logprobs import action_logps, in_row_chunks
 from coati.models.loss import kl_penalty, masked_mean, masked_var
 from coati.rewards import WeightedReward
@@ -133,60 +133,19 @@ class PPOConfig(RolloutConfig):
     """Zero mean, unit variance advantages over the batch (off: `--no_whiten_advantages`)."""
 
 
-@dataclass
-class Scored:
-    """Completions with their text and rewards, before any forward pass: `components` maps each reward's name to
-    its per-completion values (the rewards' sum, before shaping, is `rewards`)."""
-
-    out: GenerationOutput
-    rewards: torch.Tensor
-    prompts: List[str]
-    completions: List[str]
-    components: Dict[str, List[float]]
-
-
-@dataclass
-class _Rollout:
-    """Scored completions with the actor's and the reference's log-probs."""
-
-    scored: Scored
-    logps: Optional[torch.Tensor]
-    ref_logps: Optional[torch.Tensor]
-    kl: Optional[torch.Tensor]
-    terminated: torch.Tensor
-    timing: Dict[str, float]
-
-    @property
-    def out(self) -> GenerationOutput:
-        return self.scored.out
-
-    def experience(self, rewards: torch.Tensor, advantages: torch.Tensor, **fields_: Any) -> Experience:
-        """The Experience of these completions with `rewards`, `advantages` and the maker's other `fields_`."""
-        out, scored = self.out, self.scored
-        return Experience(out.sequences, out.attention_mask, out.action_mask, out.prompt_length, self.logps, rewards,
-                          advantages, ref_log_probs=self.ref_logps, kl=self.kl, prompts=scored.prompts,
-                          completions=scored.completions, reward_components=scored.components,
-                          terminated=self.terminated, timing=self.timing, **fields_)
-
-
-class _Timer:
-    """Seconds spent per named phase, summed."""
-
-    def __init__(self) -> None:
-        self.seconds: Dict[str, float] = {}
-
-    @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        yield
-        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+@contextmanager
+def timed(timing: Dict[str, float], phase: str) -> Iterator[None]:
+    """Add the seconds the block takes to `timing[phase]`."""
+    start = time.perf_counter()
+    yield
+    timing[phase] = timing.get(phase, 0.0) + time.perf_counter() - start
 
 
 class ExperienceMaker:
     """What both makers share: `scorer` (the reward function on the text, plus a reward model's score when one is
     given), the `engine` rollouts and evaluation generate with, and `from_trajectories`, which takes the actor's
     and the frozen reference's log-probs of finished rollouts and lets each maker compute its advantages
-    (`_experience`)."""
+    (`_add_advantages`)."""
 
     def __init__(self, actor: torch.nn.Module, engine: InferenceEngine, tokenizer: Any,
                  reward_fn: Optional[WeightedReward], config: RolloutConfig,
@@ -207,45 +166,44 @@ class ExperienceMaker:
 
     @torch.no_grad()
     def from_trajectories(self, trajectories: Sequence[Any], device: torch.device,
-                          timing: Optional[Dict[str, float]] = None, **fields_: Any) -> Experience:
+                          timing: Optional[Dict[str, float]] = None, extra_rollouts: int = 0) -> Experience:
         """Experience from finished rollouts (`coati.rollout.Trajectory`s of `completions_per_prompt` samples each):
         the actor's log-probs now are the proximal policy's; the generators' log-probs, where the engine reported
-        them (asynchronous rollouts), go to `behaviour_log_probs` for the off-policy correction. `timing` holds the
-        seconds the rollouts took, by phase; `fields_` are further Experience fields (`extra_rollouts`)."""
-        scored, behaviour = stack_trajectories(trajectories, device)
-        versions = torch.tensor([t.version for t in trajectories for _ in range(t.sequences.size(0))], device=device)
-        timer = _Timer()
-        timer.seconds.update(timing or {})
-        return self._experience(self._with_log_probs(scored, timer), behaviour_log_probs=behaviour, versions=versions,
-                                **fields_)
+        them (asynchronous rollouts), are its `behaviour_log_probs` for the off-policy correction. `timing` holds the
+        seconds the rollouts took, by phase; `extra_rollouts` counts completions drawn beyond the batch."""
+        experience = stack_trajectories(trajectories, device)
+        experience.timing.update(timing or {})
+        experience.extra_rollouts = extra_rollouts
+        experience.terminated = self._terminated(experience)
+        self._add_log_probs(experience)
+        self._add_advantages(experience)
+        return experience
 
-    def _experience(self, r: _Rollout, **fields_: Any) -> Experience:
-        """The algorithm's advantages (and whatever else it needs) for `r`, as an Experience with `fields_`."""
+    def _add_advantages(self, experience: Experience) -> None:
+        """The algorithm's advantages (and whatever else it needs: values, returns, a loss mask) for `experience`."""
         raise NotImplementedError
 
-    def _with_log_probs(self, scored: Scored, timer: _Timer) -> _Rollout:
-        """The actor's (and the reference's) log-probs of scored completions, and the KL between them."""
-        out = scored.out
-        logps = ref_logps = kl = None
+    def _add_log_probs(self, experience: Experience) -> None:
+        """The actor's (and the reference's) log-probs of the completions, and the KL between them."""
+        e = experience
         if self.config.old_log_probs_at_collection or self.ref_model is not None:
-            with timer.phase("actor_forward"):
-                logps = self._per_rows(lambda rows: action_logps(self.actor, out.sequences[rows],
-                                                                 out.attention_mask[rows], out.prompt_length), out)
+            with timed(e.timing, "actor_forward"):
+                e.action_log_probs = self._per_rows(lambda rows: action_logps(
+                    self.actor, e.sequences[rows], e.attention_mask[rows], e.prompt_length), e)
         if self.ref_model is not None:
-            with timer.phase("reference_forward"):
-                ref_logps = self._per_rows(lambda rows: action_logps(self.ref_model, out.sequences[rows],
-                                                                     out.attention_mask[rows], out.prompt_length), out)
-            kl = kl_penalty(logps, ref_logps, self.config.kl_estimator) * out.action_mask
-        return _Rollout(scored, logps, ref_logps, kl, self._terminated(out), timer.seconds)
+            with timed(e.timing, "reference_forward"):
+                e.ref_log_probs = self._per_rows(lambda rows: action_logps(
+                    self.ref_model, e.sequences[rows], e.attention_mask[rows], e.prompt_length), e)
+            e.kl = kl_penalty(e.action_log_probs, e.ref_log_probs, self.config.kl_estimator) * e.action_mask
 
-    def _per_rows(self, forward: Callable[[slice], torch.Tensor], out: GenerationOutput) -> torch.Tensor:
-        """`forward` over `out`'s rows, `config.forward_batch_size` at a time."""
-        return in_row_chunks(forward, out.sequences.size(0), self.config.forward_batch_size)
+    def _per_rows(self, forward: Callable[[slice], torch.Tensor], experience: Experience) -> torch.Tensor:
+        """`forward` over the experience's rows, `config.forward_batch_size` at a time."""
+        return in_row_chunks(forward, experience.sequences.size(0), self.config.forward_batch_size)
 
-    def _terminated(self, out: GenerationOutput) -> torch.Tensor:
+    def _terminated(self, experience: Experience) -> torch.Tensor:
         """Per row: whether the completion ended with a stop token (rather than at the length limit)."""
-        lengths = through_last(out.action_mask.bool()).sum(-1, keepdim=True)
-        last = out.sequences[:, out.prompt_length:].gather(1, (lengths - 1).clamp(min=0)).squeeze(-1)
+        lengths = through_last(experience.action_mask.bool()).sum(-1, keepdim=True)
+        last = experience.sequences[:, experience.prompt_length:].gather(1, (lengths - 1).clamp(min=0)).squeeze(-1)
         stops = self.config.sampling.stop_token_ids or (self.tokenizer.eos_token_id,)
         return torch.isin(last, torch.tensor(stops, device=last.device)) & (lengths.squeeze(-1) > 0)
 
@@ -276,23 +234,32 @@ class GRPOExperienceMaker(ExperienceMaker):
             options["tau"] = self.temperature.value
         return AdvantageConfig(self.config.num_generations, self.config.scale_rewards, options)
 
-    def _experience(self, r: _Rollout, **fields_: Any) -> Experience:
-        n, config = self.config.num_generations, self.config
-        rewards = r.scored.rewards
+    def _add_advantages(self, experience: Experience) -> None:
+        """The estimator's advantages from each group's rewards (shaped first, where shapers are named: the
+        experience's `rewards` are then the shaped ones); tied groups masked out of the loss where asked."""
+        config, raw = self.config, experience.rewards
+        rewards = raw
         if config.reward_shaping:
-            lengths = through_last(r.out.action_mask.bool()).sum(-1)
-            rewards = shape_rewards(rewards, r.scored.components, lengths, config.reward_shaping,
+            lengths = through_last(experience.action_mask.bool()).sum(-1)
+            rewards = shape_rewards(raw, experience.reward_components, lengths, config.reward_shaping,
                                     config.shaping or ShapingConfig(config.sampling.max_new_tokens))
-        advantages = ADVANTAGE_ESTIMATORS.get(config.advantage_estimator)(rewards, self.advantage_config())
-        loss_mask = r.out.action_mask.clone()
+        experience.rewards = rewards
+        experience.advantages = ADVANTAGE_ESTIMATORS.get(config.advantage_estimator)(rewards, self.advantage_config())
+        experience.loss_mask = experience.action_mask.clone()
         if config.drop_tied_groups or config.dynamic_sampling:
-            loss_mask[tied_groups(r.scored.rewards, n)] = False
-        return r.experience(rewards, advantages, loss_mask=loss_mask, **fields_)
+            experience.loss_mask[tied_groups(raw, config.num_generations)] = False
 
 
-def stack_trajectories(trajectories: Sequence[Any], device: torch.device):
-    """One left-padded batch from trajectories whose prompts and completions differ in length: (`Scored`, the
-    generating log-probs, or None when an engine reported none)."""
+def merged_components(trajectories: Sequence[Any]) -> Dict[str, List[Any]]:
+    """The reward components of several trajectories, each name's values in the trajectories' order."""
+    names = trajectories[0].reward_components if trajectories else {}
+    return {name: [v for t in trajectories for v in t.reward_components[name]] for name in names}
+
+
+def stack_trajectories(trajectories: Sequence[Any], device: torch.device) -> Experience:
+    """One left-padded experience batch from trajectories whose prompts and completions differ in length: tokens,
+    masks, rewards, text, reward components, weights versions, and the generating log-probs as
+    `behaviour_log_probs` where every engine reported them. Its advantages are zeros until a maker computes them."""
     prompt_len = max(t.prompt_length for t in trajectories)
     completion_len = max(t.action_mask.size(1) for t in trajectories)
     rows = sum(t.sequences.size(0) for t in trajectories)
@@ -311,14 +278,14 @@ def stack_trajectories(trajectories: Sequence[Any], device: torch.device):
         if t.logprobs is not None:
             behaviour[row:row + n, :c] = t.logprobs
         row += n
-    components = {name: [v for t in trajectories for v in t.info["reward_components"][name]]
-                  for name in trajectories[0].info["reward_components"]}
-    out = GenerationOutput(sequences.to(device), attention.to(device), action_mask.to(device), prompt_len)
-    scored = Scored(out, torch.cat([t.rewards for t in trajectories]).to(device),
-                    [p for t in trajectories for p in t.info["prompts"]],
-                    [c for t in trajectories for c in t.info["completions"]], components)
+    rewards = torch.cat([t.rewards for t in trajectories]).to(device)
     reported = all(t.logprobs is not None for t in trajectories)
-    return scored, behaviour.to(device) if reported else None
+    versions = torch.tensor([t.version for t in trajectories for _ in range(t.sequences.size(0))], device=device)
+    return Experience(sequences.to(device), attention.to(device), action_mask.to(device), prompt_len, None, rewards,
+                      torch.zeros_like(rewards), behaviour_log_probs=behaviour.to(device) if reported else None,
+                      prompts=[p for t in trajectories for p in t.prompts],
+                      completions=[c for t in trajectories for c in t.completions],
+                      reward_components=merged_components(trajectories), versions=versions)
 
 
 def last_token_rewards(rewards: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
@@ -353,19 +320,18 @@ class PPOExperienceMaker(ExperienceMaker):
     def completions_per_prompt(self) -> int:
         return self.config.samples_per_prompt
 
-    def _experience(self, r: _Rollout, **fields_: Any) -> Experience:
-        mask = r.out.action_mask
-        start = time.perf_counter()
-        values = self._per_rows(lambda rows: action_values(self.critic, r.out.sequences[rows], r.out.attention_mask[rows],
-                                                           r.out.prompt_length), r.out) * mask
-        r.timing["critic_forward"] = time.perf_counter() - start
-        token_rewards = last_token_rewards(r.scored.rewards, mask)
-        if r.kl is not None:
-            token_rewards = token_rewards - self.kl_controller.value * r.kl
-        advantages, returns = compute_gae(token_rewards, values, mask, self.config.gamma, self.config.lam)
+    def _add_advantages(self, experience: Experience) -> None:
+        """The critic's values, then GAE advantages and returns of the KL-penalised token rewards."""
+        e, mask = experience, experience.action_mask
+        with timed(e.timing, "critic_forward"):
+            e.values = self._per_rows(lambda rows: action_values(self.critic, e.sequences[rows], e.attention_mask[rows],
+                                                                 e.prompt_length), e) * mask
+        token_rewards = last_token_rewards(e.rewards, mask)
+        if e.kl is not None:
+            token_rewards = token_rewards - self.kl_controller.value * e.kl
+        e.advantages, e.returns = compute_gae(token_rewards, e.values, mask, self.config.gamma, self.config.lam)
         if self.config.whiten_advantages:
-            advantages = whiten(advantages, mask)
-        return r.experience(r.scored.rewards, advantages, values=values, returns=returns, **fields_)
+            e.advantages = whiten(e.advantages, mask)
 
 
 def completion_rows(experience: Experience) -> List[Dict[str, Any]]:

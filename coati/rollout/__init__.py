@@ -4,7 +4,7 @@ trainer trains, and the local engine that runs the same workflows synchronously 
 from .engine import Completions, GeneratorError, GeneratorPool, RolloutEngine, all_of
 from .executor import PromptStream, RolloutEvent, WorkflowExecutor
 from .local import LocalEngine, run_episodes
-from .workflow import RLVRWorkflow, RolloutWorkflow, Trajectory, merged_components
+from .workflow import RLVRWorkflow, RolloutWorkflow, Trajectory
 
-__all__ = ["RolloutEngine", "all_of", "merged_components", "Completions", "GeneratorError", "GeneratorPool", "LocalEngine", "PromptStream",
+__all__ = ["RolloutEngine", "all_of", "Completions", "GeneratorError", "GeneratorPool", "LocalEngine", "PromptStream",
            "RLVRWorkflow", "RolloutEvent", "RolloutWorkflow", "Trajectory", "WorkflowExecutor", "run_episodes"]

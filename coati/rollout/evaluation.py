@@ -14,6 +14,7 @@ from coati.dataset.collators import PromptCollator
 from coati.dataset.prepare import load_prepared
 from coati.dataset.tokenization import load_tokenizer
 from coati.experience.evaluation import sampled_metrics
+from coati.experience.experience import merged_components
 from coati.experience.scorer import PROMPT_FIELDS, Scorer
 from coati.models.generation import HFEngine, SamplingConfig
 from coati.rewards import WeightedReward
@@ -23,7 +24,7 @@ from coati.utils.stats_tracker import StatsTracker
 
 from .engine import RolloutEngine
 from .local import LocalEngine, run_episodes
-from .workflow import RLVRWorkflow, Trajectory, merged_components
+from .workflow import RLVRWorkflow, Trajectory
 
 
 def prompt_rows(batch: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -51,10 +52,10 @@ def record_sampled(stats: StatsTracker, trajectories: Sequence[Trajectory]) -> N
     """Each prompt's pass@k, maj@N and mean@N over its N completions, under the total reward and each reward
     function (one count per prompt; a prompt a function left unscored is left out of that function's)."""
     for trajectory in trajectories:
-        components = trajectory.info["reward_components"]
+        components = trajectory.reward_components
         scores = {"reward": trajectory.rewards.tolist(),
                   **{f"rewards/{k}": v for k, v in components.items() if "/" not in k}}
-        answers = [extract_answer(c) for c in trajectory.info["completions"]]
+        answers = [extract_answer(c) for c in trajectory.completions]
         for name, values in scores.items():
             group = [float(v) for v in values]
             if not any(math.isnan(v) for v in group):
@@ -86,8 +87,8 @@ def evaluate_model(model_dir: str, prompt_dirs: Sequence[str], reward_specs: Seq
     samples: List[Dict[str, object]] = []
     for batch in tqdm(loader, desc=f"evaluating {model_dir}", leave=False):
         for t in complete(engine, scorer, prompt_rows(batch), greedy):
-            samples.append({"prompt": t.info["prompts"][0], "completion": t.info["completions"][0],
-                            "reward": float(t.rewards[0]), **table_columns(t.info["reward_components"], 0)})
+            samples.append({"prompt": t.prompts[0], "completion": t.completions[0],
+                            "reward": float(t.rewards[0]), **table_columns(t.reward_components, 0)})
     names = [k for k in samples[0] if k not in ("prompt", "completion", "reward")] if samples else []
     means = {k: _mean(samples, k) for k in names}
     return EvalResult(_mean(samples, "reward"), {k: v for k, v in means.items() if v is not None}, samples)

@@ -141,7 +141,7 @@ class WorkflowExecutor:
             if trajectory is None:
                 self._accepted -= 1
             else:
-                trajectory.info["rollout"] = rollout
+                trajectory.rollout = rollout
                 self._done.append(trajectory)
             self._log("finish", rollout, None if trajectory is None else trajectory.version)
             self._cond.notify_all()
@@ -152,7 +152,7 @@ class WorkflowExecutor:
             if trajectory.version < self.version - self.max_staleness:
                 self._accepted -= 1
                 self.dropped += 1
-                self._log("drop", trajectory.info["rollout"], trajectory.version)
+                self._log("drop", trajectory.rollout, trajectory.version)
             else:
                 fresh.append(trajectory)
         self._done = fresh
@@ -160,7 +160,7 @@ class WorkflowExecutor:
     def _take(self, n: int) -> List[Trajectory]:
         batch = [self._done.popleft() for _ in range(n)]
         for trajectory in batch:
-            self._log("take", trajectory.info["rollout"], trajectory.version)
+            self._log("take", trajectory.rollout, trajectory.version)
         return batch
 
     # ---- synchronous mode -------------------------------------------------------------------------

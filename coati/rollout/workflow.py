@@ -2,7 +2,7 @@
 made, so multi-turn or tool-using episodes are a new workflow, not a new trainer."""
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -12,18 +12,14 @@ from coati.experience.scorer import PROMPT_FIELDS, Scorer
 from .engine import RolloutEngine
 
 
-def merged_components(trajectories: Sequence["Trajectory"]) -> Dict[str, List[Any]]:
-    """The reward components of several trajectories, each name's values in the trajectories' order."""
-    names = trajectories[0].info["reward_components"] if trajectories else {}
-    return {name: [v for t in trajectories for v in t.info["reward_components"][name]] for name in names}
-
-
 @dataclass
 class Trajectory:
     """One prompt's finished samples, ready to train on: `sequences` (n, prompt + T) with the prompt in the
     first `prompt_length` columns, `action_mask` (n, T) over the tokens to train on, `logprobs` (n, T) of
     those tokens under the generating weights (None where the engine reports none), `rewards` (n,), and the
-    weights `version` that generated them. `info` holds text and reward components for logs."""
+    weights `version` that generated them. For logs and sample tables: each sample's `prompts` and `completions`
+    (text, or messages for conversational data) and each reward function's values (`reward_components`);
+    `rollout` is the executor's number for it (its event log)."""
 
     sequences: torch.Tensor
     action_mask: torch.Tensor
@@ -31,7 +27,10 @@ class Trajectory:
     rewards: torch.Tensor
     prompt_length: int
     version: int
-    info: Dict[str, Any] = field(default_factory=dict)
+    prompts: List[Any] = field(default_factory=list)
+    completions: List[Any] = field(default_factory=list)
+    reward_components: Dict[str, List[Any]] = field(default_factory=dict)
+    rollout: Optional[int] = None
 
 
 class RolloutWorkflow(ABC):
@@ -58,5 +57,4 @@ class RLVRWorkflow(RolloutWorkflow):
         fields = {k: [v] * n for k, v in sample.items() if k not in PROMPT_FIELDS}
         total, components = await self.scorer.ascore([prompt] * n, completions, fields, out.as_output())
         return Trajectory(out.sequences, out.action_mask, out.logprobs, torch.tensor(total, dtype=torch.float32),
-                          out.prompt_length, out.version,
-                          {"prompts": [prompt] * n, "completions": completions, "reward_components": components})
+                          out.prompt_length, out.version, [prompt] * n, completions, components)

@@ -59,4 +59,4 @@ class SelfCheckWorkflow(RolloutWorkflow):
             logprobs=torch.tensor([lp + [0.0] * (width - len(lp)) for lp in logps]) if first.logprobs is not None else None,
             rewards=torch.tensor(total), prompt_length=len(prompt),
             version=min([first.version] + [v for _, _, v in seconds]),
-            info={"prompts": [text] * self.n, "completions": finals, "reward_components": components})
+            prompts=[text] * self.n, completions=finals, reward_components=components)
