@@ -201,7 +201,9 @@ def add_grpo_args(parser: argparse.ArgumentParser) -> None:
                          "AlarmThresholds)")
     rl.add_argument("--kl_coef", type=non_negative(), default=0.0,
                     help="weight of the KL to the reference in the loss (0: no reference)")
-    rl.add_argument("--kl_estimator", default="k3", choices=KL_ESTIMATORS.names(), help="estimator of the KL to the reference")
+    rl.add_argument("--kl_estimator", default="k3", type=KL_ESTIMATORS.choice(),
+                    help=f"{' | '.join(KL_ESTIMATORS.names())} | package.module:function: estimator of the KL to the "
+                         "reference")
     rl.add_argument("--kl_target", type=non_negative(), default=0.0,
                     help="adaptive KL (InstructGPT): move --kl_coef after every episode towards the value that keeps "
                          "the mean summed KL of a completion at this (0: --kl_coef stays fixed)")
@@ -226,8 +228,9 @@ def add_grpo_args(parser: argparse.ArgumentParser) -> None:
     rl.add_argument("--clip_eps_low", type=in_range(0, 1, high_open=True), default=0.2,
                     help="the ratio is clipped below at 1 - this")
     rl.add_argument("--clip_eps_high", type=non_negative(), default=0.2, help="DAPO's clip-higher uses 0.28")
-    rl.add_argument("--loss_agg", default="token-mean", choices=AGGREGATIONS.names(),
-                    help="token-mean (DAPO), seq-mean-token-mean (GRPO), seq-mean-token-sum-norm (Dr. GRPO)")
+    rl.add_argument("--loss_agg", default="token-mean", type=AGGREGATIONS.choice(),
+                    help="token-mean (DAPO), seq-mean-token-mean (GRPO), seq-mean-token-sum-norm (Dr. GRPO), or "
+                         "package.module:function")
     rl.add_argument("--no_std_normalize", action="store_true", help="Dr. GRPO: do not divide advantages by the group std")
     rl.add_argument("--drop_tied_groups", action="store_true", help="DAPO: mask out groups whose rewards all tie")
     rl.add_argument("--entropy_coef", type=non_negative(), default=0.0, help="weight of the entropy bonus")

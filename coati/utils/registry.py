@@ -42,6 +42,8 @@ class Registry(Generic[F]):
         def check(name: str) -> str:
             if name in self.names():
                 return name
+            if ":" not in name:   # answered without importing the built-ins' module (and torch)
+                raise argparse.ArgumentTypeError(self._unknown(name))
             try:
                 self.get(name)
             except CoatiUsageError as error:
@@ -73,8 +75,10 @@ class Registry(Generic[F]):
             if not callable(fn):
                 raise CoatiUsageError(f"{self.kind} {name!r} is not callable")
             return fn
-        raise CoatiUsageError(f"unknown {self.kind} {name!r}; expected one of {', '.join(self.names())} "
-                              "or package.module:function")
+        raise CoatiUsageError(self._unknown(name))
+
+    def _unknown(self, name: str) -> str:
+        return f"unknown {self.kind} {name!r}; expected one of {', '.join(self.names())} or package.module:function"
 
 
 def option(text: str) -> Tuple[str, Any]:
