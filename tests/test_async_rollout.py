@@ -102,9 +102,31 @@ def test_a_rollout_in_flight_during_an_update_finishes_on_its_weights(pool, toke
     actor = pool.actors[0]
     prompt = list(prompts[0]["input_ids"])
     before = actor.generate.remote(prompt, SamplingConfig(max_new_tokens=48), 8)
-    pool.publish(_perturbed(tiny_assets["model"], 0.0), 41)
+    loaded = pool.publish(_perturbed(tiny_assets["model"], 0.0), 41)
     after = actor.generate.remote(prompt, SAMPLING, 2)
     assert ray.get(before).version < 41 and ray.get(after).version == 41
+    assert len(loaded.result(timeout=120)) == len(pool.actors)   # the publish's future: every actor has loaded
+
+
+def test_a_publish_future_completes_when_every_copy_has_loaded():
+    from concurrent.futures import Future
+
+    from coati.rollout import all_of
+
+    local = LocalEngine(engine=None)
+    assert local.publish({}, 3).result(timeout=0) is None and local.version == 3   # the trainer's own weights
+    first, second = Future(), Future()
+    both = all_of([first, second])
+    second.set_result("b")
+    assert not both.done()
+    first.set_result("a")
+    assert both.result(timeout=0) == ["a", "b"]
+    failing = [Future(), Future()]
+    combined = all_of(failing)
+    failing[0].set_exception(RuntimeError("server 0 died"))
+    failing[1].set_result("ok")
+    with pytest.raises(RuntimeError, match="server 0 died"):
+        combined.result(timeout=0)
 
 
 def test_a_trajectory_too_stale_when_taken_is_dropped(pool, tokenizer, prompts, tiny_assets):
