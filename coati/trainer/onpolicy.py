@@ -165,10 +165,8 @@ class OLTrainer(_TrainerCore):
             for pass_index in range(self.num_update_steps):
                 self._update_pass(pass_index, experiences)
             self._publish(experiences)
-            done = episode + 1
-            last = done == self.num_episodes or self._should_stop()
-            self._end_step(done, last)
-            self._evaluate_and_save(done, last)
+            self._end_step(episode + 1, last=self._last_episode())
+            self._evaluate_and_save(episode + 1, last=self._last_episode())   # an alarm may have stopped the run
         finally:
             fire(self.callbacks, "on_episode_end", episode)
 
@@ -226,6 +224,10 @@ class OLTrainer(_TrainerCore):
         self.source.learned(self.episode + 1)
         for controller in self.controllers.values():
             self._record({k: (v, 1) for k, v in controller.observe(experiences, self._group_size()).items()})
+
+    def _last_episode(self) -> bool:
+        """Whether this episode ends training: the last one, or a callback stopped the run (even in `on_log`)."""
+        return self.episode + 1 == self.num_episodes or self._should_stop()
 
     def _evaluate_and_save(self, done: int, last: bool) -> None:
         """Evaluation, then a checkpoint, when their `Evaluator` and `Saver` say they are due (and after the last
