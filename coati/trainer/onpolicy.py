@@ -28,7 +28,7 @@ from coati.utils.stats_tracker import StatsTracker
 
 from .base import _TrainerCore
 from .callbacks import Callback, fire
-from .components import CriticUpdate, LossTerm, ObjectiveConfig, OptimizerStep, PtxTerm
+from .components import CriticUpdate, LossTerm, Objective, ObjectiveConfig, OptimizerStep, PtxTerm
 from .sources import CyclingLoader, LocalRollouts, RolloutSource
 
 SAMPLE_TABLE = "completions"
@@ -110,8 +110,8 @@ class OLTrainer(_TrainerCore):
         if ptx_dataloader is not None and ptx_coef > 0:
             self.loss_terms.append(PtxTerm(self.actor, CyclingLoader(ptx_dataloader, self.device), ptx_coef))
         self.policy_loss = policy_loss or PolicyLoss()
-        self.objective = OBJECTIVES.get(objective)(ObjectiveConfig(self.policy_loss, entropy_coef, self.loss_terms,
-                                                                   dict(objective_options or {})))
+        config = ObjectiveConfig(self.policy_loss, entropy_coef, self.loss_terms, dict(objective_options or {}))
+        self.objective: Objective = OBJECTIVES.get(objective)(config)
         self.save_dir, self.keep_last = save_dir, keep_last
         self.saver = saver or Saver(freq_steps=save_interval)
         self.evaluator = evaluator or Evaluator(freq_steps=eval_interval)
