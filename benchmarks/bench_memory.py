@@ -6,7 +6,7 @@
 A random Llama (`base` sizes, `--vocab` 32,000 by default, fp32 on the CPU) takes one step of each, in a fresh
 process per measurement: DPO (the policy's forward and backward over `--pairs` chosen and rejected rows of
 `--prompt_tokens` + `--response_tokens`, through `pair_sequence_logps` and `DPOLoss`, reference log-probs given)
-and GRPO's policy loss (`actor_loss` on as many completions, with the entropy term). Reported: the step's peak
+and GRPO's policy loss (the `PolicyGradient` objective on as many completions, with the entropy term). Reported: the step's peak
 resident memory above what the process held before it (`ru_maxrss`), in MiB, and the step's seconds.
 A benchmark, not a test.
 """
@@ -42,12 +42,12 @@ if task == "dpo":
 else:
     from coati.experience.experience import Experience
     from coati.models.loss import PolicyLoss
-    from coati.trainer.components import actor_loss
+    from coati.trainer.components import ObjectiveConfig, PolicyGradient
     action = torch.ones(rows, response, dtype=torch.bool)
     experience = Experience(ids, mask, action, prompt, None, torch.zeros(rows), torch.randn(rows))
+    objective = PolicyGradient(ObjectiveConfig(PolicyLoss(), 0.01))
     def step():
-        loss, _, _ = actor_loss(model, experience, PolicyLoss(), 0.01, [])
-        loss.backward()
+        objective(model, experience).loss.backward()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 start = time.perf_counter()
 step()
