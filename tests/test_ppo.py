@@ -150,3 +150,14 @@ def test_during_the_critic_warmup_only_the_critic_learns(ppo_parts):
     assert trainer.global_step == 0
     trainer.fit(num_episodes=3, num_collect_steps=1, num_update_steps=1, metrics_logger=MetricsLogger(None))
     assert not all(torch.equal(v, actor_before[k]) for k, v in parts["actor"].unwrap().state_dict().items())
+
+
+def test_an_optimizer_takes_the_lr_it_is_given_else_the_flag_s():
+    """The runner builds PPO's critic optimizer at --critic_lr this way, without a second copy of the flags."""
+    from argparse import Namespace
+
+    from coati.cli.runner import build_optimizer
+
+    model, flags = torch.nn.Linear(2, 1), Namespace(lr=1e-3, weight_decay=0.0)
+    assert build_optimizer(model, flags).param_groups[0]["lr"] == 1e-3
+    assert build_optimizer(model, flags, lr=5e-4).param_groups[0]["lr"] == 5e-4

@@ -347,9 +347,8 @@ def _build_ppo(args, setup, tokenizer, actor, optimizer, scheduler, engine, refe
     critic = load_critic(critic_path, tokenizer.pad_token_id, args.trust_remote_code)
     if args.grad_checkpoint:
         critic.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    critic_args = argparse.Namespace(**{**vars(args), "lr": args.critic_lr or args.lr})
-    critic_optim = build_optimizer(critic, critic_args)
-    critic_scheduler = build_scheduler(critic_optim, critic_args, _total_steps(args))
+    critic_optim = build_optimizer(critic, args, lr=args.critic_lr or args.lr)
+    critic_scheduler = build_scheduler(critic_optim, args, _total_steps(args))
     critic_setup = build_booster(plugin_config(args))
     critic, critic_optim, critic_scheduler, _ = critic_setup.boost(critic, critic_optim, critic_scheduler)
     config = PPOConfig(sampling=_sampling(args), kl_estimator=args.kl_estimator, samples_per_prompt=args.num_generations,

@@ -72,14 +72,16 @@ def build_dataloader(plugin: Plugin, dataset: Dataset, batch_size: int, collator
                                      generator=torch.Generator().manual_seed(seed))
 
 
-def build_optimizer(model: torch.nn.Module, args: argparse.Namespace) -> torch.optim.Optimizer:
-    """AdamW over the trainable weights; colossalai's HybridAdam where CUDA is there (it has no CPU kernel)."""
+def build_optimizer(model: torch.nn.Module, args: argparse.Namespace, lr: Optional[float] = None) -> torch.optim.Optimizer:
+    """AdamW over the trainable weights at `lr` (default `--lr`); colossalai's HybridAdam where CUDA is there (it has
+    no CPU kernel)."""
     params = [p for p in model.parameters() if p.requires_grad]
+    lr = args.lr if lr is None else lr
     if torch.cuda.is_available():
         from colossalai.nn.optimizer import HybridAdam
 
-        return HybridAdam(params, lr=args.lr, weight_decay=args.weight_decay)
-    return torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
+        return HybridAdam(params, lr=lr, weight_decay=args.weight_decay)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=args.weight_decay)
 
 
 def prepare_model(model: torch.nn.Module, args: argparse.Namespace, setup: BoostSetup) -> torch.nn.Module:
