@@ -2,7 +2,7 @@
 (`OLTrainer.evaluate`, on the engine the rollouts use) and of a saved model (`evaluate_model`). Greedy completions
 are scored like rollouts; with N samples per prompt, pass@k, maj@N and mean@N (`coati.experience.evaluation`)."""
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
@@ -80,7 +80,7 @@ def evaluate_model(model_dir: str, prompt_dirs: Sequence[str], reward_specs: Seq
     tokenizer = load_tokenizer(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     engine = LocalEngine(HFEngine(model, tokenizer.pad_token_id, [tokenizer.eos_token_id]))
-    greedy = replace(SamplingConfig(max_new_tokens=max_new_tokens), do_sample=False)
+    greedy = SamplingConfig(max_new_tokens=max_new_tokens, do_sample=False)
     scorer = Scorer(tokenizer, WeightedReward.from_specs(list(reward_specs)))
     loader = DataLoader(load_prepared(list(prompt_dirs), "prompt"), batch_size=batch_size,
                         collate_fn=PromptCollator(tokenizer.pad_token_id))
