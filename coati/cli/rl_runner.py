@@ -115,10 +115,13 @@ def _check_sandbox(backend: str) -> None:
 
 
 def _policy_loss(args: argparse.Namespace) -> PolicyLoss:
-    """The actor's loss as the flags say."""
-    return PolicyLoss(clip_eps_low=args.clip_eps_low, clip_eps_high=args.clip_eps_high, aggregation=args.loss_agg,
-                      norm_length=args.max_new_tokens, loss=args.policy_loss, behaviour_cap=args.behaviour_cap,
-                      options=dict(args.policy_loss_option))
+    """The actor's loss as the flags say; options it does not take, or takes with a bad value, are refused."""
+    try:
+        return PolicyLoss(clip_eps_low=args.clip_eps_low, clip_eps_high=args.clip_eps_high, aggregation=args.loss_agg,
+                          norm_length=args.max_new_tokens, loss=args.policy_loss, behaviour_cap=args.behaviour_cap,
+                          options=dict(args.policy_loss_option))
+    except ValueError as error:
+        raise CoatiUsageError(f"--policy_loss_option: {error}") from None
 
 
 def _vllm_config(args: argparse.Namespace) -> VLLMConfig:
@@ -325,6 +328,7 @@ def run_grpo(args: argparse.Namespace) -> GRPOTrainer:
     _check_kl_control(args)
     _check_save_best(args)
     health_monitor(args)   # its flags are refused before anything is loaded
+    _policy_loss(args)
     if "overlong" in args.reward_shaping and args.overlong_buffer_len > args.max_new_tokens:
         raise CoatiUsageError(f"--overlong_buffer_len {args.overlong_buffer_len} must be at most --max_new_tokens "
                               f"{args.max_new_tokens}: the penalty grows over the last tokens before that limit")
@@ -373,5 +377,6 @@ def run_ppo(args: argparse.Namespace) -> PPOTrainer:
     _check_kl_control(args)
     _check_save_best(args)
     health_monitor(args)   # its flags are refused before anything is loaded
+    _policy_loss(args)
     _check_backend(args)
     return _run(args, _build_ppo)

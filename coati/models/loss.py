@@ -282,6 +282,9 @@ def ppo_clip(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Ten
     return _clipped_surrogate(torch.exp(logps - old_logps), advantages, config)
 
 
+ppo_clip.options = ()
+
+
 @POLICY_LOSSES.register("gspo")
 def gspo_clip(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
               config: PolicyLossConfig) -> PolicyTerms:
@@ -289,6 +292,9 @@ def gspo_clip(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Te
     clipped as a whole (use small clip ranges, ~3e-4 / 4e-4, and --loss_agg seq-mean-token-mean)."""
     ratio = torch.exp(masked_mean(logps - old_logps, mask, dim=-1)).unsqueeze(-1).expand_as(logps)
     return _clipped_surrogate(ratio, advantages, config)
+
+
+gspo_clip.options = ()
 
 
 @POLICY_LOSSES.register("cispo")
@@ -304,6 +310,9 @@ def cispo(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor
     return PolicyTerms(-weight * advantages * logps, ratio, torch.zeros_like(ratio, dtype=torch.bool), ratio > cap)
 
 
+cispo.options = ()
+
+
 @POLICY_LOSSES.register("sapo")
 def sapo(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
          config: PolicyLossConfig) -> PolicyTerms:
@@ -312,11 +321,27 @@ def sapo(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor,
     fades smoothly instead of being cut. tau is `temperature_pos` (default 1.0) where A > 0, `temperature_neg`
     (default 1.05) elsewhere (`--policy_loss_option temperature_neg=1.05`). Nothing is clipped."""
     ratio = torch.exp(logps - old_logps)
-    pos, neg = float(config.options.get("temperature_pos", 1.0)), float(config.options.get("temperature_neg", 1.05))
+    pos, neg = config.options.get("temperature_pos", 1.0), config.options.get("temperature_neg", 1.05)
     tau = torch.where(advantages > 0, torch.full_like(ratio, pos), torch.full_like(ratio, neg))
     gate = torch.sigmoid(tau * (ratio - 1)) * 4 / tau
     nothing = torch.zeros_like(ratio, dtype=torch.bool)
     return PolicyTerms(-gate * advantages, ratio, nothing, nothing)
+
+
+sapo.options = ("temperature_pos", "temperature_neg")
+
+
+def check_options(loss: str, fn: Any, options: Dict[str, Any]) -> None:
+    """Refuse, before training, options a built-in policy loss does not take (`fn.options` names the ones it does,
+    each a number above 0) or takes with a value that is not such a number; a loss of your own checks its own."""
+    known = getattr(fn, "options", None)
+    if known is None:
+        return
+    for name, value in options.items():
+        if name not in known:
+            raise ValueError(f"policy loss {loss!r} takes no option {name!r}; its options: {', '.join(known) or 'none'}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ValueError(f"policy loss {loss!r}: option {name}={value!r} must be a number above 0")
 
 
 class PolicyLoss(torch.nn.Module):
@@ -334,6 +359,7 @@ class PolicyLoss(torch.nn.Module):
                  behaviour_cap: float = 5.0, loss: str = "ppo", options: Optional[Dict[str, Any]] = None) -> None:
         super().__init__()
         self.loss = POLICY_LOSSES.get(loss)
+        check_options(loss, self.loss, dict(options or {}))
         self.config = PolicyLossConfig(clip_eps if clip_eps_low is None else clip_eps_low,
                                        clip_eps if clip_eps_high is None else clip_eps_high, dict(options or {}))
         self.skip_threshold = skip_threshold
