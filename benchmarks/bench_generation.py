@@ -46,7 +46,8 @@ def bench_model(model_dir: str, args: argparse.Namespace) -> Dict[str, float]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from coati.inference.vllm import VLLMConfig, VLLMPool
-    from coati.models.generation import HFEngine, SamplingConfig
+    from coati.models.generation import HFEngine
+    from coati.config import SamplingConfig
     from coati.rollout.engine import generate_requests
 
     torch.set_num_threads(args.threads)

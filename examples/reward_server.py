@@ -18,7 +18,8 @@ import torch
 
 from coati.dataset.collators import pad_sequences
 from coati.models.reward_model import load_reward_model, sequence_rewards
-from coati.utils.cli import CoatiArgumentParser, at_least
+from coati.cli.options import CoatiArgumentParser
+from coati.utils.ranges import at_least
 from coati.utils.errors import CoatiUsageError, exit_cleanly
 from transformers import AutoTokenizer
 

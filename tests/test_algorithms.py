@@ -202,7 +202,8 @@ def test_adaptive_kl_controller_follows_the_instructgpt_update():
 
 
 def test_overlong_penalty_is_dapos_soft_punishment():
-    from coati.experience.shaping import REWARD_SHAPERS, ShapingConfig, shape_rewards
+    from coati.experience.shaping import REWARD_SHAPERS, shape_rewards
+    from coati.config import ShapingConfig
 
     lengths = T([10, 15, 16, 18, 20])
     # L_max 20, L_cache 5: 0 up to 15 tokens, then (15 - L) / 5 down to -1 at 20
@@ -272,12 +273,13 @@ def test_dynamic_sampling_in_training_logs_its_extra_rollouts(world_of_one, tiny
 
 def test_adaptive_coefficients_are_logged_and_resume_from_checkpoints(world_of_one, tiny_assets, tmp_path):
     from test_grpo import _grpo_trainer
+    from coati.config import CheckpointSettings, OnPolicyConfig
     from coati.experience.controllers import KLController, TemperatureController
     from coati.models.reference import load_reference_model
     from coati.utils.metrics_logger import MetricsLogger
 
     def trainer():
-        made = _grpo_trainer(tiny_assets, save_dir=str(tmp_path / "ckpt"),
+        made = _grpo_trainer(tiny_assets, config=OnPolicyConfig(checkpoints=CheckpointSettings(save_dir=str(tmp_path / "ckpt"))),
                              kl_controller=KLController(0.1, target=0.001, horizon=8))
         made.maker.ref_model = load_reference_model(tiny_assets["model"], torch.device("cpu"))
         made.maker.config = replace(made.maker.config, advantage_estimator="maxent")

@@ -12,7 +12,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from coati.experience.experience import stack_trajectories
 from coati.experience.scorer import Scorer
-from coati.models.generation import HFEngine, SamplingConfig
+from coati.models.generation import HFEngine
+from coati.config import SamplingConfig
 from coati.rewards import WeightedReward
 from coati.rollout import (GeneratorError, GeneratorPool, LocalEngine, PromptStream, RLVRWorkflow, Trajectory,
                            WorkflowExecutor, run_episodes)

@@ -245,7 +245,7 @@ def test_rm_checkpoint_path_takes_a_checkpoint_or_its_modeling_folder(tmp_path):
     import argparse
 
     from coati.utils.errors import CoatiUsageError
-    from coati.utils.preflight import resolve_model_flags
+    from coati.cli.preflight import resolve_model_flags
 
     modeling = tmp_path / "rm" / "epoch-1_step-8" / "modeling"
     modeling.mkdir(parents=True)

@@ -114,7 +114,8 @@ def test_disable_dropout_zeroes_every_dropout():
 def test_generate_streaming_yields_each_step_and_ends_as_greedy_generation(tiny_assets):
     from transformers import AutoModelForCausalLM
 
-    from coati.models.generation import HFEngine, SamplingConfig
+    from coati.models.generation import HFEngine
+    from coati.config import SamplingConfig
 
     tokenizer = load_tokenizer(str(tiny_assets["model"]))
     model = AutoModelForCausalLM.from_pretrained(tiny_assets["model"]).eval()

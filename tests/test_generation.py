@@ -4,7 +4,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from coati.dataset import PromptCollator
-from coati.models.generation import HFEngine, SamplingConfig, sample_next
+from coati.models.generation import HFEngine, sample_next
+from coati.config import SamplingConfig
 
 
 class EosBoost(torch.nn.Module):

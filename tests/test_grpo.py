@@ -10,14 +10,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from coati.dataset import PromptCollator
 from coati.dataset.demo_data import generate_problems, prompt_records
 from coati.dataset.prepare import encode_prompt
-from coati.experience.experience import Experience, GRPOExperienceMaker, GRPOConfig
-from coati.models.generation import HFEngine, SamplingConfig
+from coati.experience.experience import Experience, GRPOExperienceMaker
+from coati.config import CheckpointSettings, EvalSettings, GRPOConfig, OnPolicyConfig, SamplingConfig, StepSettings
+from coati.models.generation import HFEngine
 from coati.rewards import WeightedReward
 from coati.trainer.callbacks import Callback
 from coati.trainer.grpo import GRPOTrainer
 from coati.cli.runner import build_dataloader
 from coati.models.loss import PolicyLoss
-from coati.utils.cadence import Evaluator, Saver
 from coati.utils.metrics_logger import MetricsLogger
 
 
@@ -89,8 +89,9 @@ def test_on_episode_end_and_on_fit_end_fire_when_an_episode_raises(world_of_one,
 
 def test_saver_and_evaluator_decide_by_steps_epochs_and_the_last_episode(world_of_one, tiny_assets, tmp_path):
     held_out = _grpo_trainer(tiny_assets).prompts.dataloader
-    trainer = _grpo_trainer(tiny_assets, save_dir=str(tmp_path / "ckpt"), eval_dataloader=held_out,
-                            saver=Saver(freq_steps=4), evaluator=Evaluator(freq_epochs=1))
+    config = OnPolicyConfig(checkpoints=CheckpointSettings(save_dir=str(tmp_path / "ckpt"), save_interval=4),
+                            evaluation=EvalSettings(eval_freq_epochs=1))
+    trainer = _grpo_trainer(tiny_assets, config=config, eval_dataloader=held_out)
     trainer.fit(num_episodes=7, num_collect_steps=1, num_update_steps=1, metrics_logger=MetricsLogger(str(tmp_path / "logs")))
     assert sorted(trainer.eval_history) == [0, 4, 7]         # before training, when the 8 prompts are done, last
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["epoch-0_step-4", "epoch-1_step-7"]
@@ -101,8 +102,8 @@ def test_micro_batches_with_accumulation_take_the_whole_batch_step(world_of_one,
     (with per-sequence loss aggregation the mean over the batch is the mean of the micro-batch means)."""
     policy_loss = lambda: PolicyLoss(aggregation="seq-mean-token-mean")
     whole = _grpo_trainer(tiny_assets, torch.optim.SGD, policy_loss=policy_loss())
-    parts = _grpo_trainer(tiny_assets, torch.optim.SGD, policy_loss=policy_loss(), train_batch_size=4,
-                          accumulation_steps=2)
+    parts = _grpo_trainer(tiny_assets, torch.optim.SGD, policy_loss=policy_loss(),
+                          config=OnPolicyConfig(train_batch_size=4, steps=StepSettings(accumulation_steps=2)))
     torch.manual_seed(0)
     experience = whole.source.next(0, whole.stats)
     experience.advantages = torch.linspace(-1.0, 1.0, experience.sequences.size(0))   # untied, so there is a gradient

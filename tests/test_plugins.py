@@ -6,7 +6,9 @@ import sys
 import pytest
 import torch
 
-from coati.distributed.plugins import CUDA_ONLY, PLUGINS, add_plugin_args, build_booster, check_plugin_available
+from coati.cli.options import add_settings
+from coati.config import PluginConfig
+from coati.distributed.plugins import CUDA_ONLY, PLUGINS, build_booster, check_plugin_available
 from coati.cli.arguments import plugin_config
 from coati.utils import CoatiUsageError
 from conftest import REPO, SCRIPTS, child_env
@@ -16,7 +18,7 @@ needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the
 
 def _args(*argv):
     parser = argparse.ArgumentParser()
-    add_plugin_args(parser)
+    add_settings(parser, PluginConfig)
     return parser.parse_args(list(argv))
 
 

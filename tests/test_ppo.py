@@ -11,9 +11,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from coati.dataset import PromptCollator
 from coati.dataset.prepare import load_prepared
 from coati.experience.advantages import compute_gae
-from coati.experience.experience import PPOExperienceMaker, PPOConfig, last_token_rewards, whiten
+from coati.experience.experience import PPOExperienceMaker, last_token_rewards, whiten
+from coati.config import CheckpointSettings, CriticSettings, OnPolicyConfig, PPOConfig, SamplingConfig
 from coati.models.critic import action_values, load_critic
-from coati.models.generation import HFEngine, SamplingConfig
+from coati.models.generation import HFEngine
 from coati.models.reward_model import load_reward_model, sequence_rewards
 from coati.rewards import WeightedReward
 from coati.trainer.components import explained_variance
@@ -99,8 +100,9 @@ def test_ppo_trainer_fires_hooks_logs_metrics_and_checkpoints_the_critic(ppo_par
     def trainer():
         return PPOTrainer(parts["actor"], parts["actor_optim"], parts["actor_booster"], _maker(parts), parts["loader"],
                           critic=parts["critic"], critic_optim=parts["critic_optim"],
-                          critic_booster=parts["critic_booster"], save_interval=2, save_dir=str(tmp_path / "ckpt"),
-                          sample_log_interval=2, callbacks=[recorder])
+                          critic_booster=parts["critic_booster"], callbacks=[recorder],
+                          config=OnPolicyConfig(checkpoints=CheckpointSettings(save_interval=2, save_dir=str(tmp_path / "ckpt")),
+                                                sample_log_interval=2))
 
     first = trainer()
     first.fit(num_episodes=2, num_collect_steps=1, num_update_steps=2, metrics_logger=MetricsLogger(str(tmp_path / "logs")))
@@ -143,7 +145,8 @@ def test_during_the_critic_warmup_only_the_critic_learns(ppo_parts):
     critic_before = {k: v.clone() for k, v in parts["critic"].unwrap().state_dict().items()}
     trainer = PPOTrainer(parts["actor"], parts["actor_optim"], parts["actor_booster"], _maker(parts), parts["loader"],
                          critic=parts["critic"], critic_optim=parts["critic_optim"],
-                         critic_booster=parts["critic_booster"], critic_warmup_episodes=2)
+                         critic_booster=parts["critic_booster"],
+                         critic_settings=CriticSettings(critic_warmup_episodes=2))
     trainer.fit(num_episodes=2, num_collect_steps=1, num_update_steps=1, metrics_logger=MetricsLogger(None))
     assert all(torch.equal(v, actor_before[k]) for k, v in parts["actor"].unwrap().state_dict().items())
     assert not all(torch.equal(v, critic_before[k]) for k, v in parts["critic"].unwrap().state_dict().items())

@@ -54,7 +54,8 @@ def _rollout(tiny_assets):
 
     from coati.dataset.collators import PromptCollator
     from coati.dataset.prepare import load_prepared
-    from coati.models.generation import HFEngine, SamplingConfig
+    from coati.models.generation import HFEngine
+    from coati.config import SamplingConfig
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
     policy = AutoModelForCausalLM.from_pretrained(tiny_assets["model"])

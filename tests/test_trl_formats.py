@@ -151,7 +151,8 @@ def _scored(prepared, tiny_assets, names, specs, state=None):
 
     from coati.dataset.collators import PromptCollator
     from coati.experience.scorer import Scorer
-    from coati.models.generation import HFEngine, SamplingConfig
+    from coati.models.generation import HFEngine
+    from coati.config import SamplingConfig
     from coati.rewards import WeightedReward
 
     tokenizer, folders = prepared

@@ -14,7 +14,8 @@ import torch
 
 from conftest import SCRIPTS, kill_run, start_torchrun, torchrun
 from coati.inference.vllm import EngineError, VLLMConfig, VLLMPool, default_vllm_python
-from coati.models.generation import HFEngine, SamplingConfig
+from coati.models.generation import HFEngine
+from coati.config import SamplingConfig
 from coati.rollout.engine import generate_requests
 
 SERVER_MODULE = "coati.inference.vllm_server"

@@ -16,12 +16,12 @@ import torch
 from coati.dataset.collators import PromptCollator, SupervisedCollator
 from coati.dataset.prepare import load_prepared
 from coati.experience.controllers import KLController, TemperatureController
-from coati.experience.experience import GRPOExperienceMaker, GRPOConfig, PPOExperienceMaker, PPOConfig
-from coati.experience.shaping import ShapingConfig
+from coati.experience.experience import GRPOExperienceMaker, PPOExperienceMaker
+from coati.config import AsyncSettings, CriticSettings, GRPOConfig, OnPolicyConfig, PPOConfig
 from coati.inference.vllm import VLLMConfig, VLLMPool, default_vllm_python
 from coati.models.critic import load_critic
-from coati.models.generation import HFEngine, SamplingConfig
-from coati.models.loss import PolicyLoss, ValueLoss
+from coati.models.generation import HFEngine
+from coati.models.loss import PolicyLoss
 from coati.models.reward_model import load_reward_model
 from coati.rewards import BUILTIN, WeightedReward
 from coati.rewards.code import CodeTests
@@ -31,7 +31,8 @@ from coati.rewards.sandbox import SandboxError, SandboxLimits, resolve_backend
 from coati.utils.comm import rank, world_size
 from coati.distributed.plugins import build_booster
 from coati.rollout import GeneratorPool, PromptStream, RLVRWorkflow, WorkflowExecutor
-from coati.cli.arguments import evaluator, log_cadence, plugin_config, saver
+from coati.cli.arguments import plugin_config
+from coati.cli.options import settings_from
 from coati.utils.ckpt_io import save_hf_model
 from coati.utils.errors import CoatiUsageError, fail
 from coati.utils.registry import OBJECTIVES
@@ -46,11 +47,6 @@ from coati.trainer.sources import AsyncRollouts
 from .runner import (_require_dir, build_dataloader, build_optimizer, build_scheduler, export_dir, export_model,
                      frozen_reference, load_causal_lm, open_logger, prepare_model, resolve_checkpoint, resumed_line,
                      run_device, start_run)
-
-
-def _sampling(args: argparse.Namespace) -> SamplingConfig:
-    return SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                          top_k=args.top_k)
 
 
 def _stop_ids(args: argparse.Namespace, tokenizer: Any) -> List[int]:
@@ -162,16 +158,9 @@ def health_monitor(args: argparse.Namespace) -> HealthMonitor:
         raise CoatiUsageError(f"--stop_on_alarm: {error}") from None
 
 
-def _trainer_kwargs(args: argparse.Namespace, setup: Any, coordinator: Any, held_out: Any) -> Dict[str, Any]:
-    return dict(policy_loss=_policy_loss(args), objective=args.objective, objective_options=dict(args.objective_option),
-                entropy_coef=args.entropy_coef, grad_clip=setup.grad_clip if setup.trainer_clips_grad else 0.0,
-                save_dir=args.save_dir, keep_last=args.keep_last, eval_dataloader=held_out,
-                train_batch_size=args.train_batch_size, accumulation_steps=args.accumulation_steps,
-                sample_log_interval=args.sample_log_interval, coordinator=coordinator, logging=log_cadence(args),
-                saver=saver(args), evaluator=evaluator(args),
-                skip_nonfinite=args.skip_nonfinite, eval_samples=args.eval_n_samples,
-                eval_sampling=dataclasses.replace(_sampling(args), do_sample=True,
-                                                  temperature=args.eval_temperature or args.temperature))
+def _trainer_config(args: argparse.Namespace, setup: Any) -> OnPolicyConfig:
+    """The trainer's settings from the flags; the trainer clips gradients itself where the plugin does not."""
+    return settings_from(args, OnPolicyConfig, grad_clip=setup.grad_clip if setup.trainer_clips_grad else 0.0)
 
 
 def _run(args: argparse.Namespace, build: Callable[..., OLTrainer]) -> OLTrainer:
@@ -190,9 +179,9 @@ def _run(args: argparse.Namespace, build: Callable[..., OLTrainer]) -> OLTrainer
     generator = actor.unwrap(unwrap_peft=False) if hasattr(actor, "unwrap") else actor
     engine = HFEngine(generator, tokenizer.pad_token_id, _stop_ids(args, tokenizer), args.inference_batch_size)
     monitor = health_monitor(args)
-    kwargs = {**_trainer_kwargs(args, setup, coordinator, held_out), **_ptx(args, setup, tokenizer),
-              "callbacks": [monitor]}
-    if args.rollout_backend == "vllm" and not getattr(args, "async_rollout", False):
+    kwargs = dict(config=_trainer_config(args, setup), policy_loss=_policy_loss(args), eval_dataloader=held_out,
+                  coordinator=coordinator, ptx_dataloader=_ptx_loader(args, setup, tokenizer), callbacks=[monitor])
+    if args.rollout_backend == "vllm" and not settings_from(args, AsyncSettings).async_rollout:
         kwargs["rollout_engine"] = _vllm_pool(args, tokenizer)
     if args.save_best:
         kwargs["callbacks"].append(BestModelKeeper(
@@ -218,15 +207,14 @@ def _run(args: argparse.Namespace, build: Callable[..., OLTrainer]) -> OLTrainer
     return trainer
 
 
-def _ptx(args: argparse.Namespace, setup: Any, tokenizer: Any) -> Dict[str, Any]:
-    """The trainer's ptx arguments: `--ptx_dataset`'s supervised batches and `--ptx_coef`, when it is above 0."""
+def _ptx_loader(args: argparse.Namespace, setup: Any, tokenizer: Any) -> Optional[Any]:
+    """`--ptx_dataset`'s supervised batches for the ptx loss, when `--ptx_coef` is above 0."""
     if args.ptx_coef <= 0:
-        return {}
+        return None
     if not args.ptx_dataset:
         raise CoatiUsageError("--ptx_coef > 0 needs --ptx_dataset (prepared sft data)")
-    loader = build_dataloader(setup.plugin, load_prepared(args.ptx_dataset, "sft"), args.ptx_batch_size or args.batch_size,
-                              SupervisedCollator(tokenizer.pad_token_id, args.max_length), True, args.seed)
-    return dict(ptx_dataloader=loader, ptx_coef=args.ptx_coef)
+    return build_dataloader(setup.plugin, load_prepared(args.ptx_dataset, "sft"), args.ptx_batch_size or args.batch_size,
+                            SupervisedCollator(tokenizer.pad_token_id, args.max_length), True, args.seed)
 
 
 def _kl_controller(args: argparse.Namespace) -> KLController:
@@ -235,15 +223,7 @@ def _kl_controller(args: argparse.Namespace) -> KLController:
 
 
 def _build_grpo(args, setup, tokenizer, actor, optimizer, scheduler, engine, reference, prompts, kwargs) -> GRPOTrainer:
-    config = GRPOConfig(sampling=_sampling(args), kl_estimator=args.kl_estimator, num_generations=args.num_generations,
-                            scale_rewards=not args.no_std_normalize, drop_tied_groups=args.drop_tied_groups,
-                            advantage_estimator=args.adv_estimator, advantage_options=dict(args.adv_option),
-                            dynamic_sampling=args.dynamic_sampling,
-                            max_sampling_rounds=args.max_sampling_rounds, reward_shaping=tuple(args.reward_shaping),
-                            shaping=ShapingConfig(args.max_new_tokens, args.overlong_buffer_len,
-                                                  args.overlong_penalty_factor),
-                            old_log_probs_at_collection=not _one_update_per_experience(args),
-                            forward_batch_size=args.logits_forward_batch_size, reward_model_weight=args.rm_weight)
+    config = settings_from(args, GRPOConfig, old_log_probs_at_collection=not _one_update_per_experience(args))
     temperature = (TemperatureController(args.maxent_tau, args.maxent_target_entropy, args.maxent_tau_lr)
                    if args.adv_estimator == "maxent" else None)
     maker = GRPOExperienceMaker(actor, engine, tokenizer, _reward_fn(args), config, reference,
@@ -355,17 +335,13 @@ def _build_ppo(args, setup, tokenizer, actor, optimizer, scheduler, engine, refe
     critic_scheduler = build_scheduler(critic_optim, args, _total_steps(args))
     critic_setup = build_booster(plugin_config(args))
     critic, critic_optim, critic_scheduler, _ = critic_setup.boost(critic, critic_optim, critic_scheduler)
-    config = PPOConfig(sampling=_sampling(args), kl_estimator=args.kl_estimator, samples_per_prompt=args.num_generations,
-                           kl_coef=args.kl_coef, gamma=args.gamma, lam=args.lam,
-                           whiten_advantages=not args.no_whiten_advantages,
-                           old_log_probs_at_collection=not _one_update_per_experience(args),
-                           forward_batch_size=args.logits_forward_batch_size,
-                           reward_model_weight=args.rm_weight)
+    config = settings_from(args, PPOConfig, kl_coef=args.kl_coef,
+                           old_log_probs_at_collection=not _one_update_per_experience(args))
     maker = PPOExperienceMaker(actor, critic, engine, tokenizer, _reward_fn(args), config, reference,
                                _frozen_reward_model(args, tokenizer), kl_controller=_kl_controller(args))
     return PPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler, critic=critic,
                       critic_optim=critic_optim, critic_booster=critic_setup.booster, critic_lr_scheduler=critic_scheduler,
-                      value_loss=ValueLoss(args.value_clip), critic_warmup_episodes=args.critic_warmup_episodes, **kwargs)
+                      critic_settings=settings_from(args, CriticSettings), **kwargs)
 
 
 def run_ppo(args: argparse.Namespace) -> PPOTrainer:

@@ -30,11 +30,13 @@ from coati.models.reward_model import load_reward_model
 from coati.trainer.base import SLTrainer
 from coati.trainer.callbacks import Callback, PerformanceEvaluator
 from coati.cli.arguments import log_cadence, plugin_config, saver
+from coati.cli.options import settings_from
+from coati.config import PackingSettings, ReferenceSettings
 from coati.utils.ckpt_io import latest_checkpoint, read_running_state, save_hf_model, verify_checkpoint
-from coati.utils.colossalchat import attention_implementation, write_config_file
+from coati.cli.colossalchat import attention_implementation, write_config_file
 from coati.utils.errors import CoatiUsageError
 from coati.utils.file_checks import model_signature
-from coati.utils.preflight import check_run_paths
+from coati.cli.preflight import check_run_paths
 from coati.utils.metrics_logger import MetricsLogger
 
 
@@ -86,7 +88,7 @@ def build_optimizer(model: torch.nn.Module, args: argparse.Namespace, lr: Option
 
 def prepare_model(model: torch.nn.Module, args: argparse.Namespace, setup: BoostSetup) -> torch.nn.Module:
     """Packed attention, gradient checkpointing and LoRA adapters as the flags say, before the model is boosted."""
-    if getattr(args, "packing", False):
+    if settings_from(args, PackingSettings).packing:
         enable_packed_attention(model)
     if args.grad_checkpoint:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -160,7 +162,7 @@ def frozen_reference(args: argparse.Namespace, setup: BoostSetup) -> torch.nn.Mo
     path = _require_dir(args.ref_pretrain or args.pretrain, "--ref_pretrain model directory")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(setup.precision, torch.float32)
     model = load_reference_model(path, run_device(), dtype, args.trust_remote_code)
-    if getattr(args, "packing", False):
+    if settings_from(args, PackingSettings).packing:
         enable_packed_attention(model)
     return model
 
@@ -169,7 +171,7 @@ def reference_hook(context: RunContext) -> Dict[str, Any]:
     """`setup_hook` of the reference-based trainers: the frozen reference for the trainer, or with
     `--precompute_ref_logps` its log-probs stored with the data and no model kept."""
     args = context.args
-    if getattr(args, "precompute_ref_logps", False):
+    if settings_from(args, ReferenceSettings).precompute_ref_logps:
         load_plain = context.load_data
         context.load_data = lambda paths: with_reference_logps(
             paths, load_plain, args.ref_pretrain or args.pretrain, lambda: frozen_reference(args, context.setup),
@@ -191,9 +193,10 @@ def preflight(args: argparse.Namespace) -> None:
 
 def check_packing(args: argparse.Namespace) -> None:
     """`--packing` and `--max_tokens_per_batch` fit the rest of the flags."""
-    if getattr(args, "max_tokens_per_batch", 0) and not args.packing:
+    packing = settings_from(args, PackingSettings)
+    if packing.max_tokens_per_batch and not packing.packing:
         raise CoatiUsageError("--max_tokens_per_batch fills packed micro-batches; add --packing")
-    if getattr(args, "packing", False) and args.plugin == "3d":
+    if packing.packing and args.plugin == "3d":
         raise CoatiUsageError("--packing is not supported with --plugin 3d (its sharded forwards do not keep attention "
                               "within packed rows); use ddp, zero2, zero2_cpu, gemini or gemini_auto")
 
@@ -231,7 +234,7 @@ def run_supervised(
     group, plugin and tokenizer exist, and returns extra trainer arguments (a reference model)."""
     setup, coordinator, tokenizer = start_run(args)
     collator = COLLATORS[data_type](tokenizer.pad_token_id, args.max_length, args.disable_loss_mask, args.packing,
-                                    share_prompt=not getattr(args, "use_flash_attn", False))
+                                    share_prompt=not args.use_flash_attn)
     context = RunContext(args, setup, tokenizer, collator, lambda paths: load_prepared(paths, data_type))
     hook_kwargs = setup_hook(context) if setup_hook else {}
     budget = {"max_tokens": args.max_tokens_per_batch, "max_length": args.max_length}

@@ -18,7 +18,7 @@ from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from coati.utils.errors import CoatiUsageError, first_line
-from coati.utils.preflight import PART_PREFIX, prepared_folders
+from coati.utils.file_checks import PART_PREFIX, prepared_folders
 
 from .tokenization import IGNORE_INDEX, tokenize_conversation, tokenize_kto, tokenize_preference, tokenize_text
 from .validation import jsonl_entries, validate_rows

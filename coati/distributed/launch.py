@@ -2,8 +2,7 @@
 import os
 from datetime import timedelta
 
-DEFAULT_TIMEOUT_S = 600
-"""How long a collective waits for a peer before this rank gives up (NCCL's default; gloo's is 30 min)."""
+from coati.config import DEFAULT_DIST_TIMEOUT_S as DEFAULT_TIMEOUT_S
 
 
 def init_distributed(seed: int = 42, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:

@@ -1,81 +1,20 @@
-"""`--plugin` and its flags -> a colossalai `Plugin` and `Booster`: the one place that knows the plugins.
-
-torch and colossalai are imported where a plugin is built, so the flags (and `--help`) need neither."""
+"""`PluginConfig` (`--plugin` and its flags) -> a colossalai `Plugin` and `Booster`: the one place that knows the
+plugins. torch and colossalai are imported where a plugin is built."""
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Dict, Optional
+from typing import TYPE_CHECKING, Callable, Dict
 
 if TYPE_CHECKING:
     import torch
     from colossalai.booster import Booster
     from colossalai.booster.plugin import Plugin
 
-from coati.distributed.launch import DEFAULT_TIMEOUT_S
-from coati.utils.cli import at_least, non_negative, positive
+from coati.config import PLUGIN_HELP, PLUGINS, SP_MODES, PluginConfig
 from coati.utils.errors import CoatiUsageError, warn_user
 
-PLUGIN_HELP = {
-    "ddp": "torch DistributedDataParallel; CPU (gloo) or GPU",
-    "zero2": "ZeRO stage 2 (optimizer states and gradients sharded); CUDA",
-    "zero2_cpu": "ZeRO stage 2 with optimizer states offloaded to CPU memory; CUDA",
-    "gemini": "Gemini chunk-based ZeRO-3, static placement on the GPU; CUDA",
-    "gemini_auto": "Gemini with automatic CPU/GPU placement of parameters; CUDA",
-    "3d": "HybridParallelPlugin: --tp/--pp/--sp with --zero_stage; CUDA",
-}
-PLUGINS = tuple(PLUGIN_HELP)
 CUDA_ONLY = frozenset(PLUGINS) - {"ddp"}
-SP_MODES = ("split_gather", "ring", "all_to_all", "ring_attn")
 INITIAL_LOSS_SCALE = 2**16
-
-
-def add_plugin_args(parser: argparse.ArgumentParser) -> None:
-    """The flags every training script shares for choosing and tuning the plugin."""
-    group = parser.add_argument_group("parallelism")
-    group.add_argument("--plugin", default="ddp", choices=PLUGINS, help="; ".join(f"{k}: {v}" for k, v in PLUGIN_HELP.items()))
-    group.add_argument("--mixed_precision", default="bf16", choices=("fp16", "bf16", "fp32"),
-                       help="compute precision with fp32 master weights; ddp takes fp32 or bf16 (autocast); "
-                            "a machine without CUDA trains in fp32")
-    group.add_argument("--grad_clip", type=non_negative(), default=1.0, help="clip gradients to this global L2 norm; 0 disables")
-    group.add_argument("--tp", type=at_least(1), default=1, help="3d: tensor-parallel size")
-    group.add_argument("--pp", type=at_least(1), default=1, help="3d: pipeline-parallel size")
-    group.add_argument("--sp", type=at_least(1), default=1, help="3d: sequence-parallel size")
-    group.add_argument("--sp_mode", default=None, choices=SP_MODES, help="3d: sequence-parallel mode; enables sequence parallelism")
-    group.add_argument("--zero_stage", type=int, default=0, choices=(0, 1, 2), help="3d: ZeRO stage over the data-parallel group")
-    group.add_argument("--zero_cpu_offload", action="store_true", help="3d: offload ZeRO optimizer states to CPU")
-    group.add_argument("--microbatch_size", type=at_least(1), default=1, help="3d with --pp > 1: pipeline micro-batch size")
-    group.add_argument("--dist_timeout", type=positive(), default=DEFAULT_TIMEOUT_S,
-                       help="seconds a collective waits for a peer before the run stops with an error (a dead or "
-                            "unreachable node); raise it when rank 0 alone writes very large checkpoints")
-
-
-@dataclass(frozen=True)
-class PluginConfig:
-    """The plugin and its settings (`--plugin` and the flags of `add_plugin_args`; see their help)."""
-
-    plugin: str = "ddp"
-    """One of PLUGINS."""
-    mixed_precision: str = "bf16"
-    """fp16, bf16 or fp32 compute; master weights stay fp32; fp32 where there is no CUDA."""
-    grad_clip: float = 1.0
-    """Global L2 norm gradients are clipped to (0: off); ZeRO, Gemini and 3d clip inside their optimizer."""
-    tp: int = 1
-    """3d: tensor-parallel size."""
-    pp: int = 1
-    """3d: pipeline-parallel size."""
-    sp: int = 1
-    """3d: sequence-parallel size."""
-    sp_mode: Optional[str] = None
-    """3d: one of SP_MODES; None turns sequence parallelism off."""
-    zero_stage: int = 0
-    """3d: ZeRO stage over the data-parallel group."""
-    zero_cpu_offload: bool = False
-    """3d: ZeRO optimizer states in CPU memory."""
-    microbatch_size: int = 1
-    """3d with pp > 1: the pipeline's micro-batch size."""
-    find_unused_parameters: bool = False
-    """ddp: tolerate parameters that get no gradient in a step (a library user's models; no flag sets it)."""
 
 
 @dataclass

@@ -3,12 +3,13 @@ import dataclasses
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
+from coati.config import GRPOConfig, PPOConfig, RolloutConfig
 from coati.models.critic import action_values
-from coati.models.generation import InferenceEngine, SamplingConfig, through_last
+from coati.models.generation import InferenceEngine, through_last
 from coati.models.logprobs import action_logps, in_row_chunks
 from coati.models.loss import kl_penalty, masked_mean, masked_var
 from coati.rewards import WeightedReward
@@ -17,7 +18,7 @@ from coati.rewards.registry import table_columns
 from .advantages import ADVANTAGE_ESTIMATORS, AdvantageConfig, compute_gae, tied_groups
 from .controllers import KLController, TemperatureController
 from .scorer import Scorer
-from .shaping import ShapingConfig, shape_rewards
+from .shaping import shape_rewards
 
 @dataclass
 class Experience:
@@ -70,67 +71,6 @@ def _slice_rows(experience: Experience, start: int, end: int) -> Experience:
         return value
 
     return Experience(**{f.name: part(getattr(experience, f.name)) for f in dataclasses.fields(experience)})
-
-
-@dataclass(frozen=True)
-class RolloutConfig:
-    """What every experience maker needs to know, built once from the flags."""
-
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    """How completions are sampled (`--max_new_tokens`, `--temperature`, `--top_p`, `--top_k`)."""
-    kl_estimator: str = "k3"
-    """The `KL_ESTIMATORS` entry behind the logged KL and the KL term (`--kl_estimator`)."""
-    dynamic_sampling: bool = False
-    """DAPO: replace groups whose rewards all tie by groups of newly drawn prompts (`--dynamic_sampling`)."""
-    max_sampling_rounds: int = 4
-    """Dynamic sampling: extra prompt batches drawn at most per collect step (`--max_sampling_rounds`)."""
-    old_log_probs_at_collection: bool = True
-    """Run the actor over the completions when the experience is made, for the old policy's log-probs. The
-    runner turns it off when every experience gets exactly one policy update (`--num_update_steps 1` and one
-    optimizer step per update pass): the old log-probs then equal the learning forward's own, which are taken
-    detached instead (as TRL does with one iteration), one forward fewer per batch. With a reference model the
-    forward stays (the KL to it is logged, and adapted, from the experience)."""
-    forward_batch_size: int = 0
-    """Rows per forward when the experience's log-probs, values and reward-model scores are computed, to bound
-    memory (`--logits_forward_batch_size`; 0: all rows at once)."""
-    reward_model_weight: float = 1.0
-    """The weight of the reward model's score in the total reward (`--rm_weight`), beside `--reward_fn`'s weights."""
-
-
-@dataclass(frozen=True)
-class GRPOConfig(RolloutConfig):
-    """GRPO's rollouts and advantages."""
-
-    num_generations: int = 8
-    """Completions per prompt: a group (`--num_generations`)."""
-    scale_rewards: bool = True
-    """Divide by the reward std where the estimator uses one (off: `--no_std_normalize`, Dr. GRPO)."""
-    drop_tied_groups: bool = False
-    """Mask groups whose rewards all tie out of the loss (`--drop_tied_groups`)."""
-    advantage_estimator: str = "grpo"
-    """The `ADVANTAGE_ESTIMATORS` entry (`--adv_estimator`)."""
-    advantage_options: Dict[str, Any] = field(default_factory=dict)
-    """The estimator's own hyperparameters (`--adv_option NAME=VALUE ...`), in its `AdvantageConfig.options`."""
-    reward_shaping: Tuple[str, ...] = ()
-    """`REWARD_SHAPERS` entries added to each completion's reward (`--reward_shaping`)."""
-    shaping: Optional[ShapingConfig] = None
-    """The shapers' config (default: `ShapingConfig(sampling.max_new_tokens)`)."""
-
-
-@dataclass(frozen=True)
-class PPOConfig(RolloutConfig):
-    """PPO's rollouts, reward penalty and GAE."""
-
-    samples_per_prompt: int = 1
-    """Completions per prompt (`--num_generations`, default 1)."""
-    kl_coef: float = 0.05
-    """Starting weight of the per-token KL penalty in the reward (`--kl_coef`; a `KLController` may adapt it)."""
-    gamma: float = 1.0
-    """GAE discount (`--gamma`)."""
-    lam: float = 0.95
-    """GAE lambda (`--lam`)."""
-    whiten_advantages: bool = True
-    """Zero mean, unit variance advantages over the batch (off: `--no_whiten_advantages`)."""
 
 
 @contextmanager
@@ -242,7 +182,7 @@ class GRPOExperienceMaker(ExperienceMaker):
         if config.reward_shaping:
             lengths = through_last(experience.action_mask.bool()).sum(-1)
             rewards = shape_rewards(raw, experience.reward_components, lengths, config.reward_shaping,
-                                    config.shaping or ShapingConfig(config.sampling.max_new_tokens))
+                                    config.shaping.resolved(config.sampling.max_new_tokens))
         experience.rewards = rewards
         experience.advantages = ADVANTAGE_ESTIMATORS.get(config.advantage_estimator)(rewards, self.advantage_config())
         experience.loss_mask = experience.action_mask.clone()
@@ -301,7 +241,7 @@ def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch
 
 
 class PPOExperienceMaker(ExperienceMaker):
-    """`samples_per_prompt` completions per prompt (default one). Token rewards are -beta times the KL to the reference
+    """`config.num_generations` completions per prompt (default one). Token rewards are -beta times the KL to the reference
     on every token, plus the sequence's score (reward model and/or reward function) on its last token; the
     critic's values turn them into GAE advantages and returns (Ouyang et al. 2022). beta is `kl_controller`'s value
     (default: `config.kl_coef`, fixed)."""
@@ -318,7 +258,7 @@ class PPOExperienceMaker(ExperienceMaker):
 
     @property
     def completions_per_prompt(self) -> int:
-        return self.config.samples_per_prompt
+        return self.config.num_generations
 
     def _add_advantages(self, experience: Experience) -> None:
         """The critic's values, then GAE advantages and returns of the KL-penalised token rewards."""

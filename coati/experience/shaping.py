@@ -1,23 +1,11 @@
 """Reward shapers (`--reward_shaping`): terms added to each completion's reward from how it was generated rather
 than from its text, each logged as a reward component of its own name."""
-from dataclasses import dataclass
 from typing import Dict, List, Sequence
 
 import torch
 
+from coati.config import ShapingConfig
 from coati.utils.registry import REWARD_SHAPERS
-
-
-@dataclass(frozen=True)
-class ShapingConfig:
-    """`max_length`: the completion length limit (`--max_new_tokens`); `overlong_buffer`: DAPO's L_cache, the
-    last tokens before it over which the overlong penalty grows (0: a quarter of `max_length`);
-    `overlong_factor`: the penalty's weight."""
-
-    max_length: int
-    overlong_buffer: int = 0
-    overlong_factor: float = 1.0
-
 
 
 @REWARD_SHAPERS.register("overlong")

@@ -5,28 +5,17 @@ without touching trainers.
 each sequence stops at its first end-of-turn/EOS token, and finished rows leave the batch (their
 cache rows are dropped), so a finished sequence stops costing compute.
 """
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Protocol, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
+from coati.config import SamplingConfig
 from coati.utils.errors import NonFiniteError
 
 from .logprobs import mask_positions, token_logps
-
-
-@dataclass
-class SamplingConfig:
-    """How to sample: `temperature` 0 (or `do_sample` False) is greedy; `top_k` 0 and `top_p` 1 are off."""
-
-    max_new_tokens: int = 64
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    do_sample: bool = True
-    stop_token_ids: Tuple[int, ...] = field(default_factory=tuple)
 
 
 @dataclass

@@ -18,7 +18,7 @@ from torch import nn
 from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
 
 from coati.utils.comm import barrier
-from coati.utils.colossalchat import LORA_INIT, LoraConfig
+from coati.config import LORA_INIT, LoraConfig
 from coati.utils.errors import CoatiUsageError, warn_user
 
 __all__ = ["LoraConfig", "LoraEmbedding", "LoraLinear", "convert_to_lora_module", "enable_lora",

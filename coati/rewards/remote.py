@@ -15,12 +15,10 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
+from coati.config import DEFAULT_SERVER_RETRIES as DEFAULT_RETRIES, DEFAULT_SERVER_TIMEOUT_S as DEFAULT_TIMEOUT_S
 from coati.utils.errors import CoatiUsageError
 
 from .output import RewardOutput
-
-DEFAULT_TIMEOUT_S = 30.0
-DEFAULT_RETRIES = 3
 
 
 @dataclass(frozen=True)

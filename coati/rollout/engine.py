@@ -17,7 +17,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from coati.models.generation import GenerationOutput, HFEngine, SamplingConfig, through_last
+from coati.models.generation import GenerationOutput, HFEngine, through_last
+from coati.config import SamplingConfig
 
 
 class GeneratorError(RuntimeError):

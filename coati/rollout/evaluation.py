@@ -16,7 +16,8 @@ from coati.dataset.tokenization import load_tokenizer
 from coati.experience.evaluation import sampled_metrics
 from coati.experience.experience import merged_components
 from coati.experience.scorer import PROMPT_FIELDS, Scorer
-from coati.models.generation import HFEngine, SamplingConfig
+from coati.models.generation import HFEngine
+from coati.config import SamplingConfig
 from coati.rewards import WeightedReward
 from coati.rewards.math import extract_answer
 from coati.rewards.registry import component_metrics, table_columns

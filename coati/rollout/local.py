@@ -7,7 +7,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from coati.models.generation import HFEngine, SamplingConfig
+from coati.models.generation import HFEngine
+from coati.config import SamplingConfig
 
 from .engine import Completions, RolloutEngine, generate_requests
 from .workflow import RolloutWorkflow, Trajectory

@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from coati.models.generation import SamplingConfig
+from coati.config import SamplingConfig
 from coati.experience.scorer import PROMPT_FIELDS, Scorer
 
 from .engine import RolloutEngine

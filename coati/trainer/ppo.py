@@ -3,6 +3,7 @@ from typing import Any, Optional
 
 import torch
 
+from coati.config import CriticSettings
 from coati.experience.experience import PPOExperienceMaker
 from coati.models.loss import ValueLoss
 
@@ -14,18 +15,18 @@ class PPOTrainer(OLTrainer):
     """`OLTrainer` with PPO's experience (critic values, KL-penalised token rewards, GAE) and its critic as a
     `CriticUpdate` part: trained by clipped `value_loss` through its own optimizer step (booster, optimizer,
     scheduler). The maker's KL weight, when adaptive, moves after every episode. Takes `OLTrainer`'s arguments
-    (the ptx loss among them)."""
+    (the ptx loss among them); `critic_settings` gives the value clip and the critic's warm-up episodes."""
 
     maker: PPOExperienceMaker
 
     def __init__(self, *args: Any, critic: torch.nn.Module, critic_optim: torch.optim.Optimizer, critic_booster: Any,
-                 critic_lr_scheduler: Optional[Any] = None, value_loss: Optional[ValueLoss] = None,
-                 critic_warmup_episodes: int = 0, **kwargs: Any) -> None:
+                 critic_lr_scheduler: Optional[Any] = None, critic_settings: CriticSettings = CriticSettings(),
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        step = OptimizerStep(critic_booster, critic_optim, critic_lr_scheduler, self.grad_clip, self.nonfinite,
-                             self.accumulation_steps, "critic")
-        self.critic = CriticUpdate(critic, step, value_loss)
-        self.critic_warmup_episodes = critic_warmup_episodes
+        step = OptimizerStep(critic_booster, critic_optim, critic_lr_scheduler, self.config.grad_clip, self.nonfinite,
+                             self.config.steps.accumulation_steps, "critic")
+        self.critic = CriticUpdate(critic, step, ValueLoss(critic_settings.value_clip))
+        self.critic_warmup_episodes = critic_settings.critic_warmup_episodes
         if self.maker.kl_controller.target > 0:
             self._adapt("kl_ctl", self.maker.kl_controller)
 

@@ -5,6 +5,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional, TypeVar
 
+from coati.utils.ranges import at_least
+from coati.utils.settings import setting
+
 T = TypeVar("T")
 
 LOGGING_STRATEGIES = ("steps", "no")
@@ -16,9 +19,12 @@ class LogCadence:
     every `steps` steps, and after the first step too with `first_step`; with "no", never. A logged value is
     the mean over the steps since the last log."""
 
-    strategy: str = "steps"
-    steps: int = 1
-    first_step: bool = False
+    strategy: str = setting("steps", flag="--logging_strategy", choices=LOGGING_STRATEGIES,
+                            help="'steps': log every --logging_steps; 'no': log no training metrics (evaluation still "
+                                 "logs)")
+    steps: int = setting(1, flag="--log_interval", aliases=("--logging_steps",), parse=at_least(1),
+                         help="log the mean of the metrics every N episodes")
+    first_step: bool = setting(False, flag="--logging_first_step", help="also log after the first step")
 
     def __post_init__(self) -> None:
         if self.strategy not in LOGGING_STRATEGIES:

@@ -3,14 +3,17 @@ named with what is wrong before any process group or model exists.
 
 - safetensors: the 8-byte header length, the JSON header, and the data end it declares fit in the file;
 - torch files (`.bin`, `.pt`): zip archives (torch's format since 1.6) whose central directory is intact;
-- sharded checkpoints: every shard an index names exists and passes the above.
+- sharded checkpoints: every shard an index names exists and passes the above;
+- folders: a prepared dataset (`prepared_folders`), a writable output folder, a model id resolved to its snapshot.
 """
 import json
+import os
+import re
 import zipfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
-from coati.utils.errors import CoatiUsageError
+from coati.utils.errors import CoatiUsageError, first_line
 
 CONFIG_FILE = "config.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -120,3 +123,70 @@ def signature_mismatch(saved: Dict[str, Any], current: Dict[str, Any]) -> Option
     """'field: saved vs current' for the fields both name and that differ, or None."""
     diffs = [f"{name} {saved[name]} vs {current[name]}" for name in saved if name in current and saved[name] != current[name]]
     return ", ".join(diffs) or None
+
+
+PREPARED_MARKERS = ("state.json", "dataset_dict.json")
+"""Files `datasets.save_to_disk` writes into every dataset (or dataset dict) folder."""
+PART_PREFIX = "part-"
+"""ColossalChat's name for each of a prepared dataset's parts: `part-00000`, `part-00001`, ..."""
+
+
+def check_writable_dir(path: str, flag: str) -> None:
+    """`path` is a directory, or can be created as one: its nearest existing ancestor is a writable directory."""
+    target = Path(path).absolute()
+    if target.exists() and not target.is_dir():
+        raise CoatiUsageError(f"{flag} {path} is a file, not a directory")
+    existing = target
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise CoatiUsageError(f"{flag} {path} cannot be created: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise CoatiUsageError(f"{flag} {path} cannot be written: no write permission on {existing}")
+
+
+def prepared_folders(path: str) -> List[Path]:
+    """The dataset folders `path` stands for: itself when `save_to_disk` wrote it, else its `part-NNNNN`
+    subfolders that it wrote (ColossalChat's layout, `prepare_dataset.py --data_arrow_output_dir`)."""
+    folder = Path(path)
+    if any((folder / marker).is_file() for marker in PREPARED_MARKERS):
+        return [folder]
+    parts = sorted(folder.glob(f"{PART_PREFIX}*")) if folder.is_dir() else []
+    return [p for p in parts if any((p / marker).is_file() for marker in PREPARED_MARKERS)]
+
+
+def check_data_dirs(paths: Optional[Sequence[str]], flag: str) -> None:
+    """Each path is a folder that `prepare_dataset.py` (`datasets.save_to_disk`) wrote, or one holding such
+    folders as ColossalChat's `part-NNNNN` parts."""
+    for path in paths or ():
+        if not Path(path).is_dir():
+            raise CoatiUsageError(f"{flag} {path} does not exist or is not a directory (a folder written by "
+                                  "prepare_dataset.py)")
+        if not prepared_folders(path):
+            raise CoatiUsageError(f"{flag} {path} is not a prepared dataset (no {PREPARED_MARKERS[0]}); "
+                                  "write one from raw data with prepare_dataset.py")
+
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+"""A Hugging Face model id (`org/name`), as opposed to a path."""
+
+
+def resolve_model_dir(value: str, flag: str) -> str:
+    """`value` itself when it is a directory; for a Hugging Face model id (`org/name`) that is not one, its
+    snapshot folder in the local HF cache (`HF_HOME`), downloaded first where the machine is online and
+    `HF_HUB_OFFLINE` is unset, as every HF-based trainer resolves `from_pretrained` ids."""
+    if Path(value).is_dir() or not HUB_ID.match(value):
+        return value
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(value, local_files_only=True)
+    except Exception as cached_error:
+        if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+            raise CoatiUsageError(f"{flag} {value} is neither a directory nor a model in the Hugging Face cache "
+                                  f"({first_line(cached_error)}); HF_HUB_OFFLINE is set, so it is not downloaded") from None
+    try:
+        return snapshot_download(value)
+    except Exception as error:
+        raise CoatiUsageError(f"{flag} {value} is neither a directory nor a model in the Hugging Face cache, and "
+                              f"downloading it failed ({type(error).__name__}: {first_line(error)})") from None

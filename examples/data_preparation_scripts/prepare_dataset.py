@@ -8,9 +8,10 @@ line naming file, line and field, and exit status 2; `--skip_invalid` counts suc
 """
 from typing import List
 
-from coati.utils.cli import CoatiArgumentParser, at_least
+from coati.cli.options import CoatiArgumentParser
+from coati.utils.ranges import at_least
 from coati.utils.errors import CoatiUsageError, exit_cleanly
-from coati.utils.preflight import check_writable_dir, resolve_model_dir
+from coati.utils.file_checks import check_writable_dir, resolve_model_dir
 
 
 COLOSSALCHAT_BINS = 10

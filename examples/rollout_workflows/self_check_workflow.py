@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from coati.models.generation import SamplingConfig
+from coati.config import SamplingConfig
 from coati.rewards import WeightedReward
 from coati.rollout import RolloutEngine, Completions, RolloutWorkflow, Trajectory
 

@@ -7,8 +7,8 @@ import argparse
 from typing import Any
 
 from coati.cli.arguments import add_reference_args, training_parser
-from coati.utils.cli import in_range, non_negative, positive
-from coati.utils.colossalchat import add_colossalchat_flags
+from coati.utils.ranges import in_range, non_negative, positive
+from coati.cli.colossalchat import add_colossalchat_flags
 from coati.utils.errors import exit_cleanly
 
 DEFAULT_BETA = {"sigmoid": 0.1, "ipo": 0.1, "simpo": 2.0, "dpo_loss": 0.1, "simpo_loss": 0.1}

@@ -6,9 +6,8 @@
 
 Add `--async_rollout --max_staleness 1` to generate in Ray actors while the trainer trains.
 """
-from coati.cli.arguments import (add_async_args, add_group_advantage_args, add_grpo_args, add_reference_args,
-                                   training_parser)
-from coati.utils.colossalchat import add_colossalchat_flags
+from coati.cli.arguments import add_grpo_args, add_reference_args, training_parser
+from coati.cli.colossalchat import add_colossalchat_flags
 from coati.utils.errors import exit_cleanly
 
 
@@ -16,9 +15,7 @@ from coati.utils.errors import exit_cleanly
 def main(argv=None) -> None:
     parser = training_parser(__doc__.strip().splitlines()[0], dataset_flag="--prompt_dataset", on_policy=True)
     add_grpo_args(parser)
-    add_group_advantage_args(parser)
     add_reference_args(parser, precompute=False)
-    add_async_args(parser)
     add_colossalchat_flags(parser, "grpo")
     args = parser.parse_args(argv)
     from coati.cli.rl_runner import run_grpo   # the training stack loads once the flags are read

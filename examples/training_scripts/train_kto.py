@@ -4,8 +4,8 @@
         --dataset data/kto --plugin ddp --batch_size 8 --beta 0.1 --save_dir ckpt/kto --output_dir out/kto
 """
 from coati.cli.arguments import add_reference_args, training_parser
-from coati.utils.cli import positive
-from coati.utils.colossalchat import add_colossalchat_flags
+from coati.utils.ranges import positive
+from coati.cli.colossalchat import add_colossalchat_flags
 from coati.utils.errors import exit_cleanly
 
 

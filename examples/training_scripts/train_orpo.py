@@ -4,8 +4,8 @@
         --dataset data/pref --plugin ddp --batch_size 8 --lam 0.1 --save_dir ckpt/orpo --output_dir out/orpo
 """
 from coati.cli.arguments import training_parser
-from coati.utils.cli import non_negative
-from coati.utils.colossalchat import add_colossalchat_flags
+from coati.utils.ranges import non_negative
+from coati.cli.colossalchat import add_colossalchat_flags
 from coati.utils.errors import exit_cleanly
 
 

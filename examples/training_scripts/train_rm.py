@@ -4,7 +4,7 @@
         --dataset data/rm --plugin ddp --batch_size 8 --save_dir ckpt/rm --output_dir out/rm --log_dir logs/rm
 """
 from coati.cli.arguments import training_parser
-from coati.utils.colossalchat import add_colossalchat_flags
+from coati.cli.colossalchat import add_colossalchat_flags
 from coati.utils.errors import exit_cleanly
 
 LOSSES = ("log_sig", "log_exp")

@@ -4,7 +4,7 @@
         --dataset data/sft --plugin ddp --batch_size 8 --save_dir ckpt/sft --output_dir out/sft --log_dir logs/sft
 """
 from coati.cli.arguments import training_parser
-from coati.utils.colossalchat import add_colossalchat_flags
+from coati.cli.colossalchat import add_colossalchat_flags
 from coati.utils.errors import exit_cleanly
 
 

@@ -7,11 +7,12 @@ instead. The README's table lists them all.
 """
 import argparse
 import json
-from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-from coati.utils.cli import at_least
+from coati.cli.options import add_alias
+from coati.config import DataSettings, LoraConfig, OptimSettings, RewardSettings, SamplingConfig
+from coati.utils.ranges import at_least
 from coati.utils.errors import CoatiUsageError, warn_user
 
 SUPERVISED = ("sft", "rm", "dpo", "kto", "orpo")
@@ -20,58 +21,6 @@ ON_POLICY = ("ppo", "grpo")
 COLOSSALCHAT_REWARDS = {"gsm8k_reward_fn": ["math_answer", "answer_format"],
                         "math_competition_reward_fn": ["math_answer", "answer_format"]}
 """ColossalChat's RLVR reward functions -> coati's: the answer checked against `gt_answer`, plus its format."""
-
-LORA_BIAS = {"none": "none", "all": "all", "lora": "lora_only"}
-"""ColossalChat's `lora_train_bias` -> peft's `bias`: which biases train beside the adapters."""
-LORA_INIT = {"kaiming_uniform": "kaiming_uniform", "PiSSA": "pissa"}
-"""ColossalChat's `lora_initialization_method` -> coati's `--lora_init` (peft's `init_lora_weights`)."""
-
-
-@dataclass
-class LoraConfig:
-    """ColossalChat's LoRA settings, as its `lora_config.json` spells them (`coati.models.lora.LoraConfig`).
-    `target_modules` None adapts every linear and embedding layer. Embedding adapters take no dropout, in peft
-    as in ColossalChat, so `embedding_lora_dropout` is read and not applied."""
-
-    r: int = 0
-    lora_alpha: int = 32
-    linear_lora_dropout: float = 0.1
-    embedding_lora_dropout: float = 0.0
-    lora_train_bias: str = "none"
-    lora_initialization_method: str = "kaiming_uniform"
-    target_modules: Optional[List[str]] = None
-
-    def __post_init__(self) -> None:
-        if self.lora_train_bias not in LORA_BIAS:
-            raise ValueError(f"lora_train_bias={self.lora_train_bias!r}: expected one of {', '.join(LORA_BIAS)}")
-        if self.lora_initialization_method not in LORA_INIT:
-            raise ValueError(f"lora_initialization_method={self.lora_initialization_method!r}: expected one of "
-                             f"{', '.join(LORA_INIT)}")
-
-    @classmethod
-    def from_file(cls, config_file: str) -> "LoraConfig":
-        """The settings in a ColossalChat LoRA JSON file; an unknown key or value is one `CoatiUsageError` line."""
-        try:
-            config = json.loads(Path(config_file).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise CoatiUsageError(f"--lora_config {config_file}: {exc}") from None
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(config) - known)
-        if unknown:
-            raise CoatiUsageError(f"--lora_config {config_file}: unknown key {unknown[0]!r}; expected {', '.join(sorted(known))}")
-        try:
-            return cls(**config)
-        except ValueError as error:
-            raise CoatiUsageError(f"--lora_config {config_file}: {error}") from None
-
-    @property
-    def peft_bias(self) -> str:
-        return LORA_BIAS[self.lora_train_bias]
-
-    @property
-    def peft_init(self) -> str:
-        return LORA_INIT[self.lora_initialization_method]
-
 
 REFUSED: Dict[str, Dict[str, str]] = {
     "--initial_temperature": {"grpo": "use --temperature (no schedule)"},
@@ -99,10 +48,7 @@ class _Refuse(argparse.Action):
 def add_colossalchat_flags(parser: argparse.ArgumentParser, script: str) -> None:
     """Register ColossalChat's flags of `script` (sft, rm, dpo, kto, orpo, ppo, grpo) on `parser`."""
     group = parser.add_argument_group("ColossalChat's flags (see the README's table)")
-    alias = dict(default=argparse.SUPPRESS)
     group.add_argument("--config_file", default=None, help="also write the run's flags to this JSON file")
-    group.add_argument("--use_flash_attn", action="store_true",
-                       help="FlashAttention-2 where CUDA and flash-attn are there (else a warning and PyTorch SDPA)")
     group.add_argument("--enable_sequence_parallelism", action="store_true",
                        help="3d: sequence parallelism (--sp_mode, default split_gather)")
     group.add_argument("--lora_config", default=None, help="ColossalChat LoraConfig JSON: sets --lora_rank, "
@@ -111,7 +57,7 @@ def add_colossalchat_flags(parser: argparse.ArgumentParser, script: str) -> None
         group.add_argument("--save_path", default=None, help="--save_dir (unless given): checkpoints, and the final "
                            "model in save_path/modeling, where ColossalChat writes it")
     if script in SUPERVISED:
-        group.add_argument("--max_len", dest="max_length", type=at_least(0), help="alias of --max_length", **alias)
+        add_alias(group, "--max_len", DataSettings, "max_length")
     if script in ("sft", "dpo", "kto", "orpo"):
         group.add_argument("--disable_loss_mask", action="store_true",
                            help="train on every token, the prompt included (default: the response's tokens)")
@@ -126,11 +72,10 @@ def add_colossalchat_flags(parser: argparse.ArgumentParser, script: str) -> None
         group.add_argument("--auto_weight", action="store_true", help="scale --desirable_weight so that "
                            "desirable_weight x desirable rows / (undesirable_weight x undesirable rows) is in [1, 4/3]")
     if script in ON_POLICY:
-        group.add_argument("--experience_batch_size", dest="batch_size", type=at_least(1), help="alias of --batch_size", **alias)
-        group.add_argument("--max_seq_len", dest="max_new_tokens", type=at_least(1), help="alias of --max_new_tokens", **alias)
-        group.add_argument("--reward_functions", dest="reward_fn", nargs="+",
-                           help="alias of --reward_fn; ColossalChat's gsm8k_reward_fn and math_competition_reward_fn "
-                                "mean math_answer and answer_format", **alias)
+        add_alias(group, "--experience_batch_size", OptimSettings, "batch_size")
+        add_alias(group, "--max_seq_len", SamplingConfig, "max_new_tokens")
+        add_alias(group, "--reward_functions", RewardSettings, "reward_fn",
+                  "; ColossalChat's gsm8k_reward_fn and math_competition_reward_fn mean math_answer and answer_format")
         group.add_argument("--conversation_template_config", default=None,
                            help='JSON whose "stop_ids" also end generation (its chat template applies when preparing)')
     if script == "ppo":
@@ -140,7 +85,6 @@ def add_colossalchat_flags(parser: argparse.ArgumentParser, script: str) -> None
     for flag, scripts in REFUSED.items():
         if script in scripts:
             group.add_argument(flag, action=_Refuse, instead=scripts[script])
-    parser.set_defaults(disable_loss_mask=False, extra_stop_ids=[])
     add_post_parse(parser, translate)
 
 

@@ -1,0 +1,150 @@
+"""The parser built from the settings dataclasses of `coati.config`, and those dataclasses built back from it.
+
+`add_settings(parser, cls)` adds one flag per `setting` field of `cls` (nested settings included), with its help, range
+and default; `settings_from(args, cls)` builds `cls` from the parsed flags. Errors are one line naming the flag
+(`CoatiArgumentParser`), exit status 2, before anything is loaded.
+"""
+import argparse
+import sys
+from dataclasses import MISSING, Field, fields
+from typing import Any, Dict, NamedTuple, NoReturn, Optional, Sequence, Set, Type, TypeVar
+
+from coati.utils.errors import USAGE_EXIT_CODE, CoatiUsageError, fail, warn_user
+from coati.utils.settings import dest, flag_name
+
+T = TypeVar("T")
+
+
+class RangeHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Help with each flag's default and, for flags typed by `in_range`, its range: `(default: 4) [>= 1]`."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = super()._get_help_string(action)
+        wanted = getattr(action.type, "wanted", None)
+        return f"{text} [{wanted}]" if wanted else text
+
+
+class CoatiArgumentParser(argparse.ArgumentParser):
+    """`argparse.ArgumentParser` whose errors are one line (`error: argument --x: ...`), not usage + error."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", RangeHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        fail(f"error: {message} (see {self.prog} --help)", USAGE_EXIT_CODE)
+
+    def parse_args(self, args=None, namespace=None) -> argparse.Namespace:
+        """Parse, then run the parser's `post_parse` steps (e.g. translating ColossalChat's flags); a step's
+        `CoatiUsageError` is reported like any other argument error. An argument that is only blanks (a shell line
+        ending in `\\ \\`, as one of ColossalChat's own test commands does) is dropped with a warning."""
+        argv = sys.argv[1:] if args is None else list(args)
+        blank = [a for a in argv if isinstance(a, str) and a and not a.strip()]
+        if blank:
+            warn_user(f"ignoring {len(blank)} blank argument(s) {blank!r} (an escaped space in the command line?)")
+            argv = [a for a in argv if a not in blank]
+        parsed = super().parse_args(argv, namespace)
+        for step in getattr(self, "post_parse", []):
+            try:
+                step(parsed)
+            except CoatiUsageError as exc:
+                self.error(str(exc))
+        return parsed
+
+
+def _default(f: Field) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not MISSING else MISSING
+
+
+def _parser_default(value: Any) -> Any:
+    """A field's default as the parser holds it: lists for tuples, NAME=VALUE pairs for dicts."""
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, dict):
+        return list(value.items())
+    return value
+
+
+def add_settings(parser: argparse.ArgumentParser, cls: type, title: Optional[str] = None, *,
+                 defaults: Optional[Dict[str, Any]] = None, helps: Optional[Dict[str, str]] = None,
+                 flags: Optional[Dict[str, str]] = None, skip: Sequence[str] = ()) -> None:
+    """One flag per setting of `cls` and of its nested settings, in the group `title` (default: the first line of
+    the class's docstring). A flag the parser has already is left as it is, so a setting two classes share is one flag.
+    `defaults`, `helps` and `flags` change a field's default, help or flag for this script, and `skip` leaves fields
+    out, by field name."""
+    group = _group(parser, title or cls.__doc__.strip().splitlines()[0].rstrip("."))
+    _add_fields(parser, group, cls, _Changes(defaults or {}, helps or {}, flags or {}, set(skip)))
+
+
+class _Changes(NamedTuple):
+    defaults: Dict[str, Any]
+    helps: Dict[str, str]
+    flags: Dict[str, str]
+    skip: Set[str]
+
+
+def _group(parser: argparse.ArgumentParser, title: str) -> Any:
+    """The parser's argument group `title`, made on first use, so two classes can share one `--help` section."""
+    for group in parser._action_groups:
+        if group.title == title:
+            return group
+    return parser.add_argument_group(title)
+
+
+def _add_fields(parser: argparse.ArgumentParser, group: Any, cls: type, changes: _Changes) -> None:
+    for f in fields(cls):
+        if "nested" in f.metadata:
+            _add_fields(parser, group, f.metadata["nested"], changes)
+            continue
+        flag = flag_name(f)
+        if flag is None or f.name in changes.skip or flag in parser._option_string_actions:
+            continue
+        meta = f.metadata["setting"]
+        default = changes.defaults.get(f.name, _default(f))
+        kwargs: Dict[str, Any] = dict(dest=dest(f), help=changes.helps.get(f.name, meta["help"]))
+        if meta["negated"]:
+            kwargs.update(action="store_true", default=not default)
+        elif isinstance(default, bool) and meta["parse"] is None:
+            kwargs.update(action="store_true", default=default)
+        else:
+            kwargs.update(type=meta["parse"], choices=meta["choices"], nargs=meta["nargs"], metavar=meta["metavar"])
+            if default is MISSING:
+                kwargs["required"] = True
+            else:
+                kwargs["default"] = _parser_default(default)
+        group.add_argument(*meta["aliases"], changes.flags.get(f.name, flag), **{k: v for k, v in kwargs.items() if v is not None})
+
+
+def add_alias(group: Any, flag: str, cls: type, name: str, note: str = "") -> None:
+    """`flag` as another spelling of the setting `name` of `cls` (a ColossalChat flag): the same destination, parse
+    and range, and no default of its own, so the setting's stands."""
+    f = next(f for f in fields(cls) if f.name == name)
+    meta = f.metadata["setting"]
+    kwargs = dict(dest=dest(f), type=meta["parse"], nargs=meta["nargs"], default=argparse.SUPPRESS,
+                  help=f"alias of {flag_name(f)}{note}")
+    group.add_argument(flag, **{k: v for k, v in kwargs.items() if v is not None})
+
+
+def settings_from(args: argparse.Namespace, cls: Type[T], **given: Any) -> T:
+    """`cls` from the parsed flags; `given` sets fields the run derives (and overrides flags). Settings this script has
+    no flag for keep their defaults."""
+    values: Dict[str, Any] = {}
+    for f in fields(cls):
+        if f.name in given:
+            values[f.name] = given[f.name]
+        elif "nested" in f.metadata:
+            values[f.name] = settings_from(args, f.metadata["nested"])
+        elif flag_name(f) is not None and hasattr(args, dest(f)):
+            values[f.name] = _field_value(f, getattr(args, dest(f)))
+    return cls(**values)
+
+
+def _field_value(f: Field, value: Any) -> Any:
+    meta = f.metadata["setting"]
+    if meta["negated"]:
+        return not value
+    if meta["convert"] is not None:
+        return meta["convert"](value)
+    return tuple(value) if isinstance(value, list) else value

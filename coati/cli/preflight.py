@@ -1,0 +1,59 @@
+"""Checks a training script runs on its parsed flags before it starts a process group or loads anything:
+every path a flag names (models, tokenizer, data, output folders, the checkpoint to resume) is usable, or
+the run stops with one line naming the flag. Every rank runs them, so all ranks stop together."""
+import argparse
+from pathlib import Path
+from typing import Dict
+
+from coati.utils.errors import CoatiUsageError
+from coati.utils.file_checks import check_data_dirs, check_model_dir, check_writable_dir, resolve_model_dir
+
+MODEL_FLAGS = ("pretrain", "ref_pretrain", "rm_pretrain", "critic_pretrain")
+DATA_FLAGS = ("dataset", "eval_dataset", "ptx_dataset")
+OUTPUT_FLAGS = ("output_dir", "save_dir", "log_dir")
+
+
+def resolve_model_flags(args: argparse.Namespace) -> None:
+    """Replace Hugging Face model ids among the model and tokenizer flags by their local snapshot folders, and
+    `--rm_pretrain` by the model of `--rm_checkpoint_path` when one is given."""
+    for name in (*MODEL_FLAGS, "tokenizer_dir"):
+        if getattr(args, name, None):
+            setattr(args, name, resolve_model_dir(getattr(args, name), f"--{name}"))
+    if getattr(args, "rm_checkpoint_path", None):
+        args.rm_pretrain = checkpoint_model_dir(args.rm_checkpoint_path, "--rm_checkpoint_path")
+
+
+def checkpoint_model_dir(path: str, flag: str) -> str:
+    """The model folder of a training checkpoint: `path` itself (train_rm.py's save_dir/modeling), or the `modeling`
+    folder inside it (a save_dir/epoch-E_step-S checkpoint)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise CoatiUsageError(f"{flag} {path} does not exist or is not a directory")
+    for candidate in (folder / "modeling", folder):
+        if (candidate / "config.json").is_file():
+            return str(candidate)
+    raise CoatiUsageError(f"{flag} {path} holds no model (no config.json in it or in its modeling folder); pass a "
+                          "train_rm.py checkpoint folder (save_dir/epoch-E_step-S) or its final save_dir/modeling")
+
+
+def check_run_paths(args: argparse.Namespace) -> Dict[str, dict]:
+    """Resolve model ids (`resolve_model_flags`), then check every path flag `args` has; returns the model
+    configs read, by flag name."""
+    resolve_model_flags(args)
+    configs = {}
+    for name in MODEL_FLAGS:
+        if getattr(args, name, None):
+            configs[name] = check_model_dir(getattr(args, name), f"--{name}")
+    tokenizer = getattr(args, "tokenizer_dir", None)
+    if tokenizer and not Path(tokenizer).is_dir():
+        raise CoatiUsageError(f"--tokenizer_dir {tokenizer} does not exist or is not a directory")
+    for name in DATA_FLAGS:
+        flag = getattr(args, "dataset_flag", "--dataset") if name == "dataset" else f"--{name}"
+        check_data_dirs(getattr(args, name, None), flag)
+    for name in OUTPUT_FLAGS:
+        if getattr(args, name, None):
+            check_writable_dir(getattr(args, name), f"--{name}")
+    for flag in ("save_interval", "save_freq_epochs", "save_freq_secs"):
+        if getattr(args, flag, 0) and not getattr(args, "save_dir", None):
+            raise CoatiUsageError(f"--{flag} needs --save_dir, the directory checkpoints are written to")
+    return configs

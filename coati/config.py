@@ -1,0 +1,579 @@
+"""Every option of a run, declared once: frozen dataclasses whose fields carry their flag, help and range.
+
+`coati.cli` builds each script's parser (its validation and `--help`) from these classes and builds them back from
+the parsed flags; the trainers, experience makers and plugins take them as they are. Light (no torch), so `--help`
+answers at once. An option a user sets is a `setting`; a field the run derives is marked `flag=NOT_A_FLAG`.
+"""
+import json
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from coati.utils.cadence import LogCadence
+from coati.utils.errors import CoatiUsageError
+from coati.utils.metrics_logger import DEFAULT_WANDB_TABLE_ROWS
+from coati.utils.ranges import at_least, in_range, non_negative, positive
+from coati.utils.registry import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, OBJECTIVES, POLICY_LOSSES,
+                                  REWARD_SHAPERS, option)
+from coati.utils.settings import NOT_A_FLAG, nested, setting
+
+PLUGIN_HELP = {
+    "ddp": "torch DistributedDataParallel; CPU (gloo) or GPU",
+    "zero2": "ZeRO stage 2 (optimizer states and gradients sharded); CUDA",
+    "zero2_cpu": "ZeRO stage 2 with optimizer states offloaded to CPU memory; CUDA",
+    "gemini": "Gemini chunk-based ZeRO-3, static placement on the GPU; CUDA",
+    "gemini_auto": "Gemini with automatic CPU/GPU placement of parameters; CUDA",
+    "3d": "HybridParallelPlugin: --tp/--pp/--sp with --zero_stage; CUDA",
+}
+PLUGINS = tuple(PLUGIN_HELP)
+SP_MODES = ("split_gather", "ring", "all_to_all", "ring_attn")
+DEFAULT_DIST_TIMEOUT_S = 600
+"""How long a collective waits for a peer before a rank gives up (`--dist_timeout`; NCCL's default, gloo's is 30 min)."""
+DEFAULT_REWARD_TIMEOUT_S = 600.0
+DEFAULT_SERVER_TIMEOUT_S = 30.0
+"""Seconds one reward-server request may take (`--reward_server_timeout`)."""
+DEFAULT_SERVER_RETRIES = 3
+"""Retries of a failed reward-server request (`--reward_server_retries`)."""
+
+
+def _options(pairs: Any) -> Dict[str, Any]:
+    """`--x_option NAME=VALUE ...` as a dict."""
+    return dict(pairs)
+
+
+def _option_list(**kwargs: Any) -> Any:
+    """A field of NAME=VALUE hyperparameters for a registered function."""
+    return setting(factory=dict, parse=option, nargs="+", metavar="NAME=VALUE", convert=_options, **kwargs)
+
+
+# ---- every script ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelSettings:
+    """The model to train and how it is held in memory."""
+
+    pretrain: str = setting(help="model directory, or a Hugging Face model id (from the local HF cache; downloaded "
+                                 "when online)")
+    tokenizer_dir: Optional[str] = setting(None, help="tokenizer directory (default: --pretrain)")
+    trust_remote_code: bool = setting(False, help="allow custom modelling code shipped with the model")
+    grad_checkpoint: bool = setting(False, help="recompute activations in backward to save memory")
+    use_flash_attn: bool = setting(False, help="FlashAttention-2 where CUDA and flash-attn are there (else a warning "
+                                               "and PyTorch SDPA)")
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA adapters (0 rank: full fine-tuning)."""
+
+    lora_rank: int = setting(0, parse=at_least(0), help="train rank-r LoRA adapters only (0: full fine-tuning)")
+    lora_alpha: float = setting(16, parse=positive(), help="LoRA scaling numerator (scale = alpha / rank)")
+    lora_dropout: float = setting(0.0, parse=in_range(0, 1, high_open=True), help="dropout on the LoRA path")
+    lora_target_modules: Tuple[str, ...] = setting(
+        ("all-linear",), nargs="+", help="module names to adapt (linear or embedding layers), or 'all-linear' for every "
+                                         "linear layer but the output head")
+    lora_bias: str = setting("none", choices=("none", "all", "lora_only"),
+                             help="biases that train beside the adapters: none, every bias, or those of adapted layers")
+    lora_init: str = setting("kaiming_uniform", choices=("kaiming_uniform", "pissa"),
+                             help="adapter start: A kaiming-uniform and B zero, or PiSSA (A, B from the weight's top "
+                                  "singular vectors, the base keeps the rest; arXiv:2404.02948)")
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    """The prepared data (on-policy scripts call it `--prompt_dataset`)."""
+
+    dataset: Tuple[str, ...] = setting(nargs="+", help="prepared dataset directories (prepare_dataset.py)")
+    eval_dataset: Optional[Tuple[str, ...]] = setting(None, nargs="*", help="prepared evaluation dataset directories")
+    max_length: int = setting(0, parse=at_least(0), help="cut longer rows from the right at batching time (0: keep the "
+                                                         "length they were prepared with)")
+
+
+@dataclass(frozen=True)
+class PackingSettings:
+    """Supervised batches without padding."""
+
+    packing: bool = setting(False, help="concatenate each micro-batch's rows into one sequence, no padding; attention "
+                                        "stays within each row and the loss is the unpacked one")
+    max_tokens_per_batch: int = setting(0, parse=at_least(0),
+                                        help="with --packing: fill each micro-batch with rows up to this many tokens (a "
+                                             "preference row counts chosen + rejected) instead of --batch_size rows "
+                                             "(0: --batch_size rows)")
+
+
+@dataclass(frozen=True)
+class EpochSettings:
+    """How long a supervised run lasts."""
+
+    max_epochs: int = setting(1, parse=at_least(1), help="passes over the training data")
+    max_steps: int = setting(0, parse=at_least(0), help="stop after this many optimizer steps (0: no limit)")
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """How micro-batches become optimizer steps, and what a non-finite step does."""
+
+    accumulation_steps: int = setting(1, parse=at_least(1), help="micro-batches per optimizer step")
+    skip_nonfinite: int = setting(0, parse=at_least(0),
+                                  help="skip up to N optimizer steps whose loss or gradient norm is NaN/inf (counted in "
+                                       "the metrics); one more stops the run (0: the first one stops it)")
+
+
+@dataclass(frozen=True)
+class OptimSettings:
+    """The optimizer and its schedule."""
+
+    batch_size: int = setting(4, parse=at_least(1), help="micro-batch size per rank")
+    lr: float = setting(5e-5, parse=positive(), help="peak learning rate")
+    weight_decay: float = setting(0.0, parse=non_negative(), help="AdamW weight decay")
+    lr_scheduler: str = setting("cosine", choices=("cosine", "linear", "constant_with_warmup"),
+                                help="learning-rate schedule after the warm-up")
+    warmup_steps: int = setting(0, parse=at_least(0), help="learning-rate warm-up, in optimizer steps")
+    seed: int = setting(42, parse=int, help="seeds every RNG and the data order")
+    steps: StepSettings = nested(StepSettings)
+
+
+@dataclass(frozen=True)
+class CheckpointSettings:
+    """Where and when checkpoints are written, and where the final model goes."""
+
+    save_dir: Optional[str] = setting(None, help="where checkpoints epoch-{e}_step-{s} are written (and, without "
+                                                 "--output_dir, the final model, in save_dir/modeling as ColossalChat "
+                                                 "writes it)")
+    save_interval: int = setting(0, parse=at_least(0), help="save every N optimizer steps (0: only at the end)")
+    save_freq_epochs: int = setting(0, parse=at_least(0), help="also save when every N-th epoch ends (0: off)")
+    save_freq_secs: float = setting(0, parse=non_negative(),
+                                    help="also save once N seconds have passed since the last checkpoint (0: off)")
+    keep_last: int = setting(0, parse=at_least(0), help="keep only the N newest checkpoints (0: keep all)")
+    checkpoint_path: Optional[str] = setting(None, help="resume from this checkpoint directory, or 'latest' for the "
+                                                        "newest complete one in --save_dir")
+    output_dir: Optional[str] = setting(None, help="final HF-format model and evaluation results")
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    """Where metrics go and how often."""
+
+    log_dir: Optional[str] = setting(None, help="TensorBoard events and metrics.jsonl")
+    cadence: LogCadence = nested(LogCadence)
+    use_wandb: bool = setting(False, help="also log to Weights & Biases (WANDB_MODE=offline works)")
+    wandb_project: str = setting("coati", help="W&B project of the run")
+    wandb_table_rows: int = setting(DEFAULT_WANDB_TABLE_ROWS, parse=at_least(0),
+                                    help="rows of each sample table sent to W&B (the JSON sidecar under --log_dir keeps "
+                                         "them all)")
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    """The plugin and its settings: `build_booster` makes a colossalai `Plugin` and `Booster` from it."""
+
+    plugin: str = setting("ddp", choices=PLUGINS, help="; ".join(f"{k}: {v}" for k, v in PLUGIN_HELP.items()))
+    mixed_precision: str = setting("bf16", choices=("fp16", "bf16", "fp32"),
+                                   help="compute precision with fp32 master weights; ddp takes fp32 or bf16 (autocast); "
+                                        "a machine without CUDA trains in fp32")
+    grad_clip: float = setting(1.0, parse=non_negative(),
+                               help="clip gradients to this global L2 norm; 0 disables (ZeRO, Gemini and 3d clip inside "
+                                    "their optimizer)")
+    tp: int = setting(1, parse=at_least(1), help="3d: tensor-parallel size")
+    pp: int = setting(1, parse=at_least(1), help="3d: pipeline-parallel size")
+    sp: int = setting(1, parse=at_least(1), help="3d: sequence-parallel size")
+    sp_mode: Optional[str] = setting(None, choices=SP_MODES, help="3d: sequence-parallel mode; enables sequence parallelism")
+    zero_stage: int = setting(0, parse=int, choices=(0, 1, 2), help="3d: ZeRO stage over the data-parallel group")
+    zero_cpu_offload: bool = setting(False, help="3d: offload ZeRO optimizer states to CPU")
+    microbatch_size: int = setting(1, parse=at_least(1), help="3d with --pp > 1: pipeline micro-batch size")
+    dist_timeout: float = setting(DEFAULT_DIST_TIMEOUT_S, parse=positive(),
+                                  help="seconds a collective waits for a peer before the run stops with an error (a dead "
+                                       "or unreachable node); raise it when rank 0 alone writes very large checkpoints")
+    find_unused_parameters: bool = setting(False, flag=NOT_A_FLAG,
+                                           help="ddp: tolerate parameters that get no gradient in a step (a library "
+                                                "user's models)")
+
+
+@dataclass(frozen=True)
+class ReferenceSettings:
+    """The frozen reference policy (DPO, KTO, GRPO/PPO's KL term)."""
+
+    ref_pretrain: Optional[str] = setting(None, help="reference model directory (default: --pretrain)")
+    precompute_ref_logps: bool = setting(False, help="score the data with the reference once, store it beside the data, "
+                                                     "and train without the reference model in memory")
+
+
+# ---- on-policy scripts ----------------------------------------------------------------------------
+@dataclass
+class SamplingConfig:
+    """How to sample: `temperature` 0 (or `do_sample` False) is greedy; `top_k` 0 and `top_p` 1 are off."""
+
+    max_new_tokens: int = setting(64, parse=at_least(1), help="longest completion, in tokens")
+    temperature: float = setting(1.0, parse=positive(), help="sampling temperature")
+    top_p: float = setting(1.0, parse=in_range(0, 1, low_open=True),
+                           help="nucleus sampling: sample from the smallest set of tokens whose probability reaches P")
+    top_k: int = setting(0, parse=at_least(0), help="0: no top-k cut")
+    do_sample: bool = setting(True, flag=NOT_A_FLAG, help="sample (False: greedy)")
+    stop_token_ids: Tuple[int, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class EpisodeSettings:
+    """How an on-policy run is divided: episodes of collect steps, then update passes."""
+
+    num_episodes: int = setting(10, parse=at_least(1), help="collect-then-learn episodes")
+    num_collect_steps: int = setting(1, parse=at_least(1), help="prompt batches per episode")
+    num_update_steps: int = setting(1, parse=at_least(1), help="passes over an episode's experience")
+    inference_batch_size: int = setting(0, parse=at_least(0), help="completions generated at once on each rank (0: every "
+                                                                   "completion of a collect step)")
+
+
+@dataclass(frozen=True)
+class ShapingConfig:
+    """Reward shapers' settings: `max_length` is the completion length limit (0: the sampling's `max_new_tokens`)."""
+
+    max_length: int = setting(0, flag=NOT_A_FLAG, help="the completion length limit")
+    overlong_buffer: int = setting(0, parse=at_least(0), flag="--overlong_buffer_len",
+                                   help="overlong: tokens before --max_new_tokens where the penalty grows (0: a quarter "
+                                        "of it)")
+    overlong_factor: float = setting(1.0, parse=non_negative(), flag="--overlong_penalty_factor",
+                                     help="overlong: the penalty's weight")
+
+    def resolved(self, completion_limit: int) -> "ShapingConfig":
+        """This config with `max_length` set, to `completion_limit` where it is 0."""
+        return self if self.max_length else replace(self, max_length=completion_limit)
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """What every experience maker needs to know."""
+
+    sampling: SamplingConfig = nested(SamplingConfig)
+    num_generations: int = setting(8, parse=at_least(1), help="completions per prompt (GRPO's group: at least 2)")
+    kl_estimator: str = setting("k3", parse=KL_ESTIMATORS.choice(),
+                                help=f"{' | '.join(KL_ESTIMATORS.names())} | package.module:function: estimator of the "
+                                     "KL to the reference")
+    dynamic_sampling: bool = setting(False, help="DAPO: replace groups whose rewards all tie by groups of newly drawn "
+                                                 "prompts until the batch is full (logged as "
+                                                 "dynamic_sampling/extra_rollouts)")
+    max_sampling_rounds: int = setting(4, parse=at_least(1),
+                                       help="dynamic sampling: extra prompt batches drawn at most per collect step; tied "
+                                            "groups fill what is still missing and are masked out of the loss")
+    old_log_probs_at_collection: bool = setting(
+        True, flag=NOT_A_FLAG,
+        help="Run the actor over the completions when the experience is made, for the old policy's log-probs. The "
+             "runner turns it off when every experience gets exactly one policy update (`--num_update_steps 1` and one "
+             "optimizer step per update pass): the old log-probs then equal the learning forward's own, which are "
+             "taken detached instead (as TRL does with one iteration), one forward fewer per batch. With a reference "
+             "model the forward stays (the KL to it is logged, and adapted, from the experience).")
+    forward_batch_size: int = setting(0, parse=at_least(0), flag="--logits_forward_batch_size",
+                                      help="rows per forward when the experience's log-probs, values and reward-model "
+                                           "scores are computed (0: all at once)")
+    reward_model_weight: float = setting(1.0, parse=non_negative(), flag="--rm_weight",
+                                         help="weight of --rm_pretrain's score in the reward, beside --reward_fn's "
+                                              "weights (the component rewards/reward_model is logged unweighted)")
+
+
+@dataclass(frozen=True)
+class GRPOConfig(RolloutConfig):
+    """GRPO's rollouts and advantages."""
+
+    scale_rewards: bool = setting(True, flag="--no_std_normalize", negated=True,
+                                  help="Dr. GRPO: do not divide advantages by the group std")
+    drop_tied_groups: bool = setting(False, help="DAPO: mask out groups whose rewards all tie")
+    advantage_estimator: str = setting(
+        "grpo", parse=ADVANTAGE_ESTIMATORS.choice(), flag="--adv_estimator",
+        help=f"{' | '.join(ADVANTAGE_ESTIMATORS.names())} | package.module:function. grpo: group mean/std; rloo: "
+             "leave-one-out group baseline; reinforce_pp: REINFORCE++, global batch mean/std (--no_std_normalize drops "
+             "the std where one is used); maxent: n * softmax(rewards / tau) - 1 within the group")
+    advantage_options: Dict[str, Any] = _option_list(
+        flag="--adv_option", help="the estimator's own hyperparameters, in its AdvantageConfig.options (an estimator of "
+                                  "your own reads them)")
+    reward_shaping: Tuple[str, ...] = setting(
+        (), nargs="+", parse=REWARD_SHAPERS.choice(),
+        help=f"reward shapers added to each completion's reward: {' | '.join(REWARD_SHAPERS.names())}. overlong: DAPO's "
+             "soft penalty over the last --overlong_buffer_len tokens before --max_new_tokens, from 0 down to -1")
+    shaping: ShapingConfig = nested(ShapingConfig)
+
+
+@dataclass(frozen=True)
+class PPOConfig(RolloutConfig):
+    """PPO's rollouts, reward penalty and GAE."""
+
+    num_generations: int = setting(1, parse=at_least(1), help="completions per prompt")
+    dynamic_sampling: bool = setting(False, flag=NOT_A_FLAG, help="off: PPO's advantages do not come from groups")
+    max_sampling_rounds: int = setting(0, flag=NOT_A_FLAG, help="none: no dynamic sampling")
+    kl_estimator: str = setting("k1", parse=KL_ESTIMATORS.choice(),
+                                help=f"{' | '.join(KL_ESTIMATORS.names())} | package.module:function: estimator of the "
+                                     "per-token KL to the reference in the reward")
+    kl_coef: float = setting(0.05, flag=NOT_A_FLAG, help="starting weight of the per-token KL penalty in the reward, "
+                                                        "when no KLController is given")
+    gamma: float = setting(1.0, parse=in_range(0, 1), help="GAE discount")
+    lam: float = setting(0.95, parse=in_range(0, 1), help="GAE lambda")
+    whiten_advantages: bool = setting(True, flag="--no_whiten_advantages", negated=True, help="keep raw GAE advantages")
+
+
+@dataclass(frozen=True)
+class KLSettings:
+    """The KL to the reference: its weight, adapted (InstructGPT) when a target is given."""
+
+    kl_coef: float = setting(0.0, parse=non_negative(), help="weight of the KL to the reference in the loss (0: no "
+                                                             "reference)")
+    kl_target: float = setting(0.0, parse=non_negative(),
+                               help="adaptive KL (InstructGPT): move --kl_coef after every episode towards the value "
+                                    "that keeps the mean summed KL of a completion at this (0: --kl_coef stays fixed)")
+    kl_horizon: int = setting(10000, parse=at_least(1),
+                              help="adaptive KL: completions over which the coefficient may move by the full step")
+    kl_max_step: float = setting(0.2, parse=in_range(0, 1, low_open=True),
+                                 help="adaptive KL: the proportional error KL/target - 1 is clipped to +-this")
+
+
+@dataclass(frozen=True)
+class PolicyLossSettings:
+    """The actor's per-token policy loss, its clip, aggregation and off-policy weight cap."""
+
+    policy_loss: str = setting(
+        "ppo", parse=POLICY_LOSSES.choice(),
+        help=f"{' | '.join(POLICY_LOSSES.names())} | package.module:function. ppo: token-level clipped ratio; gspo: "
+             "sequence-level ratio (GSPO; use --clip_eps_low/high ~3e-4/4e-4 and --loss_agg seq-mean-token-mean); cispo: "
+             "truncated, stop-gradient importance weight on every token (cap 1 + --clip_eps_high; ScaleRL uses 4); "
+             "sapo: soft sigmoid gate instead of the clip (temperature_pos/temperature_neg options)")
+    policy_loss_options: Dict[str, Any] = _option_list(
+        flag="--policy_loss_option", help="the policy loss's own hyperparameters, e.g. temperature_neg=1.05 for sapo")
+    clip_eps_low: float = setting(0.2, parse=in_range(0, 1, high_open=True), help="the ratio is clipped below at 1 - this")
+    clip_eps_high: float = setting(0.2, parse=non_negative(), help="DAPO's clip-higher uses 0.28")
+    loss_agg: str = setting("token-mean", parse=AGGREGATIONS.choice(),
+                            help="token-mean (DAPO), seq-mean-token-mean (GRPO), seq-mean-token-sum-norm (Dr. GRPO), or "
+                                 "package.module:function")
+    behaviour_cap: float = setting(5.0, parse=in_range(1),
+                                   help="cap on each token's weight pi_old / pi_behaviour where the samples' own "
+                                        "log-probs differ from the trainer's: vLLM's (truncated importance sampling) or "
+                                        "older weights' (--async_rollout, decoupled PPO)")
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """Held-out evaluation: when, how many samples, and which model to keep."""
+
+    eval_interval: int = setting(0, parse=at_least(0), help="held-out evaluation every N episodes (always before the "
+                                                            "first and after the last)")
+    eval_freq_epochs: int = setting(0, parse=at_least(0),
+                                    help="also evaluate when every N-th pass over the prompts ends (0: off)")
+    eval_freq_secs: float = setting(0, parse=non_negative(),
+                                    help="also evaluate once N seconds have passed since the last evaluation (0: off)")
+    eval_n_samples: int = setting(0, parse=at_least(0),
+                                  help="besides the greedy completion, sample N completions of each held-out prompt (at "
+                                       "--eval_temperature) and log eval/<reward>/pass@k (unbiased, k = 1, 2, 4, ..., "
+                                       "N), maj@N and mean@N (0: greedy only)")
+    eval_temperature: Optional[float] = setting(None, parse=positive(),
+                                                help="sampling temperature of --eval_n_samples (default: --temperature)")
+    save_best: Optional[str] = setting(None, metavar="METRIC",
+                                       help="after each evaluation that beats the earlier ones on this eval metric "
+                                            "(higher is better, e.g. rewards/math_answer), export the model to "
+                                            "<output>/best (best.json says when)")
+
+
+@dataclass(frozen=True)
+class PtxSettings:
+    """InstructGPT's supervised loss beside the policy's."""
+
+    ptx_dataset: Optional[Tuple[str, ...]] = setting(None, nargs="*", help="prepared sft data for the ptx loss")
+    ptx_coef: float = setting(0.0, parse=non_negative(), help="weight of the ptx (supervised) loss")
+    ptx_batch_size: Optional[int] = setting(None, parse=at_least(1), help="ptx micro-batch per rank (default: "
+                                                                          "--batch_size)")
+
+
+@dataclass(frozen=True)
+class OnPolicyConfig:
+    """What `OLTrainer` needs besides its parts: the objective, the update's batching, and when it logs, evaluates and
+    saves."""
+
+    objective: str = setting(
+        "policy_gradient", parse=OBJECTIVES.choice(),
+        help=f"{' | '.join(OBJECTIVES.names())} | package.module:factory: the actor's loss on each micro-batch "
+             "(policy_gradient: --policy_loss with the entropy bonus and the KL/ptx terms; your own, e.g. online DPO, "
+             "is a factory taking an ObjectiveConfig, see the README's Adding an algorithm)")
+    objective_options: Dict[str, Any] = _option_list(
+        flag="--objective_option", help="the objective's own hyperparameters, in its ObjectiveConfig.options")
+    entropy_coef: float = setting(0.0, parse=non_negative(), help="weight of the entropy bonus")
+    train_batch_size: int = setting(0, parse=at_least(0),
+                                    help="completions per learning micro-batch on each rank (0: each collect step's "
+                                         "whole batch)")
+    sample_log_interval: int = setting(10, parse=at_least(0),
+                                       help="a table of prompts, completions, rewards and advantages every N episodes "
+                                            "(0: never): JSON under --log_dir/rich_completions, and a W&B table with "
+                                            "--use_wandb")
+    grad_clip: float = setting(0.0, flag=NOT_A_FLAG, help="global gradient norm the trainer clips to (0: off, or the "
+                                                          "plugin clips inside its optimizer)")
+    steps: StepSettings = nested(StepSettings)
+    checkpoints: CheckpointSettings = nested(CheckpointSettings)
+    logging: LogCadence = nested(LogCadence)
+    evaluation: EvalSettings = nested(EvalSettings)
+    ptx: PtxSettings = nested(PtxSettings)
+
+
+@dataclass(frozen=True)
+class RewardSettings:
+    """Where rewards come from: functions, servers, a trained reward model."""
+
+    reward_fn: Optional[Tuple[str, ...]] = setting(
+        None, nargs="+", help="reward functions, by built-in name or package.module:function, each optionally =weight "
+                              "(default: math_answer, or none beside --rm_pretrain)")
+    rm_pretrain: Optional[str] = setting(None, help="a trained reward model (train_rm.py's exported model): its score is "
+                                                    "added to the rewards")
+    rm_checkpoint_path: Optional[str] = setting(
+        None, help="the reward model's weights from a train_rm.py checkpoint (save_dir/modeling, or a "
+                   "save_dir/epoch-E_step-S folder), in place of --rm_pretrain's")
+    reward_timeout: float = setting(DEFAULT_REWARD_TIMEOUT_S, parse=positive(),
+                                    help="seconds one call of a reward function may take; a call that takes longer "
+                                         "stops the run")
+    reward_server_timeout: float = setting(DEFAULT_SERVER_TIMEOUT_S, parse=positive(),
+                                           help="a --reward_fn http://... server: seconds one request may take")
+    reward_server_retries: int = setting(DEFAULT_SERVER_RETRIES, parse=at_least(0),
+                                         help="a --reward_fn http://... server: retries of a failed request (backoff "
+                                              "1 s, doubling)")
+
+
+@dataclass(frozen=True)
+class SandboxSettings:
+    """The code_tests reward: programs run in a sandbox."""
+
+    code_all_or_nothing: bool = setting(False, help="code_tests scores 1 only when every test passes (default: the "
+                                                    "fraction passed)")
+    sandbox_timeout: float = setting(5.0, parse=positive(),
+                                     help="CPU seconds one test run may use; its wall-clock limit is twice this")
+    sandbox: str = setting("auto", choices=("auto", "bwrap", "namespaces", "unisolated"),
+                           help="how test runs are contained: auto (bubblewrap where it works, else coati's own "
+                                "namespaces as root, else an error naming what to install), bwrap, namespaces (root), "
+                                "or unisolated (rlimits only: a program can then read this user's files and kill the "
+                                "run)")
+    sandbox_memory_mb: int = setting(512, parse=at_least(32),
+                                     help="memory of one test run: its whole process tree where a memory cgroup can be "
+                                          "made (root), and each process's address space")
+    sandbox_processes: int = setting(32, parse=at_least(1), help="processes one test run may have at once")
+    sandbox_workers: int = setting(0, parse=at_least(0), help="test runs at once on each rank (0: the CPU count, at "
+                                                              "most 8)")
+
+
+@dataclass(frozen=True)
+class BackendSettings:
+    """What generates the rollouts: the training model itself (`hf`) or vLLM servers in an environment of their own."""
+
+    rollout_backend: str = setting("hf", choices=("hf", "vllm"),
+                                   help="hf: generate with the training model; vllm: with vLLM servers (one per rank, or "
+                                        "the --num_generators of --async_rollout) that get the new weights after every "
+                                        "update")
+    vllm_python: str = setting("", help="the interpreter of vLLM's environment (default: $COATI_VLLM_PYTHON, else "
+                                        ".venv-vllm/bin/python beside coati's source, which `make vllm-env` builds)")
+    vllm_start_timeout: float = setting(600.0, parse=positive(), help="seconds a vLLM server may take to load its model")
+    vllm_timeout: float = setting(600.0, parse=positive(), help="seconds one vLLM request may take")
+    vllm_max_restarts: int = setting(1, parse=at_least(0),
+                                     help="vLLM servers that die are restarted this many times in all; then the run "
+                                          "stops")
+    vllm_threads: int = setting(0, parse=at_least(0), help="CPU threads of each vLLM server on a machine without a GPU "
+                                                           "(0: the trainer's)")
+    vllm_kv_cache_gib: int = setting(1, parse=at_least(1), help="each vLLM server's KV cache on a CPU, GiB")
+    vllm_gpu_memory_utilization: float = setting(0.4, parse=in_range(0, 1, low_open=True),
+                                                 help="fraction of its GPU's memory each vLLM server takes")
+
+
+@dataclass(frozen=True)
+class HealthSettings:
+    """Health alarms: which stop the run, and when they fire."""
+
+    stop_on_alarm: Tuple[str, ...] = setting(
+        (), nargs="*", metavar="ALARM",
+        help="end the run (with a checkpoint, exit status 4) when one of these health alarms fires: all, eval_drop, "
+             "eval_falls_reward_rises, entropy_collapse, length_collapse, length_at_limit, zero_std_groups, kl_runaway, "
+             "engine_ratio_drift, grad_spike (every alarm warns either way)")
+    alarm_threshold: Tuple[str, ...] = setting(
+        (), nargs="*", metavar="NAME=VALUE", help="change when alarms fire, e.g. eval_drop=0.2 patience=5 "
+                                                  "(coati.trainer.callbacks.health.AlarmThresholds)")
+
+
+@dataclass(frozen=True)
+class MaxEntSettings:
+    """The maxent estimator's softmax temperature, fixed or adapted towards a target entropy."""
+
+    maxent_tau: float = setting(1.0, parse=positive(), help="maxent: the softmax temperature tau")
+    maxent_target_entropy: float = setting(0.0, parse=in_range(0, 1),
+                                           help="maxent: adapt tau after every episode towards this entropy of the "
+                                                "weights, as a fraction of log(--num_generations) (0: tau stays fixed)")
+    maxent_tau_lr: float = setting(0.1, parse=positive(), help="maxent: step of log(tau) per episode")
+
+
+@dataclass(frozen=True)
+class AsyncSettings:
+    """Asynchronous rollouts: generator processes that run ahead of the trainer."""
+
+    async_rollout: bool = setting(False, help="generate in Ray actors (or vLLM servers, with --rollout_backend vllm) "
+                                              "while the trainer trains (rank 0 drives them; --plugin ddp)")
+    max_staleness: int = setting(1, parse=at_least(0), help="trained samples come from weights at most K episodes older "
+                                                            "than the trainer's (0: on-policy)")
+    max_concurrent_rollouts: int = setting(0, parse=at_least(0),
+                                           help="prompts in generation at once (0: twice the global batch of prompts)")
+    num_generators: int = setting(1, parse=at_least(1),
+                                  help="generator actors (or vLLM servers), each with a copy of the policy")
+    generator_max_restarts: int = setting(3, parse=at_least(0),
+                                          help="generators that die are replaced this many times in all; then the run "
+                                               "stops with an error")
+
+
+@dataclass(frozen=True)
+class CriticSettings:
+    """PPO's critic."""
+
+    critic_pretrain: Optional[str] = setting(None, help="critic initialisation (default: --rm_pretrain, else --pretrain "
+                                                        "with a new value head)")
+    critic_lr: Optional[float] = setting(None, parse=positive(), help="critic learning rate (default: --lr)")
+    critic_warmup_episodes: int = setting(0, parse=at_least(0),
+                                          help="train only the critic for the first N episodes, so the policy's first "
+                                               "advantages come from values fitted to its own returns (OpenRLHF's "
+                                               "--freezing_actor_steps)")
+    value_clip: float = setting(0.2, parse=positive(), help="clipping range of the value loss")
+
+
+# ---- ColossalChat's LoRA file ----------------------------------------------------------------------
+LORA_BIAS = {"none": "none", "all": "all", "lora": "lora_only"}
+"""ColossalChat's `lora_train_bias` -> peft's `bias`: which biases train beside the adapters."""
+LORA_INIT = {"kaiming_uniform": "kaiming_uniform", "PiSSA": "pissa"}
+"""ColossalChat's `lora_initialization_method` -> coati's `--lora_init` (peft's `init_lora_weights`)."""
+
+
+@dataclass
+class LoraConfig:
+    """ColossalChat's LoRA settings, as its `lora_config.json` spells them (`coati.models.lora.LoraConfig`).
+    `target_modules` None adapts every linear and embedding layer. Embedding adapters take no dropout, in peft
+    as in ColossalChat, so `embedding_lora_dropout` is read and not applied."""
+
+    r: int = 0
+    lora_alpha: int = 32
+    linear_lora_dropout: float = 0.1
+    embedding_lora_dropout: float = 0.0
+    lora_train_bias: str = "none"
+    lora_initialization_method: str = "kaiming_uniform"
+    target_modules: Optional[List[str]] = None
+
+    def __post_init__(self) -> None:
+        if self.lora_train_bias not in LORA_BIAS:
+            raise ValueError(f"lora_train_bias={self.lora_train_bias!r}: expected one of {', '.join(LORA_BIAS)}")
+        if self.lora_initialization_method not in LORA_INIT:
+            raise ValueError(f"lora_initialization_method={self.lora_initialization_method!r}: expected one of "
+                             f"{', '.join(LORA_INIT)}")
+
+    @classmethod
+    def from_file(cls, config_file: str) -> "LoraConfig":
+        """The settings in a ColossalChat LoRA JSON file; an unknown key or value is one `CoatiUsageError` line."""
+        try:
+            config = json.loads(Path(config_file).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CoatiUsageError(f"--lora_config {config_file}: {exc}") from None
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(config) - known)
+        if unknown:
+            raise CoatiUsageError(f"--lora_config {config_file}: unknown key {unknown[0]!r}; expected {', '.join(sorted(known))}")
+        try:
+            return cls(**config)
+        except ValueError as error:
+            raise CoatiUsageError(f"--lora_config {config_file}: {error}") from None
+
+    @property
+    def peft_bias(self) -> str:
+        return LORA_BIAS[self.lora_train_bias]
+
+    @property
+    def peft_init(self) -> str:
+        return LORA_INIT[self.lora_initialization_method]
