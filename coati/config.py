@@ -14,7 +14,7 @@ from coati.utils.errors import CoatiUsageError
 from coati.utils.metrics_logger import DEFAULT_WANDB_TABLE_ROWS
 from coati.utils.ranges import at_least, in_range, non_negative, positive
 from coati.utils.registry import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, OBJECTIVES, POLICY_LOSSES,
-                                  REWARD_SHAPERS, option)
+                                  REWARD_SHAPERS, TOOL_CALL_PARSERS, TOOLS, option)
 from coati.utils.settings import NOT_A_FLAG, nested, setting
 
 PLUGIN_HELP = {
@@ -510,6 +510,29 @@ class AsyncSettings:
     generator_max_restarts: int = setting(3, parse=at_least(0),
                                           help="generators that die are replaced this many times in all; then the run "
                                                "stops with an error")
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """Multi-turn rollouts with tools: the model calls tools and reads their answers before it answers."""
+
+    tools: Tuple[str, ...] = setting(
+        (), nargs="+", parse=TOOLS.choice(),
+        help=f"tools the model may call: {' | '.join(TOOLS.names())} | package.module:function (typed arguments and a "
+             "Google-style docstring give its schema); turns each rollout into a multi-turn episode (the prompt data "
+             "must be conversational; a row's own `tools` column limits what it offers)")
+    tool_parser: str = setting("hermes", parse=TOOL_CALL_PARSERS.choice(),
+                               help=f"{' | '.join(TOOL_CALL_PARSERS.names())} | package.module:function: how tool calls "
+                                    "are written in a model turn (hermes: <tool_call>{json}</tool_call>)")
+    max_turns: int = setting(4, parse=at_least(1), help="model turns per episode at most (with --tools)")
+    max_total_tokens: int = setting(0, parse=at_least(0),
+                                    help="tokens after the prompt per episode at most, the model's and the tools' (0: no "
+                                         "limit beyond --max_turns x --max_new_tokens)")
+    tool_timeout: float = setting(10.0, parse=positive(), help="seconds one tool call may take; a slower one answers the "
+                                                               "model with a timeout error")
+    malformed_tool_penalty: float = setting(0.0, parse=non_negative(),
+                                            help="subtracted from the reward per malformed tool call (logged as "
+                                                 "rewards/environment)")
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ no hang. Every case runs in-process through the script's `main` (the code path o
 sample of them also runs as a real process under plain `python` and under `torchrun`, where torchrun's
 failure summary must name our error."""
 import importlib.util
+import json
 import re
 import shutil
 import subprocess
@@ -55,7 +56,23 @@ def bad(tiny_assets, tmp_path_factory):
     paths["small_model"] = str(write_tiny_model(root / "small_model", tokenizer_corpus(400), size="small"))
     paths.update(_checkpoints(root, tiny_assets))
     paths.update(_raw_files(root, tiny_assets))
+    paths.update(_agent_assets(root, tiny_assets))
     return paths
+
+
+def _agent_assets(root: Path, assets) -> dict:
+    """A model whose chat template cannot show tools, and prompts whose `tools` column names a tool nobody made."""
+    from coati.dataset.prepare import load_prepared
+
+    plain = root / "no_tools_template_model"
+    shutil.copytree(assets["model"], plain)
+    config = json.loads((plain / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
+    (plain / "tokenizer_config.json").write_text(json.dumps(config))
+    rows = load_prepared([assets["prompt_train"]], "prompt").select(range(4))
+    rows.add_column("tools", ['[{"type": "function", "function": {"name": "search"}}]'] * 4).save_to_disk(
+        root / "prompts_unknown_tool")
+    return {"no_tools_template_model": str(plain), "prompts_unknown_tool": str(root / "prompts_unknown_tool")}
 
 
 def _checkpoints(root: Path, assets) -> dict:
@@ -151,6 +168,14 @@ CASES = [
     ("unknown_flag", lambda p: _sft(p, "--bacth_size", "8"), "unrecognized arguments: --bacth_size"),
     ("missing_required", lambda p: ("train_sft", ["--dataset", p["sft_train"]]), "the following arguments are required: --pretrain"),
     ("num_generations_0", lambda p: _grpo(p, "--num_generations", "0"), "--num_generations: must be >= 1"),
+    ("tools_unknown", lambda p: _grpo(p, "--tools", "search"), "unknown tool 'search'; expected one of calculator, python"),
+    ("max_turns_0", lambda p: _grpo(p, "--tools", "calculator", "--max_turns", "0"), "--max_turns: must be >= 1"),
+    ("tools_template_cannot_show_them", lambda p: ("train_grpo", ["--pretrain", p["no_tools_template_model"],
+                                                                  "--prompt_dataset", p["prompt_train"], "--tools", "calculator"]),
+     "does not render tools (the prompt does not name 'calculator')"),
+    ("tools_column_names_an_unknown_tool", lambda p: _grpo(p, "--tools", "calculator", "--prompt_dataset",
+                                                            p["prompts_unknown_tool"]),
+     "--prompt_dataset row 0: the row's tools name 'search', which --tools does not implement (calculator)"),
     ("num_generations_1", lambda p: _grpo(p, "--num_generations", "1"), "GRPO needs at least 2 completions"),
     ("max_new_tokens_0", lambda p: _grpo(p, "--max_new_tokens", "0"), "--max_new_tokens: must be >= 1"),
     ("temperature_0", lambda p: _grpo(p, "--temperature", "0"), "--temperature: must be > 0"),

@@ -6,7 +6,7 @@ by name before anything is loaded.
 import argparse
 from typing import Any, Dict, Optional
 
-from coati.config import (AsyncSettings, BackendSettings, CheckpointSettings, CriticSettings, DataSettings,
+from coati.config import (AgentSettings, AsyncSettings, BackendSettings, CheckpointSettings, CriticSettings, DataSettings,
                           EpisodeSettings, EpochSettings, EvalSettings, GRPOConfig, HealthSettings, KLSettings,
                           LogSettings, LoraSettings, MaxEntSettings, ModelSettings, OnPolicyConfig, OptimSettings,
                           PackingSettings, PluginConfig, PolicyLossSettings, PPOConfig, PtxSettings, ReferenceSettings,
@@ -60,7 +60,8 @@ def add_on_policy_args(parser: argparse.ArgumentParser, maker: type, defaults: O
                 (SandboxSettings, "code_tests reward (programs run in a sandbox)"),
                 (PtxSettings, "ptx (InstructGPT's supervised loss beside the policy's)"),
                 (EvalSettings, "held-out evaluation"), (HealthSettings, "health alarms"),
-                (BackendSettings, "rollout backend"), (OnPolicyConfig, "on-policy")]
+                (BackendSettings, "rollout backend"), (AgentSettings, "multi-turn rollouts with tools"),
+                (OnPolicyConfig, "on-policy")]
     for cls, title in sections:
         add_settings(parser, cls, title, defaults=defaults)
 

@@ -15,6 +15,7 @@ import torch
 
 from coati.dataset.collators import PromptCollator, SupervisedCollator
 from coati.dataset.prepare import load_prepared
+from coati.dataset.tokenization import load_tokenizer
 from coati.experience.controllers import KLController, TemperatureController
 from coati.experience.experience import GRPOExperienceMaker, PPOExperienceMaker
 from coati.config import AsyncSettings, CriticSettings, GRPOConfig, OnPolicyConfig, PPOConfig
@@ -30,12 +31,16 @@ from coati.rewards.remote import RemoteReward, is_url
 from coati.rewards.sandbox import SandboxError, SandboxLimits, resolve_backend
 from coati.utils.comm import rank, world_size
 from coati.distributed.plugins import build_booster
-from coati.rollout import GeneratorPool, PromptStream, RLVRWorkflow, WorkflowExecutor
+from coati.rollout import GeneratorPool, PromptStream, RLVRWorkflow, RolloutWorkflow, WorkflowExecutor
+from coati.rollout.chat import ChatTokens, check_appending
+from coati.rollout.environment import ToolEnvironment, row_tools, tool_schemas
+from coati.rollout.multiturn import MultiTurnWorkflow, conversation
+from coati.rollout.tools import ToolRunner, configure_python_tool, resolve_tools
 from coati.cli.arguments import plugin_config
 from coati.cli.options import settings_from
 from coati.utils.ckpt_io import save_hf_model
 from coati.utils.errors import CoatiUsageError, fail
-from coati.utils.registry import OBJECTIVES
+from coati.utils.registry import OBJECTIVES, TOOL_CALL_PARSERS
 
 from coati.trainer.callbacks.best import BestModelKeeper
 from coati.trainer.callbacks.health import ALARM_EXIT_CODE, AlarmThresholds, HealthMonitor
@@ -91,8 +96,7 @@ def _reward_fn(args: argparse.Namespace) -> Optional[WeightedReward]:
     specs = _reward_specs(args)
     if not specs:
         return None
-    limits = SandboxLimits(cpu_s=args.sandbox_timeout, wall_s=2 * args.sandbox_timeout,
-                           memory_mb=args.sandbox_memory_mb, processes=args.sandbox_processes)
+    limits = _sandbox_limits(args)
     servers = {spec: RemoteReward(spec, args.reward_server_timeout, args.reward_server_retries)
                for spec in (split_spec(s)[0] for s in specs) if is_url(spec)}
     if any(split_spec(s)[0] == "code_tests" for s in specs):
@@ -100,6 +104,12 @@ def _reward_fn(args: argparse.Namespace) -> Optional[WeightedReward]:
     code = CodeTests(limits, args.sandbox_workers, args.code_all_or_nothing, args.sandbox)
     builtins = {**BUILTIN, "code_tests": code, **servers}
     return WeightedReward.from_specs(specs, args.reward_timeout, builtins)
+
+
+def _sandbox_limits(args: argparse.Namespace) -> SandboxLimits:
+    """One sandboxed run's limits (code_tests rewards and the python tool), from the `--sandbox_*` flags."""
+    return SandboxLimits(cpu_s=args.sandbox_timeout, wall_s=2 * args.sandbox_timeout, memory_mb=args.sandbox_memory_mb,
+                         processes=args.sandbox_processes)
 
 
 def _check_sandbox(backend: str) -> None:
@@ -166,7 +176,7 @@ def _trainer_config(args: argparse.Namespace, setup: Any) -> OnPolicyConfig:
 def _run(args: argparse.Namespace, build: Callable[..., OLTrainer]) -> OLTrainer:
     """Prompts, actor, reference and engine; `build(args, setup, ...)` makes the trainer; then resume,
     fit, the held-out results and the export."""
-    setup, coordinator, tokenizer = start_run(args)
+    setup, coordinator, tokenizer = start_run(args, _check_agent)
     collator = PromptCollator(tokenizer.pad_token_id, args.max_length)
     prompts = build_dataloader(setup.plugin, load_prepared(args.dataset, "prompt"), args.batch_size, collator, True, args.seed)
     held_out = (build_dataloader(setup.plugin, load_prepared(args.eval_dataset, "prompt"), args.batch_size, collator,
@@ -230,8 +240,47 @@ def _build_grpo(args, setup, tokenizer, actor, optimizer, scheduler, engine, ref
                                 _frozen_reward_model(args, tokenizer), temperature=temperature)
     if args.async_rollout:
         kwargs["source"] = AsyncRollouts(maker, actor, len(prompts.dataset), **_rollout_side(args, maker))
+    kwargs["workflow"] = _workflow(args, maker)
     return GRPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler,
                        kl_controller=_kl_controller(args), **kwargs)
+
+
+def _chat_tokens(args: argparse.Namespace, tokenizer: Any) -> ChatTokens:
+    """How multi-turn episodes render and tokenize: the tokenizer's chat template with `--tools`' schemas."""
+    name = f"the chat template of {args.tokenizer_dir or args.pretrain}"
+    return ChatTokens(tokenizer, _stop_ids(args, tokenizer), tool_schemas(resolve_tools(args.tools)), name)
+
+
+def _check_agent(args: argparse.Namespace) -> None:
+    """With `--tools`, before any model loads: the chat template shows the tools and renders by appending, and the
+    prompt rows are conversations whose own `tools` name tools `--tools` implements."""
+    if not args.tools:
+        return
+    check_appending(_chat_tokens(args, load_tokenizer(args.tokenizer_dir or args.pretrain, args.trust_remote_code)))
+    tools = resolve_tools(args.tools)
+    for flag, paths in (("--prompt_dataset", args.dataset), ("--eval_dataset", args.eval_dataset)):
+        rows = load_prepared(paths, "prompt") if paths else []
+        for index in range(len(rows)):
+            try:
+                row_tools(rows[index], tools)
+                conversation(rows[index])
+            except ValueError as error:
+                raise CoatiUsageError(f"{flag} row {index}: {error}") from None
+
+
+def _workflow(args: argparse.Namespace, maker: Any) -> RolloutWorkflow:
+    """What turns a prompt row into a trajectory: single-turn RLVR, or with `--tools` a multi-turn episode with a
+    tool environment, scored by the maker's scorer."""
+    sampling = maker.config.sampling
+    if not args.tools:
+        return RLVRWorkflow(maker.scorer, sampling, args.num_generations)
+    runner = ToolRunner(resolve_tools(args.tools), args.tool_timeout)
+    parser = TOOL_CALL_PARSERS.get(args.tool_parser)
+    if "python" in args.tools:
+        configure_python_tool(_sandbox_limits(args), args.sandbox)
+    return MultiTurnWorkflow(maker.scorer, _chat_tokens(args, maker.tokenizer),
+                             lambda: ToolEnvironment(runner, parser, args.malformed_tool_penalty), sampling,
+                             args.num_generations, args.max_turns, args.max_total_tokens)
 
 
 def _rollout_side(args: argparse.Namespace, maker: GRPOExperienceMaker) -> Dict[str, Any]:
@@ -246,8 +295,7 @@ def _rollout_side(args: argparse.Namespace, maker: GRPOExperienceMaker) -> Dict[
     else:
         pool = GeneratorPool(args.pretrain, tokenizer.pad_token_id, _stop_ids(args, tokenizer), args.num_generators,
                              args.generator_max_restarts, args.seed)
-    workflow = RLVRWorkflow(maker.scorer, maker.config.sampling, args.num_generations)
-    executor = WorkflowExecutor(pool, workflow, args.batch_size * world_size(),
+    executor = WorkflowExecutor(pool, _workflow(args, maker), args.batch_size * world_size(),
                                 args.max_concurrent_rollouts or 2 * args.batch_size * world_size(), args.max_staleness,
                                 batches_per_version=args.num_collect_steps)
     return dict(executor=executor, pool=pool, stream=PromptStream(load_prepared(args.dataset, "prompt"), args.seed))
@@ -339,6 +387,7 @@ def _build_ppo(args, setup, tokenizer, actor, optimizer, scheduler, engine, refe
                            old_log_probs_at_collection=not _one_update_per_experience(args))
     maker = PPOExperienceMaker(actor, critic, engine, tokenizer, _reward_fn(args), config, reference,
                                _frozen_reward_model(args, tokenizer), kl_controller=_kl_controller(args))
+    kwargs["workflow"] = _workflow(args, maker)
     return PPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler, critic=critic,
                       critic_optim=critic_optim, critic_booster=critic_setup.booster, critic_lr_scheduler=critic_scheduler,
                       critic_settings=settings_from(args, CriticSettings), **kwargs)

@@ -201,9 +201,13 @@ def check_packing(args: argparse.Namespace) -> None:
                               "within packed rows); use ddp, zero2, zero2_cpu, gemini or gemini_auto")
 
 
-def start_run(args: argparse.Namespace) -> Tuple[BoostSetup, DistCoordinator, PreTrainedTokenizerBase]:
-    """The checks of `preflight`, then the process group, booster and tokenizer."""
+def start_run(args: argparse.Namespace, check: Optional[Callable[[argparse.Namespace], None]] = None,
+              ) -> Tuple[BoostSetup, DistCoordinator, PreTrainedTokenizerBase]:
+    """The checks of `preflight` and the script's own `check` (on resolved paths, before any process group), then
+    the process group, booster and tokenizer."""
     preflight(args)
+    if check is not None:
+        check(args)
     init_distributed(args.seed, args.dist_timeout)
     write_config_file(args)
     setup = build_booster(plugin_config(args))

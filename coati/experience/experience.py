@@ -27,7 +27,8 @@ class Experience:
     `completions` as text, each reward's value (`reward_components`), whether the completion ended with a stop
     token (`terminated`), and the weights version that generated it (`versions`, asynchronous rollouts).
     `extra_rollouts` counts the completions generated beyond the batch to fill it (dynamic sampling); `timing`
-    holds seconds per phase of making it. `action_log_probs` (the old policy's) is None when the learning
+    holds seconds per phase of making it, `rollout_stats` per-row counts of how each sample was made (turns, tool
+    calls). `action_log_probs` (the old policy's) is None when the learning
     forward's own log-probs, detached, stand for them (`RolloutConfig.old_log_probs_at_collection`)."""
 
     sequences: torch.Tensor
@@ -46,6 +47,7 @@ class Experience:
     prompts: List[str] = field(default_factory=list)
     completions: List[str] = field(default_factory=list)
     reward_components: Dict[str, List[float]] = field(default_factory=dict)
+    rollout_stats: Dict[str, List[float]] = field(default_factory=dict)
     terminated: Optional[torch.Tensor] = None
     versions: Optional[torch.Tensor] = None
     extra_rollouts: int = 0
@@ -190,10 +192,11 @@ class GRPOExperienceMaker(ExperienceMaker):
             experience.loss_mask[tied_groups(raw, config.num_generations)] = False
 
 
-def merged_components(trajectories: Sequence[Any]) -> Dict[str, List[Any]]:
-    """The reward components of several trajectories, each name's values in the trajectories' order."""
-    names = trajectories[0].reward_components if trajectories else {}
-    return {name: [v for t in trajectories for v in t.reward_components[name]] for name in names}
+def merged_components(trajectories: Sequence[Any], attribute: str = "reward_components") -> Dict[str, List[Any]]:
+    """The reward components (or another per-sample dict of lists, `attribute`) of several trajectories, each name's
+    values in the trajectories' order."""
+    names = getattr(trajectories[0], attribute) if trajectories else {}
+    return {name: [v for t in trajectories for v in getattr(t, attribute)[name]] for name in names}
 
 
 def stack_trajectories(trajectories: Sequence[Any], device: torch.device) -> Experience:
@@ -225,7 +228,8 @@ def stack_trajectories(trajectories: Sequence[Any], device: torch.device) -> Exp
                       torch.zeros_like(rewards), behaviour_log_probs=behaviour.to(device) if reported else None,
                       prompts=[p for t in trajectories for p in t.prompts],
                       completions=[c for t in trajectories for c in t.completions],
-                      reward_components=merged_components(trajectories), versions=versions)
+                      reward_components=merged_components(trajectories), versions=versions,
+                      rollout_stats=merged_components(trajectories, "rollout_stats"))
 
 
 def last_token_rewards(rewards: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:

@@ -88,7 +88,8 @@ def kl_stats(kl: torch.Tensor, mask: torch.Tensor) -> Dict[str, float]:
 def rollout_metrics(experience: Experience, group_size: int = 1) -> Dict[str, float]:
     """Statistics of one experience batch over all ranks: `reward_stats`, `frac_reward_zero_std` (groups of
     `group_size` whose rewards tie), `advantages/mean` and `/std`, `length_stats`, `diversity_stats` (groups
-    of two or more) and `kl_stats` when there is a reference. A collective: every rank calls it."""
+    of two or more), `kl_stats` when there is a reference, and the mean of each of the rollouts' own counts
+    (`rollout/turns`, `rollout/tool_calls`, ... of multi-turn episodes). A collective: every rank calls it."""
     mask = experience.action_mask
     rewards = gather_lists(experience.rewards.tolist())
     components = {name: gather_lists(values) for name, values in experience.reward_components.items()
@@ -108,6 +109,8 @@ def rollout_metrics(experience: Experience, group_size: int = 1) -> Dict[str, fl
         metrics.update(diversity_stats(experience, group_size))
     if experience.kl is not None:
         metrics.update(kl_stats(experience.kl, mask))
+    metrics.update({f"rollout/{name}": float(np.mean(gather_lists(values)))
+                    for name, values in experience.rollout_stats.items()})
     return metrics
 
 

@@ -13,6 +13,9 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTra
 END_OF_TURN = "<|im_end|>"
 SPECIAL_TOKENS = ["<|pad|>", "<|im_start|>", END_OF_TURN, "<|unk|>"]
 CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nYou may call these tools: write <tool_call>{\"name\": ..., \"arguments\": {...}}"
+    "</tool_call> and end your turn; the answer comes back in a tool turn.\n<tools>\n"
+    "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools><|im_end|>\n{% endif %}"
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )

@@ -25,7 +25,7 @@ from coati.utils.stats_tracker import StatsTracker
 
 from .engine import RolloutEngine
 from .local import LocalEngine, run_episodes
-from .workflow import RLVRWorkflow, Trajectory
+from .workflow import RLVRWorkflow, RolloutWorkflow, Trajectory
 
 
 def prompt_rows(batch: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -35,10 +35,17 @@ def prompt_rows(batch: Dict[str, Any]) -> List[Dict[str, Any]]:
     return [{"input_ids": ids[i][mask[i]].tolist(), **{k: v[i] for k, v in fields.items()}} for i in range(ids.size(0))]
 
 
-def complete(engine: RolloutEngine, scorer: Scorer, rows: Sequence[Dict[str, Any]], sampling: SamplingConfig,
+def complete(engine: RolloutEngine, workflow: RolloutWorkflow, rows: Sequence[Dict[str, Any]], sampling: SamplingConfig,
              n: int = 1) -> List[Trajectory]:
-    """`n` completions of each row by `engine`, scored by `scorer`: one trajectory per row, in order."""
-    return run_episodes(RLVRWorkflow(scorer, sampling, n), engine, rows)
+    """`n` episodes of `workflow` on each row by `engine`, sampled with `sampling`: one trajectory per row, in order."""
+    return run_episodes(workflow.resampled(sampling, n), engine, rows)
+
+
+def final_answer(completion: Any) -> str:
+    """A completion's answer text: itself, or for a multi-turn episode (its messages) the last assistant turn."""
+    if isinstance(completion, list):
+        return next((m["content"] for m in reversed(completion) if m.get("role") == "assistant"), "")
+    return completion
 
 
 def record_scores(stats: StatsTracker, trajectories: Sequence[Trajectory]) -> None:
@@ -56,7 +63,7 @@ def record_sampled(stats: StatsTracker, trajectories: Sequence[Trajectory]) -> N
         components = trajectory.reward_components
         scores = {"reward": trajectory.rewards.tolist(),
                   **{f"rewards/{k}": v for k, v in components.items() if "/" not in k}}
-        answers = [extract_answer(c) for c in trajectory.completions]
+        answers = [extract_answer(final_answer(c)) for c in trajectory.completions]
         for name, values in scores.items():
             group = [float(v) for v in values]
             if not any(math.isnan(v) for v in group):
@@ -86,8 +93,9 @@ def evaluate_model(model_dir: str, prompt_dirs: Sequence[str], reward_specs: Seq
     loader = DataLoader(load_prepared(list(prompt_dirs), "prompt"), batch_size=batch_size,
                         collate_fn=PromptCollator(tokenizer.pad_token_id))
     samples: List[Dict[str, object]] = []
+    workflow = RLVRWorkflow(scorer, greedy, 1)
     for batch in tqdm(loader, desc=f"evaluating {model_dir}", leave=False):
-        for t in complete(engine, scorer, prompt_rows(batch), greedy):
+        for t in complete(engine, workflow, prompt_rows(batch), greedy):
             samples.append({"prompt": t.prompts[0], "completion": t.completions[0],
                             "reward": float(t.rewards[0]), **table_columns(t.reward_components, 0)})
     names = [k for k in samples[0] if k not in ("prompt", "completion", "reward")] if samples else []

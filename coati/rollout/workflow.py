@@ -1,5 +1,6 @@
 """Rollout workflows: one prompt in, finished training samples out. The trainer never sees how they were
 made, so multi-turn or tool-using episodes are a new workflow, not a new trainer."""
+import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
@@ -19,7 +20,8 @@ class Trajectory:
     those tokens under the generating weights (None where the engine reports none), `rewards` (n,), and the
     weights `version` that generated them. For logs and sample tables: each sample's `prompts` and `completions`
     (text, or messages for conversational data) and each reward function's values (`reward_components`);
-    `rollout` is the executor's number for it (its event log)."""
+    `rollout` is the executor's number for it (its event log); `rollout_stats` holds per-sample counts of how it was
+    made (a multi-turn episode's turns and tool calls), logged as `rollout/<name>`."""
 
     sequences: torch.Tensor
     action_mask: torch.Tensor
@@ -31,14 +33,25 @@ class Trajectory:
     completions: List[Any] = field(default_factory=list)
     reward_components: Dict[str, List[Any]] = field(default_factory=dict)
     rollout: Optional[int] = None
+    rollout_stats: Dict[str, List[float]] = field(default_factory=dict)
 
 
 class RolloutWorkflow(ABC):
-    """Subclass and implement `arun_episode`; the executor runs many at once."""
+    """Subclass and implement `arun_episode`; the executor runs many at once. A workflow samples with `sampling`,
+    `num_generations` samples per prompt, so that held-out evaluation can run it greedily (`resampled`)."""
+
+    sampling: SamplingConfig
+    num_generations: int
 
     @abstractmethod
     async def arun_episode(self, engine: RolloutEngine, sample: Dict[str, Any]) -> Optional[Trajectory]:
         """Turn one prompt-dataset row (`input_ids` and its other fields) into a `Trajectory`; None drops it."""
+
+    def resampled(self, sampling: SamplingConfig, num_generations: int) -> "RolloutWorkflow":
+        """This workflow sampling with `sampling`, `num_generations` per prompt (evaluation: greedy, or N samples)."""
+        made = copy.copy(self)
+        made.sampling, made.num_generations = sampling, num_generations
+        return made
 
 
 class RLVRWorkflow(RolloutWorkflow):

@@ -1,5 +1,5 @@
 """Named parts (advantage estimators, policy losses, objectives, loss aggregations, KL estimators, reward shapers,
-reward functions): a function registered under a name with a decorator, so a new algorithm is one function, and the flags' choices
+reward functions, tools, tool-call parsers): a function registered under a name with a decorator, so a new algorithm is one function, and the flags' choices
 are the registry's names (help text and code cannot disagree).
 
 The registries are declared here, with the names of their built-ins and the module that registers those: the
@@ -115,5 +115,10 @@ REWARD_FUNCTIONS: Registry = Registry("reward function", "coati.rewards.registry
                                       ("math_answer", "answer_format", "code_tests"))
 """TRL's reward-function contract (`coati.rewards.registry`), by the name `--reward_fn` takes; a reward server is
 named by its URL instead."""
+TOOLS: Registry = Registry("tool", "coati.rollout.tools", ("calculator", "python"))
+"""Plain Python functions an agent may call (`--tools`): typed arguments and a Google-style docstring, from which the
+tool's JSON schema is read (`transformers.utils.get_json_schema`); the function returns the text the model reads."""
+TOOL_CALL_PARSERS: Registry = Registry("tool-call parser", "coati.rollout.tool_calls", ("hermes",))
+"""`fn(text) -> ParsedTurn`: the tool calls (and malformed ones) in one model turn, by the name `--tool_parser` takes."""
 REWARD_SHAPERS: Registry = Registry("reward shaper", "coati.experience.shaping", ("overlong",))
 """`fn(lengths (N,) completion tokens, config) -> (N,)` the term added to each completion's reward."""

@@ -1,0 +1,160 @@
+"""Multi-turn, tool-using rollouts: generate, let the environment answer (run the tool calls), generate again, until
+the model answers without a call, `max_turns` model turns, or `max_total_tokens` after the prompt.
+
+The trained sequence is the prompt, then each turn's sampled token ids verbatim, with what the environment adds
+tokenized once and appended (`ChatTokens`); the action mask covers only the sampled tokens, and the engine's
+log-probs (where it reports them) exist exactly for those. The episode is scored on its final answer by the trainer's
+`Scorer` (plus the environment's per-turn terms), and reports its turns, tool calls, tool errors by kind, tool time,
+how it ended and how many tokens the model and the environment wrote, as `rollout/*` metrics.
+"""
+import asyncio
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+from coati.config import SamplingConfig
+from coati.dataset.prepare import PROMPT_COLUMN
+from coati.experience.scorer import PROMPT_FIELDS, Scorer
+
+from .chat import ChatTokens
+from .engine import Completions, RolloutEngine
+from .environment import ERROR_KINDS, Environment, Message
+from .workflow import RolloutWorkflow, Trajectory
+
+ENDINGS = ("answer", "max_turns", "max_total_tokens", "truncated")
+"""How an episode ends: an answer without a tool call, the turn limit, the token budget, or a turn cut at
+`max_new_tokens` (nothing can follow it)."""
+
+
+@dataclass
+class Episode:
+    """One sample's conversation as it is built: token ids after the prompt, which of them the model sampled, their
+    log-probs (None once a turn came without), the messages, and counts for the metrics."""
+
+    ids: List[int] = field(default_factory=list)
+    sampled: List[bool] = field(default_factory=list)
+    logprobs: Optional[List[float]] = field(default_factory=list)
+    messages: List[Message] = field(default_factory=list)
+    final_text: str = ""
+    reward: float = 0.0
+    ended: str = "answer"
+    counts: Dict[str, float] = field(default_factory=dict)
+
+    def add(self, ids: List[int], sampled: bool, logprobs: Optional[List[float]] = None) -> None:
+        self.ids += ids
+        self.sampled += [sampled] * len(ids)
+        if self.logprobs is not None:
+            self.logprobs = None if sampled and logprobs is None else self.logprobs + (logprobs or [0.0] * len(ids))
+
+    def stats(self) -> Dict[str, float]:
+        sampled = float(sum(self.sampled))
+        stats = {"turns": self.counts.get("turns", 0.0), "tool_calls": self.counts.get("tool_calls", 0.0),
+                 "tool_seconds": self.counts.get("tool_seconds", 0.0), "sampled_tokens": sampled,
+                 "environment_tokens": len(self.ids) - sampled}
+        stats.update({f"tool_errors/{kind}": self.counts.get(f"tool_errors/{kind}", 0.0) for kind in ERROR_KINDS})
+        stats.update({f"ended/{how}": float(self.ended == how) for how in ENDINGS})
+        return stats
+
+
+class MultiTurnWorkflow(RolloutWorkflow):
+    """`num_generations` multi-turn episodes of each prompt row (its conversation, `PROMPT_COLUMN`, rendered with the
+    tools by `chat`), each with an environment from `make_environment`, scored by `scorer` on the final answer."""
+
+    def __init__(self, scorer: Scorer, chat: ChatTokens, make_environment: Callable[[], Environment],
+                 sampling: SamplingConfig, num_generations: int, max_turns: int, max_total_tokens: int) -> None:
+        self.scorer, self.chat, self.make_environment = scorer, chat, make_environment
+        self.sampling, self.num_generations = sampling, num_generations
+        self.max_turns, self.max_total_tokens = max_turns, max_total_tokens
+
+    async def arun_episode(self, engine: RolloutEngine, sample: Dict[str, Any]) -> Optional[Trajectory]:
+        messages = conversation(sample)
+        environments = [self.make_environment() for _ in range(self.num_generations)]
+        for environment in environments:
+            environment.reset(sample)
+        tools = environments[0].tools()
+        prompt = self.chat.prompt_ids(messages, tools)
+        first = await engine.agenerate(prompt, self._turn_sampling(0), self.num_generations)
+        episodes = await asyncio.gather(*(self._play(engine, environments[i], messages, prompt, tools, first, i)
+                                          for i in range(self.num_generations)))
+        return await self._trajectory(sample, messages, prompt, episodes, first.version)
+
+    def _turn_sampling(self, used: int) -> SamplingConfig:
+        budget = self.max_total_tokens - used if self.max_total_tokens else self.sampling.max_new_tokens
+        return dataclasses.replace(self.sampling, max_new_tokens=min(self.sampling.max_new_tokens, budget))
+
+    async def _play(self, engine: RolloutEngine, environment: Environment, prompt_messages: List[Message],
+                    prompt: List[int], tools: Any, first: Completions, row: int) -> Episode:
+        episode, out = Episode(), first
+        history = list(prompt_messages)
+        while True:
+            turn, logprobs = _sampled(out, row)
+            episode.add(turn, True, logprobs)
+            episode.counts["turns"] = episode.counts.get("turns", 0.0) + 1
+            stopped = bool(turn) and turn[-1] in self.chat.stop_ids
+            text = self.chat.tokenizer.decode(turn[:-1] if stopped else turn, skip_special_tokens=False)
+            episode.final_text = self.chat.tokenizer.decode(turn, skip_special_tokens=True)
+            episode.messages.append({"role": "assistant", "content": text})
+            if not stopped:   # cut at max_new_tokens: no template closes the turn, so nothing can follow it
+                episode.ended = "truncated"
+                return episode
+            step = await asyncio.to_thread(environment.step, text)
+            episode.reward += step.reward
+            for name, value in step.counts.items():
+                episode.counts[name] = episode.counts.get(name, 0.0) + value
+            if step.done:
+                return episode
+            if episode.counts["turns"] >= self.max_turns:
+                episode.ended = "max_turns"
+                return episode
+            added = self.chat.after_turn(history, turn[-1], step.observation, tools)
+            history += [{"role": "assistant", "content": text}, *step.observation]
+            episode.messages += step.observation
+            episode.add(added, False)
+            if self.max_total_tokens and len(episode.ids) >= self.max_total_tokens:
+                episode.ended = "max_total_tokens"
+                return episode
+            out, row = await engine.agenerate(prompt + episode.ids, self._turn_sampling(len(episode.ids)), 1), 0
+
+    async def _trajectory(self, sample: Dict[str, Any], messages: List[Message], prompt: List[int],
+                          episodes: List[Episode], version: int) -> Trajectory:
+        n, width = len(episodes), max(len(e.ids) for e in episodes)
+        sequences = torch.full((n, len(prompt) + width), self.chat.tokenizer.pad_token_id, dtype=torch.long)
+        sequences[:, :len(prompt)] = torch.tensor(prompt)
+        mask = torch.zeros(n, width, dtype=torch.bool)
+        reported = all(e.logprobs is not None for e in episodes)
+        logprobs = torch.zeros(n, width) if reported else None
+        for i, e in enumerate(episodes):
+            sequences[i, len(prompt):len(prompt) + len(e.ids)] = torch.tensor(e.ids, dtype=torch.long)
+            mask[i, :len(e.ids)] = torch.tensor(e.sampled)
+            if logprobs is not None:
+                logprobs[i, :len(e.ids)] = torch.tensor(e.logprobs)
+        out = Completions(sequences, mask, logprobs, len(prompt), version).as_output()
+        fields = {k: [v] * n for k, v in sample.items() if k not in PROMPT_FIELDS}
+        answers = [e.final_text for e in episodes]
+        total, components = await self.scorer.ascore([self.scorer.decode(prompt)] * n, answers, fields, out)
+        components = {**components, "environment": [e.reward for e in episodes]}
+        total = [t + e.reward for t, e in zip(total, episodes)]
+        stats = {name: [e.stats()[name] for e in episodes] for name in episodes[0].stats()}
+        return Trajectory(sequences, mask, logprobs, torch.tensor(total, dtype=torch.float32), len(prompt), version,
+                          [messages] * n, [e.messages for e in episodes], components, rollout_stats=stats)
+
+
+def _sampled(out: Completions, row: int) -> tuple:
+    """Row `row`'s sampled token ids and their log-probs (None when the engine reports none)."""
+    mask = out.action_mask[row].bool()
+    ids = out.sequences[row, out.prompt_length:][mask].tolist()
+    logprobs = out.logprobs[row][mask].tolist() if out.logprobs is not None else None
+    return ids, logprobs
+
+
+def conversation(sample: Dict[str, Any]) -> List[Message]:
+    """The prompt row's conversation (prepared from `messages`); a row prepared from plain text is refused."""
+    given = sample.get(PROMPT_COLUMN)
+    messages = json.loads(given) if isinstance(given, str) else given
+    if not isinstance(messages, list):
+        raise ValueError("multi-turn rollouts need conversational prompts (rows with `messages`), prepared with "
+                         "prepare_dataset.py --type prompt")
+    return messages

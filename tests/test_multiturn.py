@@ -1,0 +1,265 @@
+"""Multi-turn, tool-using rollouts: the tools, the tool-call parser, the environment, and token-in token-out
+sequences checked against chat templates' renderings of whole conversations (Qwen2.5's, Llama 3.1's, coati's own)."""
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from coati.config import SamplingConfig
+from coati.models.tiny import train_tokenizer
+from coati.rewards import WeightedReward
+from coati.experience.scorer import Scorer
+from coati.rollout.chat import ChatTokens, check_appending, probe_conversation, turn_by_turn
+from coati.rollout.engine import Completions, RolloutEngine
+from coati.rollout.environment import ToolEnvironment, tool_schemas
+from coati.rollout.multiturn import MultiTurnWorkflow
+from coati.rollout.tool_calls import hermes
+from coati.rollout.tools import ToolRunner, calculator, configure_python_tool, python, resolve_tools, tool_from_function
+from coati.rewards.sandbox import SandboxLimits
+from coati.utils.errors import CoatiUsageError
+
+TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
+LLAMA_SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+HISTORY_REWRITING = (   # drops the reasoning of every assistant turn but the last, as DeepSeek-R1-style templates do
+    "{% if tools %}{{ tools | tojson }}{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' and not loop.last %}"
+    "{{ m.content.split('</think>')[-1] }}{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    corpus = ["What is 12 * 34? The answer is 408.", '<tool_call> {"name": "calculator", "arguments": '
+              '{"expression": "12 * 34"}} </tool_call>', "system user assistant tool ipython Today Date"] * 20
+    made = train_tokenizer(corpus, vocab_size=400)
+    made.add_special_tokens({"additional_special_tokens": LLAMA_SPECIALS})
+    return made
+
+
+def _chat(tokenizer, template: str, tools=("calculator",)):
+    tokenizer.chat_template = template
+    stops = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|eot_id|>")]
+    return ChatTokens(tokenizer, stops, tool_schemas(resolve_tools(list(tools))), "the template")
+
+
+def _template(name: str) -> str:
+    return (TEMPLATES / name).read_text()
+
+
+# ---- tools ------------------------------------------------------------------------------------------
+def test_the_calculator_is_exact_and_evaluates_nothing_but_arithmetic():
+    assert calculator("123456789 * 987654321") == "121932631112635269"
+    assert calculator("2 ** 100") == str(2 ** 100)
+    assert calculator("(7 - 2) * 3 // 4 % 3") == "0"
+    assert calculator("7 / 3") == "7/3 (= 2.33333333333)"
+    assert calculator("0.1 + 0.2") == "3/10 (= 0.3)"
+    for bad, why in [("__import__('os').system('id')", "unsupported expression"), ("1 / 0", "division by zero"),
+                     ("9 ** 9 ** 9", "more than 4000 digits"), ("2 ** 0.5", "whole exponents"), ("12 *", "not an arithmetic")]:
+        with pytest.raises(ValueError, match=why):
+            calculator(bad)
+
+
+def test_the_python_tool_runs_in_the_sandbox_within_its_limits():
+    configure_python_tool(SandboxLimits(cpu_s=1.0, wall_s=2.0), "auto")
+    assert python("print(sum(range(101)))") == "5050"
+    assert "stopped by the" in python("while True: pass")
+    assert "ZeroDivisionError" in python("1 / 0")
+
+
+def test_a_tool_schema_comes_from_the_signature_and_docstring():
+    def lookup(word: str, limit: int = 3) -> str:
+        """Look a word up.
+
+        Args:
+            word: the word
+            limit: at most this many senses
+        """
+        return word
+
+    schema = tool_from_function(lookup).schema["function"]
+    assert schema["name"] == "lookup" and schema["parameters"]["required"] == ["word"]
+    assert schema["parameters"]["properties"]["limit"] == {"type": "integer", "description": "at most this many senses"}
+    with pytest.raises(CoatiUsageError, match="tool '_undocumented'"):
+        tool_from_function(_undocumented)
+
+
+def _undocumented(x):
+    return x
+
+
+def _sleeps(seconds: float) -> str:
+    """Sleep.
+
+    Args:
+        seconds: how long
+    """
+    time.sleep(seconds)
+    return "awake"
+
+
+def test_calls_that_go_wrong_become_the_models_error_messages_and_are_counted():
+    runner = ToolRunner(resolve_tools(["calculator", "test_multiturn:_sleeps"]), timeout_s=0.3)
+    environment = ToolEnvironment(runner, hermes, malformed_penalty=0.5)
+    environment.reset({})
+    turn = ('<tool_call>{"name": "calculator", "arguments": {"expression": "6 * 7"}}</tool_call>'
+            '<tool_call>{"name": "search", "arguments": {}}</tool_call>'
+            '<tool_call>{"name": "calculator", "arguments": {"expr": "1"}}</tool_call>'
+            '<tool_call>{"name": "calculator", "arguments": {"expression": "1/0"}}</tool_call>'
+            '<tool_call>{"name": "_sleeps", "arguments": {"seconds": 5}}</tool_call>'
+            '<tool_call>{"name": calculator}</tool_call>')
+    step = environment.step(turn)
+    assert [m["content"] for m in step.observation] == [
+        "42", "error: unknown tool 'search'; tools: calculator, _sleeps",
+        "error: calculator: unexpected argument 'expr'; takes expression", "error: calculator: division by zero",
+        "error: _sleeps took longer than 0.3 s",
+        "error: malformed tool call (invalid JSON: Expecting value at column 10)"]
+    assert not step.done and step.reward == -0.5
+    assert {k: v for k, v in step.counts.items() if k.startswith("tool_errors/")} == {
+        "tool_errors/malformed": 1, "tool_errors/unknown_tool": 1, "tool_errors/bad_arguments": 1,
+        "tool_errors/tool_error": 1, "tool_errors/timeout": 1}
+    assert environment.step("The answer is 42.").done
+
+
+def test_a_row_offers_the_tools_its_tools_column_names():
+    environment = ToolEnvironment(ToolRunner(resolve_tools(["calculator", "python"])), hermes)
+    environment.reset({"tools": json.dumps([{"type": "function", "function": {"name": "python"}}])})
+    assert [t["function"]["name"] for t in environment.tools()] == ["python"]
+    assert "unknown tool 'calculator'" in environment.step(
+        '<tool_call>{"name": "calculator", "arguments": {"expression": "1"}}</tool_call>').observation[0]["content"]
+    with pytest.raises(ValueError, match="'search', which --tools does not implement"):
+        environment.reset({"tools": [{"type": "function", "function": {"name": "search"}}]})
+
+
+# ---- token-in, token-out ------------------------------------------------------------------------------
+@pytest.mark.parametrize("template", ["qwen2_5.jinja", "llama3_1.jinja", "coati"])
+def test_a_conversation_built_turn_by_turn_is_the_templates_rendering_token_for_token(tokenizer, template):
+    from coati.models.tiny import CHAT_TEMPLATE
+
+    chat = _chat(tokenizer, CHAT_TEMPLATE if template == "coati" else _template(template))
+    check_appending(chat)
+    conversation = probe_conversation(chat.tools)
+    built, mask = turn_by_turn(chat, conversation)
+    whole = tokenizer.apply_chat_template(conversation, tools=chat.tools, tokenize=True)
+    assert built == whole[:len(built)] and not tokenizer.decode(whole[len(built):]).strip()
+    trained = tokenizer.decode([t for t, m in zip(built, mask) if m])
+    stop = tokenizer.decode([chat.turn_stop_id()])
+    assert trained == conversation[1]["content"] + stop + conversation[3]["content"] + stop   # the model's turns only
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused_in_one_line(tokenizer):
+    chat = _chat(tokenizer, HISTORY_REWRITING)
+    with pytest.raises(CoatiUsageError) as refused:
+        check_appending(chat)
+    message = str(refused.value)
+    assert "\n" not in message and "does not render a conversation by appending turns: at token" in message
+
+
+def test_a_template_without_tools_or_with_a_foreign_end_of_turn_is_refused(tokenizer):
+    with pytest.raises(CoatiUsageError, match="does not render tools"):
+        check_appending(_chat(tokenizer, "{% for m in messages %}<|im_start|>{{ m.content }}<|im_end|>{% endfor %}"))
+    odd = "{{ tools | tojson }}{% for m in messages %}[{{ m.role }}]{{ m.content }}[end]{% endfor %}"
+    with pytest.raises(CoatiUsageError, match=r"closes an assistant turn with '\[end\]'"):
+        _chat(tokenizer, odd).turn_stop_id()
+
+
+class _Scripted(RolloutEngine):
+    """Answers each request with the next scripted turn (token ids and their log-probs), as an engine would."""
+
+    def __init__(self, turns):
+        self.turns, self.requests = list(turns), []
+
+    async def agenerate(self, prompt_ids, config, n):
+        self.requests.append((list(prompt_ids), config.max_new_tokens, n))
+        rows = [self.turns.pop(0) for _ in range(n)]
+        width = max(len(ids) for ids, _ in rows)
+        sequences = torch.zeros(n, len(prompt_ids) + width, dtype=torch.long)
+        mask, logprobs = torch.zeros(n, width, dtype=torch.bool), torch.zeros(n, width)
+        for i, (ids, lps) in enumerate(rows):
+            sequences[i, :len(prompt_ids)] = torch.tensor(prompt_ids)
+            sequences[i, len(prompt_ids):len(prompt_ids) + len(ids)] = torch.tensor(ids)
+            mask[i, :len(ids)] = True
+            logprobs[i, :len(ids)] = torch.tensor(lps)
+        return Completions(sequences, mask, logprobs, len(prompt_ids), self.version)
+
+    def publish(self, weights, version):
+        raise NotImplementedError
+
+
+def _turn(chat, text, stop=True):
+    ids = chat.encode(text) + ([chat.turn_stop_id()] if stop else [])
+    return ids, [-0.5 - 0.01 * i for i in range(len(ids))]
+
+
+def _workflow(tokenizer, turns=8, budget=0, max_new_tokens=64):
+    from coati.models.tiny import CHAT_TEMPLATE
+
+    chat = _chat(tokenizer, CHAT_TEMPLATE)
+    runner = ToolRunner(resolve_tools(["calculator"]))
+    scorer = Scorer(tokenizer, WeightedReward.from_specs(["math_answer"]))
+    return chat, MultiTurnWorkflow(scorer, chat, lambda: ToolEnvironment(runner, hermes),
+                                   SamplingConfig(max_new_tokens=max_new_tokens), 2, turns, budget)
+
+
+ROW = {"prompt": json.dumps([{"role": "user", "content": "What is 12 * 34?"}]), "gt_answer": "408", "input_ids": [1]}
+CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 34"}}\n</tool_call>'
+
+
+def test_an_episode_trains_on_the_sampled_tokens_verbatim_and_nothing_else(tokenizer):
+    chat, workflow = _workflow(tokenizer)
+    first, second, other = _turn(chat, CALL), _turn(chat, "The answer is 408."), _turn(chat, "The answer is 400.")
+    engine = _Scripted([first, other, second])
+    trajectory = asyncio.run(workflow.arun_episode(engine, ROW))
+    prompt = chat.prompt_ids(json.loads(ROW["prompt"]))
+    conversation = [*json.loads(ROW["prompt"]), {"role": "assistant", "content": CALL},
+                    {"role": "tool", "name": "calculator", "content": "408"},
+                    {"role": "assistant", "content": "The answer is 408."}]
+    whole = tokenizer.apply_chat_template(conversation, tools=chat.tools, tokenize=True)
+    row = trajectory.sequences[0][:trajectory.prompt_length + int(torch.nonzero(trajectory.action_mask[0]).max()) + 1]
+    assert row.tolist() == whole[:len(row)] and trajectory.prompt_length == len(prompt)
+    sampled = trajectory.sequences[0, len(prompt):][trajectory.action_mask[0]].tolist()
+    assert sampled == first[0] + second[0]                                        # the engine's ids, verbatim
+    assert trajectory.logprobs[0][trajectory.action_mask[0]].tolist() == pytest.approx(first[1] + second[1])
+    assert trajectory.logprobs[0][~trajectory.action_mask[0]].abs().sum() == 0
+    assert engine.requests[1][0] == row.tolist()[:len(engine.requests[1][0])]      # turn 2 continues the tokens
+    assert trajectory.rewards.tolist() == [1.0, 0.0]                               # the final answers, scored
+    stats = trajectory.rollout_stats
+    assert stats["turns"] == [2.0, 1.0] and stats["tool_calls"] == [1.0, 0.0] and stats["ended/answer"] == [1.0, 1.0]
+    assert trajectory.completions[0][1] == {"role": "tool", "name": "calculator", "content": "408"}
+
+
+def test_episodes_end_at_the_turn_limit_the_token_budget_or_a_cut_turn(tokenizer):
+    chat, workflow = _workflow(tokenizer, turns=1)
+    trajectory = asyncio.run(workflow.arun_episode(_Scripted([_turn(chat, CALL), _turn(chat, CALL)]), ROW))
+    assert trajectory.rollout_stats["ended/max_turns"] == [1.0, 1.0]
+    chat, workflow = _workflow(tokenizer, budget=40)
+    engine = _Scripted([_turn(chat, CALL), _turn(chat, "no", stop=False)])
+    trajectory = asyncio.run(workflow.arun_episode(engine, ROW))
+    assert trajectory.rollout_stats["ended/max_total_tokens"] == [1.0, 0.0]
+    assert trajectory.rollout_stats["ended/truncated"] == [0.0, 1.0]
+    assert engine.requests[0][1] == 40 and trajectory.action_mask.size(1) <= 40 + 64
+
+
+@pytest.mark.slow
+def test_multi_turn_grpo_under_torchrun_logs_the_episodes_and_evaluates_through_the_same_workflow(tiny_assets, tmp_path):
+    from conftest import SCRIPTS, torchrun
+
+    result = torchrun(SCRIPTS / "train_grpo.py", 2, "--pretrain", str(tiny_assets["model"]), "--prompt_dataset",
+                      str(tiny_assets["prompt_train"]), "--eval_dataset", str(tiny_assets["prompt_eval"]),
+                      "--batch_size", "2", "--num_generations", "2", "--max_new_tokens", "12", "--num_episodes", "2",
+                      "--tools", "calculator", "python", "--max_turns", "3", "--max_total_tokens", "48",
+                      "--eval_n_samples", "2", "--sample_log_interval", "1", "--log_dir", str(tmp_path / "logs"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "train/reward" in r]
+    assert len(train) == 2
+    for record in train:
+        assert 1 <= record["train/rollout/turns"] <= 3 and record["train/rollout/sampled_tokens"] > 0
+        ended = sum(record[f"train/rollout/ended/{how}"] for how in ("answer", "max_turns", "max_total_tokens", "truncated"))
+        assert ended == pytest.approx(1.0)
+        assert {"train/rollout/tool_calls", "train/rollout/tool_errors/malformed", "train/rollout/environment_tokens",
+                "train/rewards/environment/mean"} <= record.keys()
+    assert sum("eval/reward" in r and "eval/reward/pass@2" in r for r in records) == 2   # before and after
+    table = json.loads((tmp_path / "logs" / "rich_completions" / "completions_step_000001.json").read_text())
+    assert table["data"][0][1][0]["role"] == "assistant"                                  # the conversation
