@@ -263,3 +263,30 @@ def test_multi_turn_grpo_under_torchrun_logs_the_episodes_and_evaluates_through_
     assert sum("eval/reward" in r and "eval/reward/pass@2" in r for r in records) == 2   # before and after
     table = json.loads((tmp_path / "logs" / "rich_completions" / "completions_step_000001.json").read_text())
     assert table["data"][0][1][0]["role"] == "assistant"                                  # the conversation
+
+
+def test_tool_use_demonstrations_train_on_the_assistant_turns_only(tokenizer, tmp_path):
+    from coati.models.tiny import CHAT_TEMPLATE
+    from coati.dataset.prepare import load_prepared, prepare_dataset
+    from coati.dataset.tokenization import IGNORE_INDEX
+
+    tokenizer.chat_template = CHAT_TEMPLATE
+    schemas = tool_schemas(resolve_tools(["calculator"]))
+    conversation = [{"role": "user", "content": "What is 12 * 34?"}, {"role": "assistant", "content": CALL},
+                    {"role": "tool", "name": "calculator", "content": "408"},
+                    {"role": "assistant", "content": "The answer is 408."}]
+    raw = tmp_path / "demos.jsonl"
+    raw.write_text(json.dumps({"messages": conversation, "tools": schemas}) + "\n"
+                   + json.dumps({"messages": conversation[:1] + conversation[2:]}) + "\n")
+    with pytest.raises(Exception, match="wrong role order: turn 2 is tool, expected assistant"):
+        prepare_dataset([raw], "sft", tokenizer, 2048, tmp_path / "bad")
+    raw.write_text(json.dumps({"messages": conversation, "tools": schemas}) + "\n")
+    prepare_dataset([raw], "sft", tokenizer, 2048, tmp_path / "sft")
+    row = load_prepared([str(tmp_path / "sft")], "sft")[0]
+    assert row["input_ids"] == tokenizer.apply_chat_template(conversation, tools=schemas, tokenize=True)[:len(row["input_ids"])]
+    labelled = tokenizer.decode([t for t in row["labels"] if t != IGNORE_INDEX])
+    assert labelled == CALL + "<|im_end|>" + "The answer is 408." + "<|im_end|>"        # never the tool's answer
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"messages": conversation[:1], "tools": schemas, "gt_answer": "408"}) + "\n")
+    prepare_dataset([prompts], "prompt", tokenizer, 256, tmp_path / "prompts")
+    assert json.loads(load_prepared([str(tmp_path / "prompts")], "prompt")[0]["tools"]) == schemas

@@ -179,7 +179,8 @@ def encoder(data_type: str, tokenizer: PreTrainedTokenizerBase, max_length: int)
     def sft(row: Dict) -> Optional[Dict]:
         if "completion_text" in row:
             return text(row["prompt_text"], row["completion_text"])
-        return tokenize_conversation(tokenizer, row["messages"], max_length, label_from=row.get("label_from", 0))
+        return tokenize_conversation(tokenizer, row["messages"], max_length, label_from=row.get("label_from", 0),
+                                     tools=row.get("tools"))
 
     def preference(row: Dict) -> Optional[Dict]:
         if "prompt_text" not in row:

@@ -61,7 +61,7 @@ def _template_config(path: Optional[str]) -> Optional[Dict[str, Any]]:
 
 
 def assistant_spans(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Dict[str, str]],
-                    first: int = 0) -> List[tuple]:
+                    first: int = 0, tools: Optional[List[Dict[str, Any]]] = None) -> List[tuple]:
     """Character spans of each assistant turn from message `first` on in the rendered conversation,
     end-of-turn token included.
 
@@ -72,8 +72,9 @@ def assistant_spans(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Dict[
     for i, message in enumerate(messages):
         if message["role"] != "assistant" or i < first:
             continue
-        start = len(tokenizer.apply_chat_template(list(messages[:i]), tokenize=False, add_generation_prompt=True))
-        rendered = tokenizer.apply_chat_template(list(messages[: i + 1]), tokenize=False)
+        start = len(tokenizer.apply_chat_template(list(messages[:i]), tools=tools, tokenize=False,
+                                                  add_generation_prompt=True))
+        rendered = tokenizer.apply_chat_template(list(messages[: i + 1]), tools=tools, tokenize=False)
         eos = tokenizer.eos_token or ""
         end = rendered.rfind(eos, start) + len(eos) if eos and eos in rendered[start:] else len(rendered.rstrip())
         spans.append((start, end))
@@ -81,10 +82,12 @@ def assistant_spans(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Dict[
 
 
 def tokenize_conversation(
-    tokenizer: PreTrainedTokenizerBase, messages: Sequence[Dict[str, str]], max_length: int, label_from: int = 0
+    tokenizer: PreTrainedTokenizerBase, messages: Sequence[Dict[str, str]], max_length: int, label_from: int = 0,
+    tools: Optional[List[Dict[str, Any]]] = None,
 ) -> Optional[Dict[str, List[int]]]:
-    """`input_ids` and `labels` for one conversation, truncated to `max_length` tokens from the right.
-    Labels cover the assistant turns from message `label_from` on (a response, not its context).
+    """`input_ids` and `labels` for one conversation, truncated to `max_length` tokens from the right, rendered with
+    `tools`' schemas where given. Labels cover the assistant turns from message `label_from` on (a response, not its
+    context; tool answers never).
 
     Markup after the last labelled token (the template's newline after the final end-of-turn) is
     dropped, so a row ends at its end-of-turn token as a rollout does: a reward model then reads its
@@ -92,10 +95,10 @@ def tokenize_conversation(
 
     Returns None when truncation leaves no assistant token to learn from.
     """
-    text = tokenizer.apply_chat_template(list(messages), tokenize=False)
+    text = tokenizer.apply_chat_template(list(messages), tools=tools, tokenize=False)
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True,
                         truncation=True, max_length=max_length)
-    spans = assistant_spans(tokenizer, messages, label_from)
+    spans = assistant_spans(tokenizer, messages, label_from, tools)
     labels = [
         token if any(s <= start and end <= e for s, e in spans) else IGNORE_INDEX
         for token, (start, end) in zip(encoded["input_ids"], encoded["offset_mapping"])

@@ -3,7 +3,8 @@
 Accepted shapes (ColossalChat's, OpenAI/HF's and every one of TRL's dataset formats). Conversational rows go
 through the chat template; TRL's standard rows (plain text) are tokenized as they are, with no template, as TRL does.
 - sft: `messages` = [{role|from, content|value}, ...]: an optional system turn, then user/assistant
-  turns alternating, ending with a non-empty assistant turn (labels on the assistant turns). ShareGPT's
+  turns alternating (tool turns answering an assistant turn before the next), ending with a non-empty assistant turn
+  (labels on the assistant turns); an optional `tools` column (OpenAI function schemas) the template renders. ShareGPT's
   `conversations` (`from`: human/gpt/system, `value`) is read the same way, for prompt data too. TRL's
   language modelling `text` (labels on all of it) and prompt-completion, standard (`prompt`/`completion`
   strings) or conversational (message lists), labels on the completion only.
@@ -12,7 +13,8 @@ through the chat template; TRL's standard rows (plain text) are tokenized as the
   conversations), whose shared start is the prompt.
 - prompt: `messages` or TRL's conversational `prompt`, ending with a user turn (a final assistant turn, the
   answer, is dropped, as ColossalChat does), or a standard `prompt` string; every other field (e.g.
-  `gt_answer`) is carried through unchanged for the reward function.
+  `gt_answer`) is carried through unchanged for the reward function, and a `tools` column (checked like sft's) as
+  JSON text, for multi-turn rollouts.
 - kto: `prompt` + `completion` (strings, or a message list and assistant turns, or ColossalChat's single
   completion message object) + boolean `label` (desirable or not), or `messages` ending with the assistant
   completion + `label`; or a preference row, read as two (chosen desirable, rejected not), as TRL's KTO does.
@@ -26,7 +28,11 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Sequence, Tupl
 
 from coati.utils.errors import CoatiUsageError
 
-ROLE_ALIASES = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant", "system": "system"}
+ROLE_ALIASES = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant", "system": "system",
+                "tool": "tool", "ipython": "tool", "function_call": "assistant", "observation": "tool"}
+FOLLOWS = {None: ("user",), "user": ("assistant",), "assistant": ("user", "tool"), "tool": ("tool", "assistant")}
+"""Which roles may come after each (None: the first turn after an optional system turn): tool answers follow an
+assistant turn that called tools, and the assistant speaks after them."""
 Row = Dict[str, Any]
 
 
@@ -83,17 +89,21 @@ def normalize_messages(messages: Any, where: str, field: str) -> List[Dict[str, 
             raise DataValidationError(where, f"{field}[{i}].role", f"unknown role {message.get('role', message.get('from'))!r}")
         if not isinstance(content, str):
             raise DataValidationError(where, f"{field}[{i}].content", "missing or not a string")
-        normalized.append({"role": role, "content": content})
+        name = message.get("name")
+        normalized.append({"role": role, "content": content, **({"name": name} if role == "tool" and name else {})})
     return normalized
 
 
 def check_turn_order(messages: List[Dict[str, str]], where: str, field: str, last_role: str) -> None:
-    """Optional system turn, then user/assistant alternating from user, ending with `last_role`."""
+    """Optional system turn, then user/assistant alternating from user (tool turns answering an assistant turn's
+    calls between it and the next assistant turn), ending with `last_role`."""
     turns = messages[1:] if messages[0]["role"] == "system" else messages
+    previous = None
     for i, message in enumerate(turns):
-        expected = "user" if i % 2 == 0 else "assistant"
-        if message["role"] != expected:
+        if message["role"] not in FOLLOWS[previous]:
+            expected = " or ".join(FOLLOWS[previous])
             raise DataValidationError(where, field, f"wrong role order: turn {i + 1} is {message['role']}, expected {expected}")
+        previous = message["role"]
     if not turns or turns[-1]["role"] != last_role:
         raise DataValidationError(where, field, f"must end with a {last_role} turn")
     for i, message in enumerate(turns):
@@ -156,7 +166,24 @@ def validate_sft(row: Any, where: str) -> Row:
     field = conversation_field(row)
     messages = normalize_messages(_require(row, field, where), where, field)
     check_turn_order(messages, where, field, last_role="assistant")
-    return {"messages": messages}
+    return {"messages": messages, **_tools(row, where)}
+
+
+def _tools(row: Row, where: str) -> Row:
+    """A conversation's `tools` column (OpenAI function schemas, or their JSON, TRL's format), which the chat template
+    renders; nothing when the row has none."""
+    tools = row.get("tools")
+    if not tools:
+        return {}
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as error:
+            raise DataValidationError(where, "tools", f"invalid JSON ({error.msg})") from None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) and "name" in t.get("function", t) for t in tools):
+        raise DataValidationError(where, "tools", "expected a list of OpenAI function schemas "
+                                                  "({\"type\": \"function\", \"function\": {\"name\": ...}})")
+    return {"tools": tools}
 
 
 def _response(row: Row, field: str, where: str) -> List[Dict[str, str]]:
@@ -240,8 +267,10 @@ def validate_prompt(row: Any, where: str) -> Row:
             return {"prompt_text": _text(row, "prompt", where), **extra}
         return {"messages": _prompt_turns(row, "prompt", where, drop_answer=True), **extra}
     field = conversation_field(row)
-    extra = {k: v for k, v in row.items() if k != field}
-    return {"messages": _prompt_turns(row, field, where, drop_answer=True), **extra}
+    extra = {k: v for k, v in row.items() if k not in (field, "tools")}
+    tools = _tools(row, where)
+    return {"messages": _prompt_turns(row, field, where, drop_answer=True), **extra,
+            **({"tools": json.dumps(tools["tools"])} if tools else {})}
 
 
 def validate_kto(row: Any, where: str) -> Union[Row, List[Row]]:
