@@ -290,3 +290,23 @@ def test_tool_use_demonstrations_train_on_the_assistant_turns_only(tokenizer, tm
     prompts.write_text(json.dumps({"messages": conversation[:1], "tools": schemas, "gt_answer": "408"}) + "\n")
     prepare_dataset([prompts], "prompt", tokenizer, 256, tmp_path / "prompts")
     assert json.loads(load_prepared([str(tmp_path / "prompts")], "prompt")[0]["tools"]) == schemas
+
+
+def test_the_product_task_holds_out_operand_pairs_and_its_demonstrations_call_the_calculator(tokenizer):
+    from coati.dataset.demo_data import generate_products, tool_sft_records
+
+    train, held_out = generate_products(200, "train"), generate_products(50, "eval")
+    assert all(p.answer == eval(p.question[8:-1]) for p in train + held_out)            # "What is A * B?"
+    assert not {p.question for p in train} & {p.question for p in held_out}
+    demo = tool_sft_records(held_out[:1], tool_schemas(resolve_tools(["calculator"])))[0]
+    call = hermes(demo["messages"][1]["content"]).calls[0]
+    assert calculator(**call.arguments) == demo["messages"][2]["content"] == str(held_out[0].answer)
+
+
+def test_a_saved_model_is_evaluated_in_episodes_that_may_call_its_tools(tiny_assets):
+    from coati.rollout.evaluation import evaluate_model
+
+    result = evaluate_model(str(tiny_assets["model"]), [str(tiny_assets["prompt_eval"])], max_new_tokens=8,
+                            tools=("calculator",), max_turns=2)
+    assert len(result.samples) == 32 and 0.0 <= result.components["math_answer"] <= 1.0
+    assert all(s["completion"][0]["role"] == "assistant" for s in result.samples)   # conversations, not text

@@ -159,6 +159,36 @@ def code_prompt_records(problems: Iterable[CodeProblem]) -> List[Dict]:
     return [{"messages": [{"role": "user", "content": p.question}], "tests": p.tests} for p in problems]
 
 
+PRODUCT_RANGE = (100, 999)
+"""Operands of the tool task: three-digit products, which a tiny model cannot work out in its head."""
+
+
+def generate_products(n: int, split: str = "train", seed: int = 0) -> List[Problem]:
+    """`n` "What is A * B?" problems with three-digit A and B; held-out pairs are a fixed seventh of all pairs."""
+    if split not in ("train", "eval"):
+        raise ValueError("split must be 'train' or 'eval'")
+    rng = random.Random(f"{seed}-products-{split}")
+    problems = []
+    while len(problems) < n:
+        a, b = rng.randint(*PRODUCT_RANGE), rng.randint(*PRODUCT_RANGE)
+        if ((a * 31 + b) % 7 == 0) == (split == "eval"):
+            problems.append(Problem(f"What is {a} * {b}?", a * b, f"{a} * {b} = {a * b}. #### {a * b}"))
+    return problems
+
+
+def tool_sft_records(problems: Iterable[Problem], tools: List[Dict]) -> List[Dict]:
+    """Demonstrations of the calculator: call it with the question's expression, then answer with its result."""
+    records = []
+    for p in problems:
+        expression = p.question.removeprefix("What is ").removesuffix("?")
+        call = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
+        records.append({"messages": [{"role": "user", "content": p.question},
+                                     {"role": "assistant", "content": f"<tool_call>\n{call}\n</tool_call>"},
+                                     {"role": "tool", "name": "calculator", "content": str(p.answer)},
+                                     {"role": "assistant", "content": f"#### {p.answer}"}], "tools": tools})
+    return records
+
+
 def tokenizer_corpus(n: int = 2000, seed: int = 0) -> List[str]:
     """Texts covering the task's vocabulary, to train the tiny tokenizer on."""
     problems = generate_problems(n, "train", seed) + generate_problems(n // 4, "eval", seed)

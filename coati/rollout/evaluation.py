@@ -23,8 +23,13 @@ from coati.rewards.math import extract_answer
 from coati.rewards.registry import component_metrics, table_columns
 from coati.utils.stats_tracker import StatsTracker
 
+from .chat import ChatTokens
 from .engine import RolloutEngine
+from .environment import ToolEnvironment, tool_schemas
 from .local import LocalEngine, run_episodes
+from .multiturn import MultiTurnWorkflow
+from .tool_calls import hermes
+from .tools import ToolRunner, resolve_tools
 from .workflow import RLVRWorkflow, RolloutWorkflow, Trajectory
 
 
@@ -82,9 +87,11 @@ class EvalResult:
 
 @torch.no_grad()
 def evaluate_model(model_dir: str, prompt_dirs: Sequence[str], reward_specs: Sequence[str] = ("math_answer",),
-                   max_new_tokens: int = 32, batch_size: int = 64) -> EvalResult:
+                   max_new_tokens: int = 32, batch_size: int = 64, tools: Sequence[str] = (),
+                   max_turns: int = 4) -> EvalResult:
     """Greedy completions of the prepared prompt sets `prompt_dirs` by the model in `model_dir` (loaded
-    with `from_pretrained`), scored like rollouts by `reward_specs`."""
+    with `from_pretrained`), scored like rollouts by `reward_specs`; with `tools`, greedy multi-turn episodes of at
+    most `max_turns` model turns that may call them."""
     tokenizer = load_tokenizer(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     engine = LocalEngine(HFEngine(model, tokenizer.pad_token_id, [tokenizer.eos_token_id]))
@@ -93,7 +100,7 @@ def evaluate_model(model_dir: str, prompt_dirs: Sequence[str], reward_specs: Seq
     loader = DataLoader(load_prepared(list(prompt_dirs), "prompt"), batch_size=batch_size,
                         collate_fn=PromptCollator(tokenizer.pad_token_id))
     samples: List[Dict[str, object]] = []
-    workflow = RLVRWorkflow(scorer, greedy, 1)
+    workflow = _tool_workflow(scorer, greedy, tools, max_turns) if tools else RLVRWorkflow(scorer, greedy, 1)
     for batch in tqdm(loader, desc=f"evaluating {model_dir}", leave=False):
         for t in complete(engine, workflow, prompt_rows(batch), greedy):
             samples.append({"prompt": t.prompts[0], "completion": t.completions[0],
@@ -101,6 +108,13 @@ def evaluate_model(model_dir: str, prompt_dirs: Sequence[str], reward_specs: Seq
     names = [k for k in samples[0] if k not in ("prompt", "completion", "reward")] if samples else []
     means = {k: _mean(samples, k) for k in names}
     return EvalResult(_mean(samples, "reward"), {k: v for k, v in means.items() if v is not None}, samples)
+
+
+def _tool_workflow(scorer: Scorer, sampling: SamplingConfig, tools: Sequence[str], max_turns: int) -> RolloutWorkflow:
+    """One greedy multi-turn episode per prompt, calling `tools` (hermes calls) for at most `max_turns` turns."""
+    runner = ToolRunner(resolve_tools(list(tools)))
+    chat = ChatTokens(scorer.tokenizer, [scorer.tokenizer.eos_token_id], tool_schemas(list(runner.tools.values())))
+    return MultiTurnWorkflow(scorer, chat, lambda: ToolEnvironment(runner, hermes), sampling, 1, max_turns, 0)
 
 
 def _mean(samples: List[Dict[str, object]], key: str) -> Optional[float]:
