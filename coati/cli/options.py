@@ -114,7 +114,8 @@ def _add_fields(parser: argparse.ArgumentParser, group: Any, cls: type, changes:
                 kwargs["required"] = True
             else:
                 kwargs["default"] = _parser_default(default)
-        group.add_argument(*meta["aliases"], changes.flags.get(f.name, flag), **{k: v for k, v in kwargs.items() if v is not None})
+        given = {k: v for k, v in kwargs.items() if v is not None}
+        group.add_argument(*meta["aliases"], changes.flags.get(f.name, flag), **given)
 
 
 def add_alias(group: Any, flag: str, cls: type, name: str, note: str = "") -> None:
