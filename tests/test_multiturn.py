@@ -120,6 +120,8 @@ def test_calls_that_go_wrong_become_the_models_error_messages_and_are_counted():
         "tool_errors/malformed": 1, "tool_errors/unknown_tool": 1, "tool_errors/bad_arguments": 1,
         "tool_errors/tool_error": 1, "tool_errors/timeout": 1}
     assert environment.step("The answer is 42.").done
+    hung = [runner.run("_sleeps", {"seconds": 5}).error for _ in range(5)]
+    assert hung == ["timeout"] * 5 and runner.run("calculator", {"expression": "2 + 2"}).text == "4"   # not held up
 
 
 def test_a_row_offers_the_tools_its_tools_column_names():

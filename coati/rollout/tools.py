@@ -8,7 +8,8 @@ instead (`ToolRunner`), never a crash of the run.
 """
 import ast
 import operator
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from fractions import Fraction
@@ -140,13 +141,13 @@ def python(code: str) -> str:
 
 # ---- running calls ----------------------------------------------------------------------------------
 class ToolRunner:
-    """Runs tool calls on worker threads with a per-call timeout: the result text, or an error message naming the
-    kind (`unknown_tool`, `bad_arguments`, `tool_error`, `timeout`) for the model and the metrics."""
+    """Runs each tool call on a thread of its own with a per-call timeout: the result text, or an error message naming
+    the kind (`unknown_tool`, `bad_arguments`, `tool_error`, `timeout`) for the model and the metrics. A call that never
+    returns keeps only its own (daemon) thread; later calls are not held up by it."""
 
-    def __init__(self, tools: Sequence[Tool], timeout_s: float = 10.0, workers: int = 4) -> None:
+    def __init__(self, tools: Sequence[Tool], timeout_s: float = 10.0) -> None:
         self.tools = {tool.name: tool for tool in tools}
         self.timeout_s = timeout_s
-        self._threads = ThreadPoolExecutor(workers, thread_name_prefix="tool")
 
     def run(self, name: str, arguments: Any) -> "ToolResult":
         tool = self.tools.get(name)
@@ -162,7 +163,9 @@ class ToolRunner:
         return self._call(tool, arguments)
 
     def _call(self, tool: Tool, arguments: Dict[str, Any]) -> "ToolResult":
-        future = self._threads.submit(tool.fn, **arguments)
+        future: "Future[Any]" = Future()
+        threading.Thread(target=_run_into, args=(future, tool.fn, arguments), name=f"tool-{tool.name}",
+                         daemon=True).start()
         try:
             text = str(future.result(timeout=self.timeout_s))
         except FutureTimeout:
@@ -174,6 +177,14 @@ class ToolRunner:
         if len(text) > MAX_OUTPUT_CHARS:
             text = text[:MAX_OUTPUT_CHARS] + f"\n[output cut at {MAX_OUTPUT_CHARS} characters]"
         return ToolResult(text, None)
+
+
+def _run_into(future: "Future[Any]", fn: Callable[..., Any], arguments: Dict[str, Any]) -> None:
+    """`fn(**arguments)`'s result or exception, into `future`."""
+    try:
+        future.set_result(fn(**arguments))
+    except BaseException as error:   # the caller reports it to the model
+        future.set_exception(error)
 
 
 @dataclass(frozen=True)
