@@ -231,7 +231,7 @@ def test_an_episode_trains_on_the_sampled_tokens_verbatim_and_nothing_else(token
     assert trajectory.completions[0][1] == {"role": "tool", "name": "calculator", "content": "408"}
 
 
-def test_episodes_end_at_the_turn_limit_the_token_budget_or_a_cut_turn(tokenizer):
+def test_episodes_end_at_the_turn_limit_the_token_budget_a_cut_turn_or_the_end_of_sequence(tokenizer):
     chat, workflow = _workflow(tokenizer, turns=1)
     trajectory = asyncio.run(workflow.arun_episode(_Scripted([_turn(chat, CALL), _turn(chat, CALL)]), ROW))
     assert trajectory.rollout_stats["ended/max_turns"] == [1.0, 1.0]
@@ -241,6 +241,10 @@ def test_episodes_end_at_the_turn_limit_the_token_budget_or_a_cut_turn(tokenizer
     assert trajectory.rollout_stats["ended/max_total_tokens"] == [1.0, 0.0]
     assert trajectory.rollout_stats["ended/truncated"] == [0.0, 1.0]
     assert engine.requests[0][1] == 40 and trajectory.action_mask.size(1) <= 40 + 64
+    chat, workflow = _workflow(tokenizer)
+    sequence_end = (chat.encode(CALL) + [tokenizer.convert_tokens_to_ids("<|eot_id|>")], [0.0] * (len(chat.encode(CALL)) + 1))
+    trajectory = asyncio.run(workflow.arun_episode(_Scripted([sequence_end, _turn(chat, "#### 408")]), ROW))
+    assert trajectory.rollout_stats["turns"] == [1.0, 1.0] and trajectory.rollout_stats["tool_calls"] == [0.0, 0.0]
 
 
 @pytest.mark.slow

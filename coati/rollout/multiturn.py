@@ -25,8 +25,8 @@ from .environment import ERROR_KINDS, Environment, Message
 from .workflow import RolloutWorkflow, Trajectory
 
 ENDINGS = ("answer", "max_turns", "max_total_tokens", "truncated")
-"""How an episode ends: an answer without a tool call, the turn limit, the token budget, or a turn cut at
-`max_new_tokens` (nothing can follow it)."""
+"""How an episode ends: an answer without a tool call (or a turn ended by a stop token that closes no turn, such as
+end of sequence), the turn limit, the token budget, or a turn cut at `max_new_tokens` (nothing can follow it)."""
 
 
 @dataclass
@@ -68,6 +68,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
         self.scorer, self.chat, self.make_environment = scorer, chat, make_environment
         self.sampling, self.num_generations = sampling, num_generations
         self.max_turns, self.max_total_tokens = max_turns, max_total_tokens
+        self.closer = chat.turn_stop_id()
 
     async def arun_episode(self, engine: RolloutEngine, sample: Dict[str, Any]) -> Optional[Trajectory]:
         messages = conversation(sample)
@@ -99,6 +100,8 @@ class MultiTurnWorkflow(RolloutWorkflow):
             episode.messages.append({"role": "assistant", "content": text})
             if not stopped:   # cut at max_new_tokens: no template closes the turn, so nothing can follow it
                 episode.ended = "truncated"
+                return episode
+            if turn[-1] != self.closer:   # a stop token that ends the sequence, not the turn: the model is done
                 return episode
             step = await asyncio.to_thread(environment.step, text)
             episode.reward += step.reward
