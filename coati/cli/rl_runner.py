@@ -238,9 +238,10 @@ def _build_grpo(args, setup, tokenizer, actor, optimizer, scheduler, engine, ref
                    if args.adv_estimator == "maxent" else None)
     maker = GRPOExperienceMaker(actor, engine, tokenizer, _reward_fn(args), config, reference,
                                 _frozen_reward_model(args, tokenizer), temperature=temperature)
-    if args.async_rollout:
-        kwargs["source"] = AsyncRollouts(maker, actor, len(prompts.dataset), **_rollout_side(args, maker))
     kwargs["workflow"] = _workflow(args, maker)
+    if args.async_rollout:
+        kwargs["source"] = AsyncRollouts(maker, actor, len(prompts.dataset),
+                                         **_rollout_side(args, maker, kwargs["workflow"]))
     return GRPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler,
                        kl_controller=_kl_controller(args), **kwargs)
 
@@ -259,11 +260,10 @@ def _check_agent(args: argparse.Namespace) -> None:
     check_appending(_chat_tokens(args, load_tokenizer(args.tokenizer_dir or args.pretrain, args.trust_remote_code)))
     tools = resolve_tools(args.tools)
     for flag, paths in (("--prompt_dataset", args.dataset), ("--eval_dataset", args.eval_dataset)):
-        rows = load_prepared(paths, "prompt") if paths else []
-        for index in range(len(rows)):
+        for index, row in enumerate(load_prepared(paths, "prompt") if paths else []):
             try:
-                row_tools(rows[index], tools)
-                conversation(rows[index])
+                row_tools(row, tools)
+                conversation(row)
             except ValueError as error:
                 raise CoatiUsageError(f"{flag} row {index}: {error}") from None
 
@@ -283,10 +283,10 @@ def _workflow(args: argparse.Namespace, maker: Any) -> RolloutWorkflow:
                              args.num_generations, args.max_turns, args.max_total_tokens)
 
 
-def _rollout_side(args: argparse.Namespace, maker: GRPOExperienceMaker) -> Dict[str, Any]:
+def _rollout_side(args: argparse.Namespace, maker: GRPOExperienceMaker, workflow: RolloutWorkflow) -> Dict[str, Any]:
     """Rank 0's generator pool (Ray actors, or vLLM servers with `--rollout_backend vllm`, started from
-    `--pretrain`), RLVR workflow (scoring with the maker's scorer), executor and prompt stream for `--async_rollout`;
-    nothing on the other ranks."""
+    `--pretrain`), the executor running `workflow` (the trainer's own, which it also evaluates with) and the prompt
+    stream for `--async_rollout`; nothing on the other ranks."""
     if rank() != 0:
         return {}
     tokenizer = maker.tokenizer
@@ -295,7 +295,7 @@ def _rollout_side(args: argparse.Namespace, maker: GRPOExperienceMaker) -> Dict[
     else:
         pool = GeneratorPool(args.pretrain, tokenizer.pad_token_id, _stop_ids(args, tokenizer), args.num_generators,
                              args.generator_max_restarts, args.seed)
-    executor = WorkflowExecutor(pool, _workflow(args, maker), args.batch_size * world_size(),
+    executor = WorkflowExecutor(pool, workflow, args.batch_size * world_size(),
                                 args.max_concurrent_rollouts or 2 * args.batch_size * world_size(), args.max_staleness,
                                 batches_per_version=args.num_collect_steps)
     return dict(executor=executor, pool=pool, stream=PromptStream(load_prepared(args.dataset, "prompt"), args.seed))
