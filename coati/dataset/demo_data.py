@@ -10,7 +10,7 @@ import operator
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Sequence, Union
+from typing import Callable, Dict, Iterable, List, Sequence, Tuple, Union
 
 NAMES = ("Ann", "Ben", "Cat", "Dan", "Eve", "Fay", "Gus", "Hal")
 ITEMS = ("apples", "pens", "books", "coins", "cards", "shells")
@@ -41,17 +41,26 @@ def make_problem(a: int, b: int, op: str, name: str, item: str) -> Problem:
 
 def generate_problems(n: int, split: str = "train", seed: int = 0) -> List[Problem]:
     """`n` problems from the `train` or `eval` (held-out) combinations, reproducible from `seed`."""
-    if split not in ("train", "eval"):
-        raise ValueError("split must be 'train' or 'eval'")
-    rng = random.Random(f"{seed}-{split}")
-    problems = []
-    while len(problems) < n:
+    def draw(rng: random.Random) -> Tuple[bool, Problem]:
         a, b, op = rng.randint(1, MAX_OPERAND), rng.randint(1, MAX_OPERAND), rng.choice("+-")
         if op == "-" and b > a:
             a, b = b, a
         name, item = rng.choice(NAMES), rng.choice(ITEMS)
-        if _is_held_out(name, item) == (split == "eval"):
-            problems.append(make_problem(a, b, op, name, item))
+        return _is_held_out(name, item), make_problem(a, b, op, name, item)
+
+    return _split_draws(n, split, random.Random(f"{seed}-{split}"), draw)
+
+
+def _split_draws(n: int, split: str, rng: random.Random, draw: Callable[[random.Random], Tuple[bool, Problem]]
+                 ) -> List[Problem]:
+    """The first `n` problems `draw` makes from `rng` that fall in `split` (held out or not)."""
+    if split not in ("train", "eval"):
+        raise ValueError("split must be 'train' or 'eval'")
+    problems = []
+    while len(problems) < n:
+        held_out, problem = draw(rng)
+        if held_out == (split == "eval"):
+            problems.append(problem)
     return problems
 
 
@@ -165,15 +174,11 @@ PRODUCT_RANGE = (100, 999)
 
 def generate_products(n: int, split: str = "train", seed: int = 0) -> List[Problem]:
     """`n` "What is A * B?" problems with three-digit A and B; held-out pairs are a fixed seventh of all pairs."""
-    if split not in ("train", "eval"):
-        raise ValueError("split must be 'train' or 'eval'")
-    rng = random.Random(f"{seed}-products-{split}")
-    problems = []
-    while len(problems) < n:
+    def draw(rng: random.Random) -> Tuple[bool, Problem]:
         a, b = rng.randint(*PRODUCT_RANGE), rng.randint(*PRODUCT_RANGE)
-        if ((a * 31 + b) % 7 == 0) == (split == "eval"):
-            problems.append(Problem(f"What is {a} * {b}?", a * b, f"{a} * {b} = {a * b}. #### {a * b}"))
-    return problems
+        return (a * 31 + b) % 7 == 0, Problem(f"What is {a} * {b}?", a * b, f"{a} * {b} = {a * b}. #### {a * b}")
+
+    return _split_draws(n, split, random.Random(f"{seed}-products-{split}"), draw)
 
 
 def tool_sft_records(problems: Iterable[Problem], tools: List[Dict]) -> List[Dict]:
