@@ -1,5 +1,6 @@
 """Plugin selection: CUDA-only plugins are refused on a CPU machine with one line and exit status 2."""
 import argparse
+import re
 import subprocess
 import sys
 
@@ -68,3 +69,38 @@ def test_a_refused_plugin_is_the_only_line_printed_even_with_python_warnings_on(
     assert result.returncode == 2
     assert result.stdout.splitlines() == [
         "error: --plugin gemini needs CUDA GPUs and this machine has none; use --plugin ddp to train on the CPU"]
+
+
+@pytest.mark.parametrize("trainer", ["kto", "ppo", "grpo"])
+def test_gemini_auto_is_refused_where_the_first_forward_has_no_gradients(trainer):
+    """Gemini's automatic placement traces memory over a first iteration that must begin with a training forward
+    (seen on an H200: colossalai's `You should run a completed iteration as your warmup iter`)."""
+    from coati.distributed.plugins import check_first_forward
+    from coati.trainer import KTOTrainer, OLTrainer
+
+    first = (KTOTrainer if trainer == "kto" else OLTrainer).no_grad_forward_first
+    with pytest.raises(CoatiUsageError, match=f"gemini_auto .* runs {re.escape(first)} first; use --plugin gemini"):
+        check_first_forward("gemini_auto", first)
+    check_first_forward("gemini", first)
+
+
+def test_gemini_auto_is_kept_for_trainers_that_begin_with_a_training_forward():
+    from coati.distributed.plugins import check_first_forward
+    from coati.trainer import DPOTrainer, ORPOTrainer, RewardModelTrainer, SFTTrainer
+
+    for trainer in (SFTTrainer, RewardModelTrainer, DPOTrainer, ORPOTrainer):
+        assert trainer.no_grad_forward_first is None
+        check_first_forward("gemini_auto", trainer.no_grad_forward_first)
+
+
+def test_3d_shards_a_token_classification_critic_by_its_backbone_policy():
+    """shardformer has no policy for `LlamaForTokenClassification` (PPO's critic): its backbone's is used."""
+    from colossalai.shardformer.policies.llama import LlamaModelPolicy
+    from transformers import LlamaConfig, LlamaForCausalLM, LlamaForTokenClassification
+
+    from coati.distributed.plugins import shard_policy
+
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, num_labels=1)
+    assert isinstance(shard_policy(LlamaForTokenClassification(config)), LlamaModelPolicy)
+    assert shard_policy(LlamaForCausalLM(config)) is None

@@ -30,7 +30,7 @@ from coati.rewards.registry import split_spec
 from coati.rewards.remote import RemoteReward, is_url
 from coati.rewards.sandbox import SandboxError, SandboxLimits, resolve_backend
 from coati.utils.comm import rank, world_size
-from coati.distributed.plugins import build_booster
+from coati.distributed.plugins import build_booster, check_first_forward
 from coati.rollout import GeneratorPool, PromptStream, RLVRWorkflow, RolloutWorkflow, WorkflowExecutor
 from coati.rollout.chat import ChatTokens, check_appending
 from coati.rollout.environment import ToolEnvironment, row_tools, tool_schemas
@@ -176,7 +176,7 @@ def _trainer_config(args: argparse.Namespace, setup: Any) -> OnPolicyConfig:
 def _run(args: argparse.Namespace, build: Callable[..., OLTrainer]) -> OLTrainer:
     """Prompts, actor, reference and engine; `build(args, setup, ...)` makes the trainer; then resume,
     fit, the held-out results and the export."""
-    setup, coordinator, tokenizer = start_run(args, _check_agent)
+    setup, coordinator, tokenizer = start_run(args, _check_run)
     collator = PromptCollator(tokenizer.pad_token_id, args.max_length)
     prompts = build_dataloader(setup.plugin, load_prepared(args.dataset, "prompt"), args.batch_size, collator, True, args.seed)
     held_out = (build_dataloader(setup.plugin, load_prepared(args.eval_dataset, "prompt"), args.batch_size, collator,
@@ -316,6 +316,19 @@ def _check_kl_control(args: argparse.Namespace) -> None:
     if args.kl_target > 0 and args.kl_coef <= 0:
         raise CoatiUsageError(f"--kl_target {args.kl_target} adapts --kl_coef, which must start above 0 (it is "
                               f"{args.kl_coef}; adaptive KL multiplies it)")
+
+
+def _check_run(args: argparse.Namespace) -> None:
+    """After preflight, before any model loads: the plugin suits on-policy training, and the agent's set-up holds."""
+    _check_plugin(args)
+    _check_agent(args)
+
+
+def _check_plugin(args: argparse.Namespace) -> None:
+    check_first_forward(args.plugin, OLTrainer.no_grad_forward_first)
+    if args.pp > 1:
+        raise CoatiUsageError("--pp > 1 (pipeline parallelism) is not supported by on-policy trainers (generation and "
+                              "the critic run whole models); use --tp/--sp with --zero_stage for the 3d plugin")
 
 
 def _check_async(args: argparse.Namespace) -> None:

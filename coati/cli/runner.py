@@ -22,7 +22,7 @@ from coati.dataset.sampler import StatefulDistributedSampler, TokenBudgetBatchSa
 from coati.dataset.tokenization import load_tokenizer
 from coati.utils.comm import rank, world_size
 from coati.distributed.launch import init_distributed
-from coati.distributed.plugins import BoostSetup, build_booster, check_plugin_available
+from coati.distributed.plugins import BoostSetup, build_booster, check_first_forward, check_plugin_available
 from coati.models.lora import enable_lora, export_adapter_and_merge
 from coati.models.packing import enable_packed_attention
 from coati.models.reference import load_reference_model, with_reference_logps
@@ -236,7 +236,7 @@ def run_supervised(
     """Train `trainer_cls` on prepared `data_type` data as the flags say, then export the model.
     `callbacks` run after the built-in performance report. `setup_hook(context)` runs once the process
     group, plugin and tokenizer exist, and returns extra trainer arguments (a reference model)."""
-    setup, coordinator, tokenizer = start_run(args)
+    setup, coordinator, tokenizer = start_run(args, lambda a: check_first_forward(a.plugin, trainer_cls.no_grad_forward_first))
     collator = COLLATORS[data_type](tokenizer.pad_token_id, args.max_length, args.disable_loss_mask, args.packing,
                                     share_prompt=not args.use_flash_attn)
     context = RunContext(args, setup, tokenizer, collator, lambda paths: load_prepared(paths, data_type))

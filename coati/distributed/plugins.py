@@ -3,12 +3,13 @@ plugins. torch and colossalai are imported where a plugin is built."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Dict
+from typing import TYPE_CHECKING, Callable, Dict, Optional
 
 if TYPE_CHECKING:
     import torch
     from colossalai.booster import Booster
     from colossalai.booster.plugin import Plugin
+    from colossalai.shardformer.policies.base_policy import Policy
 
 from coati.config import PLUGIN_HELP, PLUGINS, SP_MODES, PluginConfig
 from coati.utils.errors import CoatiUsageError, warn_user
@@ -32,11 +33,15 @@ class BoostSetup:
     grad_clip: float
 
     def boost(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler=None, dataloader=None):
-        """`booster.boost`, after giving a ddp model its bf16 autocast; returns (model, optimizer, lr_scheduler, dataloader)."""
+        """`booster.boost`, after giving a ddp model its bf16 autocast (and a 3d model the shardformer policy that fits
+        it); returns (model, optimizer, lr_scheduler, dataloader)."""
         import torch
+        from colossalai.booster.plugin import HybridParallelPlugin
 
         if self.trainer_clips_grad and self.precision == "bf16":
             _autocast_forward(model, torch.bfloat16)
+        if isinstance(self.plugin, HybridParallelPlugin):
+            self.plugin.custom_policy = shard_policy(model)
         model, optimizer, _, dataloader, lr_scheduler = self.booster.boost(
             model, optimizer, lr_scheduler=lr_scheduler, dataloader=dataloader
         )
@@ -51,6 +56,28 @@ def _autocast_forward(model: torch.nn.Module, dtype: torch.dtype) -> None:
     import torch
 
     model.forward = torch.autocast(device_type="cuda", dtype=dtype)(model.forward)
+
+
+def shard_policy(model: torch.nn.Module) -> Optional[Policy]:
+    """None where shardformer has a policy for `model`'s class; else its backbone's (`model.base_model`), for a head
+    shardformer does not know, such as PPO's `*ForTokenClassification` critic: the head then stays whole on each
+    rank, reading the backbone's gathered hidden states."""
+    from colossalai.shardformer.policies.auto_policy import get_autopolicy
+
+    try:
+        get_autopolicy(model)
+        return None
+    except NotImplementedError:
+        return get_autopolicy(model.base_model)
+
+
+def check_first_forward(plugin: str, no_grad_forward: Optional[str]) -> None:
+    """Refuse gemini_auto for a trainer whose first forward runs without gradients (`no_grad_forward` names it):
+    Gemini's automatic placement traces memory over a first iteration that must begin with a training forward."""
+    if plugin == "gemini_auto" and no_grad_forward:
+        raise CoatiUsageError(f"--plugin gemini_auto traces memory over a first iteration that must begin with a training "
+                              f"forward, and this trainer runs {no_grad_forward} first; use --plugin gemini (static "
+                              "placement), or zero2_cpu to keep optimizer states on the CPU")
 
 
 def _cuda_available() -> bool:

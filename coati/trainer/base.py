@@ -96,6 +96,9 @@ class _TrainerCore:
     """What both loops share: callbacks around `fit`, the stats tracker, the metrics logger, and optimizer
     steps guarded against non-finite losses and gradients (`skip_nonfinite` such steps may be skipped)."""
 
+    no_grad_forward_first: Optional[str] = None
+    """The forward without gradients the trainer runs before its first backward, if any (gemini_auto refuses it)."""
+
     def __init__(self, callbacks: Sequence[Callback], coordinator: Optional[DistCoordinator],
                  skip_nonfinite: int = 0, logging: Optional[LogCadence] = None) -> None:
         self.callbacks = list(callbacks)

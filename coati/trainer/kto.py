@@ -41,6 +41,7 @@ class KTOTrainer(PreferenceTrainer):
     (beta * log-ratio over desirable / undesirable items), logps/chosen and logps/rejected."""
 
     default_loss = KTOLoss
+    no_grad_forward_first = "KTO's KL estimate (a forward without gradients)"
 
     @torch.no_grad()
     def _kl_estimate(self, batch: Batch) -> torch.Tensor:

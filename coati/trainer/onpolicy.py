@@ -62,6 +62,8 @@ class OLTrainer(_TrainerCore):
     even when training raises.
     """
 
+    no_grad_forward_first = "rollout generation"
+
     def __init__(
         self,
         actor: torch.nn.Module,
