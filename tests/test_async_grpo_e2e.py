@@ -13,7 +13,7 @@ def _args(assets, out, episodes: int) -> list:
             "--batch_size", "2", "--num_generations", "4", "--max_new_tokens", "8", "--num_episodes", str(episodes),
             "--lr", "1e-3", "--reward_fn", "math_answer", "answer_format", "--async_rollout", "--max_staleness", "1",
             "--save_interval", "2", "--save_dir", str(out / "ckpt"), "--log_dir", str(out / "logs"),
-            "--sample_log_interval", "0"]
+            "--sample_log_interval", "0", "--tools", "calculator", "--max_turns", "2"]
 
 
 def _records(out):
@@ -30,6 +30,7 @@ def test_async_grpo_trains_within_the_staleness_bound_and_resumes(tiny_assets, t
         assert 0 <= r["train/rollout/staleness@trained/min"] <= r["train/rollout/staleness@trained/max"] <= 1
         assert r["train/behaviour_weight"] > 0 and "train/time/rollout_wait" in r
         assert 0 <= r["train/rewards/answer_format/mean"] <= 1
+        assert r["train/rollout/turns"] >= 1 and "train/rollout/tool_errors/malformed" in r   # multi-turn episodes
     state = json.loads((tmp_path / "ckpt" / "epoch-0_step-4" / "running_states.json").read_text())
     # rank 0 drew the 4 episodes' 2 x 2 prompts, and at most the default 2 x 4 more for rollouts in flight
     assert 4 * 2 * 2 <= state["prompt_index"] <= 4 * 2 * 2 + 8

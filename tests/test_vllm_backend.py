@@ -173,6 +173,10 @@ def test_a_server_that_cannot_start_says_why(small_model, tmp_path):
 
 
 # ---- the training scripts on the backend ---------------------------------------------------------
+MULTI_TURN = ["--tools", "calculator", "--max_turns", "2"]
+"""Episodes that may call the calculator: the multi-turn workflow on the engine, synchronously and asynchronously."""
+
+
 def _rl_args(assets, model, out, episodes: int) -> list:
     return ["--pretrain", str(model), "--prompt_dataset", str(assets["prompt_train"]), "--plugin", "ddp",
             "--batch_size", "2", "--num_generations", "4", "--max_new_tokens", "8", "--num_episodes", str(episodes),
@@ -191,17 +195,18 @@ def own_model(small_model, tmp_path):
 
 
 @pytest.mark.slow
-def test_grpo_trains_on_vllm_rollouts(tiny_assets, own_model, tmp_path):
+def test_multi_turn_grpo_trains_on_vllm_rollouts(tiny_assets, own_model, tmp_path):
     grpo = tmp_path / "grpo"
     result = torchrun(SCRIPTS / "train_grpo.py", 2, *_rl_args(tiny_assets, own_model, grpo, 3),
-                      "--reward_fn", "math_answer", "answer_format")
+                      "--reward_fn", "math_answer", "answer_format", *MULTI_TURN)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "vLLM rollout engine ready in" in result.stdout
     records = _records(grpo)
     assert [r["step"] for r in records] == [1, 2, 3]
     for r in records:
         assert 0 < r["train/behaviour_ratio/min"] <= r["train/behaviour_ratio"] <= r["train/behaviour_ratio/max"]
-        assert abs(r["train/behaviour_ratio"] - 1) < 1e-3   # fp32 engine and trainer agree
+        assert abs(r["train/behaviour_ratio"] - 1) < 1e-3   # fp32 engine and trainer agree, on the sampled tokens
+        assert r["train/rollout/turns"] >= 1 and r["train/rollout/sampled_tokens"] > 0
     assert all(r["train/time/weight_sync"] > 0 for r in records[1:])   # the weights of episodes 1 and 2
     assert {p.name for p in (grpo / "logs").glob("vllm_*.log")} == {"vllm_rank0_0.log", "vllm_rank1_0.log"}
     assert not _server_processes(str(own_model))
@@ -210,12 +215,14 @@ def test_grpo_trains_on_vllm_rollouts(tiny_assets, own_model, tmp_path):
 @pytest.mark.slow
 def test_async_grpo_on_one_vllm_generator_stays_within_its_staleness(tiny_assets, own_model, tmp_path):
     result = torchrun(SCRIPTS / "train_grpo.py", 2, *_rl_args(tiny_assets, own_model, tmp_path, 4),
-                      "--reward_fn", "answer_format", "--async_rollout", "--num_generators", "1", "--max_staleness", "1")
+                      "--reward_fn", "answer_format", "--async_rollout", "--num_generators", "1", "--max_staleness", "1",
+                      *MULTI_TURN)
     assert result.returncode == 0, result.stderr[-4000:]
     records = _records(tmp_path)
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     for r in records:
         assert 0 <= r["train/rollout/staleness@trained/min"] <= r["train/rollout/staleness@trained/max"] <= 1
+        assert r["train/rollout/turns"] >= 1 and "train/rollout/ended/max_turns" in r
     assert (tmp_path / "logs" / "vllm_rank0_0.log").is_file()
     assert not _server_processes(str(own_model))
 

@@ -11,6 +11,7 @@ import asyncio
 import os
 import threading
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -19,6 +20,9 @@ import torch
 
 from coati.models.generation import GenerationOutput, HFEngine, through_last
 from coati.config import SamplingConfig
+
+MAX_SESSIONS = 4096
+"""Sessions a pool remembers the generator of (a conversation's turns go to one generator)."""
 
 
 class GeneratorError(RuntimeError):
@@ -55,8 +59,11 @@ class RolloutEngine(ABC):
     seconds: float = 0.0
 
     @abstractmethod
-    async def agenerate(self, prompt_ids: List[int], config: SamplingConfig, n: int) -> Completions:
-        """`n` completions of one unpadded prompt."""
+    async def agenerate(self, prompt_ids: List[int], config: SamplingConfig, n: int,
+                        session: Optional[str] = None) -> Completions:
+        """`n` completions of one unpadded prompt. Requests that name the same `session` (the turns of one
+        conversation) go to the same copy of the model where the engine holds several, so its prefix cache holds
+        the conversation."""
 
     @abstractmethod
     def publish(self, weights: Dict[str, torch.Tensor], version: int) -> "Future[Any]":
@@ -170,9 +177,11 @@ class BatchingPool(RolloutEngine):
     def _start_queues(self, count: int) -> None:
         self._queues: List[List[_Request]] = [[] for _ in range(count)]
         self._dispatchers: List[Optional[asyncio.Task]] = [None] * count
+        self._sessions: "OrderedDict[str, int]" = OrderedDict()
 
-    async def agenerate(self, prompt_ids: List[int], config: SamplingConfig, n: int) -> Completions:
-        index = min(range(len(self._queues)), key=lambda i: sum(not r.future.done() for r in self._queues[i]))
+    async def agenerate(self, prompt_ids: List[int], config: SamplingConfig, n: int,
+                        session: Optional[str] = None) -> Completions:
+        index = self._generator_for(session)
         loop = asyncio.get_running_loop()
         request = _Request(list(prompt_ids), config, n, loop.create_future())
         self._queues[index].append(request)
@@ -180,6 +189,19 @@ class BatchingPool(RolloutEngine):
         if dispatcher is None or dispatcher.done():   # a dispatcher cancelled before its first step is done too
             self._dispatchers[index] = loop.create_task(self._dispatch(index))
         return await request.future
+
+    def _generator_for(self, session: Optional[str]) -> int:
+        """The generator `session` went to before, else the least busy (remembered for the session's next turns;
+        the `MAX_SESSIONS` most recent sessions are kept)."""
+        if session in self._sessions:
+            self._sessions.move_to_end(session)
+            return self._sessions[session]
+        index = min(range(len(self._queues)), key=lambda i: sum(not r.future.done() for r in self._queues[i]))
+        if session is not None:
+            self._sessions[session] = index
+            if len(self._sessions) > MAX_SESSIONS:
+                self._sessions.popitem(last=False)
+        return index
 
     async def _dispatch(self, index: int) -> None:
         """Send generator `index` its waiting requests, a batch at a time, until none is left."""

@@ -32,7 +32,8 @@ class LocalEngine(RolloutEngine):
         done.set_result(None)
         return done
 
-    async def agenerate(self, prompt_ids: List[int], config: SamplingConfig, n: int) -> Completions:
+    async def agenerate(self, prompt_ids: List[int], config: SamplingConfig, n: int,
+                        session: Optional[str] = None) -> Completions:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._pending.append((list(prompt_ids), config, n, future))
