@@ -13,7 +13,7 @@ from coati.utils.cadence import LogCadence
 from coati.utils.errors import CoatiUsageError
 from coati.utils.metrics_logger import DEFAULT_WANDB_TABLE_ROWS
 from coati.utils.ranges import at_least, in_range, non_negative, positive
-from coati.utils.registry import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, OBJECTIVES, POLICY_LOSSES,
+from coati.utils.registry import (ADVANTAGE_ESTIMATORS, AGENTS, AGGREGATIONS, KL_ESTIMATORS, OBJECTIVES, POLICY_LOSSES,
                                   REWARD_SHAPERS, TOOL_CALL_PARSERS, TOOLS, option)
 from coati.utils.settings import NOT_A_FLAG, nested, setting
 
@@ -533,6 +533,12 @@ class AgentSettings:
     malformed_tool_penalty: float = setting(0.0, parse=non_negative(),
                                             help="subtracted from the reward per malformed tool call (logged as "
                                                  "rewards/environment)")
+    agent: Optional[str] = setting(None, parse=AGENTS.choice(),
+                                   help="package.module:function, an agent program run as each rollout: called as "
+                                        "agent(base_url, row) with an OpenAI-compatible endpoint local to the run, it "
+                                        "returns its final answer; its requests' tokens are trained on (not with --tools)")
+    agent_timeout: float = setting(300.0, parse=positive(), help="seconds an agent's episode may take; a slower one "
+                                                                 "ends its episode (rollout/ended/agent_timeout)")
 
 
 @dataclass(frozen=True)

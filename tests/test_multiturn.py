@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from coati.config import SamplingConfig
+from coati.rollout.engine import BatchingPool
 from coati.models.tiny import train_tokenizer
 from coati.rewards import WeightedReward
 from coati.experience.scorer import Scorer
@@ -170,10 +171,11 @@ class _Scripted(RolloutEngine):
     """Answers each request with the next scripted turn (token ids and their log-probs), as an engine would."""
 
     def __init__(self, turns):
-        self.turns, self.requests = list(turns), []
+        self.turns, self.requests, self.sessions = list(turns), [], set()
 
-    async def agenerate(self, prompt_ids, config, n):
+    async def agenerate(self, prompt_ids, config, n, session=None):
         self.requests.append((list(prompt_ids), config.max_new_tokens, n))
+        self.sessions.add(session)
         rows = [self.turns.pop(0) for _ in range(n)]
         width = max(len(ids) for ids, _ in rows)
         sequences = torch.zeros(n, len(prompt_ids) + width, dtype=torch.long)
@@ -225,6 +227,7 @@ def test_an_episode_trains_on_the_sampled_tokens_verbatim_and_nothing_else(token
     assert trajectory.logprobs[0][trajectory.action_mask[0]].tolist() == pytest.approx(first[1] + second[1])
     assert trajectory.logprobs[0][~trajectory.action_mask[0]].abs().sum() == 0
     assert engine.requests[1][0] == row.tolist()[:len(engine.requests[1][0])]      # turn 2 continues the tokens
+    assert len(engine.sessions) == 1 and None not in engine.sessions                # every turn in one session
     assert trajectory.rewards.tolist() == [1.0, 0.0]                               # the final answers, scored
     stats = trajectory.rollout_stats
     assert stats["turns"] == [2.0, 1.0] and stats["tool_calls"] == [1.0, 0.0] and stats["ended/answer"] == [1.0, 1.0]
@@ -316,3 +319,193 @@ def test_a_saved_model_is_evaluated_in_episodes_that_may_call_its_tools(tiny_ass
                             tools=("calculator",), max_turns=2)
     assert len(result.samples) == 32 and 0.0 <= result.components["math_answer"] <= 1.0
     assert all(s["completion"][0]["role"] == "assistant" for s in result.samples)   # conversations, not text
+
+
+class _Routed(BatchingPool):
+    """A pool of `count` generators that answers each request with the index of the generator that served it."""
+
+    def __init__(self, count):
+        self._start_queues(count)
+
+    async def _generate_batch(self, index, requests, config):
+        await asyncio.sleep(0.01)
+        return [index] * len(requests)
+
+    def publish(self, weights, version):
+        raise NotImplementedError
+
+
+def test_a_pool_sends_every_turn_of_a_session_to_the_generator_of_its_first():
+    """vLLM's prefix cache holds a conversation only on the server that saw its earlier turns."""
+    pool, config = _Routed(2), SamplingConfig(max_new_tokens=4)
+
+    async def turns():
+        first = await asyncio.gather(pool.agenerate([1], config, 1, "a"), pool.agenerate([2], config, 1, "b"))
+        busy = asyncio.ensure_future(pool.agenerate([3], config, 1))           # keeps one generator busy
+        await asyncio.sleep(0)
+        later = await asyncio.gather(pool.agenerate([1, 5], config, 1, "a"), pool.agenerate([2, 6], config, 1, "b"),
+                                     pool.agenerate([7], config, 1))
+        return first, await busy, later
+
+    (a, b), busy, (a2, b2, free) = asyncio.run(turns())
+    assert {a, b} == {0, 1} and (a2, b2) == (a, b)
+    assert free != busy                                                          # no session: the least busy
+
+
+# ---- agents you already have: the OpenAI-compatible endpoint ------------------------------------------------------
+AGENTS = Path(__file__).resolve().parents[1] / "examples" / "agents"
+
+
+def _calculator_agent():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("calculator_agent", AGENTS / "calculator_agent.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _agent_workflow(tokenizer, agent, timeout=30.0, n=1):
+    from coati.models.tiny import CHAT_TEMPLATE
+    from coati.rollout.agent import AgentWorkflow
+
+    chat = _chat(tokenizer, CHAT_TEMPLATE)
+    scorer = Scorer(tokenizer, WeightedReward.from_specs(["math_answer"]))
+    return chat, AgentWorkflow(scorer, chat, agent, SamplingConfig(max_new_tokens=64), n, timeout)
+
+
+def test_an_openai_client_agent_is_trained_on_the_engines_tokens_verbatim(tokenizer):
+    """The example agent, unchanged, through the real `openai` client: its tool call comes back as `tool_calls`, it
+    runs the calculator, and the trained sequence is the template's rendering of the whole conversation with the
+    engine's ids verbatim, masked to them alone."""
+    agent = _calculator_agent()
+    chat, workflow = _agent_workflow(tokenizer, agent.solve)
+    first, second = _turn(chat, CALL), _turn(chat, "The answer is 408.")
+    engine = _Scripted([first, second])
+    trajectory = asyncio.run(workflow.arun_episode(engine, ROW))
+    conversation = [*json.loads(ROW["prompt"]), {"role": "assistant", "content": CALL},
+                    {"role": "tool", "name": "calculator", "content": "408"},
+                    {"role": "assistant", "content": "The answer is 408."}]
+    whole = tokenizer.apply_chat_template(conversation, tools=agent.TOOLS, tokenize=True)
+    length = trajectory.prompt_length + int(torch.nonzero(trajectory.action_mask[0]).max()) + 1
+    assert trajectory.sequences[0, :length].tolist() == whole[:length]
+    sampled = trajectory.sequences[0, trajectory.prompt_length:][trajectory.action_mask[0]].tolist()
+    assert sampled == first[0] + second[0]
+    assert trajectory.logprobs[0][trajectory.action_mask[0]].tolist() == pytest.approx(first[1] + second[1])
+    assert trajectory.logprobs[0][~trajectory.action_mask[0]].abs().sum() == 0
+    assert len(engine.sessions) == 1 and trajectory.rewards.tolist() == [1.0]
+    stats = trajectory.rollout_stats
+    assert stats["turns"] == [2.0] and stats["ended/answer"] == [1.0] and stats["agent/restarts"] == [0.0]
+    assert trajectory.completions[0][1]["role"] == "tool" and trajectory.completions[0][1]["content"] == "408"
+
+
+def test_an_agent_that_fails_hangs_or_rewrites_its_history_ends_its_own_episode(tokenizer):
+    from openai import OpenAI
+
+    def ask(base_url, messages):
+        return OpenAI(base_url=base_url, api_key="x", max_retries=0).chat.completions.create(
+            model="policy", messages=messages).choices[0].message.content
+
+    def failing(base_url, row):
+        ask(base_url, row["messages"])
+        raise RuntimeError("the agent's own bug")
+
+    def hanging(base_url, row):
+        ask(base_url, row["messages"])
+        time.sleep(5)
+
+    def rewriting(base_url, row):   # asks again without the answer it was given: a new branch
+        ask(base_url, row["messages"])
+        return ask(base_url, [{"role": "user", "content": "What is 12 * 34 exactly?"}])
+
+    endings = {}
+    for agent, timeout in ((failing, 30.0), (hanging, 1.0), (rewriting, 30.0)):
+        chat, workflow = _agent_workflow(tokenizer, agent, timeout)
+        engine = _Scripted([_turn(chat, "#### 400"), _turn(chat, "#### 408")])
+        start = time.monotonic()
+        trajectory = asyncio.run(workflow.arun_episode(engine, ROW))
+        assert time.monotonic() - start < 4
+        endings[agent.__name__] = {k: v[0] for k, v in trajectory.rollout_stats.items() if k.startswith(("ended", "agent"))}
+        if agent is rewriting:   # trained on the last branch: its own prompt, the second answer, scored right
+            assert trajectory.sequences[0, :trajectory.prompt_length].tolist() == chat.prompt_ids(
+                [{"role": "user", "content": "What is 12 * 34 exactly?"}])
+            assert trajectory.rewards.tolist() == [1.0]
+    assert endings["failing"]["ended/agent_error"] == 1.0
+    assert endings["hanging"]["ended/agent_timeout"] == 1.0
+    assert endings["rewriting"]["agent/restarts"] == 1.0 and endings["rewriting"]["ended/answer"] == 1.0
+
+
+def test_a_group_of_agent_episodes_shares_the_prompt_they_agree_on(tokenizer):
+    """Agents may open with prompts of their own: the trajectory's prompt is their common start, and the rest of each
+    one's prompt stands before its answer, unmasked."""
+    from coati.rollout.multiturn import Episode, assemble
+
+    scorer = Scorer(tokenizer, WeightedReward.from_specs(["math_answer"]))
+    prompts = [[5, 6, 7, 8], [5, 6, 9]]
+    episodes = [Episode(), Episode()]
+    episodes[0].add([20, 21], True, [-1.0, -2.0])
+    episodes[1].add([30], True, [-3.0])
+    trajectory = asyncio.run(assemble(scorer, 0, {"gt_answer": "1"}, [], prompts, episodes, 3))
+    assert trajectory.prompt_length == 2 and trajectory.version == 3
+    assert trajectory.sequences.tolist() == [[5, 6, 7, 8, 20, 21], [5, 6, 9, 30, 0, 0]]
+    assert trajectory.action_mask.tolist() == [[False, False, True, True], [False, True, False, False]]
+    assert trajectory.logprobs.tolist() == [[0.0, 0.0, -1.0, -2.0], [0.0, -3.0, 0.0, 0.0]]
+
+
+def test_the_recorded_tokens_are_what_a_real_engine_produced(tiny_assets):
+    """The tiny model on the local engine, two episodes of the example agent at once: each episode's trained tokens
+    are the engine's outputs for that episode's requests, in order."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from coati.models.generation import HFEngine
+    from coati.rollout.agent import AgentWorkflow
+    from coati.rollout.local import LocalEngine
+
+    class Recording(LocalEngine):
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.outputs = {}
+
+        async def agenerate(self, prompt_ids, config, n, session=None):
+            out = await super().agenerate(prompt_ids, config, n, session)
+            self.outputs.setdefault(session, []).extend(
+                out.sequences[0, out.prompt_length:][out.action_mask[0].bool()].tolist())
+            return out
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
+    model = AutoModelForCausalLM.from_pretrained(tiny_assets["model"]).eval()
+    engine = Recording(HFEngine(model, tokenizer.pad_token_id, [tokenizer.eos_token_id]))
+    chat = ChatTokens(tokenizer, [tokenizer.eos_token_id])
+    scorer = Scorer(tokenizer, WeightedReward.from_specs(["math_answer"]))
+    workflow = AgentWorkflow(scorer, chat, _calculator_agent().solve, SamplingConfig(max_new_tokens=12), 2)
+    row = {"prompt": json.dumps([{"role": "user", "content": "What is 3 + 4?"}]), "gt_answer": "7", "input_ids": [1]}
+    trajectory = asyncio.run(workflow.arun_episode(engine, row))
+    trained = [trajectory.sequences[i, trajectory.prompt_length:][trajectory.action_mask[i]].tolist() for i in range(2)]
+    assert sorted(trained) == sorted(engine.outputs.values()) and len(engine.outputs) == 2
+    assert trajectory.logprobs is None or trajectory.logprobs[~trajectory.action_mask].abs().sum() == 0
+
+
+@pytest.mark.slow
+def test_grpo_trains_an_openai_client_agent_under_torchrun(tiny_assets, tmp_path):
+    """The README's command: the example agent, unchanged, as every rollout and every held-out episode."""
+    import subprocess
+
+    from conftest import REPO, SCRIPTS, child_env, torchrun_cmd
+
+    cmd = torchrun_cmd(SCRIPTS / "train_grpo.py", 2, "--pretrain", str(tiny_assets["model"]), "--prompt_dataset",
+                       str(tiny_assets["prompt_train"]), "--eval_dataset", str(tiny_assets["prompt_eval"]),
+                       "--batch_size", "2", "--num_generations", "2", "--max_new_tokens", "12", "--num_episodes", "2",
+                       "--reward_fn", "math_answer", "--agent", "calculator_agent:solve", "--eval_n_samples", "1",
+                       "--sample_log_interval", "1", "--log_dir", str(tmp_path / "logs"))
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO,
+                            env=child_env(PYTHONPATH=str(AGENTS)))
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "train/reward" in r]
+    assert len(train) == 2
+    for record in train:
+        assert 1 <= record["train/rollout/turns"] <= 3 and record["train/rollout/sampled_tokens"] > 0
+        ended = sum(record[f"train/rollout/ended/{how}"] for how in ("answer", "truncated", "agent_error", "agent_timeout"))
+        assert ended == pytest.approx(1.0) and record["train/rollout/ended/agent_error"] == 0
+        assert record["train/rollout/agent/restarts"] == 0
+    assert sum("eval/reward" in r for r in records) == 2

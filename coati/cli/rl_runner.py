@@ -32,6 +32,7 @@ from coati.rewards.sandbox import SandboxError, SandboxLimits, resolve_backend
 from coati.utils.comm import rank, world_size
 from coati.distributed.plugins import build_booster, check_first_forward
 from coati.rollout import GeneratorPool, PromptStream, RLVRWorkflow, RolloutWorkflow, WorkflowExecutor
+from coati.rollout.agent import AgentWorkflow, resolve_agent
 from coati.rollout.chat import ChatTokens, check_appending
 from coati.rollout.environment import ToolEnvironment, row_tools, tool_schemas
 from coati.rollout.multiturn import MultiTurnWorkflow, conversation
@@ -253,9 +254,11 @@ def _chat_tokens(args: argparse.Namespace, tokenizer: Any) -> ChatTokens:
 
 
 def _check_agent(args: argparse.Namespace) -> None:
-    """With `--tools`, before any model loads: the chat template shows the tools and renders by appending, and the
-    prompt rows are conversations whose own `tools` name tools `--tools` implements."""
-    if not args.tools:
+    """With `--tools` or `--agent`, before any model loads: the chat template shows the tools and renders by
+    appending, and the prompt rows are conversations whose own `tools` name tools `--tools` implements."""
+    if args.agent and args.tools:
+        raise CoatiUsageError("--agent runs your own agent program, which calls its own tools; leave out --tools")
+    if not (args.tools or args.agent):
         return
     check_appending(_chat_tokens(args, load_tokenizer(args.tokenizer_dir or args.pretrain, args.trust_remote_code)))
     tools = resolve_tools(args.tools)
@@ -269,9 +272,13 @@ def _check_agent(args: argparse.Namespace) -> None:
 
 
 def _workflow(args: argparse.Namespace, maker: Any) -> RolloutWorkflow:
-    """What turns a prompt row into a trajectory: single-turn RLVR, or with `--tools` a multi-turn episode with a
-    tool environment, scored by the maker's scorer."""
+    """What turns a prompt row into a trajectory: single-turn RLVR, with `--tools` a multi-turn episode with a tool
+    environment, or with `--agent` the user's agent program against the run's endpoint; scored by the maker's
+    scorer."""
     sampling = maker.config.sampling
+    if args.agent:
+        return AgentWorkflow(maker.scorer, _chat_tokens(args, maker.tokenizer), resolve_agent(args.agent), sampling,
+                             args.num_generations, args.agent_timeout)
     if not args.tools:
         return RLVRWorkflow(maker.scorer, sampling, args.num_generations)
     runner = ToolRunner(resolve_tools(args.tools), args.tool_timeout)

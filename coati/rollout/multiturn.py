@@ -10,8 +10,9 @@ how it ended and how many tokens the model and the environment wrote, as `rollou
 import asyncio
 import dataclasses
 import json
+import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -49,14 +50,20 @@ class Episode:
         if self.logprobs is not None:
             self.logprobs = None if sampled and logprobs is None else self.logprobs + (logprobs or [0.0] * len(ids))
 
-    def stats(self) -> Dict[str, float]:
+    def stats(self, endings: Sequence[str] = ENDINGS) -> Dict[str, float]:
         sampled = float(sum(self.sampled))
         stats = {"turns": self.counts.get("turns", 0.0), "tool_calls": self.counts.get("tool_calls", 0.0),
                  "tool_seconds": self.counts.get("tool_seconds", 0.0), "sampled_tokens": sampled,
                  "environment_tokens": len(self.ids) - sampled}
         stats.update({f"tool_errors/{kind}": self.counts.get(f"tool_errors/{kind}", 0.0) for kind in ERROR_KINDS})
-        stats.update({f"ended/{how}": float(self.ended == how) for how in ENDINGS})
+        stats.update({f"ended/{how}": float(self.ended == how) for how in endings})
+        stats.update({name: value for name, value in self.counts.items() if name.startswith("agent/")})
         return stats
+
+    def after(self, tail: List[int]) -> "Episode":
+        """This episode behind `tail`, token ids the model did not sample (a prompt's part that others lack)."""
+        return dataclasses.replace(self, ids=tail + self.ids, sampled=[False] * len(tail) + self.sampled,
+                                   logprobs=None if self.logprobs is None else [0.0] * len(tail) + self.logprobs)
 
 
 class MultiTurnWorkflow(RolloutWorkflow):
@@ -77,21 +84,23 @@ class MultiTurnWorkflow(RolloutWorkflow):
             environment.reset(sample)
         tools = environments[0].tools()
         prompt = self.chat.prompt_ids(messages, tools)
-        first = await engine.agenerate(prompt, self._turn_sampling(0), self.num_generations)
-        episodes = await asyncio.gather(*(self._play(engine, environments[i], messages, prompt, tools, first, i)
+        session = uuid.uuid4().hex   # every turn of the group on one copy of the model, which caches the prompt
+        first = await engine.agenerate(prompt, self._turn_sampling(0), self.num_generations, session)
+        episodes = await asyncio.gather(*(self._play(engine, environments[i], messages, prompt, tools, first, i, session)
                                           for i in range(self.num_generations)))
-        return await self._trajectory(sample, messages, prompt, episodes, first.version)
+        return await assemble(self.scorer, self.chat.tokenizer.pad_token_id, sample, messages,
+                              [prompt] * len(episodes), episodes, first.version)
 
     def _turn_sampling(self, used: int) -> SamplingConfig:
         budget = self.max_total_tokens - used if self.max_total_tokens else self.sampling.max_new_tokens
         return dataclasses.replace(self.sampling, max_new_tokens=min(self.sampling.max_new_tokens, budget))
 
     async def _play(self, engine: RolloutEngine, environment: Environment, prompt_messages: List[Message],
-                    prompt: List[int], tools: Any, first: Completions, row: int) -> Episode:
+                    prompt: List[int], tools: Any, first: Completions, row: int, session: str) -> Episode:
         episode, out = Episode(), first
         history = list(prompt_messages)
         while True:
-            turn, logprobs = _sampled(out, row)
+            turn, logprobs = sampled_tokens(out, row)
             episode.add(turn, True, logprobs)
             episode.counts["turns"] = episode.counts.get("turns", 0.0) + 1
             stopped = bool(turn) and turn[-1] in self.chat.stop_ids
@@ -119,33 +128,43 @@ class MultiTurnWorkflow(RolloutWorkflow):
             if self.max_total_tokens and len(episode.ids) >= self.max_total_tokens:
                 episode.ended = "max_total_tokens"
                 return episode
-            out, row = await engine.agenerate(prompt + episode.ids, self._turn_sampling(len(episode.ids)), 1), 0
-
-    async def _trajectory(self, sample: Dict[str, Any], messages: List[Message], prompt: List[int],
-                          episodes: List[Episode], version: int) -> Trajectory:
-        n, width = len(episodes), max(len(e.ids) for e in episodes)
-        sequences = torch.full((n, len(prompt) + width), self.chat.tokenizer.pad_token_id, dtype=torch.long)
-        sequences[:, :len(prompt)] = torch.tensor(prompt)
-        mask = torch.zeros(n, width, dtype=torch.bool)
-        reported = all(e.logprobs is not None for e in episodes)
-        logprobs = torch.zeros(n, width) if reported else None
-        for i, e in enumerate(episodes):
-            sequences[i, len(prompt):len(prompt) + len(e.ids)] = torch.tensor(e.ids, dtype=torch.long)
-            mask[i, :len(e.ids)] = torch.tensor(e.sampled)
-            if logprobs is not None:
-                logprobs[i, :len(e.ids)] = torch.tensor(e.logprobs)
-        out = Completions(sequences, mask, logprobs, len(prompt), version).as_output()
-        fields = {k: [v] * n for k, v in sample.items() if k not in PROMPT_FIELDS}
-        answers = [e.final_text for e in episodes]
-        total, components = await self.scorer.ascore([self.scorer.decode(prompt)] * n, answers, fields, out)
-        components = {**components, "environment": [e.reward for e in episodes]}
-        total = [t + e.reward for t, e in zip(total, episodes)]
-        stats = {name: [e.stats()[name] for e in episodes] for name in episodes[0].stats()}
-        return Trajectory(sequences, mask, logprobs, torch.tensor(total, dtype=torch.float32), len(prompt), version,
-                          [messages] * n, [e.messages for e in episodes], components, rollout_stats=stats)
+            out, row = await engine.agenerate(prompt + episode.ids, self._turn_sampling(len(episode.ids)), 1, session), 0
 
 
-def _sampled(out: Completions, row: int) -> tuple:
+async def assemble(scorer: Scorer, pad_token_id: int, sample: Dict[str, Any], messages: List[Message],
+                   prompts: List[List[int]], episodes: List[Episode], version: int,
+                   endings: Sequence[str] = ENDINGS) -> Trajectory:
+    """The group's episodes as one `Trajectory`: the prompt is what all `prompts` share from the start, and each
+    episode's own rest of its prompt comes before its tokens, unmasked. Scored by `scorer` on the final answers plus
+    each episode's own reward (`environment`)."""
+    shortest = min(len(p) for p in prompts)
+    shared = next((i for i in range(shortest) if len({p[i] for p in prompts}) > 1), shortest)
+    prompt = prompts[0][:shared]
+    episodes = [e.after(p[shared:]) for p, e in zip(prompts, episodes)]
+    n, width = len(episodes), max(1, max(len(e.ids) for e in episodes))
+    sequences = torch.full((n, len(prompt) + width), pad_token_id, dtype=torch.long)
+    sequences[:, :len(prompt)] = torch.tensor(prompt, dtype=torch.long)
+    mask = torch.zeros(n, width, dtype=torch.bool)
+    reported = all(e.logprobs is not None for e in episodes)
+    logprobs = torch.zeros(n, width) if reported else None
+    for i, e in enumerate(episodes):
+        sequences[i, len(prompt):len(prompt) + len(e.ids)] = torch.tensor(e.ids, dtype=torch.long)
+        mask[i, :len(e.ids)] = torch.tensor(e.sampled, dtype=torch.bool)
+        if logprobs is not None:
+            logprobs[i, :len(e.ids)] = torch.tensor(e.logprobs)
+    out = Completions(sequences, mask, logprobs, len(prompt), version).as_output()
+    fields = {k: [v] * n for k, v in sample.items() if k not in PROMPT_FIELDS}
+    answers = [e.final_text for e in episodes]
+    total, components = await scorer.ascore([scorer.decode(prompt)] * n, answers, fields, out)
+    components = {**components, "environment": [e.reward for e in episodes]}
+    total = [t + e.reward for t, e in zip(total, episodes)]
+    names = sorted({name for e in episodes for name in e.stats(endings)})
+    stats = {name: [e.stats(endings).get(name, 0.0) for e in episodes] for name in names}
+    return Trajectory(sequences, mask, logprobs, torch.tensor(total, dtype=torch.float32), len(prompt), version,
+                      [messages] * n, [e.messages for e in episodes], components, rollout_stats=stats)
+
+
+def sampled_tokens(out: Completions, row: int) -> tuple:
     """Row `row`'s sampled token ids and their log-probs (None when the engine reports none)."""
     mask = out.action_mask[row].bool()
     ids = out.sequences[row, out.prompt_length:][mask].tolist()

@@ -78,7 +78,8 @@ class Registry(Generic[F]):
         raise CoatiUsageError(self._unknown(name))
 
     def _unknown(self, name: str) -> str:
-        return f"unknown {self.kind} {name!r}; expected one of {', '.join(self.names())} or package.module:function"
+        names = f"one of {', '.join(self.names())} or " if self.names() else ""
+        return f"unknown {self.kind} {name!r}; expected {names}package.module:function"
 
 
 def option(text: str) -> Tuple[str, Any]:
@@ -118,6 +119,8 @@ named by its URL instead."""
 TOOLS: Registry = Registry("tool", "coati.rollout.tools", ("calculator", "python"))
 """Plain Python functions an agent may call (`--tools`): typed arguments and a Google-style docstring, from which the
 tool's JSON schema is read (`transformers.utils.get_json_schema`); the function returns the text the model reads."""
+AGENTS: Registry = Registry("agent")
+"""Agent programs run as rollouts against the OpenAI-compatible endpoint (`--agent package.module:function`)."""
 TOOL_CALL_PARSERS: Registry = Registry("tool-call parser", "coati.rollout.tool_calls", ("hermes",))
 """`fn(text) -> ParsedTurn`: the tool calls (and malformed ones) in one model turn, by the name `--tool_parser` takes."""
 REWARD_SHAPERS: Registry = Registry("reward shaper", "coati.experience.shaping", ("overlong",))
