@@ -20,7 +20,8 @@ def _args(script: str, assets, out: Path) -> list:
               "--save_interval", str(SAVE_EVERY), "--sample_log_interval", "6", "--save_dir", str(out / "ckpt"),
               "--log_dir", str(out / "logs")]
     if script == "train_grpo.py":
-        return common + ["--num_generations", "4", "--kl_coef", "0.05", "--reward_fn", "math_answer", "answer_format"]
+        return common + ["--num_generations", "4", "--kl_coef", "0.05", "--reward_fn", "math_answer", "answer_format",
+                         "--tools", "calculator", "--max_turns", "2"]   # multi-turn episodes resume exactly too
     return common + ["--rm_pretrain", str(assets["model"]), "--reward_fn", "answer_format", "--num_update_steps", "2",
                      "--ptx_dataset", str(assets["sft_train"]), "--ptx_coef", "0.1"]
 

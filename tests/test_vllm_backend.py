@@ -236,16 +236,17 @@ def _wait_for(predicate, timeout: float, what: str) -> None:
 
 @pytest.mark.slow
 def test_killing_the_trainer_leaves_no_engine_behind(tiny_assets, own_model, tmp_path):
-    """PPO on vLLM rollouts (a critic and a reward model beside the engine) through its first episode, then torchrun
-    and its workers SIGKILLed: the servers notice and exit."""
+    """PPO on vLLM rollouts of multi-turn episodes (a critic and a reward model beside the engine) through its first
+    episode, then torchrun and its workers SIGKILLed: the servers notice and exit."""
     shm_before = set(Path("/dev/shm").glob("coati-vllm-*"))
     log = tmp_path / "run.log"
     proc = start_torchrun(SCRIPTS / "train_ppo.py", 2, *_rl_args(tiny_assets, own_model, tmp_path, 500),
-                          "--reward_fn", "answer_format", log=log)
+                          "--reward_fn", "answer_format", *MULTI_TURN, log=log)
     metrics = tmp_path / "logs" / "metrics.jsonl"
     servers = []
     try:
-        _wait_for(lambda: metrics.is_file() and "train/loss/value" in metrics.read_text(), 300, "PPO's first episode")
+        _wait_for(lambda: metrics.is_file() and "train/rollout/turns" in metrics.read_text(), 300, "PPO's first episode")
+        assert "train/loss/value" in metrics.read_text()
         servers = _server_processes(str(own_model))
         assert len(servers) == 2
     finally:

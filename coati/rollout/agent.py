@@ -18,11 +18,11 @@ the endpoint gave).
 """
 import asyncio
 import dataclasses
+import functools
 import json
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -226,10 +226,9 @@ class AgentWorkflow(RolloutWorkflow):
     instead of the run. Scored by `scorer` on the agent's final answer."""
 
     def __init__(self, scorer: Scorer, chat: ChatTokens, agent: Agent, sampling: SamplingConfig, num_generations: int,
-                 timeout: float = 300.0, max_agents: int = 64) -> None:
+                 timeout: float = 300.0) -> None:
         self.scorer, self.chat, self.agent = scorer, chat, agent
         self.sampling, self.num_generations, self.timeout = sampling, num_generations, timeout
-        self._threads = ThreadPoolExecutor(max_agents, thread_name_prefix="agent")
         self._endpoint: Optional[AgentEndpoint] = None
 
     def endpoint(self) -> AgentEndpoint:
@@ -253,7 +252,7 @@ class AgentWorkflow(RolloutWorkflow):
         endpoint = self.endpoint()
         base_url = endpoint.open(episode)
         try:
-            final = await asyncio.wait_for(loop.run_in_executor(self._threads, self.agent, base_url, row), self.timeout)
+            final = await asyncio.wait_for(in_thread(loop, self.agent, base_url, row), self.timeout)
             return episode.finish(final=final if isinstance(final, str) else None)
         except asyncio.TimeoutError:
             return episode.finish(ended="agent_timeout")
@@ -261,6 +260,30 @@ class AgentWorkflow(RolloutWorkflow):
             return episode.finish(ended="agent_error")
         finally:
             endpoint.close(episode)
+
+
+def in_thread(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> "asyncio.Future[Any]":
+    """`fn(*args)` in a daemon thread of its own, as a future of `loop`: an agent that never returns can neither block
+    the run's exit nor take a pool's place."""
+    future = loop.create_future()
+
+    def settle(outcome: Callable[[], None]) -> None:
+        if not future.done():   # a timed-out episode's future is cancelled already
+            outcome()
+
+    def run() -> None:
+        try:
+            result = fn(*args)
+            outcome = functools.partial(future.set_result, result)
+        except BaseException as error:   # the agent's own failure, delivered to its episode
+            outcome = functools.partial(future.set_exception, error)
+        try:
+            loop.call_soon_threadsafe(settle, outcome)
+        except RuntimeError:   # the loop has closed: nobody waits for this episode any more
+            pass
+
+    threading.Thread(target=run, name="agent", daemon=True).start()
+    return future
 
 
 def resolve_agent(spec: str) -> Agent:
