@@ -509,3 +509,13 @@ def test_grpo_trains_an_openai_client_agent_under_torchrun(tiny_assets, tmp_path
         assert ended == pytest.approx(1.0) and record["train/rollout/ended/agent_error"] == 0
         assert record["train/rollout/agent/restarts"] == 0
     assert sum("eval/reward" in r for r in records) == 2
+
+
+def test_an_engine_that_fails_under_an_agent_fails_the_rollout_not_just_the_agent(tokenizer):
+    class Broken(_Scripted):
+        async def agenerate(self, prompt_ids, config, n, session=None):
+            raise RuntimeError("the vLLM server died")
+
+    _, workflow = _agent_workflow(tokenizer, _calculator_agent().solve)
+    with pytest.raises(RuntimeError, match="the vLLM server died"):
+        asyncio.run(workflow.arun_episode(Broken([]), ROW))

@@ -68,6 +68,7 @@ class RecordedEpisode:
         self.last_stop: Optional[int] = None   # the stop token of the last answer (None: it was cut)
         self.version: Optional[int] = None
         self.closed = False
+        self.engine_error: Optional[Exception] = None
         self.lock = threading.Lock()
 
     def answer(self, body: Dict[str, Any]) -> Dict[str, Any]:
@@ -84,7 +85,11 @@ class RecordedEpisode:
             ids = prompt + episode.ids
             future = asyncio.run_coroutine_threadsafe(self.engine.agenerate(ids, self._sampling(body), 1, self.id),
                                                       self.loop)
-            out = future.result()
+            try:
+                out = future.result()
+            except Exception as error:   # the engine's failure is the run's, not the agent's: kept to raise
+                self.engine_error = error
+                raise
             turn, logprobs = sampled_tokens(out, 0)
             text = self._record(episode, turn, logprobs)
             self.version = out.version if self.version is None else min(self.version, out.version)
@@ -215,15 +220,11 @@ class AgentEndpoint:
         request.end_headers()
         request.wfile.write(data)
 
-    def shutdown(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 class AgentWorkflow(RolloutWorkflow):
     """`num_generations` episodes of `agent` per prompt row, each against its own episode on the endpoint (started on
     first use), run at once in threads; an agent that raises or runs past `timeout` seconds ends its episode (counted)
-    instead of the run. Scored by `scorer` on the agent's final answer."""
+    instead of the run, while an engine that fails a request fails the rollout. Scored by `scorer` on the agent's final
+    answer."""
 
     def __init__(self, scorer: Scorer, chat: ChatTokens, agent: Agent, sampling: SamplingConfig, num_generations: int,
                  timeout: float = 300.0) -> None:
@@ -241,6 +242,9 @@ class AgentWorkflow(RolloutWorkflow):
         row = {**{k: v for k, v in sample.items() if k != "input_ids"}, "messages": conversation(sample)}
         recorded = [RecordedEpisode(self.chat, engine, loop, self.sampling) for _ in range(self.num_generations)]
         finished = await asyncio.gather(*(self._play(loop, episode, row) for episode in recorded))
+        failed = next((e.engine_error for e in recorded if e.engine_error is not None), None)
+        if failed is not None:   # a dead engine ends the run as it does without agents
+            raise failed
         if not all(prompt for prompt, _ in finished):   # an agent that never asked: nothing of its episode to train on
             return None
         version = min(e.version for e in recorded)
