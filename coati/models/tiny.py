@@ -63,10 +63,11 @@ def build_tiny_llama(tokenizer: PreTrainedTokenizerFast, size: str = "tiny", see
     return model
 
 
-def write_tiny_model(out_dir: Union[str, Path], corpus: Iterable[str], size: str = "tiny", seed: int = 0) -> Path:
-    """Train the tokenizer on `corpus`, build the model, and save both into `out_dir`."""
+def write_tiny_model(out_dir: Union[str, Path], corpus: Iterable[str], size: str = "tiny", seed: int = 0,
+                     vocab_size: int = 384) -> Path:
+    """Train the tokenizer (`vocab_size` tokens at most) on `corpus`, build the model, and save both into `out_dir`."""
     out = Path(out_dir)
-    tokenizer = train_tokenizer(corpus)
+    tokenizer = train_tokenizer(corpus, vocab_size)
     model = build_tiny_llama(tokenizer, size=size, seed=seed)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
