@@ -158,7 +158,7 @@ def main(argv=None) -> None:
     parser.add_argument("--tool_fraction", type=float, default=0.5,
                         help="of the tool SFT stage's demonstrations, the fraction that call the calculator")
     parser.add_argument("--sft_steps", type=int, default=600, help="optimizer steps of each SFT stage (16 rows each)")
-    parser.add_argument("--episodes", type=int, default=30, help="GRPO episodes (4 prompts x 8 episodes per rank)")
+    parser.add_argument("--episodes", type=int, default=16, help="GRPO episodes (4 prompts x 8 episodes per rank)")
     parser.add_argument("--model_size", default="small", choices=tuple(MODEL_SIZES))
     parser.add_argument("--nproc", type=int, default=2, help="processes per stage")
     parser.add_argument("--seed", type=int, default=42, help="seeds the model's initialisation and every stage")
