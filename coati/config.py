@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from coati.utils.cadence import LogCadence
 from coati.utils.errors import CoatiUsageError
 from coati.utils.metrics_logger import DEFAULT_WANDB_TABLE_ROWS
-from coati.utils.ranges import at_least, in_range, non_negative, positive
+from coati.utils.ranges import at_least, in_range, non_negative, positive, readable_file
 from coati.utils.registry import (ADVANTAGE_ESTIMATORS, AGENTS, AGGREGATIONS, KL_ESTIMATORS, OBJECTIVES, POLICY_LOSSES,
                                   REWARD_SHAPERS, TOOL_CALL_PARSERS, TOOLS, option)
 from coati.utils.settings import NOT_A_FLAG, nested, setting
@@ -533,6 +533,10 @@ class AgentSettings:
     malformed_tool_penalty: float = setting(0.0, parse=non_negative(),
                                             help="subtracted from the reward per malformed tool call (logged as "
                                                  "rewards/environment)")
+    chat_template: Optional[str] = setting(None, parse=readable_file, metavar="FILE",
+                                           help="a Jinja chat template used instead of the tokenizer's for multi-turn "
+                                                "rollouts, the check and the exported tokenizer: the fix for a template "
+                                                "that rewrites earlier turns (e.g. one that keeps earlier reasoning)")
     agent: Optional[str] = setting(None, parse=AGENTS.choice(),
                                    help="package.module:function, an agent program run as each rollout: called as "
                                         "agent(base_url, row) with an OpenAI-compatible endpoint local to the run, it "

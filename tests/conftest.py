@@ -47,6 +47,12 @@ def world_of_one():
     yield
 
 
+HISTORY_REWRITING = (   # drops the reasoning of every assistant turn but the last, as DeepSeek-R1-style templates do
+    "{% if tools %}{{ tools | tojson }}{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' and not loop.last %}"
+    "{{ m.content.split('</think>')[-1] }}{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+"""A chat template that rewrites history, which multi-turn rollouts refuse."""
+
 TORCHRUN_ENV = {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 PROCESS_GROUP_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 """What `world_of_one` leaves in this process's environment: a child started with it would join this

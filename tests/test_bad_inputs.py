@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SCRIPTS, checkpoint_names, child_env, torchrun
+from conftest import HISTORY_REWRITING, REPO, SCRIPTS, checkpoint_names, child_env, torchrun
 
 PREPARE = REPO / "examples" / "data_preparation_scripts" / "prepare_dataset.py"
 
@@ -69,10 +69,15 @@ def _agent_assets(root: Path, assets) -> dict:
     config = json.loads((plain / "tokenizer_config.json").read_text())
     config["chat_template"] = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
     (plain / "tokenizer_config.json").write_text(json.dumps(config))
+    rewriting = root / "history_rewriting_template_model"   # drops earlier turns' reasoning, as R1-style ones do
+    shutil.copytree(assets["model"], rewriting)
+    config["chat_template"] = HISTORY_REWRITING
+    (rewriting / "tokenizer_config.json").write_text(json.dumps(config))
     rows = load_prepared([assets["prompt_train"]], "prompt").select(range(4))
     rows.add_column("tools", ['[{"type": "function", "function": {"name": "search"}}]'] * 4).save_to_disk(
         root / "prompts_unknown_tool")
-    return {"no_tools_template_model": str(plain), "prompts_unknown_tool": str(root / "prompts_unknown_tool")}
+    return {"no_tools_template_model": str(plain), "prompts_unknown_tool": str(root / "prompts_unknown_tool"),
+            "history_rewriting_template_model": str(rewriting)}
 
 
 def _checkpoints(root: Path, assets) -> dict:
@@ -173,6 +178,12 @@ CASES = [
     ("tools_template_cannot_show_them", lambda p: ("train_grpo", ["--pretrain", p["no_tools_template_model"],
                                                                   "--prompt_dataset", p["prompt_train"], "--tools", "calculator"]),
      "does not render tools (the prompt does not name 'calculator')"),
+    ("tools_template_rewrites_history", lambda p: ("train_grpo", ["--pretrain", p["history_rewriting_template_model"],
+                                                                  "--prompt_dataset", p["prompt_train"], "--tools", "calculator",
+                                                                  "--reward_fn", "math_answer"]),
+     "does not render a conversation by appending turns"),
+    ("chat_template_missing", lambda p: _grpo(p, "--tools", "calculator", "--chat_template", p["empty"] + "/none.jinja"),
+     "--chat_template: "),
     ("tools_column_names_an_unknown_tool", lambda p: _grpo(p, "--tools", "calculator", "--prompt_dataset",
                                                             p["prompts_unknown_tool"]),
      "--prompt_dataset row 0: the row's tools name 'search', which --tools does not implement (calculator)"),

@@ -21,13 +21,10 @@ from coati.rollout.tool_calls import hermes
 from coati.rollout.tools import ToolRunner, calculator, configure_python_tool, python, resolve_tools, tool_from_function
 from coati.rewards.sandbox import SandboxLimits
 from coati.utils.errors import CoatiUsageError
+from conftest import HISTORY_REWRITING
 
 TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
 LLAMA_SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
-HISTORY_REWRITING = (   # drops the reasoning of every assistant turn but the last, as DeepSeek-R1-style templates do
-    "{% if tools %}{{ tools | tojson }}{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' and not loop.last %}"
-    "{{ m.content.split('</think>')[-1] }}{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
 @pytest.fixture(scope="module")
@@ -262,9 +259,18 @@ def _episode_records(log_dir: Path, episodes: int):
 
 @pytest.mark.slow
 def test_multi_turn_grpo_under_torchrun_logs_the_episodes_and_evaluates_through_the_same_workflow(tiny_assets, tmp_path):
+    """With a model whose own template rewrites history, fixed by `--chat_template` (the documented way out)."""
+    import shutil
+
+    from coati.models.tiny import CHAT_TEMPLATE
     from conftest import SCRIPTS, torchrun
 
-    result = torchrun(SCRIPTS / "train_grpo.py", 2, "--pretrain", str(tiny_assets["model"]), "--prompt_dataset",
+    model = Path(shutil.copytree(tiny_assets["model"], tmp_path / "model"))
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": HISTORY_REWRITING}))
+    (tmp_path / "appending.jinja").write_text(CHAT_TEMPLATE)
+    result = torchrun(SCRIPTS / "train_grpo.py", 2, "--pretrain", str(model), "--chat_template",
+                      str(tmp_path / "appending.jinja"), "--prompt_dataset",
                       str(tiny_assets["prompt_train"]), "--eval_dataset", str(tiny_assets["prompt_eval"]),
                       "--batch_size", "2", "--num_generations", "2", "--max_new_tokens", "12", "--num_episodes", "2",
                       "--tools", "calculator", "python", "--max_turns", "3", "--max_total_tokens", "48",

@@ -178,6 +178,7 @@ def _run(args: argparse.Namespace, build: Callable[..., OLTrainer]) -> OLTrainer
     """Prompts, actor, reference and engine; `build(args, setup, ...)` makes the trainer; then resume,
     fit, the held-out results and the export."""
     setup, coordinator, tokenizer = start_run(args, _check_run)
+    tokenizer = with_template(args, tokenizer)
     collator = PromptCollator(tokenizer.pad_token_id, args.max_length)
     prompts = build_dataloader(setup.plugin, load_prepared(args.dataset, "prompt"), args.batch_size, collator, True, args.seed)
     held_out = (build_dataloader(setup.plugin, load_prepared(args.eval_dataset, "prompt"), args.batch_size, collator,
@@ -248,9 +249,19 @@ def _build_grpo(args, setup, tokenizer, actor, optimizer, scheduler, engine, ref
 
 
 def _chat_tokens(args: argparse.Namespace, tokenizer: Any) -> ChatTokens:
-    """How multi-turn episodes render and tokenize: the tokenizer's chat template with `--tools`' schemas."""
-    name = f"the chat template of {args.tokenizer_dir or args.pretrain}"
-    return ChatTokens(tokenizer, _stop_ids(args, tokenizer), tool_schemas(resolve_tools(args.tools)), name)
+    """How multi-turn episodes render and tokenize: the chat template (`--chat_template`'s where given) with `--tools`'
+    schemas."""
+    name = (f"the chat template {args.chat_template}" if args.chat_template
+            else f"the chat template of {args.tokenizer_dir or args.pretrain}")
+    return ChatTokens(with_template(args, tokenizer), _stop_ids(args, tokenizer), tool_schemas(resolve_tools(args.tools)),
+                      name)
+
+
+def with_template(args: argparse.Namespace, tokenizer: Any) -> Any:
+    """`tokenizer`, its chat template replaced by `--chat_template`'s where given."""
+    if args.chat_template:
+        tokenizer.chat_template = Path(args.chat_template).read_text()
+    return tokenizer
 
 
 def _check_agent(args: argparse.Namespace) -> None:

@@ -133,4 +133,5 @@ def check_appending(chat: ChatTokens) -> None:
     token = lambda ids: repr(chat.tokenizer.decode(ids[at:at + 1])) if at < len(ids) else "the end"
     raise CoatiUsageError(f"{chat.template_name} does not render a conversation by appending turns: at token {at}, "
                           f"turn by turn gives {token(built)}, the whole conversation {token(whole)} (a template that "
-                          "rewrites earlier turns, e.g. drops earlier reasoning, cannot train on the sampled tokens)")
+                          "rewrites earlier turns, e.g. drops earlier reasoning, cannot train on the sampled tokens; "
+                          "--chat_template FILE gives one that renders by appending)")

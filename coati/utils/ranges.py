@@ -1,7 +1,8 @@
 """Ranges of numeric options: argparse `type`s (`at_least(1)`, `in_range(0, 1)`) that refuse a value out of range by
-name at parse time, before anything is loaded, and tell `--help` the range (`wanted`)."""
+name at parse time, before anything is loaded, and tell `--help` the range (`wanted`); and `readable_file`."""
 import argparse
 import math
+import os
 from typing import Callable, Optional
 
 
@@ -52,3 +53,10 @@ def positive() -> Callable[[str], float]:
 def non_negative() -> Callable[[str], float]:
     """A number >= 0."""
     return in_range(0)
+
+
+def readable_file(text: str) -> str:
+    """An argparse `type`: the path of a file that exists and can be read."""
+    if not os.path.isfile(text) or not os.access(text, os.R_OK):
+        raise argparse.ArgumentTypeError(f"{text}: no readable file there")
+    return text
