@@ -130,6 +130,9 @@ def test_a_row_offers_the_tools_its_tools_column_names():
         '<tool_call>{"name": "calculator", "arguments": {"expression": "1"}}</tool_call>').observation[0]["content"]
     with pytest.raises(ValueError, match="'search', which --tools does not implement"):
         environment.reset({"tools": [{"type": "function", "function": {"name": "search"}}]})
+    for malformed in ("not json", json.dumps({"name": "python"}), json.dumps([{"type": "function"}])):
+        with pytest.raises(ValueError, match="its tools column is not a list of OpenAI function schemas"):
+            environment.reset({"tools": malformed})
 
 
 # ---- token-in, token-out ------------------------------------------------------------------------------
