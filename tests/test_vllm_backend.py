@@ -68,12 +68,13 @@ def _server_processes(marker: str):
 
 @pytest.fixture(scope="module")
 def small_model(tiny_assets, tmp_path_factory):
-    """The tiny assets' tokenizer with the `small` model: vLLM's CPU attention takes head sizes from 32 up."""
+    """The tiny assets' tokenizer with the `small` model: vLLM's CPU attention takes head sizes from 32 up. Its context
+    holds a multi-turn episode's prompt with the calculator's schema (about 550 tokens of this small vocabulary)."""
     from coati.models.tiny import build_tiny_llama
 
     tokenizer = _tokenizer(tiny_assets["model"])
     out = tmp_path_factory.mktemp("small_model")
-    build_tiny_llama(tokenizer, size="small").save_pretrained(out, safe_serialization=True)
+    build_tiny_llama(tokenizer, size="small", max_position_embeddings=1024).save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out
 
