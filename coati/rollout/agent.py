@@ -94,7 +94,7 @@ class RecordedEpisode:
             text = self._record(episode, turn, logprobs)
             self.version = out.version if self.version is None else min(self.version, out.version)
             self.recorded = (prompt, episode)
-            return completion_body(self.id, text, self.last_stop is not None, len(ids), len(turn))
+            return completion_body(text, self.last_stop is not None, len(ids), len(turn))
 
     def _extend(self, messages: List[Message], tools: Any) -> Tuple[List[int], Episode]:
         """The prompt and a copy of the episode extended by this request's new messages, or the request rendered
@@ -145,14 +145,14 @@ class RecordedEpisode:
         return prompt, dataclasses.replace(episode, **changes)
 
 
-def completion_body(episode_id: str, text: str, stopped: bool, prompt_tokens: int, completion_tokens: int) -> Dict[str, Any]:
-    """An OpenAI `chat.completion` for one answer: its hermes tool calls as `tool_calls`, the rest as `content`."""
+def completion_body(text: str, stopped: bool, prompt_tokens: int, completion_tokens: int) -> Dict[str, Any]:
+    """An OpenAI `chat.completion` for one answer: its hermes tool calls as `tool_calls` (each with an id of its own),
+    the rest as `content`."""
     calls = hermes(text).calls
     message: Dict[str, Any] = {"role": "assistant", "content": HERMES_BLOCK.sub("", text).strip() if calls else text}
     if calls:
-        message["tool_calls"] = [{"id": f"call_{episode_id[:8]}_{i}", "type": "function",
-                                  "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
-                                 for i, c in enumerate(calls)]
+        message["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:16]}", "type": "function",
+                                  "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]
     finish = "tool_calls" if calls else ("stop" if stopped else "length")
     return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
             "model": "policy", "choices": [{"index": 0, "message": message, "finish_reason": finish}],
