@@ -276,7 +276,8 @@ def _check_agent(args: argparse.Namespace) -> None:
     for flag, paths in (("--prompt_dataset", args.dataset), ("--eval_dataset", args.eval_dataset)):
         for index, row in enumerate(load_prepared(paths, "prompt") if paths else []):
             try:
-                row_tools(row, tools)
+                if not args.agent:   # an agent offers its own tools, whatever the row's column says
+                    row_tools(row, tools)
                 conversation(row)
             except ValueError as error:
                 raise CoatiUsageError(f"{flag} row {index}: {error}") from None
