@@ -32,7 +32,7 @@ from coati.rewards.sandbox import SandboxError, SandboxLimits, resolve_backend
 from coati.utils.comm import rank, world_size
 from coati.distributed.plugins import build_booster, check_first_forward
 from coati.rollout import GeneratorPool, PromptStream, RLVRWorkflow, RolloutWorkflow, WorkflowExecutor
-from coati.rollout.agent import AgentWorkflow, resolve_agent
+from coati.rollout.agent import AgentWorkflow
 from coati.rollout.chat import ChatTokens, check_appending
 from coati.rollout.environment import ToolEnvironment, row_tools, tool_schemas
 from coati.rollout.multiturn import MultiTurnWorkflow, conversation
@@ -41,7 +41,7 @@ from coati.cli.arguments import plugin_config
 from coati.cli.options import settings_from
 from coati.utils.ckpt_io import save_hf_model
 from coati.utils.errors import CoatiUsageError, fail
-from coati.utils.registry import OBJECTIVES, TOOL_CALL_PARSERS
+from coati.utils.registry import AGENTS, OBJECTIVES, TOOL_CALL_PARSERS
 
 from coati.trainer.callbacks.best import BestModelKeeper
 from coati.trainer.callbacks.health import ALARM_EXIT_CODE, AlarmThresholds, HealthMonitor
@@ -249,12 +249,11 @@ def _build_grpo(args, setup, tokenizer, actor, optimizer, scheduler, engine, ref
 
 
 def _chat_tokens(args: argparse.Namespace, tokenizer: Any) -> ChatTokens:
-    """How multi-turn episodes render and tokenize: the chat template (`--chat_template`'s where given) with `--tools`'
-    schemas."""
+    """How multi-turn episodes render and tokenize: `tokenizer`'s chat template (`with_template` has put
+    `--chat_template`'s there) with `--tools`' schemas."""
     name = (f"the chat template {args.chat_template}" if args.chat_template
             else f"the chat template of {args.tokenizer_dir or args.pretrain}")
-    return ChatTokens(with_template(args, tokenizer), _stop_ids(args, tokenizer), tool_schemas(resolve_tools(args.tools)),
-                      name)
+    return ChatTokens(tokenizer, _stop_ids(args, tokenizer), tool_schemas(resolve_tools(args.tools)), name)
 
 
 def with_template(args: argparse.Namespace, tokenizer: Any) -> Any:
@@ -271,7 +270,8 @@ def _check_agent(args: argparse.Namespace) -> None:
         raise CoatiUsageError("--agent runs your own agent program, which calls its own tools; leave out --tools")
     if not (args.tools or args.agent):
         return
-    check_appending(_chat_tokens(args, load_tokenizer(args.tokenizer_dir or args.pretrain, args.trust_remote_code)))
+    tokenizer = with_template(args, load_tokenizer(args.tokenizer_dir or args.pretrain, args.trust_remote_code))
+    check_appending(_chat_tokens(args, tokenizer))
     tools = resolve_tools(args.tools)
     for flag, paths in (("--prompt_dataset", args.dataset), ("--eval_dataset", args.eval_dataset)):
         for index, row in enumerate(load_prepared(paths, "prompt") if paths else []):
@@ -289,7 +289,7 @@ def _workflow(args: argparse.Namespace, maker: Any) -> RolloutWorkflow:
     scorer."""
     sampling = maker.config.sampling
     if args.agent:
-        return AgentWorkflow(maker.scorer, _chat_tokens(args, maker.tokenizer), resolve_agent(args.agent), sampling,
+        return AgentWorkflow(maker.scorer, _chat_tokens(args, maker.tokenizer), AGENTS.get(args.agent), sampling,
                              args.num_generations, args.agent_timeout)
     if not args.tools:
         return RLVRWorkflow(maker.scorer, sampling, args.num_generations)

@@ -28,7 +28,6 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from coati.config import SamplingConfig
 from coati.experience.scorer import Scorer
-from coati.utils.registry import AGENTS
 
 from .chat import ChatTokens
 from .engine import RolloutEngine
@@ -288,8 +287,3 @@ def in_thread(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: An
 
     threading.Thread(target=run, name="agent", daemon=True).start()
     return future
-
-
-def resolve_agent(spec: str) -> Agent:
-    """The agent function `spec` names (`package.module:function`)."""
-    return AGENTS.get(spec)

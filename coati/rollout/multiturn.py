@@ -158,8 +158,8 @@ async def assemble(scorer: Scorer, pad_token_id: int, sample: Dict[str, Any], me
     total, components = await scorer.ascore([scorer.decode(prompt)] * n, answers, fields, out)
     components = {**components, "environment": [e.reward for e in episodes]}
     total = [t + e.reward for t, e in zip(total, episodes)]
-    names = sorted({name for e in episodes for name in e.stats(endings)})
-    stats = {name: [e.stats(endings).get(name, 0.0) for e in episodes] for name in names}
+    each = [e.stats(endings) for e in episodes]
+    stats = {name: [one.get(name, 0.0) for one in each] for name in sorted({name for one in each for name in one})}
     return Trajectory(sequences, mask, logprobs, torch.tensor(total, dtype=torch.float32), len(prompt), version,
                       [messages] * n, [e.messages for e in episodes], components, rollout_stats=stats)
 
