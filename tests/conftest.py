@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,6 +37,29 @@ def tiny_assets(tmp_path_factory):
         prepare_dataset([raw], "prompt", tokenizer, 64, root / f"prompt_{split}")
         paths[f"prompt_{split}"] = root / f"prompt_{split}"
     return paths
+
+
+def end_turns_early(model: Any) -> Any:
+    """`model` (the tiny Llama) with its last norm cut to one channel, which the end-of-turn logit reads: its turns end
+    after a few random tokens, so multi-turn episodes last several turns."""
+    import torch
+
+    with torch.no_grad():
+        model.model.norm.weight.zero_()
+        model.model.norm.weight[0] = 1.0
+        model.lm_head.weight[model.config.eos_token_id, 0] = 6.0
+    return model
+
+
+@pytest.fixture(scope="session")
+def turn_ender(tiny_assets, tmp_path_factory):
+    """The tiny model with `end_turns_early`, saved with its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = tmp_path_factory.mktemp("turn_ender")
+    end_turns_early(AutoModelForCausalLM.from_pretrained(tiny_assets["model"])).save_pretrained(path)
+    AutoTokenizer.from_pretrained(tiny_assets["model"]).save_pretrained(path)
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -76,10 +100,10 @@ def torchrun_cmd(script: Path, nproc: int, *args: str) -> list:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script), *args]
 
 
-def torchrun(script: Path, nproc: int, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Launch `script` with real torchrun processes and capture its output."""
+def torchrun(script: Path, nproc: int, *args: str, timeout: int = 600, **env: str) -> subprocess.CompletedProcess:
+    """Launch `script` with real torchrun processes, with `env` added to their environment, and capture its output."""
     return subprocess.run(torchrun_cmd(script, nproc, *args), capture_output=True, text=True, timeout=timeout,
-                          env=child_env(), cwd=REPO)
+                          env=child_env(**env), cwd=REPO)
 
 
 def dist_script_result(name: str, nproc: int = 2) -> dict:
@@ -90,11 +114,11 @@ def dist_script_result(name: str, nproc: int = 2) -> dict:
     return json.loads(line[len("RESULT "):])
 
 
-def start_torchrun(script: Path, nproc: int, *args: str, log: Path) -> subprocess.Popen:
-    """Start `script` under torchrun in the background, output to `log`."""
+def start_torchrun(script: Path, nproc: int, *args: str, log: Path, **env: str) -> subprocess.Popen:
+    """Start `script` under torchrun in the background, with `env` added to its environment, output to `log`."""
     with open(log, "w") as out:
         return subprocess.Popen(torchrun_cmd(script, nproc, *args), stdout=out, stderr=subprocess.STDOUT,
-                                env=child_env(), cwd=REPO)
+                                env=child_env(**env), cwd=REPO)
 
 
 def kill_run(proc: subprocess.Popen) -> int:

@@ -15,7 +15,7 @@ from coati.rewards import WeightedReward
 from coati.experience.scorer import Scorer
 from coati.rollout.chat import ChatTokens, check_appending, probe_conversation, turn_by_turn
 from coati.rollout.engine import Completions, RolloutEngine
-from coati.rollout.environment import ToolEnvironment, tool_schemas
+from coati.rollout.environment import EnvStep, Environment, ToolEnvironment, tool_schemas
 from coati.rollout.multiturn import MultiTurnWorkflow
 from coati.rollout.tool_calls import hermes
 from coati.rollout.tools import ToolRunner, calculator, configure_python_tool, python, resolve_tools, tool_from_function
@@ -173,7 +173,7 @@ class _Scripted(RolloutEngine):
     def __init__(self, turns):
         self.turns, self.requests, self.sessions = list(turns), [], set()
 
-    async def agenerate(self, prompt_ids, config, n, session=None):
+    async def agenerate(self, prompt_ids, config, n, session=None, seat=None):
         self.requests.append((list(prompt_ids), config.max_new_tokens, n))
         self.sessions.add(session)
         rows = [self.turns.pop(0) for _ in range(n)]
@@ -248,6 +248,45 @@ def test_episodes_end_at_the_turn_limit_the_token_budget_a_cut_turn_or_the_end_o
     sequence_end = (chat.encode(CALL) + [tokenizer.convert_tokens_to_ids("<|eot_id|>")], [0.0] * (len(chat.encode(CALL)) + 1))
     trajectory = asyncio.run(workflow.arun_episode(_Scripted([sequence_end, _turn(chat, "#### 408")]), ROW))
     assert trajectory.rollout_stats["turns"] == [1.0, 1.0] and trajectory.rollout_stats["tool_calls"] == [0.0, 0.0]
+
+
+class _Ticking(Environment):
+    """Answers every model turn with a tool message, after `delay` seconds."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    def step(self, turn):
+        time.sleep(self.delay)
+        return EnvStep([{"role": "tool", "name": "clock", "content": "tick"}])
+
+
+def test_a_synchronous_run_samples_the_same_tokens_however_long_its_tools_take(turn_ender):
+    """Later turns reach the engine when each episode's tools finish; the local engine still generates each turn of every
+    episode in the same batch, in the same row, so the sampled tokens do not depend on the tools' timing."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from coati.models.generation import HFEngine
+    from coati.rollout.local import LocalEngine, run_episodes
+
+    tokenizer = AutoTokenizer.from_pretrained(turn_ender)
+    model = AutoModelForCausalLM.from_pretrained(turn_ender).eval()
+    engine = LocalEngine(HFEngine(model, tokenizer.pad_token_id, [tokenizer.eos_token_id]))
+    chat = ChatTokens(tokenizer, [tokenizer.eos_token_id])
+    scorer = Scorer(tokenizer, WeightedReward.from_specs(["math_answer"]))
+    rows = [ROW, {**ROW, "prompt": json.dumps([{"role": "user", "content": "What is 3 + 4?"}])}]
+
+    def sampled(delays):
+        given = iter(delays)
+        workflow = MultiTurnWorkflow(scorer, chat, lambda: _Ticking(next(given)), SamplingConfig(max_new_tokens=8),
+                                     2, 4, 0)
+        torch.manual_seed(0)
+        return run_episodes(workflow, engine, rows)
+
+    quick_first, slow_first = sampled([0.0, 0.04, 0.08, 0.12]), sampled([0.12, 0.08, 0.04, 0.0])
+    assert max(max(t.rollout_stats["turns"]) for t in quick_first) >= 3   # tools ran between turns
+    for a, b in zip(quick_first, slow_first):
+        assert torch.equal(a.sequences, b.sequences) and torch.equal(a.action_mask, b.action_mask)
 
 
 def _episode_records(log_dir: Path, episodes: int):
@@ -482,7 +521,7 @@ def test_the_recorded_tokens_are_what_a_real_engine_produced(tiny_assets):
             super().__init__(*args)
             self.outputs = {}
 
-        async def agenerate(self, prompt_ids, config, n, session=None):
+        async def agenerate(self, prompt_ids, config, n, session=None, seat=None):
             out = await super().agenerate(prompt_ids, config, n, session)
             self.outputs.setdefault(session, []).extend(
                 out.sequences[0, out.prompt_length:][out.action_mask[0].bool()].tolist())
@@ -526,7 +565,7 @@ def test_grpo_trains_an_openai_client_agent_under_torchrun(tiny_assets, tmp_path
 
 def test_an_engine_that_fails_under_an_agent_fails_the_rollout_not_just_the_agent(tokenizer):
     class Broken(_Scripted):
-        async def agenerate(self, prompt_ids, config, n, session=None):
+        async def agenerate(self, prompt_ids, config, n, session=None, seat=None):
             raise RuntimeError("the vLLM server died")
 
     _, workflow = _agent_workflow(tokenizer, _calculator_agent().solve)

@@ -9,19 +9,21 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from coati.utils.ckpt_io import latest_checkpoint
-from conftest import SCRIPTS, kill_run, start_torchrun, torchrun
+from conftest import REPO, SCRIPTS, kill_run, start_torchrun, torchrun
 
 EPISODES, SAVE_EVERY = 24, 4
 
 
-def _args(script: str, assets, out: Path) -> list:
-    common = ["--pretrain", str(assets["model"]), "--prompt_dataset", str(assets["prompt_train"]), "--plugin", "ddp",
+def _args(script: str, assets, out: Path, turn_ender: Path) -> list:
+    pretrain = turn_ender if script == "train_grpo.py" else assets["model"]
+    common = ["--pretrain", str(pretrain), "--prompt_dataset", str(assets["prompt_train"]), "--plugin", "ddp",
               "--batch_size", "2", "--max_new_tokens", "8", "--num_episodes", str(EPISODES), "--lr", "1e-3",
               "--save_interval", str(SAVE_EVERY), "--sample_log_interval", "6", "--save_dir", str(out / "ckpt"),
               "--log_dir", str(out / "logs")]
     if script == "train_grpo.py":
         return common + ["--num_generations", "4", "--kl_coef", "0.05", "--reward_fn", "math_answer", "answer_format",
-                         "--tools", "calculator", "--max_turns", "2"]   # multi-turn episodes resume exactly too
+                         # episodes of several turns, with tools that take a random time: they resume exactly too
+                         "--tools", "tool_timing:clock", "--tool_parser", "tool_timing:every_turn_a_call", "--max_turns", "3"]
     return common + ["--rm_pretrain", str(assets["model"]), "--reward_fn", "answer_format", "--num_update_steps", "2",
                      "--ptx_dataset", str(assets["sft_train"]), "--ptx_coef", "0.1"]
 
@@ -29,15 +31,17 @@ def _args(script: str, assets, out: Path) -> list:
 def _train_records(log_dir: Path) -> list:
     """Logged training metrics without wall-clock values (timings differ from run to run)."""
     records = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k != "time" and not k.startswith("train/time/")}
+    return [{k: v for k, v in r.items() if k != "time" and not k.startswith("train/time/") and not k.endswith("_seconds")}
             for r in records if "train/loss" in r]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", ["train_grpo.py", "train_ppo.py"])
-def test_killed_rl_run_resumes_with_the_same_metrics(tiny_assets, tmp_path, script):
+def test_killed_rl_run_resumes_with_the_same_metrics(tiny_assets, turn_ender, tmp_path, script):
+    tools = {"PYTHONPATH": str(REPO / "tests")}   # tool_timing
     full = tmp_path / "full"
-    result = torchrun(SCRIPTS / script, 2, *_args(script, tiny_assets, full), "--output_dir", str(full))
+    result = torchrun(SCRIPTS / script, 2, *_args(script, tiny_assets, full, turn_ender), "--output_dir", str(full),
+                      **tools)
     assert result.returncode == 0, result.stderr[-4000:]
     expected = _train_records(full / "logs")
     assert [r["step"] for r in expected] == list(range(1, EPISODES + 1))
@@ -48,10 +52,13 @@ def test_killed_rl_run_resumes_with_the_same_metrics(tiny_assets, tmp_path, scri
     if script == "train_ppo.py":
         assert (full / "ckpt" / f"epoch-0_step-{EPISODES}" / "critic" / "modeling").is_dir()
         assert all("train/loss/ptx" in r and "train/loss/value" in r for r in expected)
+    else:   # turns call the clock, several per episode, in the episodes around the kill
+        assert all(r["train/rollout/tool_calls"] > 0 and r["train/rollout/turns"] > 1 for r in expected[:2 * SAVE_EVERY])
 
     run = tmp_path / "killed"
     run.mkdir()
-    proc = start_torchrun(SCRIPTS / script, 2, *_args(script, tiny_assets, run), log=run / "first.log")
+    proc = start_torchrun(SCRIPTS / script, 2, *_args(script, tiny_assets, run, turn_ender), log=run / "first.log",
+                          **tools)
     deadline = time.monotonic() + 300
     while latest_checkpoint(run / "ckpt") is None and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -59,7 +66,8 @@ def test_killed_rl_run_resumes_with_the_same_metrics(tiny_assets, tmp_path, scri
     killed_at = latest_checkpoint(run / "ckpt")
     assert killed_at is not None and not killed_at.name.endswith(f"step-{EPISODES}")
 
-    result = torchrun(SCRIPTS / script, 2, *_args(script, tiny_assets, run), "--checkpoint_path", "latest")
+    result = torchrun(SCRIPTS / script, 2, *_args(script, tiny_assets, run, turn_ender), "--checkpoint_path", "latest",
+                      **tools)
     assert result.returncode == 0, result.stderr[-4000:]
     assert f"resumed from {killed_at}" in result.stdout + result.stderr
     resumed = _train_records(run / "logs")

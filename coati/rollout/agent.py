@@ -223,7 +223,8 @@ class AgentWorkflow(RolloutWorkflow):
     """`num_generations` episodes of `agent` per prompt row, each against its own episode on the endpoint (started on
     first use), run at once in threads; an agent that raises or runs past `timeout` seconds ends its episode (counted)
     instead of the run, while an engine that fails a request fails the rollout. Scored by `scorer` on the agent's final
-    answer."""
+    answer. Agents take no engine seat (`RolloutEngine.take_seat`): one that works long, or hangs until its timeout,
+    between requests would hold every other episode's turn; so their runs are not bit-reproducible."""
 
     def __init__(self, scorer: Scorer, chat: ChatTokens, agent: Agent, sampling: SamplingConfig, num_generations: int,
                  timeout: float = 300.0) -> None:

@@ -60,10 +60,20 @@ class RolloutEngine(ABC):
 
     @abstractmethod
     async def agenerate(self, prompt_ids: List[int], config: SamplingConfig, n: int,
-                        session: Optional[str] = None) -> Completions:
+                        session: Optional[str] = None, seat: Optional[int] = None) -> Completions:
         """`n` completions of one unpadded prompt. Requests that name the same `session` (the turns of one
         conversation) go to the same copy of the model where the engine holds several, so its prefix cache holds
-        the conversation."""
+        the conversation. `seat` is the asking conversation's seat (`take_seat`), if it holds one."""
+
+    def take_seat(self) -> Optional[int]:
+        """A seat for a conversation that will ask for further turns after work of its own (tool calls). An engine
+        that generates in lockstep (`LocalEngine`, a synchronous run's) waits before each batch until every seated
+        conversation has asked or left, and orders the batch by seat, so how long tools take changes neither a
+        batch nor its sampling. None from an engine that seats no one (it batches what arrives)."""
+        return None
+
+    def leave_seat(self, seat: Optional[int]) -> None:
+        """The conversation at `seat` asks for no more turns."""
 
     @abstractmethod
     def publish(self, weights: Dict[str, torch.Tensor], version: int) -> "Future[Any]":
@@ -180,7 +190,7 @@ class BatchingPool(RolloutEngine):
         self._sessions: "OrderedDict[str, int]" = OrderedDict()
 
     async def agenerate(self, prompt_ids: List[int], config: SamplingConfig, n: int,
-                        session: Optional[str] = None) -> Completions:
+                        session: Optional[str] = None, seat: Optional[int] = None) -> Completions:
         index = self._generator_for(session)
         loop = asyncio.get_running_loop()
         request = _Request(list(prompt_ids), config, n, loop.create_future())

@@ -1,9 +1,11 @@
 """Synchronous rollouts through the same workflows as asynchronous ones: a `RolloutEngine` over the training
 model, and a function that runs a workflow on a batch of prompts to completion."""
 import asyncio
+import itertools
 import time
 from concurrent.futures import Future
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Set
 
 import torch
 
@@ -13,18 +15,31 @@ from coati.config import SamplingConfig
 from .engine import Completions, RolloutEngine, generate_requests
 from .workflow import RolloutWorkflow, Trajectory
 
-_Request = Tuple[List[int], SamplingConfig, int, asyncio.Future]
+
+@dataclass
+class _Request:
+    prompt_ids: List[int]
+    config: SamplingConfig
+    n: int
+    seat: Optional[int]
+    future: asyncio.Future
 
 
 class LocalEngine(RolloutEngine):
-    """`RolloutEngine` over an in-process `HFEngine` (the training model). The requests made while the event loop
-    runs one turn (a workflow's episodes over a prompt batch) are generated together, one batched generation per
-    sampling config, as the batch would be. It reports no log-probs: on-policy, the trainer's own forward gives
-    them. It shares the trainer's weights, so `publish` only moves `version`."""
+    """`RolloutEngine` over an in-process `HFEngine` (the training model), generating in lockstep: the requests made
+    while the event loop runs are generated together, one batched generation per sampling config, once every seated
+    conversation (`take_seat`) has asked for its turn or left; unseated requests come first, in the order they came,
+    then seated ones by seat. So a synchronous run's batches, and the random numbers each row samples with, do not
+    depend on how long tools take between turns: the run is reproducible, and resumes exactly. It reports no
+    log-probs: on-policy, the trainer's own forward gives them. It shares the trainer's weights, so `publish` only
+    moves `version`."""
 
     def __init__(self, engine: HFEngine, version: int = 0) -> None:
         self.engine, self.version, self.seconds = engine, version, 0.0
         self._pending: List[_Request] = []
+        self._seated: Set[int] = set()
+        self._seats = itertools.count()
+        self._flush_due = False
 
     def publish(self, weights: Dict[str, torch.Tensor], version: int) -> "Future[None]":
         self.version = version
@@ -32,30 +47,50 @@ class LocalEngine(RolloutEngine):
         done.set_result(None)
         return done
 
+    def take_seat(self) -> int:
+        seat = next(self._seats)
+        self._seated.add(seat)
+        return seat
+
+    def leave_seat(self, seat: Optional[int]) -> None:
+        self._seated.discard(seat)
+        self._flush_when_all_asked()
+
     async def agenerate(self, prompt_ids: List[int], config: SamplingConfig, n: int,
-                        session: Optional[str] = None) -> Completions:
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._pending.append((list(prompt_ids), config, n, future))
-        if len(self._pending) == 1:
-            loop.call_soon(self._flush)
+                        session: Optional[str] = None, seat: Optional[int] = None) -> Completions:
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append(_Request(list(prompt_ids), config, n, seat, future))
+        self._flush_when_all_asked()
         return await future
 
+    def _all_asked(self) -> bool:
+        return bool(self._pending) and self._seated <= {r.seat for r in self._pending}
+
+    def _flush_when_all_asked(self) -> None:
+        """Generate on the loop's next turn (after the requests made in this one) if every seated conversation waits."""
+        if not self._flush_due and self._all_asked():
+            self._flush_due = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
     def _flush(self) -> None:
-        pending, self._pending = self._pending, []
+        self._flush_due = False
+        if not self._all_asked():   # a conversation took a seat meanwhile: its request completes the batch
+            return
+        pending = sorted(self._pending, key=lambda r: -1 if r.seat is None else r.seat)
+        self._pending = []
         start = time.perf_counter()
         while pending:
-            config = pending[0][1]
-            batch = [r for r in pending if r[1] == config]
-            pending = [r for r in pending if r[1] != config]
+            config = pending[0].config
+            batch = [r for r in pending if r.config == config]
+            pending = [r for r in pending if r.config != config]
             try:
-                results = generate_requests(self.engine, [(prompt, n) for prompt, _, n, _ in batch], config, self.version)
+                results = generate_requests(self.engine, [(r.prompt_ids, r.n) for r in batch], config, self.version)
             except Exception as error:   # the awaiting episodes raise it
-                for *_, future in batch:
-                    future.set_exception(error)
+                for request in batch:
+                    request.future.set_exception(error)
                 continue
-            for (*_, future), result in zip(batch, results):
-                future.set_result(result)
+            for request, result in zip(batch, results):
+                request.future.set_result(result)
         self.seconds += time.perf_counter() - start
 
 

@@ -12,7 +12,7 @@ import dataclasses
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -86,7 +86,9 @@ class MultiTurnWorkflow(RolloutWorkflow):
         prompt = self.chat.prompt_ids(messages, tools)
         session = uuid.uuid4().hex   # every turn of the group on one copy of the model, which caches the prompt
         first = await engine.agenerate(prompt, self._turn_sampling(0), self.num_generations, session)
-        episodes = await asyncio.gather(*(self._play(engine, environments[i], messages, prompt, tools, first, i, session)
+        seats = [engine.take_seat() for _ in range(self.num_generations)]   # before any episode's tools run
+        episodes = await asyncio.gather(*(seated(engine, seats[i], self._play(engine, environments[i], messages, prompt,
+                                                                              tools, first, i, session, seats[i]))
                                           for i in range(self.num_generations)))
         return await assemble(self.scorer, self.chat.tokenizer.pad_token_id, sample, messages,
                               [prompt] * len(episodes), episodes, first.version)
@@ -96,7 +98,8 @@ class MultiTurnWorkflow(RolloutWorkflow):
         return dataclasses.replace(self.sampling, max_new_tokens=min(self.sampling.max_new_tokens, budget))
 
     async def _play(self, engine: RolloutEngine, environment: Environment, prompt_messages: List[Message],
-                    prompt: List[int], tools: Any, first: Completions, row: int, session: str) -> Episode:
+                    prompt: List[int], tools: Any, first: Completions, row: int, session: str,
+                    seat: Optional[int]) -> Episode:
         episode, out = Episode(), first
         history = list(prompt_messages)
         while True:
@@ -128,7 +131,16 @@ class MultiTurnWorkflow(RolloutWorkflow):
             if self.max_total_tokens and len(episode.ids) >= self.max_total_tokens:
                 episode.ended = "max_total_tokens"
                 return episode
-            out, row = await engine.agenerate(prompt + episode.ids, self._turn_sampling(len(episode.ids)), 1, session), 0
+            out, row = await engine.agenerate(prompt + episode.ids, self._turn_sampling(len(episode.ids)), 1, session,
+                                              seat), 0
+
+
+async def seated(engine: RolloutEngine, seat: Optional[int], play: Awaitable[Episode]) -> Episode:
+    """`play`'s episode; its `seat` is left however it ends."""
+    try:
+        return await play
+    finally:
+        engine.leave_seat(seat)
 
 
 async def assemble(scorer: Scorer, pad_token_id: int, sample: Dict[str, Any], messages: List[Message],
