@@ -287,14 +287,13 @@ def _workflow(args: argparse.Namespace, maker: Any) -> RolloutWorkflow:
     """What turns a prompt row into a trajectory: single-turn RLVR, with `--tools` a multi-turn episode with a tool
     environment, or with `--agent` the user's agent program against the run's endpoint; scored by the maker's
     scorer."""
-    sampling = maker.config.sampling
+    sampling, parser = maker.config.sampling, TOOL_CALL_PARSERS.get(args.tool_parser)
     if args.agent:
         return AgentWorkflow(maker.scorer, _chat_tokens(args, maker.tokenizer), AGENTS.get(args.agent), sampling,
-                             args.num_generations, args.agent_timeout)
+                             args.num_generations, args.agent_timeout, parser)
     if not args.tools:
         return RLVRWorkflow(maker.scorer, sampling, args.num_generations)
     runner = ToolRunner(resolve_tools(args.tools), args.tool_timeout)
-    parser = TOOL_CALL_PARSERS.get(args.tool_parser)
     if "python" in args.tools:
         configure_python_tool(_sandbox_limits(args), args.sandbox)
     return MultiTurnWorkflow(maker.scorer, _chat_tokens(args, maker.tokenizer),

@@ -12,9 +12,9 @@ extends the earlier conversation (the earlier messages, the answer the endpoint 
 results) appends only what the template adds after that answer (`ChatTokens.after_turn`), so the trained sequence is
 the engine's sampled ids verbatim, and the loss mask covers only them. A request that does not extend the
 conversation (an agent that rewrites or trims its history) starts the episode's sequence anew from its rendering, and
-the earlier branch is not trained on (counted as `rollout/agent/restarts`). The model's hermes-style tool calls come
-back as OpenAI `tool_calls`. The episode is scored like any rollout on the agent's final answer (else the last answer
-the endpoint gave).
+the earlier branch is not trained on (counted as `rollout/agent/restarts`). The tool calls the run's parser
+(`--tool_parser`) finds in the model's answer come back as OpenAI `tool_calls`. The episode is scored like any rollout
+on the agent's final answer (else the last answer the endpoint gave).
 """
 import asyncio
 import dataclasses
@@ -33,7 +33,7 @@ from .chat import ChatTokens
 from .engine import RolloutEngine
 from .environment import Message
 from .multiturn import Episode, assemble, conversation, sampled_tokens
-from .tool_calls import HERMES_BLOCK, hermes
+from .tool_calls import ParsedTurn, hermes
 from .workflow import RolloutWorkflow, Trajectory
 
 Agent = Callable[[str, Dict[str, Any]], Optional[str]]
@@ -58,8 +58,8 @@ class RecordedEpisode:
     assignment (`recorded`), so `finish` can take a consistent record while an overdue agent's request is still out."""
 
     def __init__(self, chat: ChatTokens, engine: RolloutEngine, loop: asyncio.AbstractEventLoop,
-                 sampling: SamplingConfig) -> None:
-        self.chat, self.engine, self.loop, self.sampling = chat, engine, loop, sampling
+                 sampling: SamplingConfig, parser: Callable[[str], ParsedTurn] = hermes) -> None:
+        self.chat, self.engine, self.loop, self.sampling, self.parser = chat, engine, loop, sampling, parser
         self.id = uuid.uuid4().hex
         self.recorded: Tuple[List[int], Episode] = ([], Episode(counts={"agent/restarts": 0.0}))   # prompt, the rest
         self.history: List[Message] = []       # the conversation the next request must extend
@@ -93,7 +93,7 @@ class RecordedEpisode:
             text = self._record(episode, turn, logprobs)
             self.version = out.version if self.version is None else min(self.version, out.version)
             self.recorded = (prompt, episode)
-            return completion_body(text, self.last_stop is not None, len(ids), len(turn))
+            return completion_body(text, self.last_stop is not None, len(ids), len(turn), self.parser)
 
     def _extend(self, messages: List[Message], tools: Any) -> Tuple[List[int], Episode]:
         """The prompt and a copy of the episode extended by this request's new messages, or the request rendered
@@ -144,11 +144,14 @@ class RecordedEpisode:
         return prompt, dataclasses.replace(episode, **changes)
 
 
-def completion_body(text: str, stopped: bool, prompt_tokens: int, completion_tokens: int) -> Dict[str, Any]:
-    """An OpenAI `chat.completion` for one answer: its hermes tool calls as `tool_calls` (each with an id of its own),
-    the rest as `content`."""
-    calls = hermes(text).calls
-    message: Dict[str, Any] = {"role": "assistant", "content": HERMES_BLOCK.sub("", text).strip() if calls else text}
+def completion_body(text: str, stopped: bool, prompt_tokens: int, completion_tokens: int,
+                    parser: Callable[[str], ParsedTurn] = hermes) -> Dict[str, Any]:
+    """An OpenAI `chat.completion` for one answer: the tool calls `parser` finds as `tool_calls` (each with an id of its
+    own), the rest (the parser's prose, else the whole text) as `content`."""
+    parsed = parser(text)
+    calls = parsed.calls
+    content = parsed.prose if calls and parsed.prose is not None else text
+    message: Dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         message["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:16]}", "type": "function",
                                   "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]
@@ -227,8 +230,8 @@ class AgentWorkflow(RolloutWorkflow):
     between requests would hold every other episode's turn; so their runs are not bit-reproducible."""
 
     def __init__(self, scorer: Scorer, chat: ChatTokens, agent: Agent, sampling: SamplingConfig, num_generations: int,
-                 timeout: float = 300.0) -> None:
-        self.scorer, self.chat, self.agent = scorer, chat, agent
+                 timeout: float = 300.0, parser: Callable[[str], ParsedTurn] = hermes) -> None:
+        self.scorer, self.chat, self.agent, self.parser = scorer, chat, agent, parser
         self.sampling, self.num_generations, self.timeout = sampling, num_generations, timeout
         self._endpoint: Optional[AgentEndpoint] = None
 
@@ -240,7 +243,8 @@ class AgentWorkflow(RolloutWorkflow):
     async def arun_episode(self, engine: RolloutEngine, sample: Dict[str, Any]) -> Optional[Trajectory]:
         loop = asyncio.get_running_loop()
         row = {**{k: v for k, v in sample.items() if k != "input_ids"}, "messages": conversation(sample)}
-        recorded = [RecordedEpisode(self.chat, engine, loop, self.sampling) for _ in range(self.num_generations)]
+        recorded = [RecordedEpisode(self.chat, engine, loop, self.sampling, self.parser)
+                    for _ in range(self.num_generations)]
         finished = await asyncio.gather(*(self._play(loop, episode, row) for episode in recorded))
         failed = next((e.engine_error for e in recorded if e.engine_error is not None), None)
         if failed is not None:   # a dead engine ends the run as it does without agents

@@ -7,7 +7,7 @@ environment tells the model about the latter instead of failing the run.
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from coati.utils.registry import TOOL_CALL_PARSERS
 
@@ -20,10 +20,12 @@ class ToolCall:
 
 @dataclass
 class ParsedTurn:
-    """The calls of one model turn, in order, and an error message for each block that is not a valid call."""
+    """The calls of one model turn, in order, an error message for each block that is not a valid call, and the turn's
+    `prose`, its text outside the calls, where the parser tells them apart (None: it does not)."""
 
     calls: List[ToolCall] = field(default_factory=list)
     errors: List[str] = field(default_factory=list)
+    prose: Optional[str] = None
 
 
 HERMES_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
@@ -32,7 +34,7 @@ HERMES_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 @TOOL_CALL_PARSERS.register("hermes")
 def hermes(text: str) -> ParsedTurn:
     """`<tool_call>{json}</tool_call>` blocks; an unclosed last block (the turn hit its token limit) counts too."""
-    parsed = ParsedTurn()
+    parsed = ParsedTurn(prose=HERMES_BLOCK.sub("", text).strip())
     for match in HERMES_BLOCK.finditer(text):
         body = match.group(1).strip()
         try:
