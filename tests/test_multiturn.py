@@ -451,20 +451,21 @@ def test_an_openai_client_agent_is_trained_on_the_engines_tokens_verbatim(tokeni
     assert len(engine.sessions) == 1 and trajectory.rewards.tolist() == [1.0]
     stats = trajectory.rollout_stats
     assert stats["turns"] == [2.0] and stats["ended/answer"] == [1.0] and stats["agent/restarts"] == [0.0]
+    assert stats["tool_calls"] == [1.0] and "tool_seconds" not in stats   # the calls it was given; it ran them itself
     assert trajectory.completions[0][1]["role"] == "tool" and trajectory.completions[0][1]["content"] == "408"
 
 
-def test_the_endpoint_answers_with_the_tool_calls_the_runs_parser_reads():
+def test_the_endpoint_answers_with_the_tool_calls_the_runs_parser_finds():
     from coati.rollout.agent import completion_body
     from tool_timing import every_turn_a_call
 
-    hermes_answer = completion_body("Let me see. " + CALL, True, 10, 5)["choices"][0]
+    hermes_answer = completion_body("Let me see. " + CALL, hermes("Let me see. " + CALL), True, 10, 5)["choices"][0]
     assert hermes_answer["finish_reason"] == "tool_calls" and hermes_answer["message"]["content"] == "Let me see."
     assert hermes_answer["message"]["tool_calls"][0]["function"] == {"name": "calculator",
                                                                      "arguments": '{"expression": "12 * 34"}'}
-    own = completion_body("what time is it", True, 10, 4, every_turn_a_call)["choices"][0]["message"]
+    own = completion_body("what time is it", every_turn_a_call("what time is it"), True, 10, 4)["choices"][0]["message"]
     assert own["content"] == "what time is it" and own["tool_calls"][0]["function"]["name"] == "clock"
-    plain = completion_body("408", False, 10, 1)["choices"][0]
+    plain = completion_body("408", hermes("408"), False, 10, 1)["choices"][0]
     assert plain["message"] == {"role": "assistant", "content": "408"} and plain["finish_reason"] == "length"
 
 

@@ -91,9 +91,11 @@ class RecordedEpisode:
                 raise
             turn, logprobs = sampled_tokens(out, 0)
             text = self._record(episode, turn, logprobs)
+            parsed = self.parser(text)
+            episode.counts["tool_calls"] = episode.counts.get("tool_calls", 0.0) + len(parsed.calls)
             self.version = out.version if self.version is None else min(self.version, out.version)
             self.recorded = (prompt, episode)
-            return completion_body(text, self.last_stop is not None, len(ids), len(turn), self.parser)
+            return completion_body(text, parsed, self.last_stop is not None, len(ids), len(turn))
 
     def _extend(self, messages: List[Message], tools: Any) -> Tuple[List[int], Episode]:
         """The prompt and a copy of the episode extended by this request's new messages, or the request rendered
@@ -144,11 +146,10 @@ class RecordedEpisode:
         return prompt, dataclasses.replace(episode, **changes)
 
 
-def completion_body(text: str, stopped: bool, prompt_tokens: int, completion_tokens: int,
-                    parser: Callable[[str], ParsedTurn] = hermes) -> Dict[str, Any]:
-    """An OpenAI `chat.completion` for one answer: the tool calls `parser` finds as `tool_calls` (each with an id of its
-    own), the rest (the parser's prose, else the whole text) as `content`."""
-    parsed = parser(text)
+def completion_body(text: str, parsed: ParsedTurn, stopped: bool, prompt_tokens: int,
+                    completion_tokens: int) -> Dict[str, Any]:
+    """An OpenAI `chat.completion` for one answer `text`: its `parsed` tool calls as `tool_calls` (each with an id of
+    its own), the rest (the parser's prose, else the whole text) as `content`."""
     calls = parsed.calls
     content = parsed.prose if calls and parsed.prose is not None else text
     message: Dict[str, Any] = {"role": "assistant", "content": content}
@@ -252,8 +253,11 @@ class AgentWorkflow(RolloutWorkflow):
         if not all(prompt for prompt, _ in finished):   # an agent that never asked: nothing of its episode to train on
             return None
         version = min(e.version for e in recorded)
-        return await assemble(self.scorer, self.chat.tokenizer.pad_token_id, sample, row["messages"],
-                              [prompt for prompt, _ in finished], [e for _, e in finished], version, AGENT_ENDINGS)
+        trajectory = await assemble(self.scorer, self.chat.tokenizer.pad_token_id, sample, row["messages"],
+                                    [prompt for prompt, _ in finished], [e for _, e in finished], version, AGENT_ENDINGS)
+        unseen = ("tool_seconds", "tool_errors/")   # the agent runs its tools: their time and errors never reach us
+        trajectory.rollout_stats = {k: v for k, v in trajectory.rollout_stats.items() if not k.startswith(unseen)}
+        return trajectory
 
     async def _play(self, loop: asyncio.AbstractEventLoop, episode: RecordedEpisode,
                     row: Dict[str, Any]) -> Tuple[List[int], Episode]:
