@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import signal
+import tempfile
 import time
 from pathlib import Path
 
@@ -145,7 +146,10 @@ def test_published_weights_are_served_with_their_version(served, tiny_assets):
     assert [_tokens(c) for c in after] == [_tokens(c) for c in _hf_greedy(model, tokenizer, prompts, greedy)]
     assert [_tokens(c) for c in after] != before
     pool.publish(model.state_dict(), 8).result()
-    assert sorted(p.name for p in pool.work_dir.glob("weights-*")) == ["weights-8.safetensors"]
+    pool._shared.write({name: torch.zeros_like(t) for name, t in model.state_dict().items()}, 8)   # its slot, again
+    assert [_tokens(c) for c in _generate(pool, prompts, greedy)] == [_tokens(c) for c in after]   # vLLM kept a copy
+    pool.publish(model.state_dict(), 8).result()
+    assert [p.name for p in pool.work_dir.iterdir()] == ["src"] and not list(Path("/dev/shm").glob("*coati*"))
 
 
 def test_a_dead_server_is_restarted_with_the_newest_weights_then_the_run_stops(served, tiny_assets):
@@ -163,14 +167,15 @@ def test_a_dead_server_is_restarted_with_the_newest_weights_then_the_run_stops(s
 
 
 def test_a_server_that_cannot_start_says_why(small_model, tmp_path):
-    left_by_a_killed_run = Path("/dev/shm") / "coati-vllm-999999999-abc"   # no such process id
+    work = Path(tempfile.gettempdir())
+    left_by_a_killed_run = work / "coati-vllm-999999999-abc"   # no such process id
     left_by_a_killed_run.mkdir(exist_ok=True)
-    ours = set(Path("/dev/shm").glob(f"coati-vllm-{os.getpid()}-*"))   # the module's server
+    ours = set(work.glob(f"coati-vllm-{os.getpid()}-*"))   # the module's server
     with pytest.raises(EngineError, match="cannot start the vLLM server with /nonexistent/python"):
         VLLMPool(VLLMConfig(model=str(small_model), python="/nonexistent/python", log_dir=str(tmp_path)), 0, [1])
     with pytest.raises(EngineError, match=r"could not start: it exited with code 1 while starting \(.*\)"):
         VLLMPool(VLLMConfig(model=str(tmp_path / "no_model"), log_dir=str(tmp_path)), 0, [1])
-    assert set(Path("/dev/shm").glob(f"coati-vllm-{os.getpid()}-*")) == ours and not left_by_a_killed_run.exists()
+    assert set(work.glob(f"coati-vllm-{os.getpid()}-*")) == ours and not left_by_a_killed_run.exists()
 
 
 # ---- the training scripts on the backend ---------------------------------------------------------
@@ -238,8 +243,9 @@ def _wait_for(predicate, timeout: float, what: str) -> None:
 @pytest.mark.slow
 def test_killing_the_trainer_leaves_no_engine_behind(tiny_assets, own_model, tmp_path):
     """PPO on vLLM rollouts of multi-turn episodes (a critic and a reward model beside the engine) through its first
-    episode, then torchrun and its workers SIGKILLed: the servers notice and exit."""
-    shm_before = set(Path("/dev/shm").glob("coati-vllm-*"))
+    episode, whose weights went to the servers in memory with no name in /dev/shm (so no kill can leave them there);
+    then torchrun and its workers SIGKILLed: the servers notice and exit."""
+    shm_before = set(Path("/dev/shm").glob("*coati*"))
     log = tmp_path / "run.log"
     proc = start_torchrun(SCRIPTS / "train_ppo.py", 2, *_rl_args(tiny_assets, own_model, tmp_path, 500),
                           "--reward_fn", "answer_format", *MULTI_TURN, log=log)
@@ -249,14 +255,14 @@ def test_killing_the_trainer_leaves_no_engine_behind(tiny_assets, own_model, tmp
         _wait_for(lambda: metrics.is_file() and "train/rollout/turns" in metrics.read_text(), 300, "PPO's first episode")
         assert "train/loss/value" in metrics.read_text()
         servers = _server_processes(str(own_model))
-        assert len(servers) == 2
+        assert len(servers) == 2 and set(Path("/dev/shm").glob("*coati*")) <= shm_before
     finally:
         trainers = [p for p in psutil.Process(proc.pid).children(recursive=True) if p not in servers]
         for process in [psutil.Process(proc.pid), *trainers]:   # SIGKILL torchrun and its workers, not the servers
             process.kill()
         proc.wait()
     _wait_for(lambda: not _server_processes(str(own_model)), 30, "the servers to exit")
-    assert set(Path("/dev/shm").glob("coati-vllm-*")) <= shm_before
+    assert set(Path("/dev/shm").glob("*coati*")) <= shm_before
 
 
 @pytest.mark.slow

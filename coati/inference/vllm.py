@@ -8,11 +8,12 @@ vLLM's own environment, generates rollouts on them and hands them the trainer's 
 - **Transport.** Our own small RPC (`multiprocessing.connection` on an abstract Unix socket, with a random key):
   token ids in, token ids and per-token log-probs out, never re-tokenised text. vLLM's OpenAI-compatible server
   would add an HTTP stack, detokenisation and a weight-update endpoint of our own anyway.
-- **Weights.** After an update the trainer writes the policy's state dict as one safetensors file, atomically
-  (written beside, then renamed), in shared memory (`/dev/shm`) where there is one, and each server loads it in
-  place (`load_weights`) and from then on reports its version. A file, not a tensor handed over in memory: it
-  crosses the process and torch-version boundary without pickling tensors, a server that is restarted reloads
-  the newest one, and on one node the copy lives in RAM.
+- **Weights.** After an update the trainer copies the policy's state dict into memory every server has mapped
+  (`coati.inference.shared_weights`: an anonymous memory file of two slots, handed to each server once as a file
+  descriptor), and each server loads it in place (`load_weights`) and from then on reports its version. Raw tensors
+  at fixed offsets cross the process and torch-version boundary without pickling or a file per update; a server that
+  is restarted maps the memory again and loads the newest version; nothing is left in `/dev/shm`, however the run
+  ends.
 - **Lifecycle.** A server starts once per run; its readiness is awaited up to `start_timeout_s`; its log is
   `<log_dir>/<log_name>_<i>.log`. It stops when the pool is shut down, and when the trainer dies however it
   dies (the lifeline pipe, see `vllm_server`). A server that dies is restarted with the newest weights, at most
@@ -30,6 +31,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Client, Connection
+from multiprocessing.reduction import send_handle
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -38,6 +40,7 @@ import torch
 from coati.rollout.engine import BatchingPool, Completions, all_of
 from coati.utils.errors import CoatiUsageError
 
+from .shared_weights import SharedWeights
 from .vllm_server import AUTHKEY_ENV, LIFELINE_ENV
 
 READY_POLL_S = 0.25
@@ -99,7 +102,7 @@ class VLLMServer:
         self.log_path = Path(config.log_dir or work_dir) / f"{config.log_name}_{index}.log"
         self.process: Optional[subprocess.Popen] = None
         self.conn: Optional[Connection] = None
-        self.weights: Optional[Tuple[str, int]] = None   # the safetensors file and version it serves (None: the model's)
+        self.attached: Optional[SharedWeights] = None   # the weight memory it has mapped
         self.start_seconds = 0.0
         self._lifeline: Optional[int] = None
 
@@ -158,12 +161,19 @@ class VLLMServer:
             time.sleep(READY_POLL_S)
         self.start_seconds = time.perf_counter() - self._started
 
-    def call(self, request: Dict[str, Any]) -> Dict[str, Any]:
-        """Send `request`, return the answer; `_EngineDied` when the process is gone, `EngineError` on a timeout or
-        a request the server failed."""
+    def attach(self, shared: SharedWeights) -> None:
+        """Hand the server the weight memory (its file descriptor, over the connection) to map."""
+        self.call({"op": "attach_weights", "size": shared.size}, fd=shared.fd)
+        self.attached = shared
+
+    def call(self, request: Dict[str, Any], fd: Optional[int] = None) -> Dict[str, Any]:
+        """Send `request` (and the file descriptor `fd` after it), return the answer; `_EngineDied` when the process is
+        gone, `EngineError` on a timeout or a request the server failed."""
         op = request["op"]
         try:
             self.conn.send(request)
+            if fd is not None:
+                send_handle(self.conn, fd, self.process.pid)
             if not self.conn.poll(self.config.timeout_s):
                 raise EngineError(f"the vLLM server did not answer '{op}' within {self.config.timeout_s:.0f} s "
                                   f"(--vllm_timeout); its log: {self.log_path}")
@@ -215,11 +225,10 @@ WORK_PREFIX = "coati-vllm-"
 
 
 def _work_dir() -> Path:
-    """A private folder for the weight files (in shared memory where there is one) holding a `src/coati` link, so
-    the servers import coati's source and nothing else of this environment's site-packages. Its name carries this
-    process's id; folders left by processes that are gone (killed with their servers at once) are removed first."""
-    shm = Path("/dev/shm")
-    parent = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    """A private folder (in the temporary directory) holding a `src/coati` link, so the servers import coati's source
+    and nothing else of this environment's site-packages, and their logs by default. Its name carries this process's
+    id; folders left by processes that are gone (killed with their servers at once) are removed first."""
+    parent = Path(tempfile.gettempdir())
     for stale in parent.glob(f"{WORK_PREFIX}*-*"):
         owner = stale.name[len(WORK_PREFIX):].split("-")[0]
         if owner.isdigit() and not _alive(int(owner)):
@@ -236,7 +245,7 @@ class VLLMPool(BatchingPool):
     requests with the same sampling settings as one engine call (`BatchingPool`). `publish` writes the weights once
     and queues a load on every server behind the generations already sent to it, so a rollout in flight finishes on
     the weights it started with, and every completion carries the version its server reports. `seconds` sums
-    generation time; `last_sync_seconds` is the last publish's, from writing the file to the last server's load."""
+    generation time; `last_sync_seconds` is the last publish's, from writing the weights to the last server's load."""
 
     def __init__(self, config: VLLMConfig, pad_token_id: int, stop_token_ids: Sequence[int], num_engines: int = 1) -> None:
         self.config, self.pad_token_id, self.stop_token_ids = config, pad_token_id, tuple(stop_token_ids)
@@ -245,7 +254,7 @@ class VLLMPool(BatchingPool):
         self.restarts, self.seconds, self.last_sync_seconds = 0, 0.0, 0.0
         self._workers = [ThreadPoolExecutor(1, thread_name_prefix=f"vllm-{i}") for i in range(num_engines)]
         self._start_queues(num_engines)
-        self._holders: Dict[str, int] = {}
+        self._shared: Optional[SharedWeights] = None
         self._lock = threading.Lock()
         try:
             for server in self.servers:   # every server loads its model at the same time
@@ -269,11 +278,13 @@ class VLLMPool(BatchingPool):
 
     # ---- requests, with restarts -------------------------------------------------------------------
     def _request(self, index: int, request: Dict[str, Any]) -> Dict[str, Any]:
-        """`request` on server `index` (in its worker thread); a server that died is restarted with the newest
-        weights it had and the request sent again, while restarts are left."""
+        """`request` on server `index` (in its worker thread, which maps the weight memory there first); a server that
+        died is restarted with the newest weights and the request sent again, while restarts are left."""
         while True:
             server = self.servers[index]
             try:
+                if self._shared is not None and server.attached is not self._shared:
+                    server.attach(self._shared)
                 return server.call(request)
             except _EngineDied as died:
                 self._restart(index, died)
@@ -290,10 +301,11 @@ class VLLMPool(BatchingPool):
         fresh = VLLMServer(self.config, index, self.work_dir)
         fresh.launch()
         self._ready(fresh)
-        if server.weights is not None:
-            path, version = server.weights
-            fresh.call({"op": "load_weights", "path": path, "version": version})
-            fresh.weights = server.weights
+        if self._shared is not None:
+            with self._shared.newest() as newest:
+                if newest is not None:
+                    fresh.attach(self._shared)
+                    fresh.call(self._load_request(*newest))
         self.servers[index] = fresh
 
     # ---- generation --------------------------------------------------------------------------------
@@ -322,60 +334,43 @@ class VLLMPool(BatchingPool):
 
     # ---- weights -----------------------------------------------------------------------------------
     def publish(self, weights: Dict[str, Any], version: int) -> "Future[List[Dict[str, Any]]]":
-        """Write `weights` as version `version` and queue its load on every server (behind what each is already
-        generating); the future completes with every server's answer once all have loaded it."""
+        """Copy `weights` into the shared memory as version `version` and queue its load on every server (behind what
+        each is already generating); the future completes with every server's answer once all have loaded it."""
         start = time.perf_counter()
-        path = self._write(weights, version)
+        if self._shared is None:
+            self._shared = SharedWeights(weights)
+        elif not self._shared.fits(weights):
+            raise ValueError("the published weights' names, dtypes or shapes differ from the first publish's")
+        slot = self._shared.write(weights, version)
         with self._lock:
-            self._holders[path] = len(self.servers)
             self.last_sync_seconds = 0.0
-        return all_of([worker.submit(self._load, index, path, version, start)
-                       for index, worker in enumerate(self._workers)])
+        loads = all_of([worker.submit(self._load, index, slot, version, start)
+                        for index, worker in enumerate(self._workers)])
+        self._shared.reuse_after(slot, loads)
+        return loads
 
-    def _write(self, state_dict: Dict[str, Any], version: int) -> str:
-        """The weights as one safetensors file, written beside and renamed into place (a reader never sees half)."""
-        from safetensors.torch import save_file
+    def _load_request(self, slot: int, version: int) -> Dict[str, Any]:
+        return {"op": "load_weights", "layout": self._shared.layout, "base": slot * self._shared.slot_bytes,
+                "version": version}
 
-        path = self.work_dir / f"weights-{version}.safetensors"
-        partial = path.with_suffix(".partial")
-        seen, tensors = set(), {}
-        for name, tensor in state_dict.items():
-            tensor = tensor.detach().to("cpu").contiguous()
-            if tensor.data_ptr() in seen:   # tied weights: safetensors stores each buffer once
-                tensor = tensor.clone()
-            seen.add(tensor.data_ptr())
-            tensors[name] = tensor
-        save_file(tensors, str(partial))
-        os.replace(partial, path)
-        return str(path)
-
-    def _load(self, index: int, path: str, version: int, published: float) -> Dict[str, Any]:
-        """Server `index` loads `path`; the file it served before is removed once no server needs it. The seconds
-        since `published` (the write began) so far are the publish's sync time."""
-        answer = self._request(index, {"op": "load_weights", "path": path, "version": version})
+    def _load(self, index: int, slot: int, version: int, published: float) -> Dict[str, Any]:
+        """Server `index` loads `slot`; the seconds since `published` (the copy began) so far are the publish's sync
+        time."""
+        answer = self._request(index, self._load_request(slot, version))
         with self._lock:
             self.last_sync_seconds = max(self.last_sync_seconds, time.perf_counter() - published)
-        server = self.servers[index]
-        previous, server.weights = server.weights, (path, version)
-        if previous is not None:
-            self._release(previous[0])
         return answer
-
-    def _release(self, path: str) -> None:
-        with self._lock:
-            self._holders[path] -= 1
-            if self._holders[path] > 0:
-                return
-            del self._holders[path]
-        Path(path).unlink(missing_ok=True)
 
     def pids(self) -> List[int]:
         return [server.process.pid for server in self.servers]
 
     def shutdown(self) -> None:
-        """Stop every server and remove the weight files."""
+        """Stop every server, free the weight memory and remove the work folder."""
         for worker in self._workers:
             worker.shutdown(wait=False, cancel_futures=True)
         for server in self.servers:
             server.close()
+        if self._shared is not None:
+            self._shared.close()
+            self._shared = None
         shutil.rmtree(self.work_dir, ignore_errors=True)

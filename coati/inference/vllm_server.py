@@ -12,8 +12,11 @@ with an `op`; the answer is a dict, with `error` (one line) when the op failed:
 - `generate` `{prompts: [[token ids]], n: [int], sampling: {...}}`: token ids in, and per prompt `n`
   completions out as (token ids, each token's log-prob), never text: `{completions, version, seconds}`.
   Log-probs are vLLM's raw ones (before temperature, top-k, top-p), as the trainer computes its own.
-- `load_weights` `{path, version}`: a safetensors file of HF-named weights, loaded in place; the prefix cache
-  is reset, and from then on the server reports `version`: `{version, seconds}`.
+- `attach_weights` `{size}`, followed on the connection by a file descriptor (`multiprocessing.reduction.send_handle`):
+  the trainer's weight memory (`coati.inference.shared_weights`), mapped here: `{size}`.
+- `load_weights` `{layout, base, version}`: the HF-named tensors of `layout` (name, dtype, shape, offset), read from
+  the attached memory at byte `base`, loaded in place; the prefix cache is reset, and from then on the server
+  reports `version`: `{version, seconds}`.
 - `shutdown`.
 
 The engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so the server has no children to
@@ -28,6 +31,7 @@ import threading
 import time
 import traceback
 from multiprocessing.connection import Listener
+from multiprocessing.reduction import recv_handle
 from typing import Any, Dict, List, Tuple
 
 AUTHKEY_ENV = "COATI_VLLM_AUTHKEY"
@@ -101,20 +105,41 @@ def generate(llm: Any, prompts: List[List[int]], counts: List[int],
     return results
 
 
-def _reload_from(worker: Any, path: str) -> None:
-    """In each vLLM worker: reload its model in place from the safetensors file at `path` (checkpoint format; vLLM
-    repacks the weights for its kernels as at start-up)."""
-    from safetensors import safe_open
-
-    with safe_open(path, framework="pt") as weights:
-        worker.reload_weights(weights_iterator=((name, weights.get_tensor(name)) for name in weights.keys()),
-                              is_checkpoint_format=True)
+_ATTACHED: Dict[str, Any] = {}
+"""The trainer's weight memory, mapped by `attach_weights` (the engine's worker runs in this process and reads it)."""
 
 
-def load_weights(llm: Any, path: str) -> None:
-    """Load the safetensors file at `path` (HF parameter names) into the running model, then drop the prefix cache,
-    whose keys and values the old weights computed."""
-    llm.collective_rpc(_reload_from, args=(path,))
+def attach_weights(fd: int, size: int) -> None:
+    """Map the trainer's weight memory (`size` bytes of the file `fd`), in place of any earlier one."""
+    import mmap
+
+    _ATTACHED.clear()   # an earlier mapping is unmapped once nothing refers to it
+    _ATTACHED["memory"] = mmap.mmap(fd, size)
+    os.close(fd)
+
+
+def _reload_attached(worker: Any, layout: List[Any], base: int) -> None:
+    """In each vLLM worker: reload its model in place from the attached memory's tensors at byte `base` (checkpoint
+    format; vLLM copies them into its parameters, repacking for its kernels as at start-up)."""
+    import math
+
+    import torch
+
+    memory = torch.frombuffer(_ATTACHED["memory"], dtype=torch.uint8)
+
+    def tensors():
+        for name, dtype, shape, offset in layout:
+            kind = getattr(torch, dtype)
+            start = base + offset
+            yield name, memory[start:start + math.prod(shape) * kind.itemsize].view(kind).view(shape)
+
+    worker.reload_weights(weights_iterator=tensors(), is_checkpoint_format=True)
+
+
+def load_weights(llm: Any, layout: List[Any], base: int) -> None:
+    """Load the tensors of `layout` at byte `base` of the attached memory (HF parameter names) into the running model,
+    then drop the prefix cache, whose keys and values the old weights computed."""
+    llm.collective_rpc(_reload_attached, args=(layout, base))
     llm.reset_prefix_cache()
 
 
@@ -132,8 +157,11 @@ class Server:
         if op == "generate":
             completions = generate(self.llm, request["prompts"], request["n"], request["sampling"])
             return {"completions": completions, "version": self.version, "seconds": time.perf_counter() - start}
+        if op == "attach_weights":
+            attach_weights(request["fd"], int(request["size"]))
+            return {"size": int(request["size"])}
         if op == "load_weights":
-            load_weights(self.llm, request["path"])
+            load_weights(self.llm, request["layout"], int(request["base"]))
             self.version = int(request["version"])
             print(f"serving weights version {self.version} (loaded in {time.perf_counter() - start:.2f} s)", flush=True)
             return {"version": self.version, "seconds": time.perf_counter() - start}
@@ -150,6 +178,8 @@ class Server:
                     if request.get("op") == "shutdown":
                         conn.send({})
                         return
+                    if request.get("op") == "attach_weights":   # the descriptor follows the request
+                        request["fd"] = recv_handle(conn)
                     conn.send(self._answer(request))
 
     def _answer(self, request: Dict[str, Any]) -> Dict[str, Any]:
