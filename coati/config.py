@@ -468,6 +468,12 @@ class BackendSettings:
     vllm_kv_cache_gib: int = setting(1, parse=at_least(1), help="each vLLM server's KV cache on a CPU, GiB")
     vllm_gpu_memory_utilization: float = setting(0.4, parse=in_range(0, 1, low_open=True),
                                                  help="fraction of its GPU's memory each vLLM server takes")
+    engine_probe_rows: int = setting(2, parse=at_least(0),
+                                     help="prompts of --prompt_dataset each vLLM server scores after every weight update, "
+                                          "compared with the trainer's log-probs (0: no sync probe)")
+    engine_probe_tolerance: float = setting(0.0, parse=non_negative(),
+                                            help="mean absolute log-prob difference the sync probe allows (0: 1e-3 in "
+                                                 "fp32, 0.05 in bf16/fp16)")
 
 
 @dataclass(frozen=True)

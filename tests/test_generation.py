@@ -126,3 +126,32 @@ def test_inference_and_logits_forward_batch_sizes_bound_rows_not_results(tiny_as
         chunked = in_row_chunks(lambda rows: action_logps(model, whole.sequences[rows], whole.attention_mask[rows],
                                                           whole.prompt_length), whole.sequences.size(0), 2)
     assert torch.allclose(full, chunked, atol=1e-5)
+
+
+def test_the_sync_probe_compares_an_engines_scores_with_the_trainers(tiny_assets):
+    """The trainer's log-probs of the probe are its model's own (checked against a batched forward); a check passes on
+    scores within the tolerance, and stops one line on scores that differ or that did not move with the trainer's."""
+    import pytest
+
+    from coati.rollout.probe import EngineSyncError, SyncProbe
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_assets["model"]).eval()
+    sequences = [[1, 5, 9, 14, 3], [1, 7, 2]]
+    probe = SyncProbe(sequences)
+    first = probe.check(model, 1)
+    with torch.no_grad():
+        logps = torch.log_softmax(model(input_ids=torch.tensor([sequences[0]])).logits[0, :-1], -1)
+    assert first.expected[0] == pytest.approx(logps.gather(-1, torch.tensor(sequences[0][1:])[:, None])[:, 0].tolist(),
+                                              abs=1e-6)
+    assert len(first.expected[1]) == 2 and first.tolerance == 1e-3   # fp32's default
+    assert first.verify([[x + 5e-4 for x in row] for row in first.expected], None) == pytest.approx(5e-4, rel=1e-3)
+    with pytest.raises(EngineSyncError, match=r"^the engine does not serve weights version 1: .* by 0.01 on average "
+                                              r"\(--engine_probe_tolerance 0.001\)$"):
+        first.verify([[x - 0.01 for x in row] for row in first.expected], None)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1.0001)
+    second = probe.check(model, 2)
+    assert second.previous == first.expected and second.expected != first.expected
+    with pytest.raises(EngineSyncError, match="did not load weights version 2"):
+        second.verify(first.expected, first.expected)   # within tolerance, but exactly the old version's scores
+    assert second.verify(second.expected, first.expected) == 0.0

@@ -152,6 +152,35 @@ def test_published_weights_are_served_with_their_version(served, tiny_assets):
     assert [p.name for p in pool.work_dir.iterdir()] == ["src"] and not list(Path("/dev/shm").glob("*coati*"))
 
 
+def test_the_sync_probe_stops_a_publish_that_did_nothing(small_model, tiny_assets, tmp_path, monkeypatch):
+    """A server scores the probe after each load: equal to the trainer's log-probs after a real load; after a load
+    dropped on purpose (the request replaced by one that loads nothing) the publish fails with one line, and so does
+    every later request, before anything is generated on the unsynced weights."""
+    from transformers import AutoModelForCausalLM
+
+    from coati.rollout.probe import EngineSyncError, SyncProbe
+
+    tokenizer = _tokenizer(small_model)
+    model = AutoModelForCausalLM.from_pretrained(small_model).eval()
+    pool = VLLMPool(VLLMConfig(model=str(small_model), log_dir=str(tmp_path), threads=1), tokenizer.pad_token_id,
+                    [tokenizer.eos_token_id])
+    probe = SyncProbe(_prompts(tiny_assets, 2))
+    try:
+        synced = pool.publish(model.state_dict(), 1, probe.check(model, 1)).result()
+        assert synced[0]["probe_diff"] < 1e-4 and synced[0]["probe_seconds"] > 0
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.mul_(1.001)   # a small update: within bf16's tolerance, but it moves the log-probs
+        monkeypatch.setattr(pool, "_load_request", lambda slot, version: {"op": "info"})
+        with pytest.raises(EngineSyncError, match="^the engine did not load weights version 2: its log-probs of the "
+                                                  "sync probe are those of the previous version"):
+            pool.publish(model.state_dict(), 2, probe.check(model, 2)).result()
+        with pytest.raises(EngineSyncError, match="did not load weights version 2"):
+            _generate(pool, _prompts(tiny_assets, 1), SamplingConfig(max_new_tokens=4))
+    finally:
+        pool.shutdown()
+
+
 def test_a_dead_server_is_restarted_with_the_newest_weights_then_the_run_stops(served, tiny_assets):
     pool, model, tokenizer, _ = served
     prompts = _prompts(tiny_assets, 2)
@@ -214,6 +243,7 @@ def test_multi_turn_grpo_trains_on_vllm_rollouts(tiny_assets, own_model, tmp_pat
         assert abs(r["train/behaviour_ratio"] - 1) < 1e-3   # fp32 engine and trainer agree, on the sampled tokens
         assert r["train/rollout/turns"] >= 1 and r["train/rollout/sampled_tokens"] > 0
     assert all(r["train/time/weight_sync"] > 0 for r in records[1:])   # the weights of episodes 1 and 2
+    assert all(r["train/engine/probe_logprob_diff"] < 1e-4 and r["train/time/engine_probe"] > 0 for r in records[1:])
     assert {p.name for p in (grpo / "logs").glob("vllm_*.log")} == {"vllm_rank0_0.log", "vllm_rank1_0.log"}
     assert not _server_processes(str(own_model))
 
@@ -229,6 +259,8 @@ def test_async_grpo_on_one_vllm_generator_stays_within_its_staleness(tiny_assets
     for r in records:
         assert 0 <= r["train/rollout/staleness@trained/min"] <= r["train/rollout/staleness@trained/max"] <= 1
         assert r["train/rollout/turns"] >= 1 and "train/rollout/ended/max_turns" in r
+    probed = [r["train/engine/probe_logprob_diff"] for r in records if "train/engine/probe_logprob_diff" in r]
+    assert probed and max(probed) < 1e-4   # publishes probed while the generator ran ahead
     assert (tmp_path / "logs" / "vllm_rank0_0.log").is_file()
     assert not _server_processes(str(own_model))
 

@@ -33,6 +33,7 @@ from coati.utils.comm import rank, world_size
 from coati.distributed.plugins import build_booster, check_first_forward
 from coati.rollout import GeneratorPool, PromptStream, RLVRWorkflow, RolloutWorkflow, WorkflowExecutor
 from coati.rollout.agent import AgentWorkflow
+from coati.rollout.probe import SyncProbe
 from coati.rollout.chat import ChatTokens, check_appending
 from coati.rollout.environment import ToolEnvironment, row_tools, tool_schemas
 from coati.rollout.multiturn import MultiTurnWorkflow, conversation
@@ -144,8 +145,13 @@ def _vllm_config(args: argparse.Namespace) -> VLLMConfig:
 
 
 def _vllm_pool(args: argparse.Namespace, tokenizer: Any, num_engines: int = 1) -> VLLMPool:
-    """`num_engines` vLLM servers on the flags' settings, ready; rank 0 prints their start-up time."""
+    """`num_engines` vLLM servers on the flags' settings, ready, checked after every update by a sync probe on the first
+    `--engine_probe_rows` prompts; rank 0 prints their start-up time."""
     pool = VLLMPool(_vllm_config(args), tokenizer.pad_token_id, _stop_ids(args, tokenizer), num_engines)
+    if args.engine_probe_rows:
+        rows = load_prepared(args.dataset, "prompt")
+        pool.probe = SyncProbe([rows[i]["input_ids"] for i in range(min(args.engine_probe_rows, len(rows)))],
+                               args.engine_probe_tolerance)
     if rank() == 0:
         print(f"vLLM rollout engine ready in {pool.start_seconds:.1f} s (log: {pool.servers[0].log_path})", flush=True)
     return pool

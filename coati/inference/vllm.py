@@ -38,6 +38,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from coati.rollout.engine import BatchingPool, Completions, all_of
+from coati.rollout.probe import EngineSyncError, ProbeCheck
 from coati.utils.errors import CoatiUsageError
 
 from .shared_weights import SharedWeights
@@ -255,6 +256,8 @@ class VLLMPool(BatchingPool):
         self._workers = [ThreadPoolExecutor(1, thread_name_prefix=f"vllm-{i}") for i in range(num_engines)]
         self._start_queues(num_engines)
         self._shared: Optional[SharedWeights] = None
+        self._probed: Dict[int, List[List[float]]] = {}   # each server's last probe scores
+        self._broken: Optional[EngineSyncError] = None
         self._lock = threading.Lock()
         try:
             for server in self.servers:   # every server loads its model at the same time
@@ -281,6 +284,8 @@ class VLLMPool(BatchingPool):
         """`request` on server `index` (in its worker thread, which maps the weight memory there first); a server that
         died is restarted with the newest weights and the request sent again, while restarts are left."""
         while True:
+            if self._broken is not None:
+                raise self._broken
             server = self.servers[index]
             try:
                 if self._shared is not None and server.attached is not self._shared:
@@ -298,6 +303,7 @@ class VLLMPool(BatchingPool):
                                   f"log: {server.log_path}") from None
             self.restarts += 1
         server.close()
+        self._probed.pop(index, None)
         fresh = VLLMServer(self.config, index, self.work_dir)
         fresh.launch()
         self._ready(fresh)
@@ -333,9 +339,12 @@ class VLLMPool(BatchingPool):
         return Completions(sequences, mask, logprobs, len(prompt), version)
 
     # ---- weights -----------------------------------------------------------------------------------
-    def publish(self, weights: Dict[str, Any], version: int) -> "Future[List[Dict[str, Any]]]":
+    def publish(self, weights: Dict[str, Any], version: int,
+                probe: Optional[ProbeCheck] = None) -> "Future[List[Dict[str, Any]]]":
         """Copy `weights` into the shared memory as version `version` and queue its load on every server (behind what
-        each is already generating); the future completes with every server's answer once all have loaded it."""
+        each is already generating), each followed by the `probe`; the future completes with every server's answer
+        (with `probe_diff` and `probe_seconds`) once all have loaded it. A server that fails the probe fails the future
+        and every later request (`EngineSyncError`), so nothing is generated on weights that were not synced."""
         start = time.perf_counter()
         if self._shared is None:
             self._shared = SharedWeights(weights)
@@ -344,7 +353,7 @@ class VLLMPool(BatchingPool):
         slot = self._shared.write(weights, version)
         with self._lock:
             self.last_sync_seconds = 0.0
-        loads = all_of([worker.submit(self._load, index, slot, version, start)
+        loads = all_of([worker.submit(self._load, index, slot, version, start, probe)
                         for index, worker in enumerate(self._workers)])
         self._shared.reuse_after(slot, loads)
         return loads
@@ -353,13 +362,28 @@ class VLLMPool(BatchingPool):
         return {"op": "load_weights", "layout": self._shared.layout, "base": slot * self._shared.slot_bytes,
                 "version": version}
 
-    def _load(self, index: int, slot: int, version: int, published: float) -> Dict[str, Any]:
-        """Server `index` loads `slot`; the seconds since `published` (the copy began) so far are the publish's sync
-        time."""
+    def _load(self, index: int, slot: int, version: int, published: float,
+              probe: Optional[ProbeCheck]) -> Dict[str, Any]:
+        """Server `index` loads `slot`, then scores the `probe`; the seconds since `published` (the copy began) until
+        the load are the publish's sync time."""
         answer = self._request(index, self._load_request(slot, version))
         with self._lock:
             self.last_sync_seconds = max(self.last_sync_seconds, time.perf_counter() - published)
+        if probe is not None:
+            answer = {**answer, **self._probe(index, probe)}
         return answer
+
+    def _probe(self, index: int, probe: ProbeCheck) -> Dict[str, float]:
+        """Server `index` scores the probe, checked against the trainer's log-probs (and its own previous scores)."""
+        start = time.perf_counter()
+        served = self._request(index, {"op": "score", "prompts": probe.sequences})["logprobs"]
+        try:
+            difference = probe.verify(served, self._probed.get(index))
+        except EngineSyncError as error:
+            self._broken = error
+            raise
+        self._probed[index] = served
+        return {"probe_diff": difference, "probe_seconds": time.perf_counter() - start}
 
     def pids(self) -> List[int]:
         return [server.process.pid for server in self.servers]

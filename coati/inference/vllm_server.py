@@ -12,6 +12,8 @@ with an `op`; the answer is a dict, with `error` (one line) when the op failed:
 - `generate` `{prompts: [[token ids]], n: [int], sampling: {...}}`: token ids in, and per prompt `n`
   completions out as (token ids, each token's log-prob), never text: `{completions, version, seconds}`.
   Log-probs are vLLM's raw ones (before temperature, top-k, top-p), as the trainer computes its own.
+- `score` `{prompts: [[token ids]]}`: each prompt's tokens' log-probs after the first (vLLM's prompt log-probs), as
+  the sync probe compares them with the trainer's: `{logprobs, version}`.
 - `attach_weights` `{size}`, followed on the connection by a file descriptor (`multiprocessing.reduction.send_handle`):
   the trainer's weight memory (`coati.inference.shared_weights`), mapped here: `{size}`.
 - `load_weights` `{layout, base, version}`: the HF-named tensors of `layout` (name, dtype, shape, offset), read from
@@ -118,6 +120,17 @@ def attach_weights(fd: int, size: int) -> None:
     os.close(fd)
 
 
+def score(llm: Any, prompts: List[List[int]]) -> List[List[float]]:
+    """Each prompt's log-probs of its tokens after the first, under the served weights."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+    return [[entry[token].logprob for entry, token in zip(out.prompt_logprobs[1:], prompt[1:])]
+            for out, prompt in zip(outputs, prompts)]
+
+
 def _reload_attached(worker: Any, layout: List[Any], base: int) -> None:
     """In each vLLM worker: reload its model in place from the attached memory's tensors at byte `base` (checkpoint
     format; vLLM copies them into its parameters, repacking for its kernels as at start-up)."""
@@ -157,6 +170,8 @@ class Server:
         if op == "generate":
             completions = generate(self.llm, request["prompts"], request["n"], request["sampling"])
             return {"completions": completions, "version": self.version, "seconds": time.perf_counter() - start}
+        if op == "score":
+            return {"logprobs": score(self.llm, request["prompts"]), "version": self.version}
         if op == "attach_weights":
             attach_weights(request["fd"], int(request["size"]))
             return {"size": int(request["size"])}

@@ -21,6 +21,8 @@ import torch
 from coati.models.generation import GenerationOutput, HFEngine, through_last
 from coati.config import SamplingConfig
 
+from .probe import ProbeCheck, SyncProbe
+
 MAX_SESSIONS = 4096
 """Sessions a pool remembers the generator of (a conversation's turns go to one generator)."""
 
@@ -57,6 +59,8 @@ class RolloutEngine(ABC):
 
     version: int = 0
     seconds: float = 0.0
+    probe: Optional[SyncProbe] = None
+    """The sync probe its publishes are checked with (an engine with weights of its own that can score sequences)."""
 
     @abstractmethod
     async def agenerate(self, prompt_ids: List[int], config: SamplingConfig, n: int,
@@ -76,9 +80,10 @@ class RolloutEngine(ABC):
         """The conversation at `seat` asks for no more turns."""
 
     @abstractmethod
-    def publish(self, weights: Dict[str, torch.Tensor], version: int) -> "Future[Any]":
+    def publish(self, weights: Dict[str, torch.Tensor], version: int, probe: Optional[ProbeCheck] = None) -> "Future[Any]":
         """New weights, tagged `version`, for every copy of the model the engine holds; the future completes once
-        each serves them (at once for an engine that shares the trainer's weights)."""
+        each serves them (at once for an engine that shares the trainer's weights), failing where a copy fails the
+        `probe` (`coati.rollout.probe`)."""
 
     def shutdown(self) -> None:
         """Stop what the engine started."""
@@ -288,8 +293,10 @@ class GeneratorPool(BatchingPool):
         self.restarts += 1
         self.actors[index] = self._spawn(index)
 
-    def publish(self, weights: Dict[str, torch.Tensor], version: int) -> "Future[List[Any]]":
-        """New weights for every generator, tagged `version`; each loads them after the requests it holds."""
+    def publish(self, weights: Dict[str, torch.Tensor], version: int,
+                probe: Optional[ProbeCheck] = None) -> "Future[List[Any]]":
+        """New weights for every generator, tagged `version`; each loads them after the requests it holds (a strict
+        `load_state_dict`, which cannot silently load nothing: no probe is run)."""
         import ray
 
         self._weights, self.version = ray.put({k: v.detach().cpu() for k, v in weights.items()}), version

@@ -41,7 +41,7 @@ class LocalEngine(RolloutEngine):
         self._seats = itertools.count()
         self._flush_due = False
 
-    def publish(self, weights: Dict[str, torch.Tensor], version: int) -> "Future[None]":
+    def publish(self, weights: Dict[str, torch.Tensor], version: int, probe: Optional[Any] = None) -> "Future[None]":
         self.version = version
         done: "Future[None]" = Future()
         done.set_result(None)

@@ -7,6 +7,7 @@ weights after every update. A new way of producing experience (another engine, a
 """
 import asyncio
 import time
+from concurrent.futures import Future
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -88,10 +89,28 @@ def _ties(trajectory: Trajectory) -> bool:
     return bool((trajectory.rewards == trajectory.rewards[0]).all())
 
 
-def policy_weights(actor: torch.nn.Module) -> Dict[str, torch.Tensor]:
-    """The actor's HF-named state dict, as an engine with weights of its own loads it."""
+def publish_policy(engine: RolloutEngine, actor: torch.nn.Module, version: int) -> "Future[Any]":
+    """The actor's HF-named state dict to `engine` as `version`, checked by the engine's sync probe where it has one."""
     model = actor.unwrap() if hasattr(actor, "unwrap") else actor
-    return model.state_dict()
+    probe = engine.probe.check(model, version) if engine.probe is not None else None
+    return engine.publish(model.state_dict(), version, probe)
+
+
+def probe_results(answers: Any) -> Dict[str, float]:
+    """A publish's probe over the engine's servers: the largest log-prob difference and seconds ({} without one)."""
+    probed = [a for a in answers or [] if isinstance(a, dict) and "probe_diff" in a]
+    if not probed:
+        return {}
+    return {"probe_logprob_diff": max(a["probe_diff"] for a in probed),
+            "probe_seconds": max(a["probe_seconds"] for a in probed)}
+
+
+def record_probe(results: Dict[str, float], stats: StatsTracker) -> None:
+    """`engine/probe_logprob_diff` and `time/engine_probe` of the last publish, where a probe ran."""
+    if results:
+        with stats.scope("engine"):
+            stats.scalar(probe_logprob_diff=results["probe_logprob_diff"])
+        stats.add("time/engine_probe", results["probe_seconds"])
 
 
 class LocalRollouts(RolloutSource):
@@ -110,6 +129,7 @@ class LocalRollouts(RolloutSource):
         self.workflow = workflow or RLVRWorkflow(maker.scorer, maker.config.sampling, maker.completions_per_prompt)
         self.engine = engine or LocalEngine(maker.engine)
         self._sync_seconds: Optional[float] = None
+        self._probe: Dict[str, float] = {}
         self._loop: Optional[asyncio.AbstractEventLoop] = None   # kept across batches, with its worker threads
 
     def start(self, episode: int) -> None:
@@ -118,8 +138,8 @@ class LocalRollouts(RolloutSource):
 
     def learned(self, version: int) -> None:
         start = time.perf_counter()
-        self.engine.publish(policy_weights(self.maker.actor), version).result()
-        self._sync_seconds = time.perf_counter() - start
+        self._probe = probe_results(publish_policy(self.engine, self.maker.actor, version).result())
+        self._sync_seconds = time.perf_counter() - start - self._probe.get("probe_seconds", 0.0)
 
     def evaluation_engine(self) -> RolloutEngine:
         return self.engine
@@ -134,6 +154,8 @@ class LocalRollouts(RolloutSource):
         timing = {"generation": self.engine.seconds, "reward": seconds - self.engine.seconds}
         if self._sync_seconds is not None:
             timing["weight_sync"], self._sync_seconds = self._sync_seconds, None
+        record_probe(self._probe, stats)
+        self._probe = {}
         return self.maker.from_trajectories(trajectories, self.prompts.device, timing, extra_rollouts=extra)
 
     def _rollouts(self) -> List[Trajectory]:
@@ -190,6 +212,7 @@ class AsyncRollouts(RolloutSource):
         self.executor, self.pool, self.stream = executor, pool, stream
         self.device = next(actor.parameters()).device
         self._evaluation_engine = LocalEngine(maker.engine)
+        self._publishing: Optional["Future[Any]"] = None
 
     def evaluation_engine(self) -> RolloutEngine:
         """The training model itself: the generators run on rank 0 only, and evaluation runs on every rank."""
@@ -203,6 +226,7 @@ class AsyncRollouts(RolloutSource):
             trajectories = self._scatter(self.executor.prepare_batch(self.stream.next) if self.executor else None)
         experience = self.maker.from_trajectories(trajectories, self.device)
         self._record_staleness(experience, episode, stats)
+        self._record_publish(stats)
         return experience
 
     def _scatter(self, batch: Optional[List[Trajectory]]) -> List[Trajectory]:
@@ -230,8 +254,14 @@ class AsyncRollouts(RolloutSource):
         """Rank 0 sends the actor's weights to the generators as `version` and moves the executor on."""
         if self.pool is None:
             return
-        self.pool.publish(policy_weights(self.actor), version)
+        self._publishing = publish_policy(self.pool, self.actor, version)
         self.executor.set_version(version)
+
+    def _record_publish(self, stats: StatsTracker) -> None:
+        """The last publish's probe, once it is done; its failure (a probe that failed) ends the run here."""
+        if self._publishing is not None and self._publishing.done():
+            record_probe(probe_results(self._publishing.result()), stats)
+            self._publishing = None
 
     def prompts_per_epoch(self) -> int:
         return self._prompts_per_epoch
