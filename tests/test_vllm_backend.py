@@ -87,7 +87,7 @@ def served(small_model, tmp_path_factory):
 
     tokenizer = _tokenizer(small_model)
     logs = tmp_path_factory.mktemp("vllm_logs")
-    pool = VLLMPool(VLLMConfig(model=str(small_model), log_dir=str(logs), threads=1, max_restarts=1),
+    pool = VLLMPool(VLLMConfig(model=str(small_model), log_dir=str(logs), threads=1, max_restarts=1, timeout_s=10),
                     tokenizer.pad_token_id, [tokenizer.eos_token_id])
     model = AutoModelForCausalLM.from_pretrained(small_model).eval()
     yield pool, model, tokenizer, logs
@@ -181,7 +181,7 @@ def test_the_sync_probe_stops_a_publish_that_did_nothing(small_model, tiny_asset
         pool.shutdown()
 
 
-def test_a_dead_server_is_restarted_with_the_newest_weights_then_the_run_stops(served, tiny_assets):
+def test_a_dead_server_is_restarted_with_the_newest_weights_and_a_stopped_one_ends_the_run(served, tiny_assets):
     pool, model, tokenizer, _ = served
     prompts = _prompts(tiny_assets, 2)
     greedy = SamplingConfig(max_new_tokens=8, do_sample=False)
@@ -190,6 +190,10 @@ def test_a_dead_server_is_restarted_with_the_newest_weights_then_the_run_stops(s
     again = _generate(pool, prompts, greedy)
     assert pool.restarts == 1 and [c.version for c in again] == [8, 8]
     assert [_tokens(c) for c in again] == served_before
+    os.kill(pool.pids()[0], signal.SIGSTOP)   # alive, but it never answers
+    with pytest.raises(EngineError, match=r"^vLLM server 0 \(pid \d+\) did not answer 'generate' within 10 s "
+                                          r"\(--vllm_timeout\); its log: "):
+        _generate(pool, prompts, greedy)
     os.kill(pool.pids()[0], signal.SIGKILL)
     with pytest.raises(EngineError, match=r"vLLM server 0 died .* used their 1 restarts \(--vllm_max_restarts\)"):
         _generate(pool, prompts, greedy)

@@ -157,7 +157,7 @@ class VLLMServer:
                 pass
             if time.monotonic() > deadline:
                 self.close()
-                raise EngineError(f"the vLLM server did not become ready within {self.config.start_timeout_s:.0f} s "
+                raise EngineError(f"vLLM server {self.index} did not become ready within {self.config.start_timeout_s:.0f} s "
                                   f"(--vllm_start_timeout); its log: {self.log_path}")
             time.sleep(READY_POLL_S)
         self.start_seconds = time.perf_counter() - self._started
@@ -176,15 +176,15 @@ class VLLMServer:
             if fd is not None:
                 send_handle(self.conn, fd, self.process.pid)
             if not self.conn.poll(self.config.timeout_s):
-                raise EngineError(f"the vLLM server did not answer '{op}' within {self.config.timeout_s:.0f} s "
-                                  f"(--vllm_timeout); its log: {self.log_path}")
+                raise EngineError(f"vLLM server {self.index} (pid {self.process.pid}) did not answer '{op}' within "
+                                  f"{self.config.timeout_s:.0f} s (--vllm_timeout); its log: {self.log_path}")
             answer = self.conn.recv()
         except (EOFError, OSError) as error:
             code = self.process.poll()
             cause = f"exit code {code}" if code is not None else type(error).__name__
             raise _EngineDied(f"{cause}; {_last_line(self.log_path)}") from None
         if "error" in answer:
-            raise EngineError(f"the vLLM server failed '{op}': {answer['error']}; its log: {self.log_path}")
+            raise EngineError(f"vLLM server {self.index} failed '{op}': {answer['error']}; its log: {self.log_path}")
         return answer
 
     def close(self) -> None:
