@@ -121,6 +121,13 @@ def start_torchrun(script: Path, nproc: int, *args: str, log: Path, **env: str) 
                                 env=child_env(**env), cwd=REPO)
 
 
+def train_records(log_dir: Path) -> list:
+    """Logged training metrics without wall-clock values (timings differ from run to run)."""
+    records = [json.loads(line) for line in (Path(log_dir) / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k != "time" and not k.startswith("train/time/") and not k.endswith("_seconds")}
+            for r in records if "train/loss" in r]
+
+
 def kill_run(proc: subprocess.Popen) -> int:
     """SIGKILL torchrun and every worker, as a crash would (torchrun puts workers in sessions of their own,
     so killing its process group is not enough); returns torchrun's exit status."""

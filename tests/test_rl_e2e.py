@@ -9,7 +9,7 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from coati.utils.ckpt_io import latest_checkpoint
-from conftest import REPO, SCRIPTS, kill_run, start_torchrun, torchrun
+from conftest import REPO, SCRIPTS, kill_run, start_torchrun, torchrun, train_records
 
 EPISODES, SAVE_EVERY = 24, 4
 
@@ -28,13 +28,6 @@ def _args(script: str, assets, out: Path, turn_ender: Path) -> list:
                      "--ptx_dataset", str(assets["sft_train"]), "--ptx_coef", "0.1"]
 
 
-def _train_records(log_dir: Path) -> list:
-    """Logged training metrics without wall-clock values (timings differ from run to run)."""
-    records = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k != "time" and not k.startswith("train/time/") and not k.endswith("_seconds")}
-            for r in records if "train/loss" in r]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("script", ["train_grpo.py", "train_ppo.py"])
 def test_killed_rl_run_resumes_with_the_same_metrics(tiny_assets, turn_ender, tmp_path, script):
@@ -43,7 +36,7 @@ def test_killed_rl_run_resumes_with_the_same_metrics(tiny_assets, turn_ender, tm
     result = torchrun(SCRIPTS / script, 2, *_args(script, tiny_assets, full, turn_ender), "--output_dir", str(full),
                       **tools)
     assert result.returncode == 0, result.stderr[-4000:]
-    expected = _train_records(full / "logs")
+    expected = train_records(full / "logs")
     assert [r["step"] for r in expected] == list(range(1, EPISODES + 1))
     assert AutoModelForCausalLM.from_pretrained(full / "model").config.model_type == "llama"
     table = json.loads((full / "logs" / "rich_completions" / "completions_step_000006.json").read_text())
@@ -70,7 +63,7 @@ def test_killed_rl_run_resumes_with_the_same_metrics(tiny_assets, turn_ender, tm
                       **tools)
     assert result.returncode == 0, result.stderr[-4000:]
     assert f"resumed from {killed_at}" in result.stdout + result.stderr
-    resumed = _train_records(run / "logs")
+    resumed = train_records(run / "logs")
     assert [r["step"] for r in resumed] == list(range(1, EPISODES + 1))
     before_kill = int(killed_at.name.rsplit("-", 1)[1])   # logged by the second run of the same command, unresumed
     assert resumed[:before_kill] == expected[:before_kill]   # exactly: same seed, same machine, same ranks

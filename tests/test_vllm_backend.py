@@ -13,7 +13,8 @@ import psutil
 import pytest
 import torch
 
-from conftest import SCRIPTS, kill_run, start_torchrun, torchrun
+from conftest import SCRIPTS, kill_run, start_torchrun, torchrun, train_records
+from coati.utils.ckpt_io import latest_checkpoint
 from coati.inference.vllm import EngineError, VLLMConfig, VLLMPool, default_vllm_python
 from coati.models.generation import HFEngine
 from coati.config import SamplingConfig
@@ -267,6 +268,28 @@ def test_async_grpo_on_one_vllm_generator_stays_within_its_staleness(tiny_assets
     assert probed and max(probed) < 1e-4   # publishes probed while the generator ran ahead
     assert (tmp_path / "logs" / "vllm_rank0_0.log").is_file()
     assert not _server_processes(str(own_model))
+
+
+@pytest.mark.slow
+def test_a_killed_synchronous_vllm_run_resumes_with_the_same_metrics(tiny_assets, own_model, tmp_path):
+    """Each completion's draws come from a seed of its own (the server's, the version, the prompt, its place), not from
+    the engine's state, which a checkpoint does not hold: the resumed run samples what the uninterrupted one did."""
+    def args(out):
+        return [*_rl_args(tiny_assets, own_model, out, 6), "--reward_fn", "answer_format", "--save_interval", "2",
+                "--save_dir", str(out / "ckpt")]
+
+    full, run = tmp_path / "full", tmp_path / "killed"
+    result = torchrun(SCRIPTS / "train_grpo.py", 1, *args(full))
+    assert result.returncode == 0, result.stderr[-4000:]
+    expected = train_records(full / "logs")
+    run.mkdir()
+    proc = start_torchrun(SCRIPTS / "train_grpo.py", 1, *args(run), log=run / "first.log")
+    _wait_for(lambda: latest_checkpoint(run / "ckpt") is not None or proc.poll() is not None, 300, "a checkpoint")
+    assert kill_run(proc) != 0, "the run finished before it could be killed"
+    result = torchrun(SCRIPTS / "train_grpo.py", 1, *args(run), "--checkpoint_path", "latest")
+    assert result.returncode == 0, result.stderr[-4000:]
+    resumed = train_records(run / "logs")
+    assert [r["step"] for r in resumed] == list(range(1, 7)) and resumed == expected
 
 
 def _wait_for(predicate, timeout: float, what: str) -> None:

@@ -10,7 +10,8 @@ with an `op`; the answer is a dict, with `error` (one line) when the op failed:
 
 - `info`: `{version, pid, model}`.
 - `generate` `{prompts: [[token ids]], n: [int], sampling: {...}}`: token ids in, and per prompt `n`
-  completions out as (token ids, each token's log-prob), never text: `{completions, version, seconds}`.
+  completions out as (token ids, each token's log-prob), never text: `{completions, version, seconds}`. Each
+  completion samples from a seed of its own (`Seeds`), so the same requests at the same version draw the same.
   Log-probs are vLLM's raw ones (before temperature, top-k, top-p), as the trainer computes its own.
 - `score` `{prompts: [[token ids]]}`: each prompt's tokens' log-probs after the first (vLLM's prompt log-probs), as
   the sync probe compares them with the trainer's: `{logprobs, version}`.
@@ -26,6 +27,8 @@ orphan. It exits when the trainer does: the trainer holds the write end of a pip
 (`COATI_VLLM_LIFELINE_FD`) this server watches, and end of file means the trainer is gone, killed or not.
 """
 import argparse
+import collections
+import hashlib
 import os
 import shutil
 import sys
@@ -74,27 +77,50 @@ def build_llm(args: argparse.Namespace) -> Any:
     return LLM(**options)
 
 
-def sampling_params(spec: Dict[str, Any]) -> Any:
-    """vLLM's sampling parameters for one completion from coati's `SamplingConfig` fields. A completion ends at
-    one of `stop_token_ids` (kept, as the trainer's own engine keeps it) or after `max_new_tokens`; the model's
-    end-of-sequence token counts only when it is listed, as in the trainer's engine."""
+def sampling_params(spec: Dict[str, Any], seed: int) -> Any:
+    """vLLM's sampling parameters for one completion from coati's `SamplingConfig` fields, its random draws from `seed`.
+    A completion ends at one of `stop_token_ids` (kept, as the trainer's own engine keeps it) or after
+    `max_new_tokens`; the model's end-of-sequence token counts only when it is listed, as in the trainer's engine."""
     from vllm import SamplingParams
 
     greedy = not spec["do_sample"] or spec["temperature"] <= 0
     return SamplingParams(n=1, temperature=0.0 if greedy else spec["temperature"],
                           top_p=1.0 if greedy else spec["top_p"], top_k=0 if greedy else spec["top_k"],
                           max_tokens=spec["max_new_tokens"], stop_token_ids=list(spec["stop_token_ids"]),
-                          ignore_eos=True, logprobs=0, detokenize=False)
+                          ignore_eos=True, logprobs=0, detokenize=False, seed=seed)
 
 
-def generate(llm: Any, prompts: List[List[int]], counts: List[int],
-             spec: Dict[str, Any]) -> List[List[Tuple[List[int], List[float]]]]:
+class Seeds:
+    """Each completion's sampling seed, from the server's seed, the weights' version, the prompt's tokens and the
+    completion's place among that version's completions of the same prompt: a run's samples do not depend on how its
+    requests were batched or on the engine's state, so a resumed run draws what an uninterrupted one drew."""
+
+    def __init__(self, base: int) -> None:
+        self.base, self.version, self.seen = base, 0, collections.Counter()
+
+    def at(self, version: int) -> None:
+        """New weights: completions are counted afresh."""
+        self.version, self.seen = version, collections.Counter()
+
+    def take(self, prompt: List[int], n: int) -> List[int]:
+        """Seeds of the next `n` completions of `prompt`."""
+        key = hashlib.blake2b(repr((self.base, self.version, list(prompt))).encode(), digest_size=8).digest()
+        first = self.seen[key]
+        self.seen[key] += n
+        return [int.from_bytes(hashlib.blake2b(key + (first + k).to_bytes(8, "little"), digest_size=8).digest(),
+                               "little") >> 1 for k in range(n)]
+
+
+def generate(llm: Any, prompts: List[List[int]], counts: List[int], spec: Dict[str, Any],
+             seeds: Seeds) -> List[List[Tuple[List[int], List[float]]]]:
     """`counts[i]` completions of each prompt, each as (token ids, their log-probs); all in one engine call, so
     vLLM batches them (the copies of a prompt share its cached prefix)."""
     from vllm.inputs import TokensPrompt
 
-    params = sampling_params(spec)
-    requests = [TokensPrompt(prompt_token_ids=list(prompt)) for prompt, n in zip(prompts, counts) for _ in range(n)]
+    requests, params = [], []
+    for prompt, n in zip(prompts, counts):
+        requests += [TokensPrompt(prompt_token_ids=list(prompt))] * n
+        params += [sampling_params(spec, seed) for seed in seeds.take(prompt, n)]
     outputs = iter(llm.generate(requests, params, use_tqdm=False))
     results = []
     for n in counts:
@@ -159,8 +185,8 @@ def load_weights(llm: Any, layout: List[Any], base: int) -> None:
 class Server:
     """Answers one trainer connection at a time; a connection that closes lets the next one in."""
 
-    def __init__(self, llm: Any, model: str) -> None:
-        self.llm, self.model, self.version = llm, model, 0
+    def __init__(self, llm: Any, model: str, seed: int) -> None:
+        self.llm, self.model, self.version, self.seeds = llm, model, 0, Seeds(seed)
 
     def handle(self, request: Dict[str, Any]) -> Dict[str, Any]:
         op = request.get("op")
@@ -168,7 +194,7 @@ class Server:
         if op == "info":
             return {"version": self.version, "pid": os.getpid(), "model": self.model}
         if op == "generate":
-            completions = generate(self.llm, request["prompts"], request["n"], request["sampling"])
+            completions = generate(self.llm, request["prompts"], request["n"], request["sampling"], self.seeds)
             return {"completions": completions, "version": self.version, "seconds": time.perf_counter() - start}
         if op == "score":
             return {"logprobs": score(self.llm, request["prompts"]), "version": self.version}
@@ -178,6 +204,7 @@ class Server:
         if op == "load_weights":
             load_weights(self.llm, request["layout"], int(request["base"]))
             self.version = int(request["version"])
+            self.seeds.at(self.version)
             print(f"serving weights version {self.version} (loaded in {time.perf_counter() - start:.2f} s)", flush=True)
             return {"version": self.version, "seconds": time.perf_counter() - start}
         return {"error": f"unknown op {op!r}"}
@@ -232,7 +259,7 @@ def main(argv: Any = None) -> None:
     llm = build_llm(args)
     with Listener(parse_address(args.address), authkey=authkey) as listener:
         print(f"ready: {args.model} loaded in {time.perf_counter() - start:.1f} s, pid {os.getpid()}", flush=True)
-        Server(llm, args.model).serve(listener)
+        Server(llm, args.model, args.seed).serve(listener)
 
 
 if __name__ == "__main__":
