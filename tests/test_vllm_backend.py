@@ -153,6 +153,30 @@ def test_published_weights_are_served_with_their_version(served, tiny_assets):
     assert [p.name for p in pool.work_dir.iterdir()] == ["src"] and not list(Path("/dev/shm").glob("*coati*"))
 
 
+def test_held_out_evaluation_on_the_engine_scores_what_the_training_model_scores(served, tiny_assets):
+    """A synchronous run evaluates on its rollout engine: greedy episodes of the same workflow give the same
+    completions and rewards there as on the training model (which the served weights equal here)."""
+    from coati.dataset.prepare import load_prepared
+    from coati.experience.scorer import Scorer
+    from coati.rewards import WeightedReward
+    from coati.rollout.evaluation import complete
+    from coati.rollout.local import LocalEngine
+    from coati.rollout.workflow import RLVRWorkflow
+
+    pool, model, tokenizer, _ = served
+    rows = [{"input_ids": list(r["input_ids"]), "gt_answer": r["gt_answer"]}
+            for r in load_prepared([str(tiny_assets["prompt_eval"])], "prompt").select(range(6))]
+    workflow = RLVRWorkflow(Scorer(tokenizer, WeightedReward.from_specs(["math_answer", "answer_format"])),
+                            SamplingConfig(max_new_tokens=10), 1)
+    greedy = SamplingConfig(max_new_tokens=10, do_sample=False)
+    on_engine = complete(pool, workflow, rows, greedy)
+    on_model = complete(LocalEngine(HFEngine(model, tokenizer.pad_token_id, [tokenizer.eos_token_id])), workflow, rows,
+                        greedy)
+    for engine_side, model_side in zip(on_engine, on_model):
+        assert torch.equal(engine_side.sequences, model_side.sequences)
+        assert engine_side.rewards.tolist() == model_side.rewards.tolist()
+
+
 def test_the_sync_probe_stops_a_publish_that_did_nothing(small_model, tiny_assets, tmp_path, monkeypatch):
     """A server scores the probe after each load: equal to the trainer's log-probs after a real load; after a load
     dropped on purpose (the request replaced by one that loads nothing) the publish fails with one line, and so does
