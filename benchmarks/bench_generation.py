@@ -9,8 +9,8 @@ For each model (random ones of `coati.models.tiny.MODEL_SIZES` built with the de
 x `--num_generations` completions of up to `--max_new_tokens` tokens per round, `--repeats` rounds each,
 interleaved, each backend on `--threads` CPU threads. Tokens/s is the generated tokens of a round over its
 seconds (median over rounds). The server's start-up (import and load) is reported apart. Weight sync: the model's
-state dict published `--repeats` times (safetensors file written, then reloaded in place by the server), median
-seconds per update. A benchmark, not a test; results go to `--out/results.json` and a markdown table on stdout.
+state dict published `--repeats` times (copied into the memory the server maps, then reloaded in place by the
+server), median seconds per update. A benchmark, not a test; results go to `--out/results.json` and a markdown table on stdout.
 """
 import argparse
 import asyncio
