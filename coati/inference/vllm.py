@@ -114,16 +114,17 @@ class VLLMServer:
         self._authkey = secrets.token_hex(16)
         read, self._lifeline = os.pipe()
         command = [self.config.python or default_vllm_python(), "-m", "coati.inference.vllm_server",
-                   "--model", self.config.model, "--address", "@" + self._name, "--dtype", self.config.dtype,
+                   "--model", _absolute(self.config.model), "--address", "@" + self._name, "--dtype", self.config.dtype,
                    "--seed", str(self.config.seed + self.index),
                    "--gpu_memory_utilization", str(self.config.gpu_memory_utilization), "--cleanup", str(self.work_dir)]
         with open(self.log_path, "a") as log:
             log.write(f"$ {' '.join(command)}\n")
             log.flush()
             self._started = time.perf_counter()
-            try:
-                self.process = subprocess.Popen(command, env=self._environment(read), stdin=subprocess.DEVNULL, stdout=log,
-                                                stderr=subprocess.STDOUT, pass_fds=(read,), start_new_session=True)
+            try:   # in the work folder: `-m` puts the current folder first on the path, and a coati there would win
+                self.process = subprocess.Popen(command, env=self._environment(read), cwd=self.work_dir,
+                                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                                pass_fds=(read,), start_new_session=True)
             except OSError as error:
                 raise EngineError(f"cannot start the vLLM server with {command[0]} ({error.strerror}); build its "
                                   "environment with `make vllm-env`, or name one with --vllm_python") from None
@@ -210,6 +211,11 @@ class VLLMServer:
         if self._lifeline is not None:
             os.close(self._lifeline)
             self._lifeline = None
+
+
+def _absolute(model: str) -> str:
+    """`model` as an absolute path where it is a local folder (the server runs in a folder of its own)."""
+    return str(Path(model).resolve()) if Path(model).exists() else model
 
 
 def _alive(pid: int) -> bool:
