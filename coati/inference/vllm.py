@@ -158,8 +158,8 @@ class VLLMServer:
                 pass
             if time.monotonic() > deadline:
                 self.close()
-                raise EngineError(f"vLLM server {self.index} did not become ready within {self.config.start_timeout_s:.0f} s "
-                                  f"(--vllm_start_timeout); its log: {self.log_path}")
+                raise EngineError(f"vLLM server {self.index} did not become ready within "
+                                  f"{self.config.start_timeout_s:.0f} s (--vllm_start_timeout); its log: {self.log_path}")
             time.sleep(READY_POLL_S)
         self.start_seconds = time.perf_counter() - self._started
 
