@@ -9,7 +9,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from coati.dataset.demo_data import generate_problems, preference_records, write_jsonl
 from coati.dataset.prepare import prepare_preference
 from coati.utils.ckpt_io import latest_checkpoint
-from conftest import SCRIPTS, kill_run, start_torchrun, torchrun
+from conftest import SCRIPTS, kill_run, start_torchrun, torchrun, train_records
 
 
 @pytest.mark.slow
@@ -42,16 +42,11 @@ def _rm_args(assets, out: Path) -> list:
             "--save_dir", str(out / "ckpt"), "--log_dir", str(out / "logs")]
 
 
-def _train_records(log_dir: Path) -> list:
-    records = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k != "time"} for r in records if "train/loss" in r]
-
-
 @pytest.mark.slow
 def test_killed_reward_model_run_resumes_with_the_same_metrics(tiny_assets, tmp_path):
     full = tmp_path / "full"
     assert torchrun(SCRIPTS / "train_rm.py", 2, *_rm_args(tiny_assets, full)).returncode == 0
-    expected = _train_records(full / "logs")
+    expected = train_records(full / "logs")
     assert [r["step"] for r in expected] == list(range(1, 73))
 
     run = tmp_path / "killed"
@@ -67,7 +62,7 @@ def test_killed_reward_model_run_resumes_with_the_same_metrics(tiny_assets, tmp_
     result = torchrun(SCRIPTS / "train_rm.py", 2, *_rm_args(tiny_assets, run), "--checkpoint_path", "latest")
     assert result.returncode == 0, result.stderr[-4000:]
     assert f"resumed from {killed_at}" in result.stdout + result.stderr
-    resumed = _train_records(run / "logs")
+    resumed = train_records(run / "logs")
     assert [r["step"] for r in resumed] == list(range(1, 73))     # steps logged after the checkpoint by the killed run are gone
     for got, want in zip(resumed, expected):
         assert got.keys() == want.keys()
