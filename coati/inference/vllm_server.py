@@ -119,7 +119,7 @@ def generate(llm: Any, prompts: List[List[int]], counts: List[int], spec: Dict[s
 
     requests, params = [], []
     for prompt, n in zip(prompts, counts):
-        requests += [TokensPrompt(prompt_token_ids=list(prompt))] * n
+        requests += [TokensPrompt(prompt_token_ids=list(prompt)) for _ in range(n)]
         params += [sampling_params(spec, seed) for seed in seeds.take(prompt, n)]
     outputs = iter(llm.generate(requests, params, use_tqdm=False))
     results = []

@@ -13,6 +13,7 @@ from coati.models.generation import HFEngine
 from coati.config import SamplingConfig
 
 from .engine import Completions, RolloutEngine, generate_requests
+from .probe import ProbeCheck
 from .workflow import RolloutWorkflow, Trajectory
 
 
@@ -41,7 +42,8 @@ class LocalEngine(RolloutEngine):
         self._seats = itertools.count()
         self._flush_due = False
 
-    def publish(self, weights: Dict[str, torch.Tensor], version: int, probe: Optional[Any] = None) -> "Future[None]":
+    def publish(self, weights: Dict[str, torch.Tensor], version: int,
+                probe: Optional[ProbeCheck] = None) -> "Future[None]":
         self.version = version
         done: "Future[None]" = Future()
         done.set_result(None)
