@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type
 
 import torch
+import coati.utils.lean_import  # noqa: F401  (before colossalai.booster: no compile-worker processes)
 from colossalai.accelerator import get_accelerator
 from colossalai.booster.plugin import Plugin
 from colossalai.cluster import DistCoordinator

@@ -189,15 +189,16 @@ class VLLMServer:
         return answer
 
     def close(self) -> None:
-        """Ask the server to stop, then kill what is left of its process group."""
-        if self.conn is not None:
+        """Ask the server to stop, then kill what is left of its process group. Safe to call from two threads at once
+        (the trainer's shutdown and a worker that saw the server die): each handle is taken by one caller only."""
+        conn, self.conn = self.conn, None
+        if conn is not None:
             try:
-                self.conn.send({"op": "shutdown"})
-                self.conn.poll(STOP_WAIT_S)
+                conn.send({"op": "shutdown"})
+                conn.poll(STOP_WAIT_S)
             except (EOFError, OSError):
                 pass
-            self.conn.close()
-            self.conn = None
+            conn.close()
         if self.process is not None:
             try:
                 self.process.wait(timeout=STOP_WAIT_S)
@@ -208,9 +209,9 @@ class VLLMServer:
             except (ProcessLookupError, PermissionError):
                 pass
             self.process.wait()
-        if self._lifeline is not None:
-            os.close(self._lifeline)
-            self._lifeline = None
+        lifeline, self._lifeline = self._lifeline, None
+        if lifeline is not None:
+            os.close(lifeline)
 
 
 def _absolute(model: str) -> str:
@@ -265,6 +266,7 @@ class VLLMPool(BatchingPool):
         self._probed: Dict[int, List[List[float]]] = {}   # each server's last probe scores
         self._broken: Optional[EngineSyncError] = None
         self._lock = threading.Lock()
+        self._closing = False   # set by `shutdown`: a server that stops answering then is not restarted
         try:
             for server in self.servers:   # every server loads its model at the same time
                 server.launch()
@@ -303,6 +305,8 @@ class VLLMPool(BatchingPool):
     def _restart(self, index: int, died: _EngineDied) -> None:
         server = self.servers[index]
         with self._lock:
+            if self._closing:
+                raise EngineError(f"vLLM server {index} was stopped while a request was running (the run is ending)")
             if self.restarts >= self.config.max_restarts:
                 raise EngineError(f"vLLM server {index} died ({died}) and the servers have used their "
                                   f"{self.config.max_restarts} restarts (--vllm_max_restarts); stopping the run. Its "
@@ -396,6 +400,8 @@ class VLLMPool(BatchingPool):
 
     def shutdown(self) -> None:
         """Stop every server, free the weight memory and remove the work folder."""
+        with self._lock:
+            self._closing = True
         for worker in self._workers:
             worker.shutdown(wait=False, cancel_futures=True)
         for server in self.servers:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 import torch
+import coati.utils.lean_import  # noqa: F401  (before colossalai.booster: no compile-worker processes)
 from colossalai.booster import Booster
 from colossalai.booster.plugin import Plugin
 from peft.tuners.lora import Embedding as PeftEmbedding

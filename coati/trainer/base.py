@@ -14,6 +14,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tupl
 
 import torch
 import torch.distributed as dist
+import coati.utils.lean_import  # noqa: F401  (before colossalai.booster: no compile-worker processes)
 from colossalai.accelerator import get_accelerator
 from colossalai.booster import Booster
 from colossalai.booster.plugin import HybridParallelPlugin, Plugin

@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
+import coati.utils.lean_import  # noqa: F401  (before colossalai.booster: no compile-worker processes)
 from colossalai.booster import Booster
 from colossalai.cluster import DistCoordinator
 
