@@ -13,8 +13,8 @@ from coati.utils.cadence import LogCadence
 from coati.utils.errors import CoatiUsageError
 from coati.utils.metrics_logger import DEFAULT_WANDB_TABLE_ROWS
 from coati.utils.ranges import at_least, in_range, non_negative, positive, readable_file
-from coati.utils.registry import (ADVANTAGE_ESTIMATORS, AGENTS, AGGREGATIONS, KL_ESTIMATORS, OBJECTIVES, POLICY_LOSSES,
-                                  REWARD_SHAPERS, TOOL_CALL_PARSERS, TOOLS, option)
+from coati.utils.registry import (ADVANTAGE_ESTIMATORS, AGENTS, AGGREGATIONS, BEHAVIOUR_CORRECTIONS, KL_ESTIMATORS,
+                                  OBJECTIVES, POLICY_LOSSES, REWARD_SHAPERS, TOOL_CALL_PARSERS, TOOLS, option)
 from coati.utils.settings import NOT_A_FLAG, nested, setting
 
 PLUGIN_HELP = {
@@ -342,6 +342,14 @@ class PolicyLossSettings:
                                    help="cap on each token's weight pi_old / pi_behaviour where the samples' own "
                                         "log-probs differ from the trainer's: vLLM's (truncated importance sampling) or "
                                         "older weights' (--async_rollout, decoupled PPO)")
+    behaviour_correction: str = setting(
+        "truncated", parse=BEHAVIOUR_CORRECTIONS.choice(),
+        help=f"{' | '.join(BEHAVIOUR_CORRECTIONS.names())} | package.module:function: how that ratio r weights each "
+             "token. truncated: min(r, --behaviour_cap); masked: r, or 0 above high (2); icepop: r inside [low, high] "
+             "([0.5, 5]), else 0; sequence: min(prod r, --behaviour_cap) on every token of a sample; sequence_masked: "
+             "prod r, or 0 for the whole sample outside [low, high] ([0.5, 2])")
+    behaviour_correction_options: Dict[str, Any] = _option_list(
+        flag="--behaviour_correction_option", help="the correction's own hyperparameters, e.g. low=0.5 high=5 for icepop")
 
 
 @dataclass(frozen=True)

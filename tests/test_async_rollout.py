@@ -140,8 +140,13 @@ def test_a_trajectory_too_stale_when_taken_is_dropped(pool, tokenizer, prompts, 
         pool.publish(_perturbed(tiny_assets["model"], 0.0), 52)
         executor.set_version(52)                             # two updates later those are too old
         second = executor.prepare_batch(stream.next)
+        pending = [sample.prompt_id for sample in executor.pending_samples()]
     finally:
         executor.shutdown()
+    same_order = PromptStream(prompts, seed=1)
+    handed_out = [same_order.next().prompt_id for _ in range(stream.index)]
+    trained = [t.prompt_id for t in first + second]
+    assert sorted(trained + pending) == sorted(handed_out)   # a dropped prompt is not lost: it runs again
     assert all(t.version == 50 for t in first) and all(t.version == 52 for t in second)
     drops = [e for e in executor.events if e.kind == "drop"]
     assert executor.dropped == len(drops) >= 2 and all(e.generated_by == 50 for e in drops)
@@ -245,3 +250,17 @@ def test_a_request_cancelled_before_its_dispatch_began_does_not_block_later_ones
     assert asyncio.run(queue_then_cancel())
     done = asyncio.run(asyncio.wait_for(one_per_generator(), timeout=120))
     assert [c.sequences.size(0) for c in done] == [2] * len(pool.actors)
+
+
+def test_the_prompt_stream_resumes_after_the_prompts_pending_at_its_checkpoint():
+    rows = [{"input_ids": [i], "gt_answer": str(i)} for i in range(5)]
+    stream = PromptStream(rows, seed=3)
+    drawn = [stream.next() for _ in range(7)]                   # a pass of 5, then 2 of the next
+    assert [r.prompt_id[0] for r in drawn] == [0] * 5 + [1] * 2
+    assert sorted(r.prompt_id[1] for r in drawn[:5]) == list(range(5))
+    assert all(dict(r) == rows[r.prompt_id[1]] for r in drawn)   # the id is not a column a reward would get
+    resumed = PromptStream(rows, seed=3)
+    resumed.restore(stream.state())
+    resumed.replay([list(drawn[3].prompt_id), list(drawn[6].prompt_id)])   # as a checkpoint's JSON holds them
+    assert [resumed.next().prompt_id for _ in range(3)] == [drawn[3].prompt_id, drawn[6].prompt_id,
+                                                            stream.next().prompt_id]

@@ -89,3 +89,36 @@ def test_policy_loss_weights_tokens_by_the_capped_behaviour_ratio():
     assert stats["behaviour_capped"].item() == pytest.approx(1 / 3)
     plain, _ = PolicyLoss(0.2)(logps, prox, advantages, mask)
     assert plain.item() == pytest.approx(clipped.mean().item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("correction, options, expected", [
+    # ratios r = e^0.7, e^-1, e^0.1, 1 on row 0 (its last token masked out) and e^0.5, e^-0.2, 1, 1 on row 1
+    ("masked", {}, [[0.0, math.exp(-1), math.exp(0.1), 1.0], [math.exp(0.5), math.exp(-0.2), 1.0, 1.0]]),
+    ("masked", {"high": 1.5}, [[0.0, math.exp(-1), math.exp(0.1), 1.0], [0.0, math.exp(-0.2), 1.0, 1.0]]),
+    ("icepop", {}, [[math.exp(0.7), 0.0, math.exp(0.1), 1.0], [math.exp(0.5), math.exp(-0.2), 1.0, 1.0]]),
+    ("icepop", {"low": 0.3, "high": 1.7}, [[0.0, math.exp(-1), math.exp(0.1), 1.0],
+                                            [math.exp(0.5), math.exp(-0.2), 1.0, 1.0]]),
+    ("sequence", {}, [[math.exp(-0.2)] * 4, [math.exp(0.3)] * 4]),   # prod r over the masked tokens
+    ("sequence_masked", {"low": 0.9}, [[0.0] * 4, [math.exp(0.3)] * 4]),
+])
+def test_behaviour_corrections_weight_tokens_as_their_papers_say(correction, options, expected):
+    prox = torch.tensor([[0.7, -1.0, 0.1, 3.0], [0.5, -0.2, 0.0, 0.0]]) - 2.0
+    behaviour = torch.full((2, 4), -2.0)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    advantages = torch.tensor([1.0, -1.0])
+    policy = PolicyLoss(0.2, behaviour_cap=3.0, behaviour_correction=correction, behaviour_options=options)
+    loss, stats = policy(prox, prox, advantages, mask, behaviour)   # on the proximal policy: each token's loss is -A
+    weights = torch.tensor(expected)
+    weights[0, 3] = 1.0 if correction in ("masked", "icepop") else weights[0, 3]   # the masked-out token
+    assert loss.item() == pytest.approx((-(weights * advantages[:, None]) * mask).sum().item() / 7, rel=1e-5)
+    assert stats["behaviour_weight"].item() == pytest.approx((weights * mask).sum().item() / 7, rel=1e-5)
+
+
+def test_sequence_correction_caps_the_product_and_bad_options_are_refused():
+    prox, behaviour, mask = torch.zeros(1, 3), torch.full((1, 3), -1.0), torch.ones(1, 3)   # prod r = e^3 > cap 5
+    _, stats = PolicyLoss(0.2, behaviour_cap=5.0, behaviour_correction="sequence")(prox, prox, torch.ones(1), mask,
+                                                                                   behaviour)
+    assert stats["behaviour_weight"].item() == pytest.approx(5.0) and stats["behaviour_capped"].item() == 1.0
+    with pytest.raises(ValueError, match="--behaviour_correction_option: behaviour correction 'masked' takes no "
+                                         "option 'low'; its options: high"):
+        PolicyLoss(behaviour_correction="masked", behaviour_options={"low": 0.5})

@@ -152,6 +152,32 @@ def test_published_weights_are_served_with_their_version(served, tiny_assets):
     assert [p.name for p in pool.work_dir.iterdir()] == ["src"] and not list(Path("/dev/shm").glob("*coati*"))
 
 
+def test_a_lora_model_is_served_with_its_adapters_merged(served, small_model, tiny_assets):
+    """`--lora_rank` with vLLM: the engine serves the base weights with the adapters folded in, so its greedy output
+    equals the adapted model's; the training model keeps its adapters apart (its state is unchanged)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from coati.models.lora import merged_weights
+
+    pool, model, tokenizer, _ = served
+    torch.manual_seed(0)
+    adapted = get_peft_model(AutoModelForCausalLM.from_pretrained(small_model),
+                             LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
+    adapted = adapted.get_base_model().eval()   # what a boosted actor's `unwrap()` is: the base with adapter layers
+    state = {name: tensor.clone() for name, tensor in adapted.state_dict().items()}
+    weights = merged_weights(adapted)
+    assert set(weights) == set(model.state_dict()) and any(".lora_" in name for name in state)
+    prompts = _prompts(tiny_assets)
+    greedy = SamplingConfig(max_new_tokens=12, do_sample=False)
+    pool.publish(weights, 9).result()
+    served_tokens = [_tokens(c) for c in _generate(pool, prompts, greedy)]
+    assert served_tokens == [_tokens(c) for c in _hf_greedy(adapted, tokenizer, prompts, greedy)]
+    assert served_tokens != [_tokens(c) for c in _hf_greedy(model, tokenizer, prompts, greedy)]
+    assert all(torch.equal(tensor, state[name]) for name, tensor in adapted.state_dict().items())
+    pool.publish(model.state_dict(), 10).result()   # the other tests' weights again
+
+
 def test_held_out_evaluation_on_the_engine_scores_what_the_training_model_scores(served, tiny_assets):
     """A synchronous run evaluates on its rollout engine: greedy episodes of the same workflow give the same
     completions and rewards there as on the training model (which the served weights equal here)."""
@@ -259,12 +285,14 @@ def own_model(small_model, tmp_path):
 
 @pytest.mark.slow
 def test_multi_turn_grpo_trains_on_vllm_rollouts_and_resumes_exactly(tiny_assets, own_model, tmp_path):
-    """Multi-turn GRPO on vLLM under two ranks; then the same command resumed from its step-2 checkpoint logs steps 3
-    and 4 exactly as the uninterrupted run did: each completion's draws come from a seed of its own (the server's, the
-    version, the prompt, its place), not from the engine's state, which a checkpoint does not hold."""
+    """Multi-turn GRPO with LoRA on vLLM under two ranks, the engine served the merged weights after every update
+    (its sync probe and the behaviour ratio show it serves the adapted model); then the same command resumed from its
+    step-2 checkpoint logs steps 3 and 4 exactly as the uninterrupted run did: each completion's draws come from a
+    seed of its own (the server's, the version, the prompt, its place), not from the engine's state, which a
+    checkpoint does not hold."""
     def args(out):
         return [*_rl_args(tiny_assets, own_model, out, 4), "--reward_fn", "math_answer", "answer_format", *MULTI_TURN,
-                "--save_interval", "2", "--save_dir", str(out / "ckpt")]
+                "--lora_rank", "4", "--lora_alpha", "8", "--save_interval", "2", "--save_dir", str(out / "ckpt")]
 
     grpo = tmp_path / "grpo"
     result = torchrun(SCRIPTS / "train_grpo.py", 2, *args(grpo))
@@ -292,13 +320,14 @@ def test_multi_turn_grpo_trains_on_vllm_rollouts_and_resumes_exactly(tiny_assets
 def test_async_grpo_on_one_vllm_generator_stays_within_its_staleness(tiny_assets, own_model, tmp_path):
     result = torchrun(SCRIPTS / "train_grpo.py", 2, *_rl_args(tiny_assets, own_model, tmp_path, 4),
                       "--reward_fn", "answer_format", "--async_rollout", "--num_generators", "1", "--max_staleness", "1",
-                      *MULTI_TURN)
+                      "--behaviour_correction", "icepop", *MULTI_TURN)
     assert result.returncode == 0, result.stderr[-4000:]
     records = _records(tmp_path)
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     for r in records:
         assert 0 <= r["train/rollout/staleness@trained/min"] <= r["train/rollout/staleness@trained/max"] <= 1
         assert r["train/rollout/turns"] >= 1 and "train/rollout/ended/max_turns" in r
+        assert 0 < r["train/behaviour_weight"] and 0 <= r["train/behaviour_capped"] <= 1   # IcePop's band weights
     probed = [r["train/engine/probe_logprob_diff"] for r in records if "train/engine/probe_logprob_diff" in r]
     assert probed and max(probed) < 1e-4   # publishes probed while the generator ran ahead
     assert (tmp_path / "logs" / "vllm_rank0_0.log").is_file()

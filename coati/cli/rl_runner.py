@@ -127,9 +127,10 @@ def _policy_loss(args: argparse.Namespace) -> PolicyLoss:
     try:
         return PolicyLoss(clip_eps_low=args.clip_eps_low, clip_eps_high=args.clip_eps_high, aggregation=args.loss_agg,
                           norm_length=args.max_new_tokens, loss=args.policy_loss, behaviour_cap=args.behaviour_cap,
-                          options=dict(args.policy_loss_option))
+                          options=dict(args.policy_loss_option), behaviour_correction=args.behaviour_correction,
+                          behaviour_options=dict(args.behaviour_correction_option))
     except ValueError as error:
-        raise CoatiUsageError(f"--policy_loss_option: {error}") from None
+        raise CoatiUsageError(str(error)) from None
 
 
 def _vllm_config(args: argparse.Namespace) -> VLLMConfig:
@@ -362,8 +363,11 @@ def _check_async(args: argparse.Namespace) -> None:
     if args.plugin != "ddp":
         raise CoatiUsageError("--async_rollout supports --plugin ddp for now (publishing weights from ZeRO/Gemini "
                               "shards to the generators is not written yet)")
-    if args.lora_rank:
-        raise CoatiUsageError("--async_rollout does not support --lora_rank yet: the generators hold plain models")
+
+
+WHOLE_PARAMETER_PLUGINS = ("ddp", "zero2", "zero2_cpu")
+"""Plugins whose ranks each hold every parameter whole (ZeRO-2 shards gradients and optimizer states only): the
+unwrapped model's state dict is what an engine loads."""
 
 
 def _check_backend(args: argparse.Namespace) -> None:
@@ -374,11 +378,10 @@ def _check_backend(args: argparse.Namespace) -> None:
     if not (os.path.isfile(python) and os.access(python, os.X_OK)):
         raise CoatiUsageError(f"--rollout_backend vllm: no Python interpreter at {python}; build vLLM's environment with "
                               "`make vllm-env`, or name one that has vLLM with --vllm_python")
-    if args.plugin != "ddp":
-        raise CoatiUsageError("--rollout_backend vllm supports --plugin ddp for now (handing ZeRO/Gemini-sharded "
-                              "weights to the engine is not written yet)")
-    if args.lora_rank:
-        raise CoatiUsageError("--rollout_backend vllm does not support --lora_rank yet: the engine loads whole weights")
+    if args.plugin not in WHOLE_PARAMETER_PLUGINS:
+        raise CoatiUsageError(f"--rollout_backend vllm supports --plugin {', '.join(WHOLE_PARAMETER_PLUGINS)}, whose "
+                              f"ranks hold whole parameters; {args.plugin} shards them, and gathering them for the "
+                              "engine is not written yet")
 
 
 def run_grpo(args: argparse.Namespace) -> GRPOTrainer:

@@ -25,7 +25,8 @@ class Experience:
     """Rollouts and everything the update needs. Token tensors over completion columns are (batch, N);
     `sequences`/`attention_mask` hold prompt + completion. Per row, for logs and tables: the `prompts` and
     `completions` as text, each reward's value (`reward_components`), whether the completion ended with a stop
-    token (`terminated`), and the weights version that generated it (`versions`, asynchronous rollouts).
+    token (`terminated`), and the weights version that generated it (`versions`) and its prompt's (pass, row)
+    (`prompt_ids`), for asynchronous rollouts.
     `extra_rollouts` counts the completions generated beyond the batch to fill it (dynamic sampling); `timing`
     holds seconds per phase of making it, `rollout_stats` per-row counts of how each sample was made (turns, tool
     calls). `action_log_probs` (the old policy's) is None when the learning
@@ -50,6 +51,7 @@ class Experience:
     rollout_stats: Dict[str, List[float]] = field(default_factory=dict)
     terminated: Optional[torch.Tensor] = None
     versions: Optional[torch.Tensor] = None
+    prompt_ids: List[Any] = field(default_factory=list)
     extra_rollouts: int = 0
     timing: Dict[str, float] = field(default_factory=dict)
 
@@ -229,6 +231,7 @@ def stack_trajectories(trajectories: Sequence[Any], device: torch.device) -> Exp
                       prompts=[p for t in trajectories for p in t.prompts],
                       completions=[c for t in trajectories for c in t.completions],
                       reward_components=merged_components(trajectories), versions=versions,
+                      prompt_ids=[t.prompt_id for t in trajectories for _ in range(t.sequences.size(0))],
                       rollout_stats=merged_components(trajectories, "rollout_stats"))
 
 
@@ -279,10 +282,15 @@ class PPOExperienceMaker(ExperienceMaker):
 
 
 def completion_rows(experience: Experience) -> List[Dict[str, Any]]:
-    """One row per sample for a sample table: prompt, completion, reward, each component, advantage."""
+    """One row per sample for a sample table: prompt, completion, reward, each component, advantage, and where the
+    prompt came from a stream (asynchronous rollouts) its `prompt_id`, "pass:row" of the prompt set."""
     advantages = experience.advantages
     per_row = advantages if advantages.dim() == 1 else masked_mean(advantages, experience.action_mask, dim=-1)
     components = experience.reward_components
-    return [{"prompt": p, "completion": c, "reward": float(r), **table_columns(components, i), "advantage": float(a)}
+    rows = [{"prompt": p, "completion": c, "reward": float(r), **table_columns(components, i), "advantage": float(a)}
             for i, (p, c, r, a) in enumerate(zip(experience.prompts, experience.completions,
                                                  experience.rewards.tolist(), per_row.tolist()))]
+    if any(prompt_id is not None for prompt_id in experience.prompt_ids):
+        for row, prompt_id in zip(rows, experience.prompt_ids):
+            row["prompt_id"] = None if prompt_id is None else "{}:{}".format(*prompt_id)
+    return rows

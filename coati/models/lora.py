@@ -7,13 +7,14 @@ ColossalChat's LoRA names (`LoraConfig`, `LoraLinear`, `LoraEmbedding`, `convert
 too, as peft layers.
 """
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Dict, Optional, Sequence, Union
 
 import torch
 import coati.utils.lean_import  # noqa: F401  (before colossalai.booster: no compile-worker processes)
 from colossalai.booster import Booster
 from colossalai.booster.plugin import Plugin
 from peft.tuners.lora import Embedding as PeftEmbedding
+from peft.tuners.lora import LoraLayer
 from peft.tuners.lora import Linear as PeftLinear
 from torch import nn
 from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
@@ -23,7 +24,7 @@ from coati.config import LORA_INIT, LoraConfig
 from coati.utils.errors import CoatiUsageError, warn_user
 
 __all__ = ["LoraConfig", "LoraEmbedding", "LoraLinear", "convert_to_lora_module", "enable_lora",
-           "export_adapter_and_merge", "peft_model_of"]
+           "export_adapter_and_merge", "merged_weights", "peft_model_of"]
 
 
 def _task_type(model: torch.nn.Module) -> str:
@@ -80,6 +81,25 @@ def export_adapter_and_merge(booster: Booster, model: torch.nn.Module, adapter_d
     barrier()
     peft_model.merge_and_unload()
     return Path(adapter_dir) if written else None
+
+
+@torch.no_grad()
+def merged_weights(model: nn.Module) -> Dict[str, torch.Tensor]:
+    """`model`'s weights under the base model's names with its active adapters folded in (W + scale·BA): what an
+    engine that knows nothing of LoRA serves. Computed out of place, so training goes on with the adapters apart
+    (merging in place and back would drift the base weights by rounding at every publish). Without LoRA: its
+    state dict."""
+    weights = {}
+    for name, tensor in model.state_dict().items():
+        if ".lora_" not in name:
+            weights[name.replace(".base_layer.", ".")] = tensor
+    for name, module in model.named_modules():
+        if isinstance(module, LoraLayer) and not module.merged and not module.disable_adapters:
+            for adapter in module.active_adapters:
+                if adapter in module.lora_A or adapter in module.lora_embedding_A:
+                    key = f"{name}.weight"
+                    weights[key] = weights[key] + module.get_delta_weight(adapter).to(weights[key].dtype)
+    return weights
 
 
 def _started_with_pissa(peft_model: Any) -> bool:

@@ -3,10 +3,12 @@ and value losses with their KL estimators and aggregation. Each states its equat
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, NamedTuple, Optional, Tuple
 
+import math
+
 import torch
 import torch.nn.functional as F
 
-from coati.utils.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+from coati.utils.registry import AGGREGATIONS, BEHAVIOUR_CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES
 
 from .logprobs import over_chunks
 
@@ -331,17 +333,93 @@ def sapo(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor,
 sapo.options = ("temperature_pos", "temperature_neg")
 
 
-def check_options(loss: str, fn: Any, options: Dict[str, Any]) -> None:
-    """Refuse, before training, options a built-in policy loss does not take (`fn.options` names the ones it does,
-    each a number above 0) or takes with a value that is not such a number; a loss of your own checks its own."""
+@dataclass(frozen=True)
+class BehaviourConfig:
+    """What a behaviour correction is given: the cap of the truncating ones (`--behaviour_cap`) and its own
+    hyperparameters (`--behaviour_correction_option NAME=VALUE ...`: the masking ones' `low`/`high` band)."""
+
+    cap: float = 5.0
+    options: Dict[str, Any] = field(default_factory=dict)
+
+    def band(self, low: float, high: float) -> Tuple[float, float]:
+        return self.options.get("low", low), self.options.get("high", high)
+
+
+@BEHAVIOUR_CORRECTIONS.register("truncated")
+def truncated_is(log_ratio: torch.Tensor, mask: torch.Tensor, config: BehaviourConfig) -> torch.Tensor:
+    """Token-level truncated importance sampling: min(r_t, cap) (decoupled PPO's weight, Fu et al. 2025; TIS for the
+    engine/trainer mismatch, Yao et al. 2025)."""
+    return torch.exp(log_ratio).clamp(max=config.cap)
+
+
+truncated_is.options = ()
+
+
+@BEHAVIOUR_CORRECTIONS.register("masked")
+def masked_is(log_ratio: torch.Tensor, mask: torch.Tensor, config: BehaviourConfig) -> torch.Tensor:
+    """Token-level masked importance sampling (MIS, Liu et al. 2025): r_t where r_t <= `high` (default 2), else 0:
+    a token the engine sampled far more readily than the trainer would is dropped instead of capped."""
+    ratio = torch.exp(log_ratio)
+    _, high = config.band(0.0, 2.0)
+    return torch.where(ratio <= high, ratio, torch.zeros_like(ratio))
+
+
+masked_is.options = ("high",)
+
+
+@BEHAVIOUR_CORRECTIONS.register("icepop")
+def icepop(log_ratio: torch.Tensor, mask: torch.Tensor, config: BehaviourConfig) -> torch.Tensor:
+    """IcePop (Ling team, Ring-1T, 2025): r_t inside the band [`low`, `high`] (default [0.5, 5]), 0 outside: masking on
+    both sides, so tokens the trainer finds far likelier than the engine did are dropped too."""
+    ratio = torch.exp(log_ratio)
+    low, high = config.band(0.5, 5.0)
+    return torch.where((ratio >= low) & (ratio <= high), ratio, torch.zeros_like(ratio))
+
+
+icepop.options = ("low", "high")
+
+
+def _sequence_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """log prod_t r_t over each sample's masked tokens, as (batch, 1)."""
+    return (log_ratio * mask).sum(dim=-1, keepdim=True)
+
+
+@BEHAVIOUR_CORRECTIONS.register("sequence")
+def sequence_is(log_ratio: torch.Tensor, mask: torch.Tensor, config: BehaviourConfig) -> torch.Tensor:
+    """Sequence-level truncated importance sampling: every token of a sample weighted by min(prod_t r_t, cap), the
+    sample's own likelihood ratio (unbiased for sequence-level rewards up to the cap)."""
+    capped = _sequence_log_ratio(log_ratio, mask).clamp(max=math.log(config.cap))
+    return torch.exp(capped).expand_as(log_ratio)
+
+
+sequence_is.options = ()
+
+
+@BEHAVIOUR_CORRECTIONS.register("sequence_masked")
+def sequence_masked_is(log_ratio: torch.Tensor, mask: torch.Tensor, config: BehaviourConfig) -> torch.Tensor:
+    """Sequence-level masked importance sampling (Liu et al. 2025): prod_t r_t for a sample whose ratio is inside
+    [`low`, `high`] (default [0.5, 2]), 0 for the whole sample otherwise."""
+    low, high = config.band(0.5, 2.0)
+    sequence = _sequence_log_ratio(log_ratio, mask)
+    inside = (sequence >= math.log(low)) & (sequence <= math.log(high))
+    return torch.where(inside, torch.exp(sequence.clamp(max=math.log(high))), torch.zeros_like(sequence)).expand_as(log_ratio)
+
+
+sequence_masked_is.options = ("low", "high")
+
+
+def check_options(what: str, flag: str, fn: Any, options: Dict[str, Any]) -> None:
+    """Refuse, before training, options a built-in part (`what`: "policy loss 'sapo'") does not take (`fn.options`
+    names the ones it does, each a number above 0) or takes with a value that is not such a number, naming `flag`;
+    a part of your own checks its own."""
     known = getattr(fn, "options", None)
     if known is None:
         return
     for name, value in options.items():
         if name not in known:
-            raise ValueError(f"policy loss {loss!r} takes no option {name!r}; its options: {', '.join(known) or 'none'}")
+            raise ValueError(f"{flag}: {what} takes no option {name!r}; its options: {', '.join(known) or 'none'}")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise ValueError(f"policy loss {loss!r}: option {name}={value!r} must be a number above 0")
+            raise ValueError(f"{flag}: {what}: option {name}={value!r} must be a number above 0")
 
 
 class PolicyLoss(torch.nn.Module):
@@ -356,10 +434,15 @@ class PolicyLoss(torch.nn.Module):
 
     def __init__(self, clip_eps: float = 0.2, skip_threshold: float = 20.0, *, clip_eps_low: Optional[float] = None,
                  clip_eps_high: Optional[float] = None, aggregation: str = "token-mean", norm_length: int = 0,
-                 behaviour_cap: float = 5.0, loss: str = "ppo", options: Optional[Dict[str, Any]] = None) -> None:
+                 behaviour_cap: float = 5.0, loss: str = "ppo", options: Optional[Dict[str, Any]] = None,
+                 behaviour_correction: str = "truncated", behaviour_options: Optional[Dict[str, Any]] = None) -> None:
         super().__init__()
         self.loss = POLICY_LOSSES.get(loss)
-        check_options(loss, self.loss, dict(options or {}))
+        check_options(f"policy loss {loss!r}", "--policy_loss_option", self.loss, dict(options or {}))
+        self.correction = BEHAVIOUR_CORRECTIONS.get(behaviour_correction)
+        check_options(f"behaviour correction {behaviour_correction!r}", "--behaviour_correction_option",
+                      self.correction, dict(behaviour_options or {}))
+        self.behaviour = BehaviourConfig(behaviour_cap, dict(behaviour_options or {}))
         self.config = PolicyLossConfig(clip_eps if clip_eps_low is None else clip_eps_low,
                                        clip_eps if clip_eps_high is None else clip_eps_high, dict(options or {}))
         self.skip_threshold = skip_threshold
@@ -385,20 +468,22 @@ class PolicyLoss(torch.nn.Module):
         r < 1 - eps_low with A < 0 and r > 1 + eps_high with A > 0), `clip_ratio/region` (either), `approx_kl` (mean (log r)^2 / 2), `token_loss` (the mean
         per-token loss, whatever the aggregation) and `skipped` (1 when the ratio passed `skip_threshold`).
 
-        With `behaviour_logps` (samples generated by older weights than `old_logps`, the proximal policy),
-        each token's loss is weighted by min(pi_old / pi_behaviour, `behaviour_cap`): decoupled PPO's
-        off-policy correction (Fu et al. 2025, AReaL); with an inference engine's log-probs as behaviour, it is
-        truncated importance sampling for the engine/trainer numeric mismatch (Yao et al. 2025). Stats add the
-        mean capped weight (`behaviour_weight`), the fraction of tokens capped (`behaviour_capped`) and the
-        uncapped ratio's mean, min and max (`behaviour_ratio`, `behaviour_ratio_min`, `behaviour_ratio_max`)."""
+        With `behaviour_logps` (samples generated by older weights than `old_logps`, the proximal policy, or by an
+        inference engine), each token's loss is weighted by the `behaviour_correction` of r = pi_old / pi_behaviour
+        (BEHAVIOUR_CORRECTIONS): by default min(r, `behaviour_cap`), decoupled PPO's off-policy correction (Fu et
+        al. 2025, AReaL) and truncated importance sampling for the engine/trainer mismatch (Yao et al. 2025); or
+        masked, IcePop, sequence-level. Stats add the mean weight (`behaviour_weight`), the fraction of tokens whose
+        weight is not r (`behaviour_capped`: capped or masked) and the ratio's mean, min and max
+        (`behaviour_ratio`, `behaviour_ratio_min`, `behaviour_ratio_max`)."""
         if advantages.dim() == 1:
             advantages = advantages.unsqueeze(-1)
         terms = self.loss(logps, old_logps, advantages, mask.to(logps.dtype), self.config)
         token_losses, ratio = terms.token_losses, terms.ratio
         weights = capped = None
         if behaviour_logps is not None:
-            weights = torch.exp(old_logps - behaviour_logps).detach()
-            capped = weights.clamp(max=self.behaviour_cap)
+            log_ratio = (old_logps - behaviour_logps).detach()
+            weights = torch.exp(log_ratio)
+            capped = self.correction(log_ratio, mask.to(logps.dtype), self.behaviour).detach()
             token_losses = token_losses * capped
         loss = self.aggregate(token_losses, mask)
         skip = bool(masked_mean(ratio.detach(), mask) > self.skip_threshold)
@@ -412,17 +497,19 @@ class PolicyLoss(torch.nn.Module):
                      "approx_kl": masked_mean(0.5 * (logps - old_logps) ** 2, mask),
                      "token_loss": masked_mean(token_losses, mask), "skipped": torch.tensor(float(skip))}
             if weights is not None:
-                stats.update(behaviour_stats(weights, capped, mask, self.behaviour_cap))
+                stats.update(behaviour_stats(weights, capped, mask))
         return loss, stats
 
 
-def behaviour_stats(weights: torch.Tensor, capped: torch.Tensor, mask: torch.Tensor, cap: float) -> Dict[str, torch.Tensor]:
-    """The off-policy weights pi_old / pi_behaviour over the masked tokens: capped mean, fraction capped, and the
-    uncapped ratio's mean, min and max (1 where no token is masked in)."""
+def behaviour_stats(weights: torch.Tensor, capped: torch.Tensor, mask: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """The off-policy ratios pi_old / pi_behaviour over the masked tokens and the weights a correction made of them:
+    the weights' mean, the fraction of tokens whose weight is not their ratio (capped or masked), and the ratio's
+    mean, min and max (1 where no token is masked in)."""
     tokens = weights[mask.bool()]
     present = tokens.numel() > 0
+    changed = ~torch.isclose(capped, weights, rtol=1e-6, atol=0.0)
     return {"behaviour_weight": masked_mean(capped, mask),
-            "behaviour_capped": masked_mean((weights > cap).float(), mask),
+            "behaviour_capped": masked_mean(changed.float(), mask),
             "behaviour_ratio": masked_mean(weights, mask),
             "behaviour_ratio_min": tokens.min() if present else weights.new_tensor(1.0),
             "behaviour_ratio_max": tokens.max() if present else weights.new_tensor(1.0)}

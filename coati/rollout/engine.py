@@ -61,6 +61,8 @@ class RolloutEngine(ABC):
     seconds: float = 0.0
     probe: Optional[SyncProbe] = None
     """The sync probe its publishes are checked with (an engine with weights of its own that can score sequences)."""
+    shares_weights: bool = False
+    """True for an engine over the trainer's own model: a publish hands it no weights (only the version)."""
 
     @abstractmethod
     async def agenerate(self, prompt_ids: List[int], config: SamplingConfig, n: int,

@@ -9,14 +9,19 @@ K = `max_staleness`:
 - a rollout starts only while the rollouts started and not dropped number fewer than (K + v + 1) * C * B,
   so generation runs at most K versions ahead of the trainer;
 - a finished trajectory whose weights version is below v - K when a batch is taken is dropped
-  (`dropped` counts them) and its place is given back. A rollout in flight during a weight update finishes
-  on the weights it started with and carries that version; it is trained on if still within K.
+  (`dropped` counts them), its place is given back and its prompt is rolled out again first. A rollout in flight
+  during a weight update finishes on the weights it started with and carries that version; it is trained on if
+  still within K.
+
+The prompts handed out and not yet trained on (running, finished, or dropped and waiting to run again) are
+`pending_samples()`: a checkpoint records them, and a resumed run rolls them out before any new prompt
+(`PromptStream.replay`), so every prompt of an epoch is trained on exactly once however the run was stopped.
 """
 import asyncio
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Deque, Dict, List, Optional, Sequence
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -39,9 +44,23 @@ class RolloutEvent:
     generated_by: Optional[int] = None
 
 
+PromptId = Tuple[int, int]
+"""A prompt handed out by a `PromptStream`: (the pass over the prompt set, the row's index in it)."""
+
+
+class PromptRow(dict):
+    """A prompt-dataset row as a `PromptStream` hands it out: the row's columns (what workflows read), and its
+    `prompt_id`, kept out of the columns so that reward functions, which get the columns, never see it."""
+
+    def __init__(self, columns: Dict[str, Any], prompt_id: PromptId) -> None:
+        super().__init__(columns)
+        self.prompt_id = prompt_id
+
+
 class PromptStream:
     """Rows of a prompt dataset in a seeded order, reshuffled every epoch, with a position a checkpoint
-    restores (`state`, `restore`)."""
+    restores (`state`, `restore`); rows to hand out again first (`replay`: the prompts a killed run had handed out
+    and not trained on)."""
 
     def __init__(self, dataset: Sequence[Dict[str, Any]], seed: int) -> None:
         if len(dataset) == 0:
@@ -49,15 +68,25 @@ class PromptStream:
         self.dataset, self.seed = dataset, seed
         self.epoch, self.index = 0, 0
         self._order: Optional[torch.Tensor] = None
+        self._replay: Deque[PromptId] = deque()
 
-    def next(self) -> Dict[str, Any]:
+    def next(self) -> PromptRow:
+        if self._replay:
+            return self.row(self._replay.popleft())
         if self.index == len(self.dataset):
             self.epoch, self.index, self._order = self.epoch + 1, 0, None
         if self._order is None:
             self._order = torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(self.seed + self.epoch))
-        row = self.dataset[int(self._order[self.index])]
+        row = self.row((self.epoch, int(self._order[self.index])))
         self.index += 1
         return row
+
+    def row(self, prompt_id: PromptId) -> PromptRow:
+        return PromptRow(self.dataset[prompt_id[1]], prompt_id)
+
+    def replay(self, prompt_ids: Iterable[Sequence[int]]) -> None:
+        """Hand out these prompts (in this order) before any further one."""
+        self._replay.extend((int(epoch), int(index)) for epoch, index in prompt_ids)
 
     def state(self) -> Dict[str, int]:
         return {"prompt_epoch": self.epoch, "prompt_index": self.index}
@@ -88,6 +117,8 @@ class WorkflowExecutor:
         self._cond = threading.Condition()
         self._in_flight = self._accepted = self._started = 0
         self._done: Deque[Trajectory] = deque()
+        self._samples: Dict[int, Dict[str, Any]] = {}   # by rollout number: running or finished, not yet taken
+        self._retry: Deque[Dict[str, Any]] = deque()      # samples whose trajectories were dropped as too stale
         self._error: Optional[BaseException] = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-executor", daemon=True)
@@ -107,7 +138,7 @@ class WorkflowExecutor:
                     raise self._error
                 self._drop_stale()
                 while self.capacity() > 0:
-                    self._start(next_sample())
+                    self._start(self._retry.popleft() if self._retry else next_sample())
                 if len(self._done) >= self.batch_size:
                     return self._take(self.batch_size)
                 self._cond.wait(timeout=1.0)
@@ -120,8 +151,15 @@ class WorkflowExecutor:
     def _log(self, kind: str, rollout: int, generated_by: Optional[int] = None) -> None:
         self.events.append(RolloutEvent(kind, rollout, self.version, self._in_flight, self._accepted, generated_by))
 
+    def pending_samples(self) -> List[Dict[str, Any]]:
+        """The samples handed to this executor whose trajectories are not yet taken into a batch, in the order they
+        started (those to run again after a drop last)."""
+        with self._cond:
+            return [self._samples[rollout] for rollout in sorted(self._samples)] + list(self._retry)
+
     def _start(self, sample: Dict[str, Any]) -> None:
         rollout, self._started = self._started, self._started + 1
+        self._samples[rollout] = sample
         self._in_flight += 1
         self._accepted += 1
         self._log("start", rollout)
@@ -140,8 +178,9 @@ class WorkflowExecutor:
             self._in_flight -= 1
             if trajectory is None:
                 self._accepted -= 1
+                del self._samples[rollout]
             else:
-                trajectory.rollout = rollout
+                trajectory.rollout, trajectory.prompt_id = rollout, getattr(sample, "prompt_id", None)
                 self._done.append(trajectory)
             self._log("finish", rollout, None if trajectory is None else trajectory.version)
             self._cond.notify_all()
@@ -152,6 +191,7 @@ class WorkflowExecutor:
             if trajectory.version < self.version - self.max_staleness:
                 self._accepted -= 1
                 self.dropped += 1
+                self._retry.append(self._samples.pop(trajectory.rollout))
                 self._log("drop", trajectory.rollout, trajectory.version)
             else:
                 fresh.append(trajectory)
@@ -160,6 +200,7 @@ class WorkflowExecutor:
     def _take(self, n: int) -> List[Trajectory]:
         batch = [self._done.popleft() for _ in range(n)]
         for trajectory in batch:
+            del self._samples[trajectory.rollout]
             self._log("take", trajectory.rollout, trajectory.version)
         return batch
 

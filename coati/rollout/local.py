@@ -35,6 +35,8 @@ class LocalEngine(RolloutEngine):
     log-probs: on-policy, the trainer's own forward gives them. It shares the trainer's weights, so `publish` only
     moves `version`."""
 
+    shares_weights = True
+
     def __init__(self, engine: HFEngine, version: int = 0) -> None:
         self.engine, self.version, self.seconds = engine, version, 0.0
         self._pending: List[_Request] = []

@@ -3,7 +3,7 @@ made, so multi-turn or tool-using episodes are a new workflow, not a new trainer
 import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -20,8 +20,9 @@ class Trajectory:
     those tokens under the generating weights (None where the engine reports none), `rewards` (n,), and the
     weights `version` that generated them. For logs and sample tables: each sample's `prompts` and `completions`
     (text, or messages for conversational data) and each reward function's values (`reward_components`);
-    `rollout` is the executor's number for it (its event log); `rollout_stats` holds per-sample counts of how it was
-    made (a multi-turn episode's turns and tool calls), logged as `rollout/<name>`."""
+    `rollout` is the executor's number for it (its event log), `prompt_id` the (pass, row) of a streamed prompt
+    (`PromptRow`); `rollout_stats` holds per-sample counts of how it was made (a multi-turn episode's turns and
+    tool calls), logged as `rollout/<name>`."""
 
     sequences: torch.Tensor
     action_mask: torch.Tensor
@@ -33,6 +34,7 @@ class Trajectory:
     completions: List[Any] = field(default_factory=list)
     reward_components: Dict[str, List[Any]] = field(default_factory=dict)
     rollout: Optional[int] = None
+    prompt_id: Optional[Tuple[int, int]] = None
     rollout_stats: Dict[str, List[float]] = field(default_factory=dict)
 
 

@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from coati.utils.comm import is_distributed, rank, world_size
 from coati.experience.experience import Experience, ExperienceMaker
+from coati.models.lora import merged_weights
 from coati.rollout.evaluation import prompt_rows
 from coati.rollout import (LocalEngine, PromptStream, RLVRWorkflow, RolloutEngine, RolloutWorkflow, Trajectory,
                            WorkflowExecutor, run_episodes)
@@ -90,10 +91,11 @@ def _ties(trajectory: Trajectory) -> bool:
 
 
 def publish_policy(engine: RolloutEngine, actor: torch.nn.Module, version: int) -> "Future[Any]":
-    """The actor's HF-named state dict to `engine` as `version`, checked by the engine's sync probe where it has one."""
+    """The actor's HF-named weights (LoRA adapters merged in) to `engine` as `version`, checked by the engine's sync
+    probe where it has one."""
     model = actor.unwrap() if hasattr(actor, "unwrap") else actor
     probe = engine.probe.check(model, version) if engine.probe is not None else None
-    return engine.publish(model.state_dict(), version, probe)
+    return engine.publish({} if engine.shares_weights else merged_weights(model), version, probe)
 
 
 def probe_results(answers: Any) -> Dict[str, float]:
@@ -267,11 +269,17 @@ class AsyncRollouts(RolloutSource):
         return self._prompts_per_epoch
 
     def state(self) -> Dict[str, Any]:
-        return self.stream.state() if self.stream is not None else {}
+        """The stream's position and the prompts handed out but not trained on (running, or finished and waiting)."""
+        if self.stream is None:
+            return {}
+        return {**self.stream.state(), "pending_prompts": [list(s.prompt_id) for s in self.executor.pending_samples()]}
 
     def restore(self, state: Dict[str, Any]) -> None:
+        """The stream goes on from the checkpoint's position, after the prompts pending then, so that none of an
+        epoch is skipped or trained twice."""
         if self.stream is not None:
             self.stream.restore(state)
+            self.stream.replay(state.get("pending_prompts", []))
 
     def close(self) -> None:
         if self.executor is not None:

@@ -105,6 +105,11 @@ AGGREGATIONS: Registry = Registry("loss aggregation", "coati.models.loss",
 KL_ESTIMATORS: Registry = Registry("KL estimator", "coati.models.loss", ("k1", "k2", "k3"))
 """`fn(log_ratio) -> per-token estimate of KL(pi || ref)`, log_ratio = log pi - log ref of the sampled
 tokens (Schulman 2020), by the name `--kl_estimator` takes."""
+BEHAVIOUR_CORRECTIONS: Registry = Registry("behaviour correction", "coati.models.loss",
+                                           ("truncated", "masked", "icepop", "sequence", "sequence_masked"))
+"""`fn(log_ratio (batch, T), mask (float), config: BehaviourConfig) -> weights (batch, T)`, log_ratio = log pi_old -
+log pi_behaviour of the sampled tokens: how each token's loss is weighted where the samples came from other
+weights or another engine, by the name `--behaviour_correction` takes."""
 POLICY_LOSSES: Registry = Registry("policy loss", "coati.models.loss", ("ppo", "gspo", "cispo", "sapo"))
 """`fn(logps, old_logps, advantages, mask, config: PolicyLossConfig) -> PolicyTerms` (per-token losses, ratio, where
 a clip acted), which `PolicyLoss` weights for off-policy samples and aggregates: the policy losses by the name
