@@ -83,6 +83,7 @@ def test_data_preparation_script_writes_colossalchat_parts(prepared):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_templating_script_passes_colossalchat_label_checks(tree):
     """Five templates x SFT, preference and KTO data, each checked by ColossalChat's verify_chat_data.py."""
     result = _bash(tree, "test_templating.sh")
@@ -136,7 +137,10 @@ def _on_policy_argv(script: str, reward: str, data: Path, model: Path, save: Pat
     return argv
 
 
-COMMANDS = [*SUPERVISED, "grpo-nn", "grpo-vr", "ppo-nn", "ppo-vr"]
+IN_CI = ("sft", "grpo-vr")
+"""One supervised and one on-policy command run in `make test`; the rest in `make test-extended`."""
+COMMANDS = [pytest.param(c, marks=() if c in IN_CI else pytest.mark.extended)
+            for c in [*SUPERVISED, "grpo-nn", "grpo-vr", "ppo-nn", "ppo-vr"]]
 
 
 def _free_port() -> int:

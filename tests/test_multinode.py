@@ -161,6 +161,7 @@ def _assert_resumes_on_one_node(assets, out: Path) -> None:
     assert [r["step"] for r in _records(out / "resumed")] == [step + 1, step + 2, step + 3]
 
 
+@pytest.mark.extended
 def test_a_killed_node_stops_every_rank_and_the_checkpoint_resumes(hosts, tiny_assets, tmp_path):
     out = tmp_path / "run"
     procs = _start_long_run(hosts, tiny_assets, out)
@@ -176,6 +177,7 @@ def test_a_killed_node_stops_every_rank_and_the_checkpoint_resumes(hosts, tiny_a
     _assert_resumes_on_one_node(tiny_assets, out)
 
 
+@pytest.mark.extended
 def test_an_unreachable_node_times_out_instead_of_hanging(hosts, tiny_assets, tmp_path):
     out = tmp_path / "run"
     procs = _start_long_run(hosts, tiny_assets, out)
@@ -194,6 +196,7 @@ def test_an_unreachable_node_times_out_instead_of_hanging(hosts, tiny_assets, tm
     _assert_resumes_on_one_node(tiny_assets, out)
 
 
+@pytest.mark.extended
 def test_ddp_checkpoints_reshard_between_two_nodes_and_one_process(hosts, two_node_run, tiny_assets, tmp_path):
     """2 nodes x batch 8 and 1 process x batch 16 take the same global batches: a checkpoint of one resumed
     on the other logs what the uninterrupted run logged."""

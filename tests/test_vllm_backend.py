@@ -175,7 +175,7 @@ def test_a_lora_model_is_served_with_its_adapters_merged(served, small_model, ti
     assert served_tokens == [_tokens(c) for c in _hf_greedy(adapted, tokenizer, prompts, greedy)]
     assert served_tokens != [_tokens(c) for c in _hf_greedy(model, tokenizer, prompts, greedy)]
     assert all(torch.equal(tensor, state[name]) for name, tensor in adapted.state_dict().items())
-    pool.publish(model.state_dict(), 10).result()   # the other tests' weights again
+    pool.publish(model.state_dict(), 8).result()   # the other tests' weights and version again
 
 
 def test_held_out_evaluation_on_the_engine_scores_what_the_training_model_scores(served, tiny_assets):
@@ -212,8 +212,8 @@ def test_the_sync_probe_stops_a_publish_that_did_nothing(small_model, tiny_asset
 
     tokenizer = _tokenizer(small_model)
     model = AutoModelForCausalLM.from_pretrained(small_model).eval()
-    pool = VLLMPool(VLLMConfig(model=str(small_model), log_dir=str(tmp_path), threads=1), tokenizer.pad_token_id,
-                    [tokenizer.eos_token_id])
+    pool = VLLMPool(VLLMConfig(model=str(small_model), log_dir=str(tmp_path), threads=1, enforce_eager=True),
+                    tokenizer.pad_token_id, [tokenizer.eos_token_id])
     probe = SyncProbe(_prompts(tiny_assets, 2))
     try:
         synced = pool.publish(model.state_dict(), 1, probe.check(model, 1)).result()
@@ -270,7 +270,7 @@ def _rl_args(assets, model, out, episodes: int) -> list:
     return ["--pretrain", str(model), "--prompt_dataset", str(assets["prompt_train"]), "--plugin", "ddp",
             "--batch_size", "2", "--num_generations", "4", "--max_new_tokens", "8", "--num_episodes", str(episodes),
             "--lr", "1e-3", "--log_dir", str(out / "logs"), "--sample_log_interval", "0", "--rollout_backend", "vllm",
-            "--vllm_threads", "1"]
+            "--vllm_threads", "1", "--vllm_enforce_eager"]   # the engine-level tests above run vLLM compiled
 
 
 def _records(out):
@@ -342,6 +342,7 @@ def _wait_for(predicate, timeout: float, what: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_killing_the_trainer_leaves_no_engine_behind(tiny_assets, own_model, tmp_path):
     """PPO on vLLM rollouts of multi-turn episodes (a critic and a reward model beside the engine) through its first
     episode, whose weights went to the servers in memory with no name in /dev/shm (so no kill can leave them there);
@@ -367,6 +368,7 @@ def test_killing_the_trainer_leaves_no_engine_behind(tiny_assets, own_model, tmp
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_an_engine_that_dies_ends_the_run_with_one_line(tiny_assets, own_model, tmp_path):
     log = tmp_path / "run.log"
     proc = start_torchrun(SCRIPTS / "train_grpo.py", 1, *_rl_args(tiny_assets, own_model, tmp_path, 500),

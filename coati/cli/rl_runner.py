@@ -142,7 +142,8 @@ def _vllm_config(args: argparse.Namespace) -> VLLMConfig:
                       dtype={"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[precision],
                       seed=args.seed + 1000 * rank(), threads=args.vllm_threads, kv_cache_gib=args.vllm_kv_cache_gib,
                       gpu_memory_utilization=args.vllm_gpu_memory_utilization, start_timeout_s=args.vllm_start_timeout,
-                      timeout_s=args.vllm_timeout, max_restarts=args.vllm_max_restarts)
+                      timeout_s=args.vllm_timeout, max_restarts=args.vllm_max_restarts,
+                      enforce_eager=args.vllm_enforce_eager)
 
 
 def _vllm_pool(args: argparse.Namespace, tokenizer: Any, num_engines: int = 1) -> VLLMPool:

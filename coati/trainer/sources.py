@@ -16,6 +16,7 @@ import torch.distributed as dist
 from coati.utils.comm import is_distributed, rank, world_size
 from coati.experience.experience import Experience, ExperienceMaker
 from coati.models.lora import merged_weights
+from coati.utils.ckpt_io import inner_model
 from coati.rollout.evaluation import prompt_rows
 from coati.rollout import (LocalEngine, PromptStream, RLVRWorkflow, RolloutEngine, RolloutWorkflow, Trajectory,
                            WorkflowExecutor, run_episodes)
@@ -93,7 +94,7 @@ def _ties(trajectory: Trajectory) -> bool:
 def publish_policy(engine: RolloutEngine, actor: torch.nn.Module, version: int) -> "Future[Any]":
     """The actor's HF-named weights (LoRA adapters merged in) to `engine` as `version`, checked by the engine's sync
     probe where it has one."""
-    model = actor.unwrap() if hasattr(actor, "unwrap") else actor
+    model = inner_model(actor)
     probe = engine.probe.check(model, version) if engine.probe is not None else None
     return engine.publish({} if engine.shares_weights else merged_weights(model), version, probe)
 

@@ -106,7 +106,7 @@ def _shard_optimizer() -> bool:
     return torch.cuda.is_available()
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+def inner_model(model: torch.nn.Module) -> torch.nn.Module:
     """The HF model inside a boosted one, and inside its peft wrapper when LoRA is on."""
     inner = model.unwrap(unwrap_peft=False) if hasattr(model, "unwrap") else model
     return inner.get_base_model() if hasattr(inner, "get_base_model") else inner
@@ -129,14 +129,14 @@ def check_finite_weights(model: torch.nn.Module, where: PathLike) -> None:
 
 def model_shape(model: torch.nn.Module) -> Dict[str, Any]:
     """The shape-deciding config fields of a (boosted, peft-wrapped) model; empty without a config."""
-    config = getattr(_unwrap(model), "config", None)
+    config = getattr(inner_model(model), "config", None)
     return model_signature(config.to_dict()) if config is not None else {}
 
 
 def _use_safetensors(model: torch.nn.Module) -> bool:
     """Safetensors, except for tied input/output embeddings, which colossalai's sharded safetensors
     writer rejects as shared memory; those models are written as torch shards instead."""
-    config = getattr(_unwrap(model), "config", None)
+    config = getattr(inner_model(model), "config", None)
     return not getattr(config, "tie_word_embeddings", False)
 
 
@@ -303,7 +303,7 @@ def save_hf_model(
     check_finite_weights(model, path)
     booster.save_model(model, str(path), shard=True, use_safetensors=_use_safetensors(model))
     if coordinator.is_master():
-        unwrapped = _unwrap(model)
+        unwrapped = inner_model(model)
         config = copy.deepcopy(unwrapped.config)
         config._attn_implementation_autoset = False   # as `save_pretrained` does: a reload picks SDPA, not eager
         config.save_pretrained(path)
