@@ -1,9 +1,8 @@
 """Every training loss in one place: pairwise reward-model losses, the DPO family, and PPO/GRPO's policy
 and value losses with their KL estimators and aggregation. Each states its equation in its docstring."""
+import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, NamedTuple, Optional, Tuple
-
-import math
 
 import torch
 import torch.nn.functional as F
