@@ -527,6 +527,10 @@ class AsyncSettings:
     generator_max_restarts: int = setting(3, parse=at_least(0),
                                           help="generators that die are replaced this many times in all; then the run "
                                                "stops with an error")
+    partial_rollout_tokens: int = setting(0, parse=at_least(0),
+                                          help="partial rollouts: generate completions this many tokens at a time, so a "
+                                               "weight update waits for one chunk and the rest of each completion is "
+                                               "generated on the new weights, each token keeping its version (0: off)")
 
 
 @dataclass(frozen=True)

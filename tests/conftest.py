@@ -128,6 +128,11 @@ def train_records(log_dir: Path) -> list:
             for r in records if "train/loss" in r]
 
 
+def completion_tokens(completions: Any, row: int = 0) -> list:
+    """The generated tokens of one row of a `coati.rollout.engine.Completions`."""
+    return completions.sequences[row, completions.prompt_length:][completions.action_mask[row]].tolist()
+
+
 def kill_run(proc: subprocess.Popen) -> int:
     """SIGKILL torchrun and every worker, as a crash would (torchrun puts workers in sessions of their own,
     so killing its process group is not enough); returns torchrun's exit status."""

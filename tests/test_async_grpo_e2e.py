@@ -1,6 +1,6 @@
 """train_grpo.py --async_rollout under two torchrun processes: rank 0 drives Ray generators, both ranks
-train on their share; staleness stays within --max_staleness; a run killed at a random moment resumes and trains
-every prompt of each pass exactly once."""
+train on their share, with partial rollouts; staleness stays within --max_staleness; a run killed at a random
+moment resumes and trains every prompt of each pass exactly once."""
 import collections
 import importlib.util
 import json
@@ -20,7 +20,8 @@ def _args(assets, out, episodes: int, prompts=None) -> list:
             "--plugin", "ddp", "--batch_size", "2", "--num_generations", "4", "--max_new_tokens", "8",
             "--num_episodes", str(episodes), "--lr", "1e-3", "--reward_fn", "math_answer", "answer_format",
             "--async_rollout", "--max_staleness", "1", "--save_interval", "1", "--save_dir", str(out / "ckpt"),
-            "--log_dir", str(out / "logs"), "--sample_log_interval", "1", "--tools", "calculator", "--max_turns", "2"]
+            "--log_dir", str(out / "logs"), "--sample_log_interval", "1", "--tools", "calculator", "--max_turns", "2",
+            "--partial_rollout_tokens", "3"]
 
 
 def _records(out):
@@ -73,6 +74,7 @@ def test_async_grpo_killed_at_a_random_moment_trains_every_prompt_of_a_pass_once
     assert [r["step"] for r in records] == list(range(1, episodes + 1))
     for r in records:
         assert 0 <= r["train/rollout/staleness@trained/min"] <= r["train/rollout/staleness@trained/max"] <= 1
+        assert 0 <= r["train/rollout/staleness@token/min"] <= r["train/rollout/staleness@token/max"] <= 1   # partial
         assert r["train/behaviour_weight"] > 0 and "train/time/rollout_wait" in r
         assert r["train/rollout/turns"] >= 1 and "train/rollout/tool_errors/malformed" in r   # multi-turn episodes
     trained = _trained_prompts(tmp_path)

@@ -17,7 +17,7 @@ from coati.config import SamplingConfig
 from coati.rewards import WeightedReward
 from coati.rollout import (GeneratorError, GeneratorPool, LocalEngine, PromptStream, RLVRWorkflow, Trajectory,
                            WorkflowExecutor, run_episodes)
-from conftest import REPO
+from conftest import REPO, completion_tokens as _tokens
 
 GENERATIONS = 4
 SAMPLING = SamplingConfig(max_new_tokens=8)
@@ -264,3 +264,52 @@ def test_the_prompt_stream_resumes_after_the_prompts_pending_at_its_checkpoint()
     resumed.replay([list(drawn[3].prompt_id), list(drawn[6].prompt_id)])   # as a checkpoint's JSON holds them
     assert [resumed.next().prompt_id for _ in range(3)] == [drawn[3].prompt_id, drawn[6].prompt_id,
                                                             stream.next().prompt_id]
+
+
+def test_partial_rollouts_continue_a_completion_on_the_weights_published_meanwhile(pool, tokenizer, prompts,
+                                                                                    tiny_assets):
+    """With `chunk_tokens`, a completion is generated a chunk at a time: without an update it is the same greedy
+    completion (and log-probs) as in one piece; with an update published while its first chunk runs, the rest is
+    generated on the new weights, each token tagged with its version, and equals the new weights' own greedy
+    continuation of the first chunk."""
+    import asyncio
+    from dataclasses import replace
+
+    from coati.rollout.engine import generate_requests
+
+    greedy, chunk = SamplingConfig(max_new_tokens=8, do_sample=False), 3
+    prompt = list(prompts[0]["input_ids"])
+    old, new = _perturbed(tiny_assets["model"], 0.0), _perturbed(tiny_assets["model"], 0.02)
+
+    async def update_after_the_first_chunk_is_sent():
+        task = asyncio.ensure_future(pool.agenerate(prompt, greedy, 1, session="partial"))
+        for _ in range(3):   # the request is queued, then its dispatcher sends the first chunk to the generator
+            await asyncio.sleep(0)
+        loaded = pool.publish(new, 61)   # each generator loads it after what it already holds
+        return await task, loaded
+
+    pool.publish(old, 60).result(timeout=120)
+    whole = asyncio.run(pool.agenerate(prompt, greedy, 1, session="partial"))
+    pool.chunk_tokens = chunk
+    try:
+        chunked = asyncio.run(pool.agenerate(prompt, greedy, 1, session="partial"))
+        updated, loaded = asyncio.run(update_after_the_first_chunk_is_sent())
+        loaded.result(timeout=120)
+    finally:
+        pool.chunk_tokens = 0
+    assert len(_tokens(whole)) > chunk
+    assert _tokens(chunked) == _tokens(whole) and chunked.token_versions[0][chunked.action_mask[0]].eq(60).all()
+    assert torch.allclose(chunked.logprobs[0][chunked.action_mask[0]], whole.logprobs[0][whole.action_mask[0]],
+                          atol=1e-5)
+    tokens, versions = _tokens(updated), updated.token_versions[0][updated.action_mask[0]].tolist()
+    assert tokens[:chunk] == _tokens(whole)[:chunk] and versions == [60] * chunk + [61] * (len(tokens) - chunk)
+    assert updated.version == 60   # a completion's version is its oldest tokens'
+
+    def continued(weights):
+        model = AutoModelForCausalLM.from_pretrained(tiny_assets["model"])
+        model.load_state_dict(weights)
+        engine = HFEngine(model.eval(), tokenizer.pad_token_id, [tokenizer.eos_token_id])
+        out = generate_requests(engine, [(prompt + tokens[:chunk], 1)], replace(greedy, max_new_tokens=8 - chunk), 0)[0]
+        return _tokens(out)
+
+    assert tokens[chunk:] == continued(new) != continued(old)

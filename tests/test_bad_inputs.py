@@ -235,6 +235,8 @@ CASES = [
      "--policy_loss_option: policy loss 'sapo': option temperature_neg='abc' must be a number above 0"),
     ("policy_loss_unknown_option", lambda p: _ppo(p, "--policy_loss_option", "temperatur_neg=1.1"),
      "--policy_loss_option: policy loss 'ppo' takes no option 'temperatur_neg'; its options: none"),
+    ("partial_rollouts_without_async", lambda p: _grpo(p, "--partial_rollout_tokens", "4"),
+     "--partial_rollout_tokens needs --async_rollout"),
     ("behaviour_correction_unknown_option",
      lambda p: _grpo(p, "--behaviour_correction", "icepop", "--behaviour_correction_option", "cap=2"),
      "--behaviour_correction_option: behaviour correction 'icepop' takes no option 'cap'; its options: low, high"),

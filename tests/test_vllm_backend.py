@@ -13,7 +13,7 @@ import psutil
 import pytest
 import torch
 
-from conftest import SCRIPTS, kill_run, start_torchrun, torchrun, train_records
+from conftest import SCRIPTS, completion_tokens as _tokens, kill_run, start_torchrun, torchrun, train_records
 from coati.inference.vllm import EngineError, VLLMConfig, VLLMPool, default_vllm_python
 from coati.models.generation import HFEngine
 from coati.config import SamplingConfig
@@ -45,11 +45,6 @@ def _generate(pool: VLLMPool, prompts, config: SamplingConfig, n: int = 1):
         return await asyncio.gather(*(pool.agenerate(prompt, config, n) for prompt in prompts))
 
     return asyncio.run(every())
-
-
-def _tokens(completions, row: int = 0):
-    """The generated tokens of one row of `Completions`."""
-    return completions.sequences[row, completions.prompt_length:][completions.action_mask[row]].tolist()
 
 
 def _hf_greedy(model, tokenizer, prompts, config: SamplingConfig):
@@ -87,8 +82,8 @@ def served(small_model, tmp_path_factory):
 
     tokenizer = _tokenizer(small_model)
     logs = tmp_path_factory.mktemp("vllm_logs")
-    pool = VLLMPool(VLLMConfig(model=str(small_model), log_dir=str(logs), threads=1, max_restarts=1, timeout_s=10),
-                    tokenizer.pad_token_id, [tokenizer.eos_token_id])
+    pool = VLLMPool(VLLMConfig(model=str(small_model), log_dir=str(logs), threads=1, max_restarts=1, timeout_s=10,
+                               enforce_eager=True), tokenizer.pad_token_id, [tokenizer.eos_token_id])
     model = AutoModelForCausalLM.from_pretrained(small_model).eval()
     yield pool, model, tokenizer, logs
     pool.shutdown()
@@ -266,11 +261,12 @@ MULTI_TURN = ["--tools", "calculator", "--max_turns", "2"]
 """Episodes that may call the calculator: the multi-turn workflow on the engine, synchronously and asynchronously."""
 
 
-def _rl_args(assets, model, out, episodes: int) -> list:
+def _rl_args(assets, model, out, episodes: int, eager: bool = True) -> list:
+    """A vLLM GRPO run's flags; `eager` skips vLLM's torch.compile (a third of the start-up; one test runs compiled)."""
     return ["--pretrain", str(model), "--prompt_dataset", str(assets["prompt_train"]), "--plugin", "ddp",
             "--batch_size", "2", "--num_generations", "4", "--max_new_tokens", "8", "--num_episodes", str(episodes),
             "--lr", "1e-3", "--log_dir", str(out / "logs"), "--sample_log_interval", "0", "--rollout_backend", "vllm",
-            "--vllm_threads", "1", "--vllm_enforce_eager"]   # the engine-level tests above run vLLM compiled
+            "--vllm_threads", "1", *(["--vllm_enforce_eager"] if eager else [])]
 
 
 def _records(out):
@@ -370,8 +366,9 @@ def test_killing_the_trainer_leaves_no_engine_behind(tiny_assets, own_model, tmp
 @pytest.mark.slow
 @pytest.mark.extended
 def test_an_engine_that_dies_ends_the_run_with_one_line(tiny_assets, own_model, tmp_path):
+    """Also the one run of vLLM compiled (its default), which the other tests start eager to save time."""
     log = tmp_path / "run.log"
-    proc = start_torchrun(SCRIPTS / "train_grpo.py", 1, *_rl_args(tiny_assets, own_model, tmp_path, 500),
+    proc = start_torchrun(SCRIPTS / "train_grpo.py", 1, *_rl_args(tiny_assets, own_model, tmp_path, 500, eager=False),
                           "--reward_fn", "answer_format", "--vllm_max_restarts", "0", log=log)
     try:
         _wait_for(lambda: "Episodes:" in log.read_text(errors="replace"), 300, "the first episode")

@@ -321,6 +321,7 @@ def _rollout_side(args: argparse.Namespace, maker: GRPOExperienceMaker, workflow
     else:
         pool = GeneratorPool(args.pretrain, tokenizer.pad_token_id, _stop_ids(args, tokenizer), args.num_generators,
                              args.generator_max_restarts, args.seed)
+    pool.chunk_tokens = args.partial_rollout_tokens
     executor = WorkflowExecutor(pool, workflow, args.batch_size * world_size(),
                                 args.max_concurrent_rollouts or 2 * args.batch_size * world_size(), args.max_staleness,
                                 batches_per_version=args.num_collect_steps)
@@ -401,6 +402,9 @@ def run_grpo(args: argparse.Namespace) -> GRPOTrainer:
     if "overlong" in args.reward_shaping and args.overlong_buffer_len > args.max_new_tokens:
         raise CoatiUsageError(f"--overlong_buffer_len {args.overlong_buffer_len} must be at most --max_new_tokens "
                               f"{args.max_new_tokens}: the penalty grows over the last tokens before that limit")
+    if args.partial_rollout_tokens and not args.async_rollout:
+        raise CoatiUsageError("--partial_rollout_tokens needs --async_rollout: a synchronous run updates the weights "
+                              "between batches, with no generation running")
     if args.async_rollout:
         _check_async(args)
     _check_backend(args)

@@ -25,8 +25,8 @@ class Experience:
     """Rollouts and everything the update needs. Token tensors over completion columns are (batch, N);
     `sequences`/`attention_mask` hold prompt + completion. Per row, for logs and tables: the `prompts` and
     `completions` as text, each reward's value (`reward_components`), whether the completion ended with a stop
-    token (`terminated`), and the weights version that generated it (`versions`) and its prompt's (pass, row)
-    (`prompt_ids`), for asynchronous rollouts.
+    token (`terminated`), and the weights version that generated it (`versions`; per token, `token_versions`) and
+    its prompt's (pass, row) (`prompt_ids`), for asynchronous rollouts.
     `extra_rollouts` counts the completions generated beyond the batch to fill it (dynamic sampling); `timing`
     holds seconds per phase of making it, `rollout_stats` per-row counts of how each sample was made (turns, tool
     calls). `action_log_probs` (the old policy's) is None when the learning
@@ -51,6 +51,7 @@ class Experience:
     rollout_stats: Dict[str, List[float]] = field(default_factory=dict)
     terminated: Optional[torch.Tensor] = None
     versions: Optional[torch.Tensor] = None
+    token_versions: Optional[torch.Tensor] = None
     prompt_ids: List[Any] = field(default_factory=list)
     extra_rollouts: int = 0
     timing: Dict[str, float] = field(default_factory=dict)
@@ -212,9 +213,11 @@ def stack_trajectories(trajectories: Sequence[Any], device: torch.device) -> Exp
     attention = torch.zeros_like(sequences)
     action_mask = torch.zeros(rows, completion_len, dtype=torch.bool)
     behaviour = torch.zeros(rows, completion_len)
+    token_versions = torch.zeros(rows, completion_len, dtype=torch.long)
     row = 0
     for t in trajectories:
         n, p, c = t.sequences.size(0), t.prompt_length, t.action_mask.size(1)
+        token_versions[row:row + n, :c] = t.version if t.token_versions is None else t.token_versions
         sequences[row:row + n, prompt_len - p:prompt_len] = t.sequences[:, :p]
         sequences[row:row + n, prompt_len:prompt_len + c] = t.sequences[:, p:p + c]
         attention[row:row + n, prompt_len - p:prompt_len] = 1
@@ -231,6 +234,7 @@ def stack_trajectories(trajectories: Sequence[Any], device: torch.device) -> Exp
                       prompts=[p for t in trajectories for p in t.prompts],
                       completions=[c for t in trajectories for c in t.completions],
                       reward_components=merged_components(trajectories), versions=versions,
+                      token_versions=token_versions.to(device),
                       prompt_ids=[t.prompt_id for t in trajectories for _ in range(t.sequences.size(0))],
                       rollout_stats=merged_components(trajectories, "rollout_stats"))
 

@@ -89,8 +89,8 @@ class RecordedEpisode:
             except Exception as error:   # the engine's failure is the run's, not the agent's: kept to raise
                 self.engine_error = error
                 raise
-            turn, logprobs = sampled_tokens(out, 0)
-            text = self._record(episode, turn, logprobs)
+            turn, logprobs, versions = sampled_tokens(out, 0)
+            text = self._record(episode, turn, logprobs, versions)
             parsed = self.parser(text)
             episode.counts["tool_calls"] = episode.counts.get("tool_calls", 0.0) + len(parsed.calls)
             self.version = out.version if self.version is None else min(self.version, out.version)
@@ -103,6 +103,7 @@ class RecordedEpisode:
         prompt, recorded = self.recorded
         episode = dataclasses.replace(recorded, ids=list(recorded.ids), sampled=list(recorded.sampled),
                                       logprobs=None if recorded.logprobs is None else list(recorded.logprobs),
+                                      versions=list(recorded.versions),
                                       messages=list(recorded.messages), counts=dict(recorded.counts))
         asked = len(self.asked)
         extends = (self.last_stop is not None and len(messages) > asked + 1 and messages[:asked] == self.asked
@@ -125,9 +126,9 @@ class RecordedEpisode:
         limit = body.get("max_completion_tokens") or body.get("max_tokens") or self.sampling.max_new_tokens
         return dataclasses.replace(self.sampling, max_new_tokens=max(1, min(int(limit), self.sampling.max_new_tokens)))
 
-    def _record(self, episode: Episode, turn: List[int], logprobs: Optional[List[float]]) -> str:
+    def _record(self, episode: Episode, turn: List[int], logprobs: Optional[List[float]], versions: List[int]) -> str:
         """Add the answer's sampled ids to `episode`; returns its text (the stop token left out)."""
-        episode.add(turn, True, logprobs)
+        episode.add(turn, True, logprobs, versions)
         episode.counts["turns"] = episode.counts.get("turns", 0.0) + 1
         stopped = bool(turn) and turn[-1] in self.chat.stop_ids
         self.last_stop = turn[-1] if stopped else None

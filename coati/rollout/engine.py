@@ -13,8 +13,8 @@ import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass, field, replace
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -36,13 +36,16 @@ class Completions:
     """`n` completions of one prompt from one weights `version`. `sequences` (n, prompt + T) hold the
     prompt (its first `prompt_length` columns) and the completion, right-padded; `action_mask` (n, T)
     marks generated tokens; `logprobs` (n, T) are their log-probs under the generating weights (None from an
-    engine that does not report them: the training model itself, whose own forward gives them)."""
+    engine that does not report them: the training model itself, whose own forward gives them). A completion
+    continued on newer weights (partial rollouts) has `token_versions` (n, T), the version that made each token;
+    `version` is then its first tokens'."""
 
     sequences: torch.Tensor
     action_mask: torch.Tensor
     logprobs: Optional[torch.Tensor]
     prompt_length: int
     version: int
+    token_versions: Optional[torch.Tensor] = None
 
     def as_output(self) -> GenerationOutput:
         """The same completions as a `GenerationOutput` (the prompt attended to, the completion through its
@@ -184,12 +187,62 @@ class _Request:
     future: asyncio.Future
 
 
+@dataclass
+class _Partial:
+    """One completion of a partial rollout so far: its tokens, their log-probs and versions, and whether its last
+    chunk came back shorter than asked (it stopped)."""
+
+    tokens: List[int] = field(default_factory=list)
+    logprobs: List[float] = field(default_factory=list)
+    versions: List[int] = field(default_factory=list)
+    stopped: bool = False
+
+    def extend(self, out: Completions, row: int, asked: int) -> None:
+        mask = out.action_mask[row].bool()
+        tokens = out.sequences[row, out.prompt_length:][mask].tolist()
+        self.tokens += tokens
+        self.logprobs += out.logprobs[row][mask].tolist() if out.logprobs is not None else [0.0] * len(tokens)
+        self.versions += [out.version] * len(tokens)
+        self.stopped = len(tokens) < asked
+
+    def finished(self, stops: Set[int], max_new_tokens: int) -> bool:
+        return self.stopped or len(self.tokens) >= max_new_tokens or bool(self.tokens and self.tokens[-1] in stops)
+
+
+def _joined(prompt: List[int], parts: List[_Partial], pad_token_id: int) -> Completions:
+    """The partial rollouts' completions as one `Completions`, right-padded, with each token's version."""
+    width = max(1, max(len(part.tokens) for part in parts))
+    sequences = torch.full((len(parts), len(prompt) + width), pad_token_id, dtype=torch.long)
+    sequences[:, :len(prompt)] = torch.tensor(prompt, dtype=torch.long)
+    mask = torch.zeros(len(parts), width, dtype=torch.bool)
+    logprobs = torch.zeros(len(parts), width)
+    versions = torch.zeros(len(parts), width, dtype=torch.long)
+    for row, part in enumerate(parts):
+        length = len(part.tokens)
+        sequences[row, len(prompt):len(prompt) + length] = torch.tensor(part.tokens, dtype=torch.long)
+        mask[row, :length] = True
+        logprobs[row, :length] = torch.tensor(part.logprobs)
+        versions[row, :length] = torch.tensor(part.versions, dtype=torch.long)
+    first = min((part.versions[0] for part in parts if part.versions), default=0)
+    return Completions(sequences, mask, logprobs, len(prompt), first, versions)
+
+
 class BatchingPool(RolloutEngine):
     """Requests queued per generator of a pool: `agenerate` queues one for the least-busy generator, and that
     generator's dispatcher sends it all the requests waiting for it with the same sampling settings as one batch
     (`_generate_batch`), which is what keeps a CPU or GPU generator efficient. A request whose rollout was cancelled
     (an executor shut down) is dropped before it is sent; a batch that fails fails each of its requests. The pool
-    serves one event loop (one executor) at a time."""
+    serves one event loop (one executor) at a time.
+
+    Partial rollouts (`chunk_tokens` > 0, AReaL's interruptible generation): a completion is generated
+    `chunk_tokens` at a time, each chunk going on from the tokens so far on whatever weights the generator holds by
+    then. A weight update, which a generator loads after the requests it already holds, so waits for one chunk
+    instead of whole completions; each token keeps the version and log-prob of the weights that made it
+    (`Completions.token_versions`)."""
+
+    chunk_tokens: int = 0
+    pad_token_id: int = 0
+    stop_token_ids: Tuple[int, ...] = ()
 
     def _start_queues(self, count: int) -> None:
         self._queues: List[List[_Request]] = [[] for _ in range(count)]
@@ -198,6 +251,32 @@ class BatchingPool(RolloutEngine):
 
     async def agenerate(self, prompt_ids: List[int], config: SamplingConfig, n: int,
                         session: Optional[str] = None, seat: Optional[int] = None) -> Completions:
+        if 0 < self.chunk_tokens < config.max_new_tokens:
+            return await self._in_chunks(list(prompt_ids), config, n, session)
+        return await self._queued(list(prompt_ids), config, n, session)
+
+    async def _in_chunks(self, prompt: List[int], config: SamplingConfig, n: int,
+                         session: Optional[str]) -> Completions:
+        """`n` completions of `prompt`, `chunk_tokens` at a time: the first chunk as one request of n, then each
+        unfinished completion's next chunk from its own tokens so far (one request each, batched together)."""
+        stops = set(config.stop_token_ids or self.stop_token_ids)
+        parts = [_Partial() for _ in range(n)]
+        first = await self._queued(prompt, replace(config, max_new_tokens=self.chunk_tokens), n, session)
+        for row, part in enumerate(parts):
+            part.extend(first, row, self.chunk_tokens)
+        while True:
+            open_parts = [part for part in parts if not part.finished(stops, config.max_new_tokens)]
+            if not open_parts:
+                return _joined(prompt, parts, self.pad_token_id)
+            asks = [min(self.chunk_tokens, config.max_new_tokens - len(part.tokens)) for part in open_parts]
+            outs = await asyncio.gather(*(self._queued(prompt + part.tokens, replace(config, max_new_tokens=ask), 1,
+                                                       session) for part, ask in zip(open_parts, asks)))
+            for part, out, ask in zip(open_parts, outs, asks):
+                part.extend(out, 0, ask)
+
+    async def _queued(self, prompt_ids: List[int], config: SamplingConfig, n: int,
+                      session: Optional[str]) -> Completions:
+        """One request, queued for its generator's dispatcher."""
         index = self._generator_for(session)
         loop = asyncio.get_running_loop()
         request = _Request(list(prompt_ids), config, n, loop.create_future())
@@ -261,6 +340,7 @@ class GeneratorPool(BatchingPool):
         start_ray()
         self._worker_cls = ray.remote(num_cpus=0)(GeneratorWorker)
         self._init_args = (model_path, pad_token_id, tuple(stop_token_ids))
+        self.pad_token_id, self.stop_token_ids = pad_token_id, tuple(stop_token_ids)
         self._seed, self._threads = seed, threads
         self.max_restarts, self.restarts = max_restarts, 0
         self.version = 0

@@ -33,20 +33,24 @@ end of sequence), the turn limit, the token budget, or a turn cut at `max_new_to
 @dataclass
 class Episode:
     """One sample's conversation as it is built: token ids after the prompt, which of them the model sampled, their
-    log-probs (None once a turn came without), the messages, and counts for the metrics."""
+    log-probs (None once a turn came without) and weights versions (-1 where none made them), the messages, and
+    counts for the metrics."""
 
     ids: List[int] = field(default_factory=list)
     sampled: List[bool] = field(default_factory=list)
     logprobs: Optional[List[float]] = field(default_factory=list)
+    versions: List[int] = field(default_factory=list)
     messages: List[Message] = field(default_factory=list)
     final_text: str = ""
     reward: float = 0.0
     ended: str = "answer"
     counts: Dict[str, float] = field(default_factory=dict)
 
-    def add(self, ids: List[int], sampled: bool, logprobs: Optional[List[float]] = None) -> None:
+    def add(self, ids: List[int], sampled: bool, logprobs: Optional[List[float]] = None,
+            versions: Optional[List[int]] = None) -> None:
         self.ids += ids
         self.sampled += [sampled] * len(ids)
+        self.versions += versions if versions is not None else [-1] * len(ids)
         if self.logprobs is not None:
             self.logprobs = None if sampled and logprobs is None else self.logprobs + (logprobs or [0.0] * len(ids))
 
@@ -63,7 +67,8 @@ class Episode:
     def after(self, tail: List[int]) -> "Episode":
         """This episode behind `tail`, token ids the model did not sample (a prompt's part that others lack)."""
         return dataclasses.replace(self, ids=tail + self.ids, sampled=[False] * len(tail) + self.sampled,
-                                   logprobs=None if self.logprobs is None else [0.0] * len(tail) + self.logprobs)
+                                   logprobs=None if self.logprobs is None else [0.0] * len(tail) + self.logprobs,
+                                   versions=[-1] * len(tail) + self.versions)
 
 
 class MultiTurnWorkflow(RolloutWorkflow):
@@ -103,8 +108,8 @@ class MultiTurnWorkflow(RolloutWorkflow):
         episode, out = Episode(), first
         history = list(prompt_messages)
         while True:
-            turn, logprobs = sampled_tokens(out, row)
-            episode.add(turn, True, logprobs)
+            turn, logprobs, versions = sampled_tokens(out, row)
+            episode.add(turn, True, logprobs, versions)
             episode.counts["turns"] = episode.counts.get("turns", 0.0) + 1
             stopped = bool(turn) and turn[-1] in self.chat.stop_ids
             text = self.chat.tokenizer.decode(turn[:-1] if stopped else turn, skip_special_tokens=False)
@@ -159,11 +164,14 @@ async def assemble(scorer: Scorer, pad_token_id: int, sample: Dict[str, Any], me
     mask = torch.zeros(n, width, dtype=torch.bool)
     reported = all(e.logprobs is not None for e in episodes)
     logprobs = torch.zeros(n, width) if reported else None
+    versions = torch.full((n, width), version, dtype=torch.long)
     for i, e in enumerate(episodes):
         sequences[i, len(prompt):len(prompt) + len(e.ids)] = torch.tensor(e.ids, dtype=torch.long)
         mask[i, :len(e.ids)] = torch.tensor(e.sampled, dtype=torch.bool)
         if logprobs is not None:
             logprobs[i, :len(e.ids)] = torch.tensor(e.logprobs)
+        made = torch.tensor(e.versions, dtype=torch.long)
+        versions[i, :len(e.ids)] = torch.where(made >= 0, made, torch.tensor(version))
     out = Completions(sequences, mask, logprobs, len(prompt), version).as_output()
     fields = {k: [v] * n for k, v in sample.items() if k not in PROMPT_FIELDS}
     answers = [e.final_text for e in episodes]
@@ -173,15 +181,17 @@ async def assemble(scorer: Scorer, pad_token_id: int, sample: Dict[str, Any], me
     each = [e.stats(endings) for e in episodes]
     stats = {name: [one.get(name, 0.0) for one in each] for name in sorted({name for one in each for name in one})}
     return Trajectory(sequences, mask, logprobs, torch.tensor(total, dtype=torch.float32), len(prompt), version,
-                      [messages] * n, [e.messages for e in episodes], components, rollout_stats=stats)
+                      [messages] * n, [e.messages for e in episodes], components, rollout_stats=stats,
+                      token_versions=versions)
 
 
 def sampled_tokens(out: Completions, row: int) -> tuple:
-    """Row `row`'s sampled token ids and their log-probs (None when the engine reports none)."""
+    """Row `row`'s sampled token ids, their log-probs (None when the engine reports none) and weights versions."""
     mask = out.action_mask[row].bool()
     ids = out.sequences[row, out.prompt_length:][mask].tolist()
     logprobs = out.logprobs[row][mask].tolist() if out.logprobs is not None else None
-    return ids, logprobs
+    versions = out.token_versions[row][mask].tolist() if out.token_versions is not None else [out.version] * len(ids)
+    return ids, logprobs, versions
 
 
 def conversation(sample: Dict[str, Any]) -> List[Message]:

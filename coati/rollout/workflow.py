@@ -22,7 +22,8 @@ class Trajectory:
     (text, or messages for conversational data) and each reward function's values (`reward_components`);
     `rollout` is the executor's number for it (its event log), `prompt_id` the (pass, row) of a streamed prompt
     (`PromptRow`); `rollout_stats` holds per-sample counts of how it was made (a multi-turn episode's turns and
-    tool calls), logged as `rollout/<name>`."""
+    tool calls), logged as `rollout/<name>`. `token_versions` (n, T), where set, is the version that made each
+    token (partial rollouts continue a completion on newer weights); `version` is then the oldest."""
 
     sequences: torch.Tensor
     action_mask: torch.Tensor
@@ -36,6 +37,7 @@ class Trajectory:
     rollout: Optional[int] = None
     prompt_id: Optional[Tuple[int, int]] = None
     rollout_stats: Dict[str, List[float]] = field(default_factory=dict)
+    token_versions: Optional[torch.Tensor] = None
 
 
 class RolloutWorkflow(ABC):
@@ -72,4 +74,5 @@ class RLVRWorkflow(RolloutWorkflow):
         fields = {k: [v] * n for k, v in sample.items() if k not in PROMPT_FIELDS}
         total, components = await self.scorer.ascore([prompt] * n, completions, fields, out.as_output())
         return Trajectory(out.sequences, out.action_mask, out.logprobs, torch.tensor(total, dtype=torch.float32),
-                          out.prompt_length, out.version, [prompt] * n, completions, components)
+                          out.prompt_length, out.version, [prompt] * n, completions, components,
+                          token_versions=out.token_versions)

@@ -245,11 +245,16 @@ class AsyncRollouts(RolloutSource):
         return received[0]
 
     def _record_staleness(self, experience: Experience, episode: int, stats: StatsTracker) -> None:
-        """How many versions behind the trainer each trained sample's weights were, and the executor's drops."""
+        """How many versions behind the trainer each trained sample's weights were (its oldest tokens'), each trained
+        token's (`staleness@token`: partial rollouts continue completions on newer weights), and the executor's
+        drops."""
         lag = (episode - experience.versions).float().cpu()
+        token_lag = (episode - experience.token_versions).float().cpu()
         with stats.scope("rollout"):
-            stats.denominator(trained=torch.ones_like(lag, dtype=torch.bool))
+            stats.denominator(trained=torch.ones_like(lag, dtype=torch.bool),
+                              token=experience.action_mask.bool().cpu())
             stats.stat(denominator="trained", staleness=lag)
+            stats.stat(denominator="token", staleness=token_lag)
             if self.executor is not None:
                 stats.scalar(dropped_stale=float(self.executor.dropped))
 
