@@ -122,3 +122,5 @@ def test_sequence_correction_caps_the_product_and_bad_options_are_refused():
     with pytest.raises(ValueError, match="--behaviour_correction_option: behaviour correction 'masked' takes no "
                                          "option 'low'; its options: high"):
         PolicyLoss(behaviour_correction="masked", behaviour_options={"low": 0.5})
+    with pytest.raises(ValueError, match="low 0.5 is not below high 0.3: every token would be masked out"):
+        PolicyLoss(behaviour_correction="icepop", behaviour_options={"high": 0.3})

@@ -359,11 +359,11 @@ def masked_is(log_ratio: torch.Tensor, mask: torch.Tensor, config: BehaviourConf
     """Token-level masked importance sampling (MIS, Liu et al. 2025): r_t where r_t <= `high` (default 2), else 0:
     a token the engine sampled far more readily than the trainer would is dropped instead of capped."""
     ratio = torch.exp(log_ratio)
-    _, high = config.band(0.0, 2.0)
+    _, high = config.band(*masked_is.band)
     return torch.where(ratio <= high, ratio, torch.zeros_like(ratio))
 
 
-masked_is.options = ("high",)
+masked_is.options, masked_is.band = ("high",), (0.0, 2.0)
 
 
 @BEHAVIOUR_CORRECTIONS.register("icepop")
@@ -371,11 +371,11 @@ def icepop(log_ratio: torch.Tensor, mask: torch.Tensor, config: BehaviourConfig)
     """IcePop (Ling team, Ring-1T, 2025): r_t inside the band [`low`, `high`] (default [0.5, 5]), 0 outside: masking on
     both sides, so tokens the trainer finds far likelier than the engine did are dropped too."""
     ratio = torch.exp(log_ratio)
-    low, high = config.band(0.5, 5.0)
+    low, high = config.band(*icepop.band)
     return torch.where((ratio >= low) & (ratio <= high), ratio, torch.zeros_like(ratio))
 
 
-icepop.options = ("low", "high")
+icepop.options, icepop.band = ("low", "high"), (0.5, 5.0)
 
 
 def _sequence_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -398,13 +398,13 @@ sequence_is.options = ()
 def sequence_masked_is(log_ratio: torch.Tensor, mask: torch.Tensor, config: BehaviourConfig) -> torch.Tensor:
     """Sequence-level masked importance sampling (Liu et al. 2025): prod_t r_t for a sample whose ratio is inside
     [`low`, `high`] (default [0.5, 2]), 0 for the whole sample otherwise."""
-    low, high = config.band(0.5, 2.0)
+    low, high = config.band(*sequence_masked_is.band)
     sequence = _sequence_log_ratio(log_ratio, mask)
     inside = (sequence >= math.log(low)) & (sequence <= math.log(high))
     return torch.where(inside, torch.exp(sequence.clamp(max=math.log(high))), torch.zeros_like(sequence)).expand_as(log_ratio)
 
 
-sequence_masked_is.options = ("low", "high")
+sequence_masked_is.options, sequence_masked_is.band = ("low", "high"), (0.5, 2.0)
 
 
 def check_options(what: str, flag: str, fn: Any, options: Dict[str, Any]) -> None:
@@ -442,6 +442,11 @@ class PolicyLoss(torch.nn.Module):
         check_options(f"behaviour correction {behaviour_correction!r}", "--behaviour_correction_option",
                       self.correction, dict(behaviour_options or {}))
         self.behaviour = BehaviourConfig(behaviour_cap, dict(behaviour_options or {}))
+        low, high = self.behaviour.band(*getattr(self.correction, "band", (0.0, math.inf)))   # a masking one's band
+        if low >= high:
+            raise ValueError(f"--behaviour_correction_option: behaviour correction {behaviour_correction!r} keeps "
+                             f"ratios in [low, high], and low {low} is not below high {high}: every token would be "
+                             "masked out")
         self.config = PolicyLossConfig(clip_eps if clip_eps_low is None else clip_eps_low,
                                        clip_eps if clip_eps_high is None else clip_eps_high, dict(options or {}))
         self.skip_threshold = skip_threshold
