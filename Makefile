@@ -58,7 +58,7 @@ $(SYSTEM_TOOLS):
 
 # The two environments build side by side (they share nothing); the system packages first, one apt at a time.
 # `make test` (CI) leaves out the tests marked `extended`: the longest fault and compatibility runs, which
-# `make test-extended` runs (about 10 more minutes).
+# `make test-extended` runs (about 5 more minutes).
 test: test-setup
 	$(PY) -m pytest -m "not extended" tests
 
