@@ -130,7 +130,7 @@ def train_records(log_dir: Path) -> list:
 
 def completion_tokens(completions: Any, row: int = 0) -> list:
     """The generated tokens of one row of a `coati.rollout.engine.Completions`."""
-    return completions.sequences[row, completions.prompt_length:][completions.action_mask[row]].tolist()
+    return completions.sampled(row)[0]
 
 
 def kill_run(proc: subprocess.Popen) -> int:

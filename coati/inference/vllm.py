@@ -37,7 +37,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from coati.rollout.engine import BatchingPool, Completions, all_of
+from coati.rollout.engine import BatchingPool, all_of, padded_completions
 from coati.rollout.probe import EngineSyncError, ProbeCheck
 from coati.utils.errors import CoatiUsageError
 
@@ -335,21 +335,9 @@ class VLLMPool(BatchingPool):
         start = time.perf_counter()
         answer = await asyncio.get_running_loop().run_in_executor(self._workers[index], self._request, index, message)
         self.seconds += time.perf_counter() - start
-        return [self._completions(prompt, group, answer["version"])
+        return [padded_completions(prompt, [tokens for tokens, _ in group], [logps for _, logps in group],
+                                   self.pad_token_id, answer["version"])
                 for (prompt, _), group in zip(requests, answer["completions"])]
-
-    def _completions(self, prompt: List[int], group: List[Tuple[List[int], List[float]]], version: int) -> Completions:
-        """One prompt's completions as `Completions`, right-padded to the longest."""
-        width = max(1, max(len(tokens) for tokens, _ in group))
-        sequences = torch.full((len(group), len(prompt) + width), self.pad_token_id, dtype=torch.long)
-        sequences[:, :len(prompt)] = torch.tensor(prompt)
-        logprobs = torch.zeros(len(group), width)
-        mask = torch.zeros(len(group), width, dtype=torch.bool)
-        for row, (tokens, logps) in enumerate(group):
-            sequences[row, len(prompt):len(prompt) + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-            logprobs[row, :len(logps)] = torch.tensor(logps)
-            mask[row, :len(tokens)] = True
-        return Completions(sequences, mask, logprobs, len(prompt), version)
 
     # ---- weights -----------------------------------------------------------------------------------
     def publish(self, weights: Dict[str, Any], version: int,

@@ -32,7 +32,7 @@ from coati.experience.scorer import Scorer
 from .chat import ChatTokens
 from .engine import RolloutEngine
 from .environment import Message
-from .multiturn import Episode, assemble, conversation, sampled_tokens
+from .multiturn import Episode, assemble, conversation
 from .tool_calls import ParsedTurn, hermes
 from .workflow import RolloutWorkflow, Trajectory
 
@@ -89,7 +89,7 @@ class RecordedEpisode:
             except Exception as error:   # the engine's failure is the run's, not the agent's: kept to raise
                 self.engine_error = error
                 raise
-            turn, logprobs, versions = sampled_tokens(out, 0)
+            turn, logprobs, versions = out.sampled(0)
             text = self._record(episode, turn, logprobs, versions)
             parsed = self.parser(text)
             episode.counts["tool_calls"] = episode.counts.get("tool_calls", 0.0) + len(parsed.calls)

@@ -47,6 +47,15 @@ class Completions:
     version: int
     token_versions: Optional[torch.Tensor] = None
 
+    def sampled(self, row: int) -> Tuple[List[int], Optional[List[float]], List[int]]:
+        """Row `row`'s generated token ids, their log-probs (None from an engine that reports none) and versions."""
+        mask = self.action_mask[row].bool()
+        ids = self.sequences[row, self.prompt_length:][mask].tolist()
+        logprobs = self.logprobs[row][mask].tolist() if self.logprobs is not None else None
+        versions = ([self.version] * len(ids) if self.token_versions is None
+                    else self.token_versions[row][mask].tolist())
+        return ids, logprobs, versions
+
     def as_output(self) -> GenerationOutput:
         """The same completions as a `GenerationOutput` (the prompt attended to, the completion through its
         last generated token)."""
@@ -198,33 +207,40 @@ class _Partial:
     stopped: bool = False
 
     def extend(self, out: Completions, row: int, asked: int) -> None:
-        mask = out.action_mask[row].bool()
-        tokens = out.sequences[row, out.prompt_length:][mask].tolist()
+        tokens, logprobs, versions = out.sampled(row)
         self.tokens += tokens
-        self.logprobs += out.logprobs[row][mask].tolist() if out.logprobs is not None else [0.0] * len(tokens)
-        self.versions += [out.version] * len(tokens)
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(tokens)
+        self.versions += versions
         self.stopped = len(tokens) < asked
 
     def finished(self, stops: Set[int], max_new_tokens: int) -> bool:
         return self.stopped or len(self.tokens) >= max_new_tokens or bool(self.tokens and self.tokens[-1] in stops)
 
 
-def _joined(prompt: List[int], parts: List[_Partial], pad_token_id: int) -> Completions:
-    """The partial rollouts' completions as one `Completions`, right-padded, with each token's version."""
-    width = max(1, max(len(part.tokens) for part in parts))
-    sequences = torch.full((len(parts), len(prompt) + width), pad_token_id, dtype=torch.long)
+def padded_completions(prompt: List[int], tokens: Sequence[List[int]], logprobs: Sequence[List[float]],
+                       pad_token_id: int, version: int, versions: Optional[Sequence[List[int]]] = None) -> Completions:
+    """One prompt's completions (each row's token ids and log-probs, and, where given, each token's version) as
+    `Completions`, right-padded to the longest."""
+    width = max(1, max(len(row) for row in tokens))
+    sequences = torch.full((len(tokens), len(prompt) + width), pad_token_id, dtype=torch.long)
     sequences[:, :len(prompt)] = torch.tensor(prompt, dtype=torch.long)
-    mask = torch.zeros(len(parts), width, dtype=torch.bool)
-    logprobs = torch.zeros(len(parts), width)
-    versions = torch.zeros(len(parts), width, dtype=torch.long)
-    for row, part in enumerate(parts):
-        length = len(part.tokens)
-        sequences[row, len(prompt):len(prompt) + length] = torch.tensor(part.tokens, dtype=torch.long)
-        mask[row, :length] = True
-        logprobs[row, :length] = torch.tensor(part.logprobs)
-        versions[row, :length] = torch.tensor(part.versions, dtype=torch.long)
+    mask = torch.zeros(len(tokens), width, dtype=torch.bool)
+    padded_logprobs = torch.zeros(len(tokens), width)
+    token_versions = torch.zeros(len(tokens), width, dtype=torch.long) if versions is not None else None
+    for row, ids in enumerate(tokens):
+        sequences[row, len(prompt):len(prompt) + len(ids)] = torch.tensor(ids, dtype=torch.long)
+        mask[row, :len(ids)] = True
+        padded_logprobs[row, :len(ids)] = torch.tensor(logprobs[row])
+        if token_versions is not None:
+            token_versions[row, :len(ids)] = torch.tensor(versions[row], dtype=torch.long)
+    return Completions(sequences, mask, padded_logprobs, len(prompt), version, token_versions)
+
+
+def _joined(prompt: List[int], parts: List[_Partial], pad_token_id: int) -> Completions:
+    """The partial rollouts' completions as one `Completions`; its version is their oldest tokens'."""
     first = min((part.versions[0] for part in parts if part.versions), default=0)
-    return Completions(sequences, mask, logprobs, len(prompt), first, versions)
+    return padded_completions(prompt, [p.tokens for p in parts], [p.logprobs for p in parts], pad_token_id, first,
+                              [p.versions for p in parts])
 
 
 class BatchingPool(RolloutEngine):

@@ -108,7 +108,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
         episode, out = Episode(), first
         history = list(prompt_messages)
         while True:
-            turn, logprobs, versions = sampled_tokens(out, row)
+            turn, logprobs, versions = out.sampled(row)
             episode.add(turn, True, logprobs, versions)
             episode.counts["turns"] = episode.counts.get("turns", 0.0) + 1
             stopped = bool(turn) and turn[-1] in self.chat.stop_ids
@@ -183,15 +183,6 @@ async def assemble(scorer: Scorer, pad_token_id: int, sample: Dict[str, Any], me
     return Trajectory(sequences, mask, logprobs, torch.tensor(total, dtype=torch.float32), len(prompt), version,
                       [messages] * n, [e.messages for e in episodes], components, rollout_stats=stats,
                       token_versions=versions)
-
-
-def sampled_tokens(out: Completions, row: int) -> tuple:
-    """Row `row`'s sampled token ids, their log-probs (None when the engine reports none) and weights versions."""
-    mask = out.action_mask[row].bool()
-    ids = out.sequences[row, out.prompt_length:][mask].tolist()
-    logprobs = out.logprobs[row][mask].tolist() if out.logprobs is not None else None
-    versions = out.token_versions[row][mask].tolist() if out.token_versions is not None else [out.version] * len(ids)
-    return ids, logprobs, versions
 
 
 def conversation(sample: Dict[str, Any]) -> List[Message]:
