@@ -90,4 +90,5 @@ def test_async_rollout_refuses_what_it_does_not_support(tiny_assets, tmp_path, c
     with pytest.raises(SystemExit) as exited:
         script.main([*_args(tiny_assets, tmp_path, 1), "--plugin", "gemini"])
     assert exited.value.code == 2
-    assert "--async_rollout supports --plugin ddp for now" in capsys.readouterr().err
+    assert "--async_rollout supports --plugin ddp, zero2 and zero2_cpu, whose ranks hold whole parameters" in \
+        capsys.readouterr().err

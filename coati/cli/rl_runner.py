@@ -362,14 +362,10 @@ def _check_async(args: argparse.Namespace) -> None:
     if args.dynamic_sampling:
         raise CoatiUsageError("--dynamic_sampling works with synchronous rollouts only for now; with --async_rollout "
                               "use --drop_tied_groups, which masks tied groups out of the loss")
-    if args.plugin != "ddp":
-        raise CoatiUsageError("--async_rollout supports --plugin ddp for now (publishing weights from ZeRO/Gemini "
-                              "shards to the generators is not written yet)")
-
-
-WHOLE_PARAMETER_PLUGINS = ("ddp", "zero2", "zero2_cpu")
-"""Plugins whose ranks each hold every parameter whole (ZeRO-2 shards gradients and optimizer states only): the
-unwrapped model's state dict is what an engine loads."""
+    if args.plugin not in ("ddp", "zero2", "zero2_cpu"):
+        raise CoatiUsageError(f"--async_rollout supports --plugin ddp, zero2 and zero2_cpu, whose ranks hold whole "
+                              f"parameters; the generators run beside rank 0, which publishes alone, and {args.plugin} "
+                              "would need every rank to gather its shards at each publish")
 
 
 def _check_backend(args: argparse.Namespace) -> None:
@@ -380,10 +376,6 @@ def _check_backend(args: argparse.Namespace) -> None:
     if not (os.path.isfile(python) and os.access(python, os.X_OK)):
         raise CoatiUsageError(f"--rollout_backend vllm: no Python interpreter at {python}; build vLLM's environment with "
                               "`make vllm-env`, or name one that has vLLM with --vllm_python")
-    if args.plugin not in WHOLE_PARAMETER_PLUGINS:
-        raise CoatiUsageError(f"--rollout_backend vllm supports --plugin {', '.join(WHOLE_PARAMETER_PLUGINS)}, whose "
-                              f"ranks hold whole parameters; {args.plugin} shards them, and gathering them for the "
-                              "engine is not written yet")
 
 
 def run_grpo(args: argparse.Namespace) -> GRPOTrainer:

@@ -84,13 +84,13 @@ def export_adapter_and_merge(booster: Booster, model: torch.nn.Module, adapter_d
 
 
 @torch.no_grad()
-def merged_weights(model: nn.Module) -> Dict[str, torch.Tensor]:
-    """`model`'s weights under the base model's names with its active adapters folded in (W + scale·BA): what an
-    engine that knows nothing of LoRA serves. Computed out of place, so training goes on with the adapters apart
-    (merging in place and back would drift the base weights by rounding at every publish). Without LoRA: its
-    state dict."""
+def merged_weights(model: nn.Module, state_dict: Optional[Dict[str, torch.Tensor]] = None) -> Dict[str, torch.Tensor]:
+    """`model`'s weights (`state_dict`, by default its own: pass the gathered one where parameters are sharded) under
+    the base model's names with its active adapters folded in (W + scale·BA): what an engine that knows nothing of
+    LoRA serves. Computed out of place, so training goes on with the adapters apart (merging in place and back would
+    drift the base weights by rounding at every publish). Without LoRA: the state dict."""
     weights = {}
-    for name, tensor in model.state_dict().items():
+    for name, tensor in (model.state_dict() if state_dict is None else state_dict).items():
         if ".lora_" not in name:
             weights[name.replace(".base_layer.", ".")] = tensor
     for name, module in model.named_modules():

@@ -29,7 +29,11 @@ import numpy as np
 import torch
 import coati.utils.lean_import  # noqa: F401  (before colossalai.booster: no compile-worker processes)
 from colossalai.booster import Booster
+from colossalai.checkpoint_io.utils import gather_distributed_param
 from colossalai.cluster import DistCoordinator
+from colossalai.tensor.d_tensor import is_customized_distributed_tensor, is_distributed_tensor
+from colossalai.tensor.padded_tensor import is_padded_tensor, to_unpadded_tensor
+from colossalai.zero import GeminiDDP
 
 from coati.utils.comm import barrier, is_distributed, rank, world_size
 from coati.utils.errors import CoatiUsageError
@@ -110,6 +114,31 @@ def inner_model(model: torch.nn.Module) -> torch.nn.Module:
     """The HF model inside a boosted one, and inside its peft wrapper when LoRA is on."""
     inner = model.unwrap(unwrap_peft=False) if hasattr(model, "unwrap") else model
     return inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+
+
+def whole_state_dict(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
+    """`inner_model(model)`'s state dict with every parameter whole, on every rank: what an engine of its own loads.
+    Gemini's chunks and tensor-parallel shards (vocabulary padding removed) are gathered, a collective that every
+    rank must call; the other plugins' ranks hold whole parameters already and gather nothing."""
+    if isinstance(model, GeminiDDP):
+        return {_unprefixed(name): tensor for name, tensor in model.state_dict(only_rank_0=False).items()}
+    weights = {}
+    for name, tensor in inner_model(model).state_dict(keep_vars=True).items():
+        whole = gather_distributed_param(tensor)
+        weights[name] = to_unpadded_tensor(whole) if is_padded_tensor(whole) else whole
+    return weights
+
+
+def _unprefixed(name: str) -> str:
+    return name[len("module."):] if name.startswith("module.") else name
+
+
+def holds_whole_parameters(model: torch.nn.Module) -> bool:
+    """Whether this rank's modules hold every parameter whole, so the unwrapped model can run a forward on its own
+    (not under Gemini, nor with tensor parallelism)."""
+    if isinstance(model, GeminiDDP):
+        return False
+    return not any(is_distributed_tensor(p) or is_customized_distributed_tensor(p) for p in model.parameters())
 
 
 class NonFiniteWeightsError(CoatiUsageError):
