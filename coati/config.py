@@ -262,6 +262,9 @@ class RolloutConfig:
     forward_batch_size: int = setting(0, parse=at_least(0), flag="--logits_forward_batch_size",
                                       help="rows per forward when the experience's log-probs, values and reward-model "
                                            "scores are computed (0: all at once)")
+    packing: bool = setting(False, help="run the update's forwards (the learning, old-policy, reference and critic "
+                                        "forwards) packed: no padding, and the completions of one prompt share one "
+                                        "forward of it; the values are the padded ones")
     reward_model_weight: float = setting(1.0, parse=non_negative(), flag="--rm_weight",
                                          help="weight of --rm_pretrain's score in the reward, beside --reward_fn's "
                                               "weights (the component rewards/reward_model is logged unweighted)")

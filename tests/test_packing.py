@@ -236,3 +236,91 @@ def test_a_packed_batch_counts_the_tokens_and_rows_a_padded_one_does(tiny_assets
     padded, packed = PreferenceCollator(0)(rows), PreferenceCollator(0, packing=True)(rows)
     assert count_samples_and_tokens(packed) == count_samples_and_tokens(padded) == (
         6, sum(len(r["chosen_input_ids"]) + len(r["rejected_input_ids"]) for r in rows))
+
+
+def _rollout_batch(vocab: int):
+    """A GRPO-like left-padded batch: 2 prompts (4 and 6 tokens) x 3 completions of 5, 2, 0 / 7, 3, 6 tokens (one
+    completion empty, one with a turn it does not train on), prompt width 6, completion width 7."""
+    generator = torch.Generator().manual_seed(0)
+    prompt_width, width = 6, 7
+    prompts = [torch.randint(3, vocab, (4,), generator=generator), torch.randint(3, vocab, (6,), generator=generator)]
+    lengths = [[5, 2, 0], [7, 3, 6]]
+    rows = sum(len(group) for group in lengths)
+    sequences = torch.zeros(rows, prompt_width + width, dtype=torch.long)
+    attention = torch.zeros_like(sequences)
+    action_mask = torch.zeros(rows, width, dtype=torch.bool)
+    row = 0
+    for prompt, group in zip(prompts, lengths):
+        for length in group:
+            sequences[row, prompt_width - prompt.numel():prompt_width] = prompt
+            sequences[row, prompt_width:prompt_width + length] = torch.randint(3, vocab, (length,), generator=generator)
+            attention[row, prompt_width - prompt.numel():prompt_width + length] = 1
+            action_mask[row, :length] = True
+            row += 1
+    action_mask[3, 2:4] = False   # a tool's turn inside the completion: attended, not trained on
+    return sequences, attention, action_mask, prompt_width
+
+
+def test_pack_rollouts_computes_each_groups_prompt_once():
+    from coati.models.packing import pack_rollouts
+
+    sequences, attention, _, prompt_width = _rollout_batch(50)
+    packed = pack_rollouts(sequences, attention, prompt_width)
+    # group 1: prompt + 5, then branches of 2 and (empty, no piece); group 2: prompt + 7, branches of 3 and 6
+    assert packed.inputs["cu_seq_lens_q"].tolist() == [0, 9, 11, 24, 27, 33]
+    assert packed.inputs["position_ids"][0, 9:11].tolist() == [4, 5]   # the branch goes on after its 4-token prompt
+    assert packed.inputs["input_ids"].numel() == 33 < int(attention.sum())
+    # every group's first completion token is read at its prompt's last token, for each of its rows
+    assert packed.kept[packed.reads[0:3, 0]].tolist() == [3, 3, 3]
+    assert packed.kept[packed.reads[3:6, 0]].tolist() == [16, 16, 16]
+    unshared = pack_rollouts(sequences, attention, prompt_width, share_prompts=False)
+    assert unshared.inputs["input_ids"].numel() == int(attention.sum())
+
+
+@pytest.mark.parametrize("share", [True, False], ids=["groups_share_prompts", "rows_apart"])
+def test_packed_rl_forwards_match_padded_log_probs_values_losses_and_gradients(tiny_assets, share, monkeypatch):
+    """The learning forward's policy loss (with entropy) and its gradients, the old/reference log-probs and the
+    critic's values and value loss: packed equal padded to 1e-5 over the tokens that count."""
+    from coati.experience.experience import Experience
+    from coati.models import critic as critic_module
+    from coati.models import logprobs
+    from coati.models.critic import action_values, load_critic
+    from coati.models.logprobs import action_logps
+    from coati.models.loss import PolicyLoss, ValueLoss
+    from coati.trainer.components import ObjectiveConfig, PolicyGradient
+
+    for module in (logprobs, critic_module):   # FlashAttention-2 (not on this CPU) packs without shared prompts
+        monkeypatch.setattr(module, "shares_prompts", lambda model: share)
+    actor = AutoModelForCausalLM.from_pretrained(tiny_assets["model"])
+    enable_packed_attention(actor)
+    critic = load_critic(str(tiny_assets["model"]), 0)
+    enable_packed_attention(critic)
+    sequences, attention, action_mask, prompt_width = _rollout_batch(actor.config.vocab_size)
+    counted = action_mask.float()
+    with torch.no_grad():
+        old = action_logps(actor, sequences, attention, prompt_width) - 0.05
+    objective = PolicyGradient(ObjectiveConfig(PolicyLoss(), entropy_coef=0.01))
+    results = {}
+    for packed in (False, True):
+        experience = Experience(sequences, attention, action_mask, prompt_width, old, torch.ones(6),
+                                torch.linspace(-1, 1, 6)[:, None].expand(6, 7), packed=packed)
+        actor.zero_grad()
+        output = objective(actor, experience)
+        output.loss.backward()
+        critic.zero_grad()
+        values = action_values(critic, sequences, attention, prompt_width, packed=packed)
+        value_loss = ValueLoss()(values, torch.zeros_like(values), torch.ones_like(values), action_mask)
+        value_loss.backward()
+        with torch.no_grad():
+            logps = action_logps(actor, sequences, attention, prompt_width, packed=packed)
+        results[packed] = {"loss": output.loss.detach(), "value_loss": value_loss.detach(), "logps": logps * counted,
+                           "values": values.detach() * counted, "metrics": output.metrics,
+                           "grads": torch.cat([p.grad.flatten() for p in actor.parameters()]),
+                           "critic_grads": torch.cat([p.grad.flatten() for p in critic.parameters() if p.grad is not None])}
+    padded, packed = results[False], results[True]
+    for name in ("loss", "value_loss", "logps", "values"):
+        assert torch.allclose(packed[name], padded[name], atol=1e-5), name
+    assert packed["metrics"]["policy_entropy"][0] == pytest.approx(padded["metrics"]["policy_entropy"][0], abs=1e-5)
+    for name in ("grads", "critic_grads"):
+        assert float((packed[name] - padded[name]).norm()) <= 1e-5 * float(padded[name].norm()) + 1e-7, name
+    assert float(padded["grads"].norm()) > 0

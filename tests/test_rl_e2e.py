@@ -19,7 +19,7 @@ def _args(script: str, assets, out: Path, turn_ender: Path) -> list:
     common = ["--pretrain", str(pretrain), "--prompt_dataset", str(assets["prompt_train"]), "--plugin", "ddp",
               "--batch_size", "2", "--max_new_tokens", "8", "--num_episodes", str(EPISODES), "--lr", "1e-3",
               "--save_interval", str(SAVE_EVERY), "--sample_log_interval", "6", "--save_dir", str(out / "ckpt"),
-              "--log_dir", str(out / "logs")]
+              "--log_dir", str(out / "logs"), "--packing"]   # packed update forwards resume exactly too
     if script == "train_grpo.py":
         return common + ["--num_generations", "4", "--kl_coef", "0.05", "--reward_fn", "math_answer", "answer_format",
                          # episodes of several turns, with tools that take a random time: they resume exactly too

@@ -23,6 +23,7 @@ from coati.inference.vllm import VLLMConfig, VLLMPool, default_vllm_python
 from coati.models.critic import load_critic
 from coati.models.generation import HFEngine
 from coati.models.loss import PolicyLoss
+from coati.models.packing import enable_packed_attention
 from coati.models.reward_model import load_reward_model
 from coati.rewards import BUILTIN, WeightedReward
 from coati.rewards.code import CodeTests
@@ -414,6 +415,8 @@ def _frozen_reward_model(args: argparse.Namespace, tokenizer: Any) -> Optional[t
 def _build_ppo(args, setup, tokenizer, actor, optimizer, scheduler, engine, reference, prompts, kwargs) -> PPOTrainer:
     critic_path = _require_dir(args.critic_pretrain or args.rm_pretrain or args.pretrain, "--critic_pretrain model directory")
     critic = load_critic(critic_path, tokenizer.pad_token_id, args.trust_remote_code)
+    if args.packing:
+        enable_packed_attention(critic)
     if args.grad_checkpoint:
         critic.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     critic_optim = build_optimizer(critic, args, lr=args.critic_lr or args.lr)

@@ -28,7 +28,7 @@ class Experience:
     token (`terminated`), and the weights version that generated it (`versions`; per token, `token_versions`) and
     its prompt's (pass, row) (`prompt_ids`), for asynchronous rollouts.
     `extra_rollouts` counts the completions generated beyond the batch to fill it (dynamic sampling); `timing`
-    holds seconds per phase of making it, `rollout_stats` per-row counts of how each sample was made (turns, tool
+    holds seconds per phase of making it; `packed`: its forwards run packed (`RolloutConfig.packing`); `rollout_stats` per-row counts of how each sample was made (turns, tool
     calls). `action_log_probs` (the old policy's) is None when the learning
     forward's own log-probs, detached, stand for them (`RolloutConfig.old_log_probs_at_collection`)."""
 
@@ -55,6 +55,7 @@ class Experience:
     prompt_ids: List[Any] = field(default_factory=list)
     extra_rollouts: int = 0
     timing: Dict[str, float] = field(default_factory=dict)
+    packed: bool = False
 
     def split(self, rows: int) -> List["Experience"]:
         """Consecutive parts of at most `rows` rows (the whole batch when `rows` is 0 or covers it): every
@@ -119,6 +120,7 @@ class ExperienceMaker:
         experience = stack_trajectories(trajectories, device)
         experience.timing.update(timing or {})
         experience.extra_rollouts = extra_rollouts
+        experience.packed = self.config.packing
         experience.terminated = self._terminated(experience)
         self._add_log_probs(experience)
         self._add_advantages(experience)
@@ -134,11 +136,11 @@ class ExperienceMaker:
         if self.config.old_log_probs_at_collection or self.ref_model is not None:
             with timed(e.timing, "actor_forward"):
                 e.action_log_probs = self._per_rows(lambda rows: action_logps(
-                    self.actor, e.sequences[rows], e.attention_mask[rows], e.prompt_length), e)
+                    self.actor, e.sequences[rows], e.attention_mask[rows], e.prompt_length, packed=e.packed), e)
         if self.ref_model is not None:
             with timed(e.timing, "reference_forward"):
                 e.ref_log_probs = self._per_rows(lambda rows: action_logps(
-                    self.ref_model, e.sequences[rows], e.attention_mask[rows], e.prompt_length), e)
+                    self.ref_model, e.sequences[rows], e.attention_mask[rows], e.prompt_length, packed=e.packed), e)
             e.kl = kl_penalty(e.action_log_probs, e.ref_log_probs, self.config.kl_estimator) * e.action_mask
 
     def _per_rows(self, forward: Callable[[slice], torch.Tensor], experience: Experience) -> torch.Tensor:
@@ -276,7 +278,7 @@ class PPOExperienceMaker(ExperienceMaker):
         e, mask = experience, experience.action_mask
         with timed(e.timing, "critic_forward"):
             e.values = self._per_rows(lambda rows: action_values(self.critic, e.sequences[rows], e.attention_mask[rows],
-                                                                 e.prompt_length), e) * mask
+                                                                 e.prompt_length, packed=e.packed), e) * mask
         token_rewards = last_token_rewards(e.rewards, mask)
         if e.kl is not None:
             token_rewards = token_rewards - self.kl_controller.value * e.kl

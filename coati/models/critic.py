@@ -10,6 +10,7 @@ import torch
 from transformers import AutoConfig, AutoModelForTokenClassification, PretrainedConfig, PreTrainedModel
 
 from .logprobs import mask_positions
+from .packing import pack_rollouts, shares_prompts
 from .reward_model import from_pretrained_with_head, model_with_head
 
 
@@ -24,9 +25,14 @@ def load_critic(path: str, pad_token_id: int, trust_remote_code: bool = False) -
 
 
 def action_values(critic: torch.nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor,
-                  prompt_length: int) -> torch.Tensor:
+                  prompt_length: int, packed: bool = False) -> torch.Tensor:
     """V(s_t) for each completion token t of `sequences[:, prompt_length:]`: the value read at the token
-    before it, so values line up with `action_logps`. (batch, N), float32."""
+    before it, so values line up with `action_logps`. (batch, N), float32. `packed`: one forward without padding,
+    each prompt once (`pack_rollouts`; a token classifier takes no row lengths, its rows are told by positions)."""
+    if packed:
+        rollouts = pack_rollouts(sequences, attention_mask, prompt_length, shares_prompts(critic))
+        inputs = {name: rollouts.inputs[name] for name in ("input_ids", "position_ids")}
+        return rollouts.rows(critic(**inputs).logits[:, rollouts.kept].squeeze(-1)).float()
     return token_values(critic, sequences, attention_mask)[:, prompt_length - 1:-1].float()
 
 

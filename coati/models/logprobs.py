@@ -1,5 +1,5 @@
 """Log-probabilities of label tokens: the quantity every preference and policy loss is built on."""
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Tuple, Union
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -7,7 +7,7 @@ from torch.utils.checkpoint import checkpoint
 from coati.dataset.collators import both_sides
 from coati.dataset.tokenization import IGNORE_INDEX
 
-from .packing import chosen_then_rejected, is_packed, model_inputs, row_sums
+from .packing import chosen_then_rejected, is_packed, model_inputs, pack_rollouts, row_sums, shares_prompts
 
 
 def mask_positions(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -63,10 +63,10 @@ _NO_LOGITS_TO_KEEP: set = set()
 """Model classes whose forward does not take `logits_to_keep` (custom or older modelling code)."""
 
 
-def tail_logits(model: torch.nn.Module, keep: int, **inputs: torch.Tensor) -> torch.Tensor:
-    """The LM head's logits at the last `keep` positions only (transformers' `logits_to_keep`), so the positions no
-    loss reads (prompts, padding before the first label) never reach the head; all positions, then cut, for a model
-    that does not take it."""
+def tail_logits(model: torch.nn.Module, keep: Union[int, torch.Tensor], **inputs: Any) -> torch.Tensor:
+    """The LM head's logits at the last `keep` positions only, or at the positions a 1-d tensor `keep` lists
+    (transformers' `logits_to_keep`), so the positions no loss reads (prompts, padding before the first label) never
+    reach the head; all positions, then cut, for a model that does not take it."""
     if type(model) not in _NO_LOGITS_TO_KEEP:
         try:
             return model(**inputs, logits_to_keep=keep).logits
@@ -74,7 +74,8 @@ def tail_logits(model: torch.nn.Module, keep: int, **inputs: torch.Tensor) -> to
             if "logits_to_keep" not in str(error):
                 raise
             _NO_LOGITS_TO_KEEP.add(type(model))
-    return model(**inputs).logits[:, -keep:]
+    logits = model(**inputs).logits
+    return logits[:, keep] if isinstance(keep, torch.Tensor) else logits[:, -keep:]
 
 
 def label_logps(logits: torch.Tensor, labels: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -115,12 +116,17 @@ def pair_sequence_logps(model: torch.nn.Module, batch: Dict[str, Any]) -> Tuple[
 
 
 def action_logps(model: torch.nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
-                 return_logits: bool = False):
+                 return_logits: bool = False, packed: bool = False):
     """Log-probs (batch, N) of the completion tokens `sequences[:, prompt_length:]` given what precedes them,
     for left-padded prompts (positions counted from the mask); with `return_logits`, also their logits. The LM head
-    sees the completion's positions only."""
-    completion = sequences.size(1) - prompt_length
-    logits = tail_logits(model, completion + 1, input_ids=sequences, attention_mask=attention_mask,
-                         position_ids=mask_positions(attention_mask))[:, :-1]
+    sees the completion's positions only. `packed`: one forward of the rows without padding, each prompt computed
+    once for the completions that follow it (`pack_rollouts`); the same values, laid out as the padded ones."""
+    if packed:
+        rollouts = pack_rollouts(sequences, attention_mask, prompt_length, shares_prompts(model))
+        logits = rollouts.rows(tail_logits(model, rollouts.kept, **rollouts.inputs))
+    else:
+        completion = sequences.size(1) - prompt_length
+        logits = tail_logits(model, completion + 1, input_ids=sequences, attention_mask=attention_mask,
+                             position_ids=mask_positions(attention_mask))[:, :-1]
     logps = token_logps(logits, sequences[:, prompt_length:])
     return (logps, logits) if return_logits else logps

@@ -7,7 +7,11 @@ SDPA is wrapped by `packed_sdpa`, which runs PyTorch's SDPA piece by piece, so a
 pieces' squared lengths in attention, not the square of their total, and no (total x total) mask is built.
 FlashAttention-2 keeps attention within rows by itself (from the cumulative row lengths); it knows no branches, so
 pairs are packed without shared prompts there.
+
+On-policy batches (left-padded prompts, right-padded completions) are packed by `pack_rollouts`: the completions of
+one prompt (a GRPO group) become branches of its first row, so the prompt is computed once per group.
 """
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -34,7 +38,7 @@ def _pieces(query: torch.Tensor, position_ids: Optional[torch.Tensor],
     if position_ids is None or query.size(0) != 1 or position_ids.size(-1) < 2:
         return None
     positions = position_ids.reshape(-1)
-    if cu_seq_lens_q is None and not bool((positions[1:] < positions[:-1]).any()):
+    if cu_seq_lens_q is None and not bool((positions[1:] <= positions[:-1]).any()):
         return None
     starts = [0] + ((positions[1:] != positions[:-1] + 1).nonzero().flatten() + 1).tolist()
     first = positions[starts].tolist()
@@ -88,6 +92,64 @@ def model_inputs(batch: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
     longest = int(lengths.max())
     return {"input_ids": batch[f"{prefix}input_ids"], "position_ids": batch[f"{prefix}position_ids"],
             "cu_seq_lens_q": cumulative, "cu_seq_lens_k": cumulative, "max_length_q": longest, "max_length_k": longest}
+
+
+@dataclass
+class PackedRollouts:
+    """A left-padded on-policy batch packed: `inputs` (ids, position ids, row lengths) for the forward, `kept` the
+    ascending positions of the packed sequence whose outputs are read, and `reads` (batch, completion columns) the
+    index into `kept` of the output that predicts each completion column (a column outside the attention mask reads
+    its row's last prompt token: a finite value that the action mask drops, as padding is in the padded batch)."""
+
+    inputs: Dict[str, torch.Tensor]
+    kept: torch.Tensor
+    reads: torch.Tensor
+
+    def rows(self, outputs: torch.Tensor) -> torch.Tensor:
+        """(1, len(kept), ...) outputs of the packed forward as (batch, completion columns, ...)."""
+        return outputs[0, self.reads]
+
+
+def pack_rollouts(sequences: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
+                  share_prompts: bool = True) -> PackedRollouts:
+    """Pack each row's real tokens (`attention_mask`) of `sequences`, prompt then completion, into one sequence. With
+    `share_prompts`, a row whose prompt equals the last full row's is a branch of it: only its completion is packed,
+    at positions after the prompt, and its first token is predicted from that row's last prompt token."""
+    from coati.dataset.collators import pack_sequences
+
+    tokens, masks = sequences.cpu(), attention_mask.bool().cpu()
+    pieces: List[List[int]] = []
+    firsts: List[int] = []
+    reads = torch.zeros(tokens.size(0), tokens.size(1) - prompt_length, dtype=torch.long)
+    total, head = 0, None   # head: the last full row's prompt and the packed index of its last token
+    for row in range(tokens.size(0)):
+        prompt = tokens[row, :prompt_length][masks[row, :prompt_length]]
+        real = masks[row, prompt_length:]
+        completion = tokens[row, prompt_length:][real]
+        if share_prompts and head is not None and torch.equal(prompt, head[0]):
+            last_prompt, piece, first = head[1], completion, prompt.numel()
+        else:
+            last_prompt, piece, first = total + prompt.numel() - 1, torch.cat([prompt, completion]), 0
+            head = (prompt, last_prompt)
+        start = total + piece.numel() - completion.numel()   # packed index of the completion's first token
+        order = real.long().cumsum(0) - 1                     # each real column's index within the completion
+        reads[row] = torch.where(real & (order > 0), start + order - 1, torch.full_like(order, last_prompt))
+        if piece.numel():
+            pieces.append(piece.tolist())
+            firsts.append(first)
+            total += piece.numel()
+    inputs = model_inputs(pack_sequences(pieces, pieces, first_positions=firsts))
+    kept, reads = torch.unique(reads.flatten(), return_inverse=True)
+    device = sequences.device
+    return PackedRollouts({k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()},
+                          kept.to(device), reads.view_as(tokens[:, prompt_length:]).to(device))
+
+
+def shares_prompts(model: torch.nn.Module) -> bool:
+    """Whether `model`'s attention lets packed branches share their row's prompt: `packed_sdpa` does,
+    FlashAttention-2 (rows from cumulative lengths only) does not."""
+    inner = model.unwrap() if hasattr(model, "unwrap") else model   # a boosted model
+    return getattr(getattr(inner, "config", None), "_attn_implementation", "sdpa") != "flash_attention_2"
 
 
 def row_sums(values: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:

@@ -157,7 +157,7 @@ class PolicyGradient:
     def __call__(self, actor: torch.nn.Module, experience: Experience) -> ObjectiveOutput:
         mask = experience.loss_mask if experience.loss_mask is not None else experience.action_mask
         logps, logits = action_logps(actor, experience.sequences, experience.attention_mask, experience.prompt_length,
-                                     return_logits=True)
+                                     return_logits=True, packed=experience.packed)
         old_logps = experience.action_log_probs if experience.action_log_probs is not None else logps.detach()
         loss, stats = self.policy_loss(logps, old_logps, experience.advantages, mask, experience.behaviour_log_probs)
         metrics = {"loss/policy": (loss.item(), 1), **policy_loss_metrics(stats)}
@@ -280,7 +280,8 @@ class CriticUpdate:
         """Backward one micro-batch's value loss; the records of the micro-batches an applied step covered, with its
         gradient norm, and this micro-batch's time."""
         start, mask = time.perf_counter(), experience.action_mask
-        values = action_values(self.model, experience.sequences, experience.attention_mask, experience.prompt_length)
+        values = action_values(self.model, experience.sequences, experience.attention_mask, experience.prompt_length,
+                               experience.packed)
         loss = self.value_loss(values, experience.values, experience.returns - experience.values, mask)
         record = {"loss/value": (loss.item(), 1),
                   "explained_variance": (explained_variance(values.detach(), experience.returns, mask), 1),
