@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from coati.dataset.collators import pack_sequences
 from coati.utils.errors import CoatiUsageError
 
 _PLAIN_SDPA: Optional[Callable[..., Tuple[torch.Tensor, Any]]] = None
@@ -115,8 +116,6 @@ def pack_rollouts(sequences: torch.Tensor, attention_mask: torch.Tensor, prompt_
     """Pack each row's real tokens (`attention_mask`) of `sequences`, prompt then completion, into one sequence. With
     `share_prompts`, a row whose prompt equals the last full row's is a branch of it: only its completion is packed,
     at positions after the prompt, and its first token is predicted from that row's last prompt token."""
-    from coati.dataset.collators import pack_sequences
-
     tokens, masks = sequences.cpu(), attention_mask.bool().cpu()
     pieces: List[List[int]] = []
     firsts: List[int] = []
