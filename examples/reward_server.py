@@ -6,9 +6,17 @@ Speaks the schema of `coati.rewards.remote`: scores each request's `input_ids` w
 policy generated), else its `query` texts tokenized as they are; answers `{"rewards": [...]}`. With `--log FILE` it
 appends every request's sequences and scores to FILE (JSON lines), for auditing. Prints one line
 `serving <model> on http://host:port/path` when it is ready.
+
+It listens on loopback (127.0.0.1) unless `--host` says otherwise. With a token (`--token`, or the environment's
+`COATI_REWARD_TOKEN`) every request must carry it (`Authorization: Bearer <token>`; trainers send
+`COATI_REWARD_TOKEN`), else it is refused with 401. Listening beyond loopback without a token is refused in one line
+unless `--allow_unauthenticated` says so: an open scorer on every interface is OpenRLHF #1317.
 """
 import argparse
+import hmac
+import ipaddress
 import json
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -18,6 +26,7 @@ import torch
 
 from coati.dataset.collators import pad_sequences
 from coati.models.reward_model import load_reward_model, sequence_rewards
+from coati.rewards.remote import TOKEN_ENV
 from coati.cli.options import CoatiArgumentParser
 from coati.utils.ranges import at_least
 from coati.utils.errors import CoatiUsageError, exit_cleanly
@@ -52,11 +61,15 @@ class RewardModelScorer:
         return scores
 
 
-def handler(scorer: RewardModelScorer, path: str, log: Optional[str]) -> type:
+def handler(scorer: RewardModelScorer, path: str, log: Optional[str], token: Optional[str] = None) -> type:
     log_lock = threading.Lock()
+    expected = f"Bearer {token}".encode() if token else None
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
+            given = self.headers.get("Authorization", "").encode()
+            if expected is not None and not hmac.compare_digest(given, expected):
+                return self._answer(401, {"error": "this server requires its bearer token (Authorization: Bearer ...)"})
             if self.path != path:
                 return self._answer(404, {"error": f"POST to {path}"})
             try:
@@ -92,7 +105,31 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--path", default="/score", help="the URL path that scores")
     parser.add_argument("--batch_size", type=at_least(1), default=16, help="sequences per forward")
     parser.add_argument("--log", default=None, help="append each scored sequence and its reward to this JSONL file")
+    parser.add_argument("--token", default=None,
+                        help=f"the bearer token every request must carry (default: ${TOKEN_ENV}, which keeps it out of "
+                             "the process list)")
+    parser.add_argument("--allow_unauthenticated", action="store_true",
+                        help="listen beyond loopback without a token (anyone who reaches the port can use it)")
     return parser.parse_args(argv)
+
+
+def server_token(args: argparse.Namespace) -> Optional[str]:
+    """The token requests must carry (`--token`, else the environment's), or None; refuses to listen beyond loopback
+    without one unless `--allow_unauthenticated`."""
+    if args.token is not None and not args.token.strip():
+        raise CoatiUsageError("--token is empty")
+    token = (args.token or os.environ.get(TOKEN_ENV) or "").strip() or None
+    if token is None and not _loopback(args.host) and not args.allow_unauthenticated:
+        raise CoatiUsageError(f"--host {args.host} listens beyond loopback without a token: give one (--token, or "
+                              f"{TOKEN_ENV}), or pass --allow_unauthenticated")
+    return token
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 @exit_cleanly
@@ -100,13 +137,15 @@ def main() -> None:
     args = parse_args()
     if not (Path(args.model) / "config.json").is_file():
         raise CoatiUsageError(f"--model {args.model} is not a model directory (no config.json)")
+    token = server_token(args)
     scorer = RewardModelScorer(args.model, args.batch_size)
     try:
-        server = ThreadingHTTPServer((args.host, args.port), handler(scorer, args.path, args.log))
+        server = ThreadingHTTPServer((args.host, args.port), handler(scorer, args.path, args.log, token))
     except OSError as error:
         raise CoatiUsageError(f"--host {args.host} --port {args.port}: cannot listen there ({error.strerror})") from None
     host, port = server.server_address[:2]
-    print(f"serving {args.model} on http://{host}:{port}{args.path}", flush=True)
+    print(f"serving {args.model} on http://{host}:{port}{args.path}" + (" (bearer token required)" if token else ""),
+          flush=True)
     server.serve_forever()
 
 

@@ -1,5 +1,6 @@
 """Rewards over HTTP: examples/reward_server.py serving a reward model gives the in-process model's rewards, in GRPO
-too; a server that is down ends the run with one line and exit status 2; a slow one is timed out; retries work."""
+too; it requires its bearer token when it has one and will not listen beyond loopback without one; a server that is
+down ends the run with one line and exit status 2; a slow one is timed out; retries work."""
 import json
 import re
 import subprocess
@@ -13,9 +14,11 @@ import torch
 
 from conftest import REPO, SCRIPTS, child_env, torchrun
 from coati.rewards import RewardFunctionError, WeightedReward
-from coati.rewards.remote import RemoteReward, RemoteRewardError
+from coati.rewards.remote import TOKEN_ENV, RemoteReward, RemoteRewardError
 
 SERVER = REPO / "examples" / "reward_server.py"
+TOKEN = "test-token-7f3a"
+"""The served reward model's bearer token: the trainers in these tests get it as a user would, from the environment."""
 
 
 @pytest.fixture(scope="module")
@@ -35,12 +38,14 @@ def reward_model_dir(tiny_assets, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(reward_model_dir, tmp_path_factory):
-    """(URL, request log) of examples/reward_server.py serving the reward model on a free local port."""
+    """(URL, request log) of examples/reward_server.py serving the reward model on a free local port, requiring
+    `TOKEN`."""
     log = tmp_path_factory.mktemp("server") / "requests.jsonl"
     server = subprocess.Popen([sys.executable, str(SERVER), "--model", str(reward_model_dir), "--port", "0",
-                               "--log", str(log)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=child_env(), cwd=REPO)
+                               "--log", str(log), "--token", TOKEN], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env=child_env(), cwd=REPO)
     line = server.stdout.readline()
+    assert "(bearer token required)" in line, line
     match = re.search(r"on (http://\S+)", line)
     assert match, line + server.stdout.read()[-2000:] if server.poll() is not None else line
     yield match.group(1), log
@@ -67,11 +72,12 @@ def _rollout(tiny_assets):
     return tokenizer, batch, out
 
 
-def test_served_rewards_equal_the_in_process_reward_model(tiny_assets, reward_model_dir, served):
+def test_served_rewards_equal_the_in_process_reward_model(tiny_assets, reward_model_dir, served, monkeypatch):
     from coati.experience.scorer import Scorer
     from coati.models.reward_model import load_reward_model
 
     url, _ = served
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
     tokenizer, batch, out = _rollout(tiny_assets)
     model = load_reward_model(str(reward_model_dir), tokenizer.pad_token_id).eval()
     _, _, (local, _) = Scorer(tokenizer, reward_model=model).score_batch(batch, out)
@@ -91,7 +97,7 @@ def test_grpo_trains_on_a_served_reward_model(tiny_assets, reward_model_dir, ser
     result = torchrun(SCRIPTS / "train_grpo.py", 2, "--pretrain", str(tiny_assets["model"]), "--prompt_dataset",
                       str(tiny_assets["prompt_train"]), "--plugin", "ddp", "--batch_size", "2", "--num_generations",
                       "4", "--max_new_tokens", "8", "--num_episodes", "2", "--reward_fn", url, "answer_format=0.5",
-                      "--log_dir", str(tmp_path / "logs"), "--save_dir", str(tmp_path / "ckpt"))
+                      "--log_dir", str(tmp_path / "logs"), "--save_dir", str(tmp_path / "ckpt"), **{TOKEN_ENV: TOKEN})
     assert result.returncode == 0, result.stderr[-3000:]
     requests = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(requests) == 2 * 2 * 2 * 4   # episodes x ranks x prompts per rank x completions
@@ -103,6 +109,25 @@ def test_grpo_trains_on_a_served_reward_model(tiny_assets, reward_model_dir, ser
             assert sequence_rewards(model, ids, torch.ones_like(ids)).item() == pytest.approx(record["reward"], abs=1e-5)
     metrics = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
     assert all("train/rewards/reward_server/mean" in m for m in metrics if "train/loss" in m)
+
+
+@pytest.mark.parametrize("token", [None, "wrong"], ids=["no_token", "wrong_token"])
+def test_a_request_without_the_servers_token_is_refused_in_one_line(served, token, monkeypatch):
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    url, _ = served
+    with pytest.raises(RemoteRewardError, match=rf"refused the request \(HTTP 401: .*\); it requires its token: set "
+                                                rf"{TOKEN_ENV} to it"):
+        RemoteReward(url, retries=2, backoff_s=0.05, token=token)(["p"], ["c"])
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::"])
+def test_the_server_will_not_listen_beyond_loopback_without_a_token(reward_model_dir, host):
+    env = {k: v for k, v in child_env().items() if k != TOKEN_ENV}
+    done = subprocess.run([sys.executable, str(SERVER), "--model", str(reward_model_dir), "--host", host],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (f"error: --host {host} listens beyond loopback without a token: give one (--token, or "
+                                   f"{TOKEN_ENV}), or pass --allow_unauthenticated")
 
 
 def _free_port() -> int:
@@ -133,11 +158,12 @@ def test_a_server_that_is_down_ends_the_run_with_one_line_and_status_2(tiny_asse
 class _Handler(BaseHTTPRequestHandler):
     """Answers as the class attributes say: `delay_s` first, then `statuses` in turn (the last one repeats), with
     `extra` added to a 200 answer."""
-    delay_s, statuses, seen, extra = 0.0, [200], [], {}
+    delay_s, statuses, seen, extra, authorization = 0.0, [200], [], {}, []
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).seen.append(body)
+        type(self).authorization.append(self.headers.get("Authorization"))
         time.sleep(self.delay_s)
         status = self.statuses[min(len(self.seen) - 1, len(self.statuses) - 1)]
         data = json.dumps({"rewards": [len(c) for c in body["completions"]], **self.extra} if status == 200
@@ -153,12 +179,21 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def fake_server():
-    _Handler.delay_s, _Handler.statuses, _Handler.seen, _Handler.extra = 0.0, [200], [], {}
+    _Handler.delay_s, _Handler.statuses, _Handler.seen, _Handler.extra, _Handler.authorization = 0.0, [200], [], {}, []
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}/score"
     server.shutdown()
     server.server_close()
+
+
+def test_the_token_in_the_environment_is_sent_and_none_without_it(fake_server, monkeypatch):
+    monkeypatch.setenv(TOKEN_ENV, "from-env")
+    RemoteReward(fake_server, retries=0)(["p"], ["c"])
+    monkeypatch.delenv(TOKEN_ENV)
+    RemoteReward(fake_server, retries=0)(["p"], ["c"])
+    assert _Handler.authorization == ["Bearer from-env", None]
+    assert "from-env" not in repr(RemoteReward(fake_server, token="from-env"))
 
 
 def test_a_slow_server_is_timed_out(fake_server):

@@ -7,12 +7,16 @@ the other reward functions get them), `labels` (the rows' `gt_answer`, or nulls)
 the prompt rows, by name) and, when known, `input_ids` (each full sequence's token ids, so a server with the same
 tokenizer scores exactly what the policy generated, with no re-tokenisation). Response: `{"rewards": [...]}` (or
 `"scores"`), one number per completion, and optionally `"diagnostics": {name: [...]}`, logged but not added.
+
+A server that requires a bearer token (examples/reward_server.py `--token`) is sent the one in `COATI_REWARD_TOKEN`
+(`Authorization: Bearer ...`), kept out of flags so that it appears in no command line, log or saved config.
 """
 import json
+import os
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 from coati.config import DEFAULT_SERVER_RETRIES as DEFAULT_RETRIES, DEFAULT_SERVER_TIMEOUT_S as DEFAULT_TIMEOUT_S
@@ -33,20 +37,26 @@ class RemoteRewardError(CoatiUsageError):
     """The reward server could not be reached or answered wrongly, after the retries; the message says which."""
 
 
+TOKEN_ENV = "COATI_REWARD_TOKEN"
+"""The environment variable holding the reward server's bearer token, on both sides."""
+
+
 def is_url(name: str) -> bool:
     return name.startswith(("http://", "https://"))
 
 
 @dataclass(frozen=True)
 class RemoteReward:
-    """Scores from the server at `url` (schema above). A request that fails to connect, times out after `timeout_s`
-    or gets a 5xx/429 answer is retried `retries` times, waiting `backoff_s`, then twice as long each time; a 4xx
-    answer or a malformed response is not retried."""
+    """Scores from the server at `url` (schema above), with `token` (default: `COATI_REWARD_TOKEN`) as a bearer token
+    where set. A request that fails to connect, times out after `timeout_s` or gets a 5xx/429 answer is retried
+    `retries` times, waiting `backoff_s`, then twice as long each time; a 4xx answer or a malformed response is not
+    retried."""
 
     url: str
     timeout_s: float = DEFAULT_TIMEOUT_S
     retries: int = DEFAULT_RETRIES
     backoff_s: float = 1.0
+    token: Optional[str] = field(default_factory=lambda: os.environ.get(TOKEN_ENV) or None, repr=False)
     takes_sequences = True
     """`WeightedReward` passes it the full `sequences` as well."""
 
@@ -69,12 +79,18 @@ class RemoteReward:
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
-            request = urllib.request.Request(self.url, data=data, headers={"Content-Type": "application/json"})
+            headers = {"Content-Type": "application/json"}
+            if self.token:
+                headers["Authorization"] = f"Bearer {self.token}"
+            request = urllib.request.Request(self.url, data=data, headers=headers)
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                     return json.loads(response.read())
             except urllib.error.HTTPError as error:
                 problem = f"HTTP {error.code}: {error.read()[:200].decode(errors='replace')}"
+                if error.code == 401:
+                    raise RemoteRewardError(f"reward server {self.url} refused the request ({problem}); it requires "
+                                            f"its token: set {TOKEN_ENV} to it") from None
                 if error.code < 500 and error.code != 429:
                     raise RemoteRewardError(f"reward server {self.url} refused the request ({problem})") from None
             except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
