@@ -28,9 +28,10 @@ class Experience:
     token (`terminated`), and the weights version that generated it (`versions`; per token, `token_versions`) and
     its prompt's (pass, row) (`prompt_ids`), for asynchronous rollouts.
     `extra_rollouts` counts the completions generated beyond the batch to fill it (dynamic sampling); `timing`
-    holds seconds per phase of making it; `packed`: its forwards run packed (`RolloutConfig.packing`); `rollout_stats` per-row counts of how each sample was made (turns, tool
-    calls). `action_log_probs` (the old policy's) is None when the learning
-    forward's own log-probs, detached, stand for them (`RolloutConfig.old_log_probs_at_collection`)."""
+    holds seconds per phase of making it, `rollout_stats` per-row counts of how each sample was made (turns, tool
+    calls); `packed`: its forwards run packed (`RolloutConfig.packing`). `action_log_probs` (the old policy's) is
+    None when the learning forward's own log-probs, detached, stand for them
+    (`RolloutConfig.old_log_probs_at_collection`)."""
 
     sequences: torch.Tensor
     attention_mask: torch.Tensor
