@@ -113,3 +113,15 @@ def test_trainer_on_plugin_trains_checkpoints_exports_and_resumes(trainer, plugi
         again = _weights(trainer, tmp_path / "resumed" / "final" / "model")
         for (name, a), b in zip(exported.items(), again.values()):
             assert torch.allclose(a, b, atol=2e-2, rtol=0), name
+
+
+@pytest.mark.parametrize("plugin", sorted(set(PLUGIN_FLAGS) - {"gemini_auto"}))
+def test_packed_grpo_on_plugin_trains(plugin, assets, tmp_path):
+    """GRPO's packed update (a group's prompt computed once) on each CUDA plugin that takes --packing; 3d refuses it."""
+    if plugin == "3d":
+        result = _launch("grpo", assets, tmp_path, plugin, "--packing")
+        assert "--packing is not supported with --plugin 3d" in result.stderr
+        return
+    records = _run("grpo", assets, tmp_path, plugin, "--packing")
+    assert [r["step"] for r in records] == list(range(1, RL_EPISODES + 1))
+    assert all(torch.isfinite(torch.tensor(r["train/loss"])) for r in records)
