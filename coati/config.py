@@ -421,8 +421,9 @@ class RewardSettings:
     """Where rewards come from: functions, servers, a trained reward model."""
 
     reward_fn: Optional[Tuple[str, ...]] = setting(
-        None, nargs="+", help="reward functions, by built-in name or package.module:function, each optionally =weight "
-                              "(default: math_answer, or none beside --rm_pretrain)")
+        None, nargs="+", help="reward functions, by built-in name (math_answer, answer_format, code_tests, judge: an "
+                              "LLM judge, see --judge_url), a reward server's http(s):// URL or package.module:function, "
+                              "each optionally =weight (default: math_answer, or none beside --rm_pretrain)")
     rm_pretrain: Optional[str] = setting(None, help="a trained reward model (train_rm.py's exported model): its score is "
                                                     "added to the rewards")
     rm_checkpoint_path: Optional[str] = setting(
@@ -436,6 +437,40 @@ class RewardSettings:
     reward_server_retries: int = setting(DEFAULT_SERVER_RETRIES, parse=at_least(0),
                                          help="a --reward_fn http://... server: retries of a failed request (backoff "
                                               "1 s, doubling)")
+
+
+@dataclass(frozen=True)
+class JudgeSettings:
+    """`--reward_fn judge`: an LLM that grades each completion against a rubric (`coati.rewards.judge`)."""
+
+    judge_url: str = setting("", help="the judge's OpenAI-compatible API base (e.g. http://127.0.0.1:8000/v1 of `vllm "
+                                      "serve`); its bearer token from $COATI_JUDGE_TOKEN, else $OPENAI_API_KEY")
+    judge_model: str = setting("", help="a judge model folder that coati serves itself, one server per rank on "
+                                        "loopback with a token of its own (instead of --judge_url)")
+    judge_engine: str = setting("hf", choices=("hf", "vllm"),
+                                help="what serves --judge_model: transformers, or vLLM in its own environment "
+                                     "(--vllm_python)")
+    judge_model_name: str = setting("judge", help="the model name sent in each request (a --judge_url server may "
+                                                  "serve several)")
+    judge_rubric: Optional[str] = setting(None, parse=readable_file,
+                                          help="a rubric template file with {prompt}, {completion} and {reference} "
+                                               "(the row's gt_answer); default: a 0-10 grade ending in 'Score: N'")
+    judge_parser: str = setting("score", choices=("score", "verdict"),
+                                help="score: the last 'Score: N' (or N/M) divided by --judge_max_score; verdict: "
+                                     "correct/incorrect, yes/no, pass/fail as 1/0")
+    judge_max_score: float = setting(10.0, parse=positive(), help="the score the rubric's best answer gets")
+    judge_api: str = setting("chat", choices=("chat", "completions"),
+                             help="chat: one /chat/completions request per completion (the judge's chat template "
+                                  "applies); completions: --judge_batch_size rubrics per /completions request")
+    judge_batch_size: int = setting(8, parse=at_least(1), help="rubrics per request with --judge_api completions")
+    judge_concurrency: int = setting(4, parse=at_least(1), help="requests in flight at once, per rank")
+    judge_max_tokens: int = setting(64, parse=at_least(1), help="tokens the judge may answer with")
+    judge_timeout: float = setting(60.0, parse=positive(), help="seconds one judge request may take")
+    judge_retries: int = setting(3, parse=at_least(0), help="retries of a failed judge request (backoff 1 s, doubling)")
+    judge_cache: int = setting(10000, parse=at_least(0), help="judge answers remembered, so an identical request is "
+                                                              "asked once (0: none)")
+    judge_start_timeout: float = setting(600.0, parse=positive(), help="seconds --judge_model's server may take to "
+                                                                       "start")
 
 
 @dataclass(frozen=True)

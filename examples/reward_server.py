@@ -13,18 +13,17 @@ It listens on loopback (127.0.0.1) unless `--host` says otherwise. With a token 
 unless `--allow_unauthenticated` says so: an open scorer on every interface is OpenRLHF #1317.
 """
 import argparse
-import hmac
-import ipaddress
 import json
-import os
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import torch
 
 from coati.dataset.collators import pad_sequences
+from coati.inference import http_json
+from coati.inference.http_json import JsonHandler
 from coati.models.reward_model import load_reward_model, sequence_rewards
 from coati.rewards.remote import TOKEN_ENV
 from coati.cli.options import CoatiArgumentParser
@@ -63,37 +62,24 @@ class RewardModelScorer:
 
 def handler(scorer: RewardModelScorer, path: str, log: Optional[str], token: Optional[str] = None) -> type:
     log_lock = threading.Lock()
-    expected = f"Bearer {token}".encode() if token else None
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(JsonHandler):
         def do_POST(self) -> None:
-            given = self.headers.get("Authorization", "").encode()
-            if expected is not None and not hmac.compare_digest(given, expected):
-                return self._answer(401, {"error": "this server requires its bearer token (Authorization: Bearer ...)"})
+            if not self.authorized():
+                return
             if self.path != path:
-                return self._answer(404, {"error": f"POST to {path}"})
+                return self.answer(404, {"error": f"POST to {path}"})
             try:
-                request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-                rows = scorer.token_ids(request)
+                rows = scorer.token_ids(self.read_json())
             except (ValueError, TypeError, AttributeError) as error:
-                return self._answer(400, {"error": f"bad request: {error}"})
+                return self.answer(400, {"error": f"bad request: {error}"})
             rewards = scorer.score(rows)
             if log:
                 with log_lock, open(log, "a") as f:
                     f.writelines(json.dumps({"input_ids": r, "reward": s}) + "\n" for r, s in zip(rows, rewards))
-            self._answer(200, {"rewards": rewards})
+            self.answer(200, {"rewards": rewards})
 
-        def _answer(self, status: int, body: Dict[str, Any]) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *_: Any) -> None:   # one line per request would drown the ready line
-            pass
-
+    Handler.token = token
     return Handler
 
 
@@ -116,20 +102,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 def server_token(args: argparse.Namespace) -> Optional[str]:
     """The token requests must carry (`--token`, else the environment's), or None; refuses to listen beyond loopback
     without one unless `--allow_unauthenticated`."""
-    if args.token is not None and not args.token.strip():
-        raise CoatiUsageError("--token is empty")
-    token = (args.token or os.environ.get(TOKEN_ENV) or "").strip() or None
-    if token is None and not _loopback(args.host) and not args.allow_unauthenticated:
-        raise CoatiUsageError(f"--host {args.host} listens beyond loopback without a token: give one (--token, or "
-                              f"{TOKEN_ENV}), or pass --allow_unauthenticated")
-    return token
-
-
-def _loopback(host: str) -> bool:
     try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
+        return http_json.server_token(args.token, TOKEN_ENV, args.host, args.allow_unauthenticated)
+    except ValueError as error:
+        raise CoatiUsageError(str(error)) from None
 
 
 @exit_cleanly

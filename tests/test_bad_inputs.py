@@ -53,6 +53,8 @@ def bad(tiny_assets, tmp_path_factory):
     shutil.copytree(tiny_assets["model"], no_weights)
     (no_weights / "model.safetensors").unlink()
     paths["no_weights_model"] = str(no_weights)
+    (root / "bad_rubric.txt").write_text("Grade {answer}: {completion}\n")
+    paths["bad_rubric"] = str(root / "bad_rubric.txt")
     paths["small_model"] = str(write_tiny_model(root / "small_model", tokenizer_corpus(400), size="small"))
     paths.update(_checkpoints(root, tiny_assets))
     paths.update(_raw_files(root, tiny_assets))
@@ -228,6 +230,20 @@ CASES = [
     ("unknown_reward_fn", lambda p: _grpo(p, "--reward_fn", "nosuch"), "unknown reward function 'nosuch'"),
     ("unimportable_reward_fn", lambda p: _grpo(p, "--reward_fn", "no_such_pkg.mod:fn"), "cannot be imported"),
     ("reward_weight_not_a_number", lambda p: _grpo(p, "--reward_fn", "math_answer=abc"), "is not a number"),
+    ("judge_without_a_judge", lambda p: _grpo(p, "--reward_fn", "judge"), "--reward_fn judge needs one judge: "
+     "--judge_url (an OpenAI-compatible API) or --judge_model (a model folder coati serves)"),
+    ("judge_url_without_judge", lambda p: _grpo(p, "--judge_url", "http://127.0.0.1:9/v1"),
+     "--judge_url is for the judge reward: add `judge` to --reward_fn"),
+    ("judge_url_not_a_url", lambda p: _grpo(p, "--reward_fn", "judge", "--judge_url", "localhost:8000"),
+     "--judge_url localhost:8000: expected an http(s):// URL"),
+    ("judge_model_not_a_model", lambda p: _ppo(p, "--reward_fn", "judge", "--judge_model", p["empty"]),
+     "is not a model folder (no config.json)"),
+    ("judge_rubric_unknown_field", lambda p: _grpo(p, "--reward_fn", "judge", "--judge_url", "http://127.0.0.1:9/v1",
+                                                   "--judge_rubric", p["bad_rubric"]), "has the unknown field(s) {answer}"),
+    ("judge_unreachable", lambda p: _grpo(p, "--reward_fn", "judge", "--judge_url", "http://127.0.0.1:9/v1",
+                                          "--judge_retries", "0", "--num_episodes", "1", "--batch_size", "2",
+                                          "--max_new_tokens", "4"),
+     "judge http://127.0.0.1:9/v1 did not answer after 1 attempts"),
     ("rl_save_interval_without_save_dir", lambda p: _grpo(p, "--save_interval", "2"), "--save_interval needs --save_dir"),
     ("ppo_gamma_above_1", lambda p: _ppo(p, "--gamma", "1.5"), "--gamma: must be in [0, 1]"),
     ("ppo_lam_negative", lambda p: _ppo(p, "--lam", "-0.1"), "--lam: must be in [0, 1]"),

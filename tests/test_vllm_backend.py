@@ -389,3 +389,20 @@ def test_a_missing_vllm_environment_is_one_line(tiny_assets, tmp_path):
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert errors == [f"error: --rollout_backend vllm: no Python interpreter at {tmp_path / 'nowhere' / 'python'}; "
                       "build vLLM's environment with `make vllm-env`, or name one that has vLLM with --vllm_python"]
+
+
+def test_a_judge_served_on_vllm_answers_as_the_hf_one(small_model):
+    from coati.inference.local_judge import JudgeServerConfig, LocalJudge
+    from coati.rewards.judge import LLMJudge
+
+    rubrics = ["What is 2 + 3? The answer is 5.", "A longer question about 7 - 4, answered with 3"]
+    answers = {}
+    for engine in ("vllm", "hf"):
+        local = LocalJudge(JudgeServerConfig(str(small_model), engine=engine, dtype="float32")).start()
+        try:
+            answers[engine] = [LLMJudge(local.url, token=local.token, api=api, max_tokens=6).answers(rubrics)[0]
+                               for api in ("completions", "chat")]
+        finally:
+            local.close()
+    assert answers["vllm"] == answers["hf"]
+    assert all(text for texts in answers["hf"] for text in texts)

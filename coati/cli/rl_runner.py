@@ -19,6 +19,7 @@ from coati.dataset.tokenization import load_tokenizer
 from coati.experience.controllers import KLController, TemperatureController
 from coati.experience.experience import GRPOExperienceMaker, PPOExperienceMaker
 from coati.config import AsyncSettings, CriticSettings, GRPOConfig, OnPolicyConfig, PPOConfig
+from coati.inference.local_judge import JudgeServerConfig, LocalJudge
 from coati.inference.vllm import VLLMConfig, VLLMPool, default_vllm_python
 from coati.models.critic import load_critic
 from coati.models.generation import HFEngine
@@ -27,6 +28,7 @@ from coati.models.packing import enable_packed_attention
 from coati.models.reward_model import load_reward_model
 from coati.rewards import BUILTIN, WeightedReward
 from coati.rewards.code import CodeTests
+from coati.rewards.judge import DEFAULT_RUBRIC, LLMJudge, check_rubric, judge_token
 from coati.rewards.registry import split_spec
 from coati.rewards.remote import RemoteReward, is_url
 from coati.rewards.sandbox import SandboxError, SandboxLimits, resolve_backend
@@ -94,9 +96,12 @@ def _reward_specs(args: argparse.Namespace) -> List[str]:
     return [] if args.rm_pretrain else [DEFAULT_REWARD]
 
 
-def _reward_fn(args: argparse.Namespace) -> Optional[WeightedReward]:
-    """The flags' reward functions, the built-ins configured by their flags."""
+def _reward_fn(args: argparse.Namespace, serve: bool = True) -> Optional[WeightedReward]:
+    """The flags' reward functions, the built-ins configured by their flags; a `--judge_model` judge is started only
+    where `serve` (not when the flags are only checked)."""
     specs = _reward_specs(args)
+    wants_judge = JUDGE in (split_spec(s)[0] for s in specs)
+    _check_judge_flags(args, wants_judge)
     if not specs:
         return None
     limits = _sandbox_limits(args)
@@ -106,7 +111,51 @@ def _reward_fn(args: argparse.Namespace) -> Optional[WeightedReward]:
         _check_sandbox(args.sandbox)
     code = CodeTests(limits, args.sandbox_workers, args.code_all_or_nothing, args.sandbox)
     builtins = {**BUILTIN, "code_tests": code, **servers}
+    if wants_judge:
+        builtins[JUDGE] = _judge(args, serve)
     return WeightedReward.from_specs(specs, args.reward_timeout, builtins)
+
+
+JUDGE = "judge"
+
+
+def _check_judge_flags(args: argparse.Namespace, wanted: bool) -> None:
+    """`--reward_fn judge` names its judge in exactly one way, and the judge flags come with it."""
+    given = [f"--{name}" for name in ("judge_url", "judge_model") if getattr(args, name)]
+    if given and not wanted:
+        raise CoatiUsageError(f"{given[0]} is for the judge reward: add `judge` to --reward_fn")
+    if wanted and len(given) != 1:
+        raise CoatiUsageError("--reward_fn judge needs one judge: --judge_url (an OpenAI-compatible API) or "
+                              "--judge_model (a model folder coati serves)")
+    if args.judge_url and not is_url(args.judge_url):
+        raise CoatiUsageError(f"--judge_url {args.judge_url}: expected an http(s):// URL such as "
+                              "http://127.0.0.1:8000/v1")
+    if args.judge_model and not (Path(args.judge_model) / "config.json").is_file():
+        raise CoatiUsageError(f"--judge_model {args.judge_model} is not a model folder (no config.json)")
+
+
+def _judge(args: argparse.Namespace, serve: bool) -> LLMJudge:
+    """The judge reward on the flags' settings; with `--judge_model` (and `serve`), this rank's judge server started."""
+    rubric = check_rubric(Path(args.judge_rubric).read_text(), f"--judge_rubric {args.judge_rubric}") \
+        if args.judge_rubric else DEFAULT_RUBRIC
+    url, token = args.judge_url, judge_token()
+    if args.judge_model and serve:
+        local = LocalJudge(_judge_server_config(args)).start()
+        url, token = local.url, local.token
+        if rank() == 0:
+            print(f"judge {args.judge_model} serving on {url} (log: {local.log_path})", flush=True)
+    return LLMJudge(url or "http://127.0.0.1/v1", args.judge_model_name, rubric, args.judge_parser, args.judge_max_score,
+                    args.judge_api, args.judge_batch_size, args.judge_concurrency, args.judge_max_tokens,
+                    args.judge_timeout, args.judge_retries, cache_size=args.judge_cache, token=token)
+
+
+def _judge_server_config(args: argparse.Namespace) -> JudgeServerConfig:
+    """This rank's judge server: on its own GPU where there is one, logging beside the vLLM servers' logs."""
+    log_dir = args.log_dir or args.output_dir or args.save_dir
+    device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
+    return JudgeServerConfig(args.judge_model, args.judge_engine, args.vllm_python if args.judge_engine == "vllm" else "",
+                             str(Path(log_dir) / f"judge_rank{rank()}.log") if log_dir else None, device,
+                             start_timeout_s=args.judge_start_timeout)
 
 
 def _sandbox_limits(args: argparse.Namespace) -> SandboxLimits:
@@ -387,7 +436,7 @@ def run_grpo(args: argparse.Namespace) -> GRPOTrainer:
     if args.num_generations < 2:
         raise CoatiUsageError(f"--num_generations {args.num_generations}: GRPO needs at least 2 completions per prompt, "
                               "since each completion's advantage is its reward relative to the others of its group")
-    _reward_fn(args)   # an unknown or unimportable reward function is refused before anything is loaded
+    _reward_fn(args, serve=False)   # an unknown or unimportable reward function is refused before anything is loaded
     _check_kl_control(args)
     _check_save_best(args)
     health_monitor(args)   # its flags are refused before anything is loaded
@@ -438,7 +487,7 @@ def run_ppo(args: argparse.Namespace) -> PPOTrainer:
     `--critic_pretrain` (default: the reward model), KL-penalised to the reference; then the export."""
     if not args.rm_pretrain and not _reward_specs(args):
         raise CoatiUsageError("PPO needs a reward: --rm_pretrain (a trained reward model) and/or --reward_fn")
-    _reward_fn(args)
+    _reward_fn(args, serve=False)
     _check_kl_control(args)
     _check_save_best(args)
     health_monitor(args)   # its flags are refused before anything is loaded

@@ -235,7 +235,7 @@ def _alive(pid: int) -> bool:
 WORK_PREFIX = "coati-vllm-"
 
 
-def _work_dir() -> Path:
+def work_dir() -> Path:
     """A private folder (in the temporary directory) holding a `src/coati` link, so the servers import coati's source
     and nothing else of this environment's site-packages, and their logs by default. Its name carries this process's
     id; folders left by processes that are gone (killed with their servers at once) are removed first."""
@@ -260,7 +260,7 @@ class VLLMPool(BatchingPool):
 
     def __init__(self, config: VLLMConfig, pad_token_id: int, stop_token_ids: Sequence[int], num_engines: int = 1) -> None:
         self.config, self.pad_token_id, self.stop_token_ids = config, pad_token_id, tuple(stop_token_ids)
-        self.work_dir = _work_dir()
+        self.work_dir = work_dir()
         self.servers = [VLLMServer(config, i, self.work_dir) for i in range(num_engines)]
         self.restarts, self.seconds, self.last_sync_seconds = 0, 0.0, 0.0
         self._workers = [ThreadPoolExecutor(1, thread_name_prefix=f"vllm-{i}") for i in range(num_engines)]

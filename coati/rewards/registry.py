@@ -8,7 +8,8 @@ out of the sum and of that function's metrics; a row no function scores gets 0, 
 `log_extra(column, values)` adds a column to the sample table, `log_metric(name, value)` logs a number. A function
 may be `async def`, and may also return a dict of named lists (each a component, logged on its own) or a
 `RewardOutput` (the reward, and diagnostics that are logged but not added).
-Built-ins: `math_answer`, `answer_format`, `code_tests`; a reward server by its `http(s)://` URL (these get text);
+Built-ins: `math_answer`, `answer_format`, `code_tests`, and `judge` (an LLM judge, `coati.rewards.judge`, which the
+training scripts configure with their `--judge_*` flags); a reward server by its `http(s)://` URL (these get text);
 your own as `package.module:function`, logged as `rewards/function/...`; each with an optional weight:
 `--reward_fn math_answer answer_format=0.1`.
 """
@@ -157,8 +158,8 @@ class WeightedReward:
                 arguments = {"prompts": list(prompts), "completions": list(completions), **fields, **extra}
             else:
                 arguments = {**fields, **self._trl_arguments(inputs, components, len(completions))}
-            rewards, diagnostics = _checked(name, fn, arguments, len(completions), self.timeout_s,
-                                            self.specs.get(name, name))
+            rewards, diagnostics, columns = _checked(name, fn, arguments, len(completions), self.timeout_s,
+                                                     self.specs.get(name, name))
             for component, values in rewards.items():
                 components[component] = values
                 for i, v in enumerate(values):
@@ -166,6 +167,7 @@ class WeightedReward:
                         total[i] += weight * v
                         scored[i] = True
             components.update(diagnostics)
+            components.update({f"{EXTRA_PREFIX}{column}": values for column, values in columns.items()})
         if not all(scored) and not self._warned_unscored:
             self._warned_unscored = True
             warn_user(f"every reward function returned None for {scored.count(False)} of {len(completions)} "
@@ -227,9 +229,10 @@ def split_spec(spec: str) -> Tuple[str, str]:
 
 
 def _checked(name: str, fn: RewardFn, arguments: Dict[str, Any], count: int, timeout_s: Optional[float] = None,
-             spec: Optional[str] = None) -> Tuple[Dict[str, List[float]], Dict[str, List[float]]]:
-    """`fn(**arguments)`'s result as ({reward component: floats, NaN where it returned None}, {diagnostic: floats})
-    labelled `name`, or a `RewardFunctionError` that names `fn` by `spec` (the name it was given by) and the problem."""
+             spec: Optional[str] = None) -> Tuple[Dict[str, List[float]], Dict[str, List[float]], Dict[str, List[Any]]]:
+    """`fn(**arguments)`'s result as ({reward component: floats, NaN where it returned None}, {diagnostic: floats},
+    {sample-table column: values}) labelled `name`, or a `RewardFunctionError` that names `fn` by `spec` (the name it
+    was given by) and the problem."""
     spec = spec or name
     try:
         result = call_with_timeout(spec, fn, timeout_s, **arguments)
@@ -237,15 +240,16 @@ def _checked(name: str, fn: RewardFn, arguments: Dict[str, Any], count: int, tim
         raise
     except Exception as error:
         raise RewardFunctionError(f"reward function {spec} raised {type(error).__name__}: {error}") from error
-    diagnostics = {}
+    diagnostics, columns = {}, {}
     if isinstance(result, RewardOutput):
         if not isinstance(result.diagnostics, dict):
             raise RewardFunctionError(f"reward function {spec} returned diagnostics that are not an object of number "
                                       f"lists (name -> one number per completion): {result.diagnostics!r:.80}")
         diagnostics = dict(result.diagnostics)
+        columns = {f"{name}/{column}": list(values) for column, values in result.columns.items()}
         result = result.values
     named = result if isinstance(result, dict) else {name: result}
-    return _floats(named, name, count, spec, allow_none=True), _floats(diagnostics, name, count, spec)
+    return _floats(named, name, count, spec, allow_none=True), _floats(diagnostics, name, count, spec), columns
 
 
 def _floats(named: Dict[str, Any], name: str, count: int, spec: str, allow_none: bool = False) -> Dict[str, List[float]]:

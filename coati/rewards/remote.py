@@ -75,32 +75,41 @@ class RemoteReward:
         return RewardOutput(rewards, answer.get("diagnostics") or {})
 
     def _post(self, data: bytes) -> Any:
-        problem, started = "", time.monotonic()
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
-            headers = {"Content-Type": "application/json"}
-            if self.token:
-                headers["Authorization"] = f"Bearer {self.token}"
-            request = urllib.request.Request(self.url, data=data, headers=headers)
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                    return json.loads(response.read())
-            except urllib.error.HTTPError as error:
-                problem = f"HTTP {error.code}: {error.read()[:200].decode(errors='replace')}"
-                if error.code == 401:
-                    raise RemoteRewardError(f"reward server {self.url} refused the request ({problem}); it requires "
-                                            f"its token: set {TOKEN_ENV} to it") from None
-                if error.code < 500 and error.code != 429:
-                    raise RemoteRewardError(f"reward server {self.url} refused the request ({problem})") from None
-            except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
-                problem = _describe(getattr(error, "reason", error), self.timeout_s)
-            except json.JSONDecodeError as error:
-                raise RemoteRewardError(f"reward server {self.url} answered with something other than JSON: "
-                                        f"{error}") from None
-        raise RemoteRewardError(f"reward server {self.url} did not answer after {self.retries + 1} attempts in "
-                                f"{time.monotonic() - started:.0f} s ({problem}); is it running? Start one with "
-                                f"examples/reward_server.py, or check the URL")
+        return post_json(self.url, data, f"reward server {self.url}", self.token, TOKEN_ENV, self.timeout_s,
+                         self.retries, self.backoff_s,
+                         "is it running? Start one with examples/reward_server.py, or check the URL")
+
+
+def post_json(url: str, data: bytes, who: str, token: Optional[str], token_env: str, timeout_s: float, retries: int,
+              backoff_s: float, hint: str) -> Any:
+    """POST `data` (JSON) to `url` with `token` as a bearer token where set, and return the decoded answer. A request
+    that fails to connect, times out after `timeout_s` or gets a 5xx/429 answer is retried `retries` times, waiting
+    `backoff_s`, then twice as long each time; a 4xx answer or a non-JSON one is not retried. Failures raise
+    `RemoteRewardError` in one line naming `who`; a 401 names `token_env`, and a server that never answered, `hint`."""
+    problem, started = "", time.monotonic()
+    for attempt in range(retries + 1):
+        if attempt:
+            time.sleep(backoff_s * 2 ** (attempt - 1))
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        request = urllib.request.Request(url, data=data, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            problem = f"HTTP {error.code}: {error.read()[:200].decode(errors='replace')}"
+            if error.code == 401:
+                raise RemoteRewardError(f"{who} refused the request ({problem}); it requires its token: set "
+                                        f"{token_env} to it") from None
+            if error.code < 500 and error.code != 429:
+                raise RemoteRewardError(f"{who} refused the request ({problem})") from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
+            problem = _describe(getattr(error, "reason", error), timeout_s)
+        except json.JSONDecodeError as error:
+            raise RemoteRewardError(f"{who} answered with something other than JSON: {error}") from None
+    raise RemoteRewardError(f"{who} did not answer after {retries + 1} attempts in {time.monotonic() - started:.0f} s "
+                            f"({problem}); {hint}")
 
 
 def _describe(reason: object, timeout_s: float) -> str:

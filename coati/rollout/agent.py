@@ -23,11 +23,12 @@ import json
 import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from coati.config import SamplingConfig
 from coati.experience.scorer import Scorer
+from coati.inference.http_json import JsonHandler
 
 from .chat import ChatTokens
 from .engine import RolloutEngine
@@ -172,15 +173,12 @@ class AgentEndpoint:
         self.episodes: Dict[str, RecordedEpisode] = {}
         endpoint = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(JsonHandler):
             def do_POST(self) -> None:
                 endpoint.handle(self, "POST")
 
             def do_GET(self) -> None:
                 endpoint.handle(self, "GET")
-
-            def log_message(self, *args: Any) -> None:   # one line per request would flood the run's output
-                pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
@@ -196,7 +194,7 @@ class AgentEndpoint:
     def close(self, episode: RecordedEpisode) -> None:
         self.episodes.pop(episode.id, None)
 
-    def handle(self, request: BaseHTTPRequestHandler, method: str) -> None:
+    def handle(self, request: JsonHandler, method: str) -> None:
         parts = request.path.strip("/").split("/")
         try:
             episode = self.episodes.get(parts[0]) if len(parts) >= 3 and parts[1] == "v1" else None
@@ -217,12 +215,7 @@ class AgentEndpoint:
             status, body = 400, {"error": {"message": f"the request is not JSON: {error}", "type": "invalid_request_error"}}
         except Exception as error:   # the agent gets the line; the run goes on
             status, body = 500, {"error": {"message": f"{type(error).__name__}: {error}", "type": "server_error"}}
-        data = json.dumps(body).encode()
-        request.send_response(status)
-        request.send_header("Content-Type", "application/json")
-        request.send_header("Content-Length", str(len(data)))
-        request.end_headers()
-        request.wfile.write(data)
+        request.answer(status, body)
 
 class AgentWorkflow(RolloutWorkflow):
     """`num_generations` episodes of `agent` per prompt row, each against its own episode on the endpoint (started on
