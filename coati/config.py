@@ -13,8 +13,9 @@ from coati.utils.cadence import LogCadence
 from coati.utils.errors import CoatiUsageError
 from coati.utils.metrics_logger import DEFAULT_WANDB_TABLE_ROWS
 from coati.utils.ranges import at_least, in_range, non_negative, positive, readable_file
-from coati.utils.registry import (ADVANTAGE_ESTIMATORS, AGENTS, AGGREGATIONS, BEHAVIOUR_CORRECTIONS, KL_ESTIMATORS,
-                                  OBJECTIVES, POLICY_LOSSES, REWARD_SHAPERS, TOOL_CALL_PARSERS, TOOLS, option)
+from coati.utils.registry import (ADVANTAGE_ESTIMATORS, AGENTS, AGGREGATIONS, BEHAVIOUR_CORRECTIONS, DISTILL_LOSSES,
+                                  KL_ESTIMATORS, OBJECTIVES, POLICY_LOSSES, REWARD_SHAPERS, TOOL_CALL_PARSERS, TOOLS,
+                                  option)
 from coati.utils.settings import NOT_A_FLAG, nested, setting
 
 PLUGIN_HELP = {
@@ -437,6 +438,27 @@ class RewardSettings:
     reward_server_retries: int = setting(DEFAULT_SERVER_RETRIES, parse=at_least(0),
                                          help="a --reward_fn http://... server: retries of a failed request (backoff "
                                               "1 s, doubling)")
+
+
+@dataclass(frozen=True)
+class DistillSettings:
+    """On-policy distillation: a frozen teacher scores the policy's own samples token by token
+    (`coati.experience.distillation`)."""
+
+    teacher_model: str = setting("", help="a teacher model folder (its tokenizer, where it has one, must share the "
+                                          "policy's vocabulary); with it the rewards may be left out: distillation "
+                                          "alone")
+    distill_coef: float = setting(1.0, parse=non_negative(),
+                                  help="weight of each sampled token's log p_teacher - log p_policy (minus the "
+                                       "per-token reverse KL) in its advantage; 0: off")
+    distill_loss: Optional[str] = setting(
+        None, parse=DISTILL_LOSSES.choice(),
+        help=f"a loss on the teacher's top-k tokens added to the actor's: {' | '.join(DISTILL_LOSSES.names())} | "
+             "package.module:function (default: none)")
+    distill_loss_coef: float = setting(1.0, parse=non_negative(), help="weight of --distill_loss")
+    distill_top_k: int = setting(16, parse=at_least(1), help="teacher tokens per position --distill_loss reads")
+    gkd_beta: float = setting(0.5, parse=in_range(0.0, 1.0), help="--distill_loss gkd's beta: 0 forward KL, 1 reverse "
+                                                                  "KL, between them the generalised JSD")
 
 
 @dataclass(frozen=True)

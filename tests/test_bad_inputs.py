@@ -55,6 +55,7 @@ def bad(tiny_assets, tmp_path_factory):
     paths["no_weights_model"] = str(no_weights)
     (root / "bad_rubric.txt").write_text("Grade {answer}: {completion}\n")
     paths["bad_rubric"] = str(root / "bad_rubric.txt")
+    paths["other_vocab_model"] = str(write_tiny_model(root / "other_vocab_model", tokenizer_corpus(400), vocab_size=300))
     paths["small_model"] = str(write_tiny_model(root / "small_model", tokenizer_corpus(400), size="small"))
     paths.update(_checkpoints(root, tiny_assets))
     paths.update(_raw_files(root, tiny_assets))
@@ -230,6 +231,13 @@ CASES = [
     ("unknown_reward_fn", lambda p: _grpo(p, "--reward_fn", "nosuch"), "unknown reward function 'nosuch'"),
     ("unimportable_reward_fn", lambda p: _grpo(p, "--reward_fn", "no_such_pkg.mod:fn"), "cannot be imported"),
     ("reward_weight_not_a_number", lambda p: _grpo(p, "--reward_fn", "math_answer=abc"), "is not a number"),
+    ("distill_loss_without_teacher", lambda p: _grpo(p, "--distill_loss", "gkd"),
+     "--distill_loss needs a teacher: --teacher_model"),
+    ("teacher_with_another_vocabulary", lambda p: _grpo(p, "--teacher_model", p["other_vocab_model"]),
+     "its tokenizer's vocabulary differs from the policy's"),
+    ("teacher_not_used", lambda p: _grpo(p, "--teacher_model", p["small_model"], "--distill_coef", "0"),
+     "the teacher would not be used"),
+    ("gkd_beta_above_1", lambda p: _grpo(p, "--gkd_beta", "2"), "--gkd_beta: must be in [0.0, 1.0]"),
     ("judge_without_a_judge", lambda p: _grpo(p, "--reward_fn", "judge"), "--reward_fn judge needs one judge: "
      "--judge_url (an OpenAI-compatible API) or --judge_model (a model folder coati serves)"),
     ("judge_url_without_judge", lambda p: _grpo(p, "--judge_url", "http://127.0.0.1:9/v1"),

@@ -10,7 +10,7 @@ from coati.config import (AgentSettings, AsyncSettings, BackendSettings, Checkpo
                           EpisodeSettings, EpochSettings, EvalSettings, GRPOConfig, HealthSettings, KLSettings,
                           LogSettings, LoraSettings, MaxEntSettings, ModelSettings, OnPolicyConfig, OptimSettings,
                           PackingSettings, PluginConfig, PolicyLossSettings, PPOConfig, PtxSettings, ReferenceSettings,
-                          RewardSettings, SandboxSettings, JudgeSettings)
+                          RewardSettings, SandboxSettings, JudgeSettings, DistillSettings)
 from coati.utils.cadence import LogCadence, Saver
 
 from .options import CoatiArgumentParser, add_settings, settings_from
@@ -70,6 +70,7 @@ def add_grpo_args(parser: argparse.ArgumentParser) -> None:
     """GRPO's flags: its rollouts and advantages, the maxent temperature, asynchronous rollouts."""
     add_on_policy_args(parser, GRPOConfig)
     add_settings(parser, MaxEntSettings, "maxent advantages")
+    add_settings(parser, DistillSettings, "on-policy distillation (a teacher scores the policy's samples)")
     add_settings(parser, AsyncSettings, "asynchronous rollouts")
 
 

@@ -17,6 +17,7 @@ from coati.dataset.collators import PromptCollator, SupervisedCollator
 from coati.dataset.prepare import load_prepared
 from coati.dataset.tokenization import load_tokenizer
 from coati.experience.controllers import KLController, TemperatureController
+from coati.experience.distillation import DistillConfig, Teacher, check_vocabulary
 from coati.experience.experience import GRPOExperienceMaker, PPOExperienceMaker
 from coati.config import AsyncSettings, CriticSettings, GRPOConfig, OnPolicyConfig, PPOConfig
 from coati.inference.local_judge import JudgeServerConfig, LocalJudge
@@ -47,6 +48,7 @@ from coati.utils.ckpt_io import save_hf_model
 from coati.utils.errors import CoatiUsageError, fail
 from coati.utils.registry import AGENTS, OBJECTIVES, TOOL_CALL_PARSERS
 
+from coati.trainer.components import DistillTerm
 from coati.trainer.callbacks.best import BestModelKeeper
 from coati.trainer.callbacks.health import ALARM_EXIT_CODE, AlarmThresholds, HealthMonitor
 from coati.trainer.grpo import GRPOTrainer
@@ -55,7 +57,7 @@ from coati.trainer.ppo import PPOTrainer
 from coati.trainer.sources import AsyncRollouts
 
 from .runner import (_require_dir, build_dataloader, build_optimizer, build_scheduler, export_dir, export_model,
-                     frozen_reference, load_causal_lm, open_logger, prepare_model, resolve_checkpoint, resumed_line,
+                     frozen_model, frozen_reference, load_causal_lm, open_logger, prepare_model, resolve_checkpoint, resumed_line,
                      run_device, start_run)
 
 
@@ -93,7 +95,7 @@ def _reward_specs(args: argparse.Namespace) -> List[str]:
     """`--reward_fn`; when it is not given, `DEFAULT_REWARD`, or nothing beside a reward model."""
     if args.reward_fn is not None:
         return list(args.reward_fn)
-    return [] if args.rm_pretrain else [DEFAULT_REWARD]
+    return [] if args.rm_pretrain or getattr(args, "teacher_model", "") else [DEFAULT_REWARD]
 
 
 def _reward_fn(args: argparse.Namespace, serve: bool = True) -> Optional[WeightedReward]:
@@ -297,13 +299,42 @@ def _build_grpo(args, setup, tokenizer, actor, optimizer, scheduler, engine, ref
     temperature = (TemperatureController(args.maxent_tau, args.maxent_target_entropy, args.maxent_tau_lr)
                    if args.adv_estimator == "maxent" else None)
     maker = GRPOExperienceMaker(actor, engine, tokenizer, _reward_fn(args), config, reference,
-                                _frozen_reward_model(args, tokenizer), temperature=temperature)
+                                _frozen_reward_model(args, tokenizer), temperature=temperature,
+                                teacher=_teacher(args, setup, tokenizer))
+    if args.distill_loss:
+        kwargs["loss_terms"] = [DistillTerm(args.distill_loss, args.distill_loss_coef, args.gkd_beta)]
     kwargs["workflow"] = _workflow(args, maker)
     if args.async_rollout:
         kwargs["source"] = AsyncRollouts(maker, actor, len(prompts.dataset),
                                          **_rollout_side(args, maker, kwargs["workflow"]))
     return GRPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler,
                        kl_controller=_kl_controller(args), **kwargs)
+
+
+def _teacher(args: argparse.Namespace, setup: Any, tokenizer: Any) -> Optional[Teacher]:
+    """`--teacher_model`, frozen, scoring the policy's samples as the distillation flags say; None without one."""
+    if not args.teacher_model:
+        return None
+    config = DistillConfig(args.distill_coef, args.distill_top_k if args.distill_loss else 0)
+    return Teacher(frozen_model(args.teacher_model, args, setup), config, len(tokenizer))
+
+
+def _check_distillation(args: argparse.Namespace) -> None:
+    """Before any model loads: the distillation flags come with a teacher that is used, and its tokenizer (where it
+    has one) shares the policy's vocabulary."""
+    if not args.teacher_model:
+        if args.distill_loss:
+            raise CoatiUsageError("--distill_loss needs a teacher: --teacher_model")
+        return
+    if not (Path(args.teacher_model) / "config.json").is_file():
+        raise CoatiUsageError(f"--teacher_model {args.teacher_model} is not a model folder (no config.json)")
+    if args.distill_coef == 0 and not args.distill_loss:
+        raise CoatiUsageError("--teacher_model with --distill_coef 0 and no --distill_loss: the teacher would not be "
+                              "used; give one of them")
+    policy = load_tokenizer(args.tokenizer_dir or args.pretrain, args.trust_remote_code)
+    own = any((Path(args.teacher_model) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json"))
+    teacher = load_tokenizer(args.teacher_model, args.trust_remote_code).get_vocab() if own else None
+    check_vocabulary(teacher, policy.get_vocab(), args.teacher_model)
 
 
 def _chat_tokens(args: argparse.Namespace, tokenizer: Any) -> ChatTokens:
@@ -430,9 +461,10 @@ def _check_backend(args: argparse.Namespace) -> None:
 
 def run_grpo(args: argparse.Namespace) -> GRPOTrainer:
     """GRPO as the flags say: held-out reward before and after (with `--eval_dataset`), then the export."""
-    if not _reward_specs(args) and not args.rm_pretrain:
+    if not _reward_specs(args) and not args.rm_pretrain and not args.teacher_model:
         raise CoatiUsageError("GRPO needs a reward: --reward_fn (at least one function) and/or --rm_pretrain "
-                              "(a trained reward model)")
+                              "(a trained reward model), or a distillation teacher (--teacher_model)")
+    _check_distillation(args)
     if args.num_generations < 2:
         raise CoatiUsageError(f"--num_generations {args.num_generations}: GRPO needs at least 2 completions per prompt, "
                               "since each completion's advantage is its reward relative to the others of its group")

@@ -160,7 +160,12 @@ def run_device() -> torch.device:
 def frozen_reference(args: argparse.Namespace, setup: BoostSetup) -> torch.nn.Module:
     """The frozen `--ref_pretrain` model (default `--pretrain`) on this rank's device, in the training
     precision on GPU (fp32 on CPU)."""
-    path = _require_dir(args.ref_pretrain or args.pretrain, "--ref_pretrain model directory")
+    return frozen_model(_require_dir(args.ref_pretrain or args.pretrain, "--ref_pretrain model directory"), args, setup)
+
+
+def frozen_model(path: str, args: argparse.Namespace, setup: BoostSetup) -> torch.nn.Module:
+    """The model in `path`, frozen, on this rank's device in the training precision on GPU (fp32 on CPU), its
+    attention packed where `--packing` packs the policy's."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(setup.precision, torch.float32)
     model = load_reference_model(path, run_device(), dtype, args.trust_remote_code)
     if settings_from(args, PackingSettings).packing:

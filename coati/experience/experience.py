@@ -31,7 +31,9 @@ class Experience:
     holds seconds per phase of making it, `rollout_stats` per-row counts of how each sample was made (turns, tool
     calls); `packed`: its forwards run packed (`RolloutConfig.packing`). `action_log_probs` (the old policy's) is
     None when the learning forward's own log-probs, detached, stand for them
-    (`RolloutConfig.old_log_probs_at_collection`)."""
+    (`RolloutConfig.old_log_probs_at_collection`). With a distillation teacher (`coati.experience.distillation`):
+    its log-probs of the sampled tokens, and its top-k log-probs and token ids per position (batch, N, k) where a
+    distillation loss reads them."""
 
     sequences: torch.Tensor
     attention_mask: torch.Tensor
@@ -57,6 +59,9 @@ class Experience:
     extra_rollouts: int = 0
     timing: Dict[str, float] = field(default_factory=dict)
     packed: bool = False
+    teacher_log_probs: Optional[torch.Tensor] = None
+    teacher_top_logps: Optional[torch.Tensor] = None
+    teacher_top_ids: Optional[torch.Tensor] = None
 
     def split(self, rows: int) -> List["Experience"]:
         """Consecutive parts of at most `rows` rows (the whole batch when `rows` is 0 or covers it): every
@@ -96,10 +101,11 @@ class ExperienceMaker:
 
     def __init__(self, actor: torch.nn.Module, engine: InferenceEngine, tokenizer: Any,
                  reward_fn: Optional[WeightedReward], config: RolloutConfig,
-                 ref_model: Optional[torch.nn.Module] = None, reward_model: Optional[torch.nn.Module] = None) -> None:
+                 ref_model: Optional[torch.nn.Module] = None, reward_model: Optional[torch.nn.Module] = None,
+                 teacher: Optional[Any] = None) -> None:
         self.scorer = Scorer(tokenizer, reward_fn, reward_model, config.forward_batch_size, config.reward_model_weight)
         self.actor, self.engine, self.tokenizer = actor, engine, tokenizer
-        self.config, self.ref_model = config, ref_model
+        self.config, self.ref_model, self.teacher = config, ref_model, teacher
 
     @property
     def group_size(self) -> int:
@@ -125,6 +131,8 @@ class ExperienceMaker:
         experience.terminated = self._terminated(experience)
         self._add_log_probs(experience)
         self._add_advantages(experience)
+        if self.teacher is not None:
+            self.teacher.add_advantages(experience)
         return experience
 
     def _add_advantages(self, experience: Experience) -> None:
@@ -132,9 +140,10 @@ class ExperienceMaker:
         raise NotImplementedError
 
     def _add_log_probs(self, experience: Experience) -> None:
-        """The actor's (and the reference's) log-probs of the completions, and the KL between them."""
+        """The actor's (and the reference's, and a teacher's) log-probs of the completions, and the KL between the
+        actor's and the reference's."""
         e = experience
-        if self.config.old_log_probs_at_collection or self.ref_model is not None:
+        if self.config.old_log_probs_at_collection or self.ref_model is not None or self.teacher is not None:
             with timed(e.timing, "actor_forward"):
                 e.action_log_probs = self._per_rows(lambda rows: action_logps(
                     self.actor, e.sequences[rows], e.attention_mask[rows], e.prompt_length, packed=e.packed), e)
@@ -143,8 +152,11 @@ class ExperienceMaker:
                 e.ref_log_probs = self._per_rows(lambda rows: action_logps(
                     self.ref_model, e.sequences[rows], e.attention_mask[rows], e.prompt_length, packed=e.packed), e)
             e.kl = kl_penalty(e.action_log_probs, e.ref_log_probs, self.config.kl_estimator) * e.action_mask
+        if self.teacher is not None:
+            with timed(e.timing, "teacher_forward"):
+                self.teacher.score(e, self._per_rows)
 
-    def _per_rows(self, forward: Callable[[slice], torch.Tensor], experience: Experience) -> torch.Tensor:
+    def _per_rows(self, forward: Callable[[slice], Any], experience: Experience) -> Any:
         """`forward` over the experience's rows, `config.forward_batch_size` at a time."""
         return in_row_chunks(forward, experience.sequences.size(0), self.config.forward_batch_size)
 

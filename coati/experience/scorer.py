@@ -27,13 +27,12 @@ class Scorer:
     """Decodes completions (special tokens left out) and scores them: `reward_fn` on the text with the prompt
     row's other fields, plus `reward_model`'s score of the token sequences (the component `reward_model`) when
     one is given (`forward_batch_size` rows per forward; 0: all at once), added to the total with
-    `reward_model_weight`. Returns (total per completion, components by name)."""
+    `reward_model_weight`. Returns (total per completion, components by name); with neither, every reward is 0
+    (a run that learns from a distillation teacher alone)."""
 
     def __init__(self, tokenizer: Any, reward_fn: Optional[WeightedReward] = None,
                  reward_model: Optional[torch.nn.Module] = None, forward_batch_size: int = 0,
                  reward_model_weight: float = 1.0) -> None:
-        if reward_fn is None and reward_model is None:
-            raise ValueError("a scorer needs a reward function or a reward model")
         self.tokenizer, self.reward_fn, self.reward_model = tokenizer, reward_fn, reward_model
         self.forward_batch_size, self.reward_model_weight = forward_batch_size, reward_model_weight
         self.trainer_state: Optional[TrainerState] = None

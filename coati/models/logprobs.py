@@ -1,5 +1,5 @@
 """Log-probabilities of label tokens: the quantity every preference and policy loss is built on."""
-from typing import Any, Callable, Dict, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -15,12 +15,15 @@ def mask_positions(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def in_row_chunks(forward: Callable[[slice], torch.Tensor], rows: int, chunk: int) -> torch.Tensor:
+def in_row_chunks(forward: Callable[[slice], Any], rows: int, chunk: int) -> Any:
     """`forward(rows)` over slices of at most `chunk` rows (0: all at once), concatenated: the same values with a
-    smaller peak of activation memory."""
+    smaller peak of activation memory. A forward that returns a tuple of tensors (or Nones) gets each concatenated."""
     if not chunk or chunk >= rows:
         return forward(slice(0, rows))
-    return torch.cat([forward(slice(start, min(start + chunk, rows))) for start in range(0, rows, chunk)])
+    parts = [forward(slice(start, min(start + chunk, rows))) for start in range(0, rows, chunk)]
+    if isinstance(parts[0], tuple):
+        return tuple(None if items[0] is None else torch.cat(items) for items in zip(*parts))
+    return torch.cat(parts)
 
 
 LOGP_CHUNK_ROWS = 1024
@@ -130,3 +133,24 @@ def action_logps(model: torch.nn.Module, sequences: torch.Tensor, attention_mask
                              position_ids=mask_positions(attention_mask))[:, :-1]
     logps = token_logps(logits, sequences[:, prompt_length:])
     return (logps, logits) if return_logits else logps
+
+
+def logps_at(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """log p(token) (..., k) for each of `token_ids` (..., k) under `logits` (..., vocab), in float32."""
+    logits = logits.float()
+    return logits.gather(-1, token_ids) - torch.logsumexp(logits, dim=-1, keepdim=True)
+
+
+@torch.no_grad()
+def action_top_k(model: torch.nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
+                 k: int, vocab_size: int, packed: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor],
+                                                                         Optional[torch.Tensor]]:
+    """`model`'s log-probs of the completion tokens (batch, N), and for `k` > 0 its `k` likeliest tokens at each
+    completion position among the first `vocab_size` (another model's vocabulary): their log-probs and ids
+    (batch, N, k); else None, None."""
+    logps, logits = action_logps(model, sequences, attention_mask, prompt_length, return_logits=True, packed=packed)
+    if k <= 0:
+        return logps, None, None
+    logits = logits[..., :vocab_size].float()
+    top, ids = logits.topk(k, dim=-1)
+    return logps, top - torch.logsumexp(logits, dim=-1, keepdim=True), ids

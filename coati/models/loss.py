@@ -7,7 +7,7 @@ from typing import Any, Dict, Iterator, NamedTuple, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from coati.utils.registry import AGGREGATIONS, BEHAVIOUR_CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES
+from coati.utils.registry import AGGREGATIONS, BEHAVIOUR_CORRECTIONS, DISTILL_LOSSES, KL_ESTIMATORS, POLICY_LOSSES
 
 from .logprobs import over_chunks
 
@@ -245,6 +245,34 @@ def kl_penalty(logps: torch.Tensor, ref_logps: torch.Tensor, kind: str = "k3") -
     """Per-token estimate of KL(pi || ref) from log-probs of the sampled tokens, by the registered estimator `kind`."""
     return KL_ESTIMATORS.get(kind)(logps - ref_logps)
 
+
+
+def _on_support(logps: torch.Tensor) -> torch.Tensor:
+    """Log-probs renormalised over the last dimension (a top-k support)."""
+    return logps - torch.logsumexp(logps, dim=-1, keepdim=True)
+
+
+@DISTILL_LOSSES.register("forward_kl_topk")
+def forward_kl_topk(student_logps: torch.Tensor, teacher_logps: torch.Tensor, beta: float = 0.5) -> torch.Tensor:
+    """KL(teacher || student) per position, both renormalised over the teacher's top-k tokens: mode-covering (the
+    student spreads over what the teacher considers), the supervised KD loss of Hinton et al. 2015 on the student's
+    own samples."""
+    teacher, student = _on_support(teacher_logps), _on_support(student_logps)
+    return (teacher.exp() * (teacher - student)).sum(-1)
+
+
+@DISTILL_LOSSES.register("gkd")
+def generalized_jsd(student_logps: torch.Tensor, teacher_logps: torch.Tensor, beta: float = 0.5) -> torch.Tensor:
+    """GKD's generalised Jensen-Shannon divergence (Agarwal et al. 2024) per position, over the teacher's top-k tokens
+    renormalised: beta KL(T || M) + (1 - beta) KL(S || M), M = beta T + (1 - beta) S, a bounded divergence; as in
+    TRL's GKDTrainer, beta = 0 means the forward KL(T || S) and beta = 1 the reverse KL(S || T)."""
+    teacher, student = _on_support(teacher_logps), _on_support(student_logps)
+    if beta <= 0:
+        return (teacher.exp() * (teacher - student)).sum(-1)
+    if beta >= 1:
+        return (student.exp() * (student - teacher)).sum(-1)
+    mixture = torch.logsumexp(torch.stack([teacher + math.log(beta), student + math.log(1 - beta)]), dim=0)
+    return beta * (teacher.exp() * (teacher - mixture)).sum(-1) + (1 - beta) * (student.exp() * (student - mixture)).sum(-1)
 
 
 @dataclass(frozen=True)

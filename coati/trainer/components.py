@@ -12,10 +12,10 @@ import torch
 from coati.experience.controllers import KLController
 from coati.experience.experience import Experience
 from coati.models.critic import action_values
-from coati.models.logprobs import action_logps, model_label_logps
+from coati.models.logprobs import action_logps, logps_at, model_label_logps
 from coati.models.loss import PolicyLoss, ValueLoss, kl_penalty, masked_mean, masked_var, token_entropy
 from coati.utils.ckpt_io import ModelState
-from coati.utils.registry import OBJECTIVES
+from coati.utils.registry import DISTILL_LOSSES, OBJECTIVES
 
 from .base import apply_gradients
 from .nonfinite import NonFiniteGuard
@@ -39,10 +39,11 @@ class LossTerm:
 
     name = "term"
 
-    def __call__(self, experience: Experience, logps: torch.Tensor, mask: torch.Tensor,
-                 aggregate: Aggregate) -> Tuple[Optional[torch.Tensor], Metrics]:
-        """The term (None: nothing this time) and its metrics, from the actor's completion log-probs `logps`
-        under `mask`; `aggregate(token_values, mask)` reduces per-token values as the policy loss does."""
+    def __call__(self, experience: Experience, logps: torch.Tensor, mask: torch.Tensor, aggregate: Aggregate,
+                 logits: Optional[torch.Tensor] = None) -> Tuple[Optional[torch.Tensor], Metrics]:
+        """The term (None: nothing this time) and its metrics, from the actor's completion log-probs `logps` (and
+        logits, (batch, N, vocab)) under `mask`; `aggregate(token_values, mask)` reduces per-token values as the
+        policy loss does."""
         raise NotImplementedError
 
     def extras(self) -> Dict[str, float]:
@@ -66,8 +67,8 @@ class KLTerm(LossTerm):
     def __init__(self, controller: KLController, estimator: str) -> None:
         self.controller, self.estimator = controller, estimator
 
-    def __call__(self, experience: Experience, logps: torch.Tensor, mask: torch.Tensor,
-                 aggregate: Aggregate) -> Tuple[Optional[torch.Tensor], Metrics]:
+    def __call__(self, experience: Experience, logps: torch.Tensor, mask: torch.Tensor, aggregate: Aggregate,
+                 logits: Optional[torch.Tensor] = None) -> Tuple[Optional[torch.Tensor], Metrics]:
         beta = self.controller.value
         if beta <= 0 or experience.ref_log_probs is None:
             return None, {}
@@ -88,8 +89,8 @@ class PtxTerm(LossTerm):
     def __init__(self, actor: torch.nn.Module, batches: CyclingLoader, coef: float) -> None:
         self.actor, self.batches, self.coef = actor, batches, coef
 
-    def __call__(self, experience: Experience, logps: torch.Tensor, mask: torch.Tensor,
-                 aggregate: Aggregate) -> Tuple[Optional[torch.Tensor], Metrics]:
+    def __call__(self, experience: Experience, logps: torch.Tensor, mask: torch.Tensor, aggregate: Aggregate,
+                 logits: Optional[torch.Tensor] = None) -> Tuple[Optional[torch.Tensor], Metrics]:
         batch = self.batches.next()
         token_logps, label_mask = model_label_logps(self.actor, batch)
         loss = -masked_mean(token_logps, label_mask)
@@ -100,6 +101,25 @@ class PtxTerm(LossTerm):
 
     def restore(self, state: Dict[str, Any]) -> None:
         self.batches.restore(state["epoch"], state["seen"])
+
+
+class DistillTerm(LossTerm):
+    """`coef` times a `DISTILL_LOSSES` entry (`loss`, with GKD's `beta`) between the actor's distribution and the
+    teacher's on the teacher's top-k tokens at each completion position (`coati.experience.distillation`),
+    aggregated like the policy loss. Logged as `loss/distill` (unweighted)."""
+
+    name = "distill"
+
+    def __init__(self, loss: str, coef: float, beta: float = 0.5) -> None:
+        self.loss, self.coef, self.beta = DISTILL_LOSSES.get(loss), coef, beta
+
+    def __call__(self, experience: Experience, logps: torch.Tensor, mask: torch.Tensor, aggregate: Aggregate,
+                 logits: Optional[torch.Tensor] = None) -> Tuple[Optional[torch.Tensor], Metrics]:
+        if experience.teacher_top_ids is None or logits is None:
+            return None, {}
+        student = logps_at(logits, experience.teacher_top_ids)
+        loss = aggregate(self.loss(student, experience.teacher_top_logps, self.beta), mask)
+        return self.coef * loss, {"loss/distill": (loss.item(), 1)}
 
 
 def policy_loss_metrics(stats: Dict[str, torch.Tensor]) -> Dict[str, Tuple[float, float]]:
@@ -166,7 +186,7 @@ class PolicyGradient:
         if self.entropy_coef > 0:
             loss = loss - self.entropy_coef * entropy
         for term in self.loss_terms:
-            extra, extra_metrics = term(experience, logps, mask, self.policy_loss.aggregate)
+            extra, extra_metrics = term(experience, logps, mask, self.policy_loss.aggregate, logits=logits)
             metrics.update(extra_metrics)
             if extra is not None:
                 loss = loss + extra

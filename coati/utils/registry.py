@@ -114,6 +114,10 @@ POLICY_LOSSES: Registry = Registry("policy loss", "coati.models.loss", ("ppo", "
 """`fn(logps, old_logps, advantages, mask, config: PolicyLossConfig) -> PolicyTerms` (per-token losses, ratio, where
 a clip acted), which `PolicyLoss` weights for off-policy samples and aggregates: the policy losses by the name
 `--policy_loss` takes; `config.options` holds `--policy_loss_option`."""
+DISTILL_LOSSES: Registry = Registry("distillation loss", "coati.models.loss", ("forward_kl_topk", "gkd"))
+"""`fn(student_logps (batch, T, k), teacher_logps (batch, T, k), beta) -> per-token losses (batch, T)`: how far the
+student's distribution is from the teacher's on the teacher's top-k tokens at each completion position (on-policy
+distillation), by the name `--distill_loss` takes."""
 OBJECTIVES: Registry = Registry("objective", "coati.trainer.components", ("policy_gradient",))
 """`factory(config: ObjectiveConfig) -> objective`, `objective(actor, experience) -> ObjectiveOutput`: the actor's loss
 on one micro-batch of on-policy experience, by the name `--objective` takes (`policy_gradient`: PPO/GRPO's)."""

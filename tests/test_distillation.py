@@ -1,0 +1,132 @@
+"""On-policy distillation: the top-k forward KL and GKD losses against hand-computed values, the reverse-KL
+advantages, the refusal of a term that is identically zero and of a teacher with another vocabulary, and GRPO under
+torchrun distilling from a teacher (with rewards, and alone)."""
+import json
+import math
+import re
+import shutil
+
+import pytest
+import torch
+
+from conftest import SCRIPTS, torchrun
+from coati.experience.distillation import (DistillationError, DistillConfig, Teacher, check_not_identically_zero,
+                                           check_vocabulary)
+from coati.experience.experience import Experience
+from coati.models.loss import forward_kl_topk, generalized_jsd
+from coati.trainer.components import DistillTerm
+
+TEACHER = [0.5, 0.3]
+"""The teacher's probabilities of its two likeliest tokens at one position (0.2 elsewhere); the student's: 0.2, 0.4."""
+STUDENT = [0.2, 0.4]
+
+
+def _kl(p, q):
+    return sum(a * math.log(a / b) for a, b in zip(p, q))
+
+
+def _renormalised(p):
+    return [v / sum(p) for v in p]
+
+
+def test_forward_kl_and_gkd_on_the_teachers_top_k_equal_hand_computed_values():
+    t, s = _renormalised(TEACHER), _renormalised(STUDENT)   # [0.625, 0.375], [1/3, 2/3]
+    teacher = torch.tensor([[TEACHER]]).log()
+    student = torch.tensor([[STUDENT]]).log()
+    assert forward_kl_topk(student, teacher).item() == pytest.approx(_kl(t, s), rel=1e-5)
+    beta = 0.3
+    m = [beta * a + (1 - beta) * b for a, b in zip(t, s)]
+    assert generalized_jsd(student, teacher, beta).item() == pytest.approx(beta * _kl(t, m) + (1 - beta) * _kl(s, m),
+                                                                           rel=1e-5)
+    assert generalized_jsd(student, teacher, 0.0).item() == pytest.approx(_kl(t, s), rel=1e-5)
+    assert generalized_jsd(student, teacher, 1.0).item() == pytest.approx(_kl(s, t), rel=1e-5)
+    assert forward_kl_topk(teacher, teacher).item() == pytest.approx(0.0, abs=1e-7)
+
+
+def _experience(student_logps, teacher_logps, mask, advantages):
+    rows, n = student_logps.shape
+    return Experience(torch.zeros(rows, n + 2, dtype=torch.long), torch.ones(rows, n + 2, dtype=torch.long), mask, 2,
+                      student_logps, torch.zeros(rows), advantages, teacher_log_probs=teacher_logps)
+
+
+def test_reverse_kl_is_added_to_each_tokens_advantage():
+    student = torch.tensor([[-1.0, -2.0, -0.5], [-0.1, -3.0, -9.0]])
+    teacher = torch.tensor([[-1.5, -1.0, -0.5], [-0.3, -1.0, -1.0]])
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    experience = _experience(student, teacher, mask, torch.tensor([0.5, -1.0]))
+    Teacher(None, DistillConfig(coef=2.0), 10).add_advantages(experience)
+    expected = torch.tensor([[0.5 - 2 * 0.5, 0.5 - 2 * -1.0, 0.5 - 0.0], [-1.0 - 2 * 0.2, -1.0 - 2 * -2.0, 0.0]])
+    assert torch.allclose(experience.advantages, expected)
+    assert experience.rollout_stats["distill_reverse_kl"] == pytest.approx([(0.5 - 1.0 + 0.0) / 3, (0.2 - 2.0) / 2])
+
+
+def test_a_term_that_is_zero_on_every_token_stops_and_one_that_is_not_passes():
+    mask = torch.tensor([[True, True, False]])
+    with pytest.raises(DistillationError, match=r"the distillation term is zero on every one of the 2 sampled tokens "
+                                                r"in episode 3: .* Is --teacher_model the policy itself\?"):
+        check_not_identically_zero(torch.tensor([[0.0, 0.0, 0.7]]) * mask, mask, 3)
+    check_not_identically_zero(torch.tensor([[0.0, 1e-6, 0.0]]), mask, 3)
+
+
+def test_a_teacher_with_another_vocabulary_is_refused_in_one_line():
+    check_vocabulary(None, {"a": 0}, "T")
+    check_vocabulary({"a": 0, "b": 1}, {"a": 0, "b": 1}, "T")
+    with pytest.raises(DistillationError, match=r"--teacher_model T: its tokenizer's vocabulary differs from the "
+                                                r"policy's \(2 vs 2 tokens; 'b' is 2 there and 1 here\)"):
+        check_vocabulary({"a": 0, "b": 2}, {"a": 0, "b": 1}, "T")
+
+
+def test_the_distillation_loss_reads_the_students_logits_at_the_teachers_top_k_and_pulls_towards_the_teacher():
+    logits = torch.tensor([[[2.0, 1.0, 0.0, -1.0]]], requires_grad=True)
+    top_ids = torch.tensor([[[2, 0]]])
+    top_logps = torch.tensor([[TEACHER]]).log()
+    experience = _experience(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1, dtype=torch.bool), torch.zeros(1))
+    experience.teacher_top_ids, experience.teacher_top_logps = top_ids, top_logps
+    term = DistillTerm("forward_kl_topk", coef=3.0)
+    loss, metrics = term(experience, torch.zeros(1, 1), torch.ones(1, 1), lambda values, mask: values.mean(),
+                         logits=logits)
+    student = torch.log_softmax(logits.detach(), -1)[0, 0, [2, 0]].exp().tolist()
+    assert metrics["loss/distill"][0] == pytest.approx(_kl(_renormalised(TEACHER), _renormalised(student)), rel=1e-5)
+    assert loss.item() == pytest.approx(3 * metrics["loss/distill"][0], rel=1e-6)
+    loss.backward()
+    assert logits.grad[0, 0, 2] < 0 < logits.grad[0, 0, 0]   # token 2 (the teacher's likeliest) is pushed up
+
+
+def _teacher_model(tiny_assets, folder, seed=1):
+    from transformers import AutoTokenizer
+
+    from coati.models.tiny import build_tiny_llama
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
+    build_tiny_llama(tokenizer, seed=seed).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _grpo(tiny_assets, out, *extra):
+    return torchrun(SCRIPTS / "train_grpo.py", 2, "--pretrain", str(tiny_assets["model"]), "--prompt_dataset",
+                    str(tiny_assets["prompt_train"]), "--plugin", "ddp", "--batch_size", "2", "--num_generations", "3",
+                    "--max_new_tokens", "8", "--num_episodes", "2", "--log_dir", str(out / "logs"), *extra)
+
+
+@pytest.mark.parametrize("rewards", [["--reward_fn", "math_answer"], []], ids=["with_rewards", "alone"])
+def test_grpo_distils_from_a_teacher_under_torchrun(tiny_assets, tmp_path_factory, rewards):
+    out = tmp_path_factory.mktemp("distil")
+    teacher = _teacher_model(tiny_assets, out / "teacher")
+    result = _grpo(tiny_assets, out, "--teacher_model", str(teacher), "--distill_loss", "gkd", "--distill_top_k", "4",
+                   *rewards)
+    assert result.returncode == 0, result.stderr[-3000:]
+    trained = [m for m in map(json.loads, (out / "logs" / "metrics.jsonl").read_text().splitlines()) if "train/loss" in m]
+    assert len(trained) == 2
+    assert all(m["train/loss/distill"] > 0 and m["train/rollout/distill_reverse_kl"] != 0 for m in trained)
+    assert all(("train/rewards/math_answer/mean" in m) == bool(rewards) for m in trained)
+
+
+def test_a_teacher_that_is_the_policy_stops_the_run_in_one_line(tiny_assets, tmp_path):
+    copy = shutil.copytree(tiny_assets["model"], tmp_path / "same_weights")
+    result = _grpo(tiny_assets, tmp_path, "--teacher_model", str(copy))
+    assert result.returncode != 0
+    errors = {line for line in result.stderr.splitlines() if line.startswith("error: ")}
+    assert len(errors) == 1 and re.fullmatch(r"error: the distillation term is zero on every one of the \d+ sampled "
+                                             r"tokens in this batch: .*", errors.pop())
+    assert re.search(r"exitcode\s*: 2", result.stderr), result.stderr[-3000:]
