@@ -441,6 +441,16 @@ class RewardSettings:
 
 
 @dataclass(frozen=True)
+class ProcessRewardSettings:
+    """A process reward model's step scores as rewards (`coati.models.prm`)."""
+
+    prm_pretrain: str = setting("", help="a process reward model (train_prm.py's exported model): its score of each "
+                                         "step of a completion is a reward on the token that ends the step (GRPO: "
+                                         "with --adv_estimator process; PPO: added to the token rewards)")
+    prm_coef: float = setting(1.0, parse=non_negative(), help="weight of the process reward model's step scores")
+
+
+@dataclass(frozen=True)
 class DistillSettings:
     """On-policy distillation: a frozen teacher scores the policy's own samples token by token
     (`coati.experience.distillation`)."""

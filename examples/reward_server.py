@@ -22,8 +22,8 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from coati.dataset.collators import pad_sequences
-from coati.inference import http_json
-from coati.inference.http_json import JsonHandler
+from coati.utils import http_json
+from coati.utils.http_json import JsonHandler
 from coati.models.reward_model import load_reward_model, sequence_rewards
 from coati.rewards.remote import TOKEN_ENV
 from coati.cli.options import CoatiArgumentParser

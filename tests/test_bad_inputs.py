@@ -109,13 +109,14 @@ def _checkpoints(root: Path, assets) -> dict:
 def _raw_files(root: Path, assets) -> dict:
     raw = {"binary": root / "binary.jsonl", "latin1": root / "latin1.jsonl", "malformed": root / "malformed.jsonl",
            "missing_field": root / "missing_field.jsonl", "template_bad_json": root / "template.json",
-           "template_no_field": root / "template_no_field.json"}
+           "template_no_field": root / "template_no_field.json", "prm_no_labels": root / "prm_no_labels.jsonl"}
     raw["binary"].write_bytes(bytes(range(256)) * 4)
     raw["latin1"].write_bytes('{"messages": [{"role": "user", "content": "caf\xe9"}]}\n'.encode("latin-1"))
     raw["malformed"].write_text('{"messages": [}\n')
     raw["missing_field"].write_text('{"msgs": []}\n')
     raw["template_bad_json"].write_text('{"chat_template": "{{ x }}",\n "end_of_turn_token": }\n')
     raw["template_no_field"].write_text('{"chat_template": 5, "end_of_turn_token": "</s>"}\n')
+    raw["prm_no_labels"].write_text('{"prompt": "1 + 1?", "completions": ["1 + 1 = 2.", "#### 2"]}\n')
     (root / "raw_dir").mkdir()
     (root / "raw_dir" / "notes.xyz").write_text("no data here\n")
     paths = {k: str(v) for k, v in raw.items()}
@@ -231,6 +232,16 @@ CASES = [
     ("unknown_reward_fn", lambda p: _grpo(p, "--reward_fn", "nosuch"), "unknown reward function 'nosuch'"),
     ("unimportable_reward_fn", lambda p: _grpo(p, "--reward_fn", "no_such_pkg.mod:fn"), "cannot be imported"),
     ("reward_weight_not_a_number", lambda p: _grpo(p, "--reward_fn", "math_answer=abc"), "is not a number"),
+    ("prm_data_without_step_labels", lambda p: _prep(p, data="prm_no_labels", kind="prm"),
+     "prm_no_labels.jsonl:1: field 'labels': missing: a process reward model needs a label per step"),
+    ("prm_pretrain_not_a_prm", lambda p: _ppo(p, "--prm_pretrain", p["model"]),
+     "is not a process reward model (a token classifier, as train_prm.py exports one)"),
+    ("process_estimator_without_prm", lambda p: _grpo(p, "--adv_estimator", "process"),
+     "--adv_estimator process needs step scores: --prm_pretrain"),
+    ("prm_packing", lambda p: ("train_prm", ["--pretrain", p["model"], "--dataset", p["sft_train"], "--packing"]),
+     "--packing is not for train_prm.py"),
+    ("prm_on_sft_data", lambda p: ("train_prm", ["--pretrain", p["model"], "--dataset", p["sft_train"]]),
+     "was prepared as sft data; this script needs prm data (prepare_dataset.py --type prm)"),
     ("distill_loss_without_teacher", lambda p: _grpo(p, "--distill_loss", "gkd"),
      "--distill_loss needs a teacher: --teacher_model"),
     ("teacher_with_another_vocabulary", lambda p: _grpo(p, "--teacher_model", p["other_vocab_model"]),

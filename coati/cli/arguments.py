@@ -10,7 +10,8 @@ from coati.config import (AgentSettings, AsyncSettings, BackendSettings, Checkpo
                           EpisodeSettings, EpochSettings, EvalSettings, GRPOConfig, HealthSettings, KLSettings,
                           LogSettings, LoraSettings, MaxEntSettings, ModelSettings, OnPolicyConfig, OptimSettings,
                           PackingSettings, PluginConfig, PolicyLossSettings, PPOConfig, PtxSettings, ReferenceSettings,
-                          RewardSettings, SandboxSettings, JudgeSettings, DistillSettings)
+                          RewardSettings, SandboxSettings, JudgeSettings, DistillSettings,
+                          ProcessRewardSettings)
 from coati.utils.cadence import LogCadence, Saver
 
 from .options import CoatiArgumentParser, add_settings, settings_from
@@ -57,6 +58,7 @@ def add_on_policy_args(parser: argparse.ArgumentParser, maker: type, defaults: O
     where both declare a setting; `defaults` changes others' for the script."""
     sections = [(maker, "rollouts and advantages"), (EpisodeSettings, "on-policy"), (PolicyLossSettings, "policy loss"),
                 (KLSettings, "KL to the reference"), (RewardSettings, "rewards"),
+                (ProcessRewardSettings, "process reward model (step scores)"),
                 (JudgeSettings, "LLM judge (--reward_fn judge)"), (SandboxSettings, "code_tests reward (programs run in a sandbox)"),
                 (PtxSettings, "ptx (InstructGPT's supervised loss beside the policy's)"),
                 (EvalSettings, "held-out evaluation"), (HealthSettings, "health alarms"),

@@ -26,6 +26,7 @@ from coati.models.critic import load_critic
 from coati.models.generation import HFEngine
 from coati.models.loss import PolicyLoss
 from coati.models.packing import enable_packed_attention
+from coati.models.prm import StepScorer, is_prm_folder, load_frozen_prm
 from coati.models.reward_model import load_reward_model
 from coati.rewards import BUILTIN, WeightedReward
 from coati.rewards.code import CodeTests
@@ -95,7 +96,7 @@ def _reward_specs(args: argparse.Namespace) -> List[str]:
     """`--reward_fn`; when it is not given, `DEFAULT_REWARD`, or nothing beside a reward model."""
     if args.reward_fn is not None:
         return list(args.reward_fn)
-    return [] if args.rm_pretrain or getattr(args, "teacher_model", "") else [DEFAULT_REWARD]
+    return [] if args.rm_pretrain or args.prm_pretrain or getattr(args, "teacher_model", "") else [DEFAULT_REWARD]
 
 
 def _reward_fn(args: argparse.Namespace, serve: bool = True) -> Optional[WeightedReward]:
@@ -300,7 +301,7 @@ def _build_grpo(args, setup, tokenizer, actor, optimizer, scheduler, engine, ref
                    if args.adv_estimator == "maxent" else None)
     maker = GRPOExperienceMaker(actor, engine, tokenizer, _reward_fn(args), config, reference,
                                 _frozen_reward_model(args, tokenizer), temperature=temperature,
-                                teacher=_teacher(args, setup, tokenizer))
+                                teacher=_teacher(args, setup, tokenizer), step_scorer=_step_scorer(args, setup, tokenizer))
     if args.distill_loss:
         kwargs["loss_terms"] = [DistillTerm(args.distill_loss, args.distill_loss_coef, args.gkd_beta)]
     kwargs["workflow"] = _workflow(args, maker)
@@ -317,6 +318,29 @@ def _teacher(args: argparse.Namespace, setup: Any, tokenizer: Any) -> Optional[T
         return None
     config = DistillConfig(args.distill_coef, args.distill_top_k if args.distill_loss else 0)
     return Teacher(frozen_model(args.teacher_model, args, setup), config, len(tokenizer))
+
+
+def _step_scorer(args: argparse.Namespace, setup: Any, tokenizer: Any) -> Optional[StepScorer]:
+    """`--prm_pretrain`, frozen, scoring the steps of each completion; None without one."""
+    if not args.prm_pretrain:
+        return None
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(setup.precision, torch.float32)
+    model = load_frozen_prm(args.prm_pretrain, run_device(), dtype, args.trust_remote_code)
+    return StepScorer(model, tokenizer, args.prm_coef)
+
+
+def _check_prm(args: argparse.Namespace, grpo: bool) -> None:
+    """Before any model loads: `--prm_pretrain` is a PRM, and GRPO reads its scores through the process estimator."""
+    if args.prm_pretrain and not is_prm_folder(args.prm_pretrain):
+        raise CoatiUsageError(f"--prm_pretrain {args.prm_pretrain} is not a process reward model (a token classifier, "
+                              "as train_prm.py exports one)")
+    if not grpo:
+        return
+    if args.prm_pretrain and args.adv_estimator != "process":
+        raise CoatiUsageError(f"--prm_pretrain: GRPO reads step scores through --adv_estimator process, not "
+                              f"{args.adv_estimator}; add --adv_estimator process")
+    if args.adv_estimator == "process" and not args.prm_pretrain:
+        raise CoatiUsageError("--adv_estimator process needs step scores: --prm_pretrain (a train_prm.py model)")
 
 
 def _check_distillation(args: argparse.Namespace) -> None:
@@ -461,10 +485,12 @@ def _check_backend(args: argparse.Namespace) -> None:
 
 def run_grpo(args: argparse.Namespace) -> GRPOTrainer:
     """GRPO as the flags say: held-out reward before and after (with `--eval_dataset`), then the export."""
-    if not _reward_specs(args) and not args.rm_pretrain and not args.teacher_model:
-        raise CoatiUsageError("GRPO needs a reward: --reward_fn (at least one function) and/or --rm_pretrain "
-                              "(a trained reward model), or a distillation teacher (--teacher_model)")
+    if not _reward_specs(args) and not (args.rm_pretrain or args.teacher_model or args.prm_pretrain):
+        raise CoatiUsageError("GRPO needs a reward: --reward_fn (at least one function), --rm_pretrain (a trained "
+                              "reward model) and/or --prm_pretrain (a process reward model), or a distillation teacher "
+                              "(--teacher_model)")
     _check_distillation(args)
+    _check_prm(args, grpo=True)
     if args.num_generations < 2:
         raise CoatiUsageError(f"--num_generations {args.num_generations}: GRPO needs at least 2 completions per prompt, "
                               "since each completion's advantage is its reward relative to the others of its group")
@@ -507,7 +533,8 @@ def _build_ppo(args, setup, tokenizer, actor, optimizer, scheduler, engine, refe
     config = settings_from(args, PPOConfig, kl_coef=args.kl_coef,
                            old_log_probs_at_collection=not _one_update_per_experience(args))
     maker = PPOExperienceMaker(actor, critic, engine, tokenizer, _reward_fn(args), config, reference,
-                               _frozen_reward_model(args, tokenizer), kl_controller=_kl_controller(args))
+                               _frozen_reward_model(args, tokenizer), kl_controller=_kl_controller(args),
+                               step_scorer=_step_scorer(args, setup, tokenizer))
     kwargs["workflow"] = _workflow(args, maker)
     return PPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler, critic=critic,
                       critic_optim=critic_optim, critic_booster=critic_setup.booster, critic_lr_scheduler=critic_scheduler,
@@ -517,8 +544,10 @@ def _build_ppo(args, setup, tokenizer, actor, optimizer, scheduler, engine, refe
 def run_ppo(args: argparse.Namespace) -> PPOTrainer:
     """PPO as the flags say: rewards from `--rm_pretrain` and/or `--reward_fn`, a critic from
     `--critic_pretrain` (default: the reward model), KL-penalised to the reference; then the export."""
-    if not args.rm_pretrain and not _reward_specs(args):
-        raise CoatiUsageError("PPO needs a reward: --rm_pretrain (a trained reward model) and/or --reward_fn")
+    if not args.rm_pretrain and not args.prm_pretrain and not _reward_specs(args):
+        raise CoatiUsageError("PPO needs a reward: --rm_pretrain (a trained reward model), --prm_pretrain (a process "
+                              "reward model) and/or --reward_fn")
+    _check_prm(args, grpo=False)
     _reward_fn(args, serve=False)
     _check_kl_control(args)
     _check_save_best(args)

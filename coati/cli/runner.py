@@ -28,6 +28,7 @@ from coati.models.lora import enable_lora, export_adapter_and_merge
 from coati.models.packing import enable_packed_attention
 from coati.models.reference import load_reference_model, with_reference_logps
 from coati.models.reward_model import load_reward_model
+from coati.models.prm import load_prm
 from coati.trainer.base import SLTrainer
 from coati.trainer.callbacks import Callback, PerformanceEvaluator
 from coati.cli.arguments import log_cadence, plugin_config, saver
@@ -57,6 +58,12 @@ def load_reward_model_from_args(args: argparse.Namespace, tokenizer: PreTrainedT
     path = _require_dir(args.pretrain, "--pretrain model directory")
     return load_reward_model(path, tokenizer.pad_token_id, trust_remote_code=args.trust_remote_code,
                              attn_implementation=attention_implementation(args))
+
+
+def load_prm_from_args(args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module:
+    path = _require_dir(args.pretrain, "--pretrain model directory")
+    return load_prm(path, tokenizer.pad_token_id, args.step_separator, trust_remote_code=args.trust_remote_code,
+                    attn_implementation=attention_implementation(args))
 
 
 def build_dataloader(plugin: Plugin, dataset: Dataset, batch_size: int, collator: Callable, shuffle: bool, seed: int,

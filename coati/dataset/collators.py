@@ -202,4 +202,5 @@ def both_sides(batch: Dict[str, torch.Tensor], field: str) -> torch.Tensor:
     return torch.cat([batch[f"chosen_{field}"], batch[f"rejected_{field}"]])
 
 
-COLLATORS = {"sft": SupervisedCollator, "preference": PreferenceCollator, "prompt": PromptCollator, "kto": KTOCollator}
+COLLATORS = {"sft": SupervisedCollator, "preference": PreferenceCollator, "prompt": PromptCollator, "kto": KTOCollator,
+             "prm": SupervisedCollator}

@@ -207,3 +207,26 @@ def write_jsonl(records: Iterable[Dict], path: Union[str, Path]) -> Path:
         for record in records:
             f.write(json.dumps(record) + "\n")
     return path
+
+
+def prm_records(problems: Iterable[Problem], seed: int = 0) -> List[Dict]:
+    """Step-labelled solutions for a process reward model, in TRL's stepwise format: the working (`a op b = r.`) and
+    the answer line (`#### r`), each labelled correct or not. Per problem one of: the solution (both right), the
+    other operation (both wrong: the working contradicts the question), a slip in the working (both wrong), or the
+    right working with another answer line (only the first right)."""
+    rng = random.Random(seed)
+    records = []
+    for p in problems:
+        working, answer = p.solution.split(" #### ")
+        kind = rng.randrange(4)
+        if kind == 0:
+            steps, labels = [working, f"#### {answer}"], [True, True]
+        elif kind == 1:
+            flipped = _wrong_operation(p, rng)
+            steps, labels = [flipped.split(" #### ")[0], f"#### {flipped.split(' #### ')[1]}"], [False, False]
+        else:
+            slipped = _wrong_answer(p, rng).split(" #### ")
+            steps, labels = ([slipped[0], f"#### {slipped[1]}"], [False, False]) if kind == 2 else \
+                ([working, f"#### {slipped[1]}"], [True, False])
+        records.append({"prompt": p.question, "completions": steps, "labels": labels})
+    return records

@@ -20,7 +20,8 @@ from transformers import PreTrainedTokenizerBase
 from coati.utils.errors import CoatiUsageError, first_line
 from coati.utils.file_checks import PART_PREFIX, prepared_folders
 
-from .tokenization import IGNORE_INDEX, tokenize_conversation, tokenize_kto, tokenize_preference, tokenize_text
+from .tokenization import (IGNORE_INDEX, tokenize_conversation, tokenize_kto, tokenize_preference, tokenize_steps,
+                           tokenize_text)
 from .validation import jsonl_entries, validate_rows
 
 PathLike = Union[str, Path]
@@ -199,7 +200,10 @@ def encoder(data_type: str, tokenizer: PreTrainedTokenizerBase, max_length: int)
         start = next(i for i, label in enumerate(encoded["labels"]) if label != IGNORE_INDEX)
         return {**encoded, "prompt_length": start, "desirable": bool(row["label"])}
 
-    encoders = {"sft": sft, "preference": preference, "kto": kto}
+    def prm(row: Dict) -> Optional[Dict]:
+        return tokenize_steps(tokenizer, row["prompt_text"], row["steps"], row["step_labels"], max_length)
+
+    encoders = {"sft": sft, "preference": preference, "kto": kto, "prm": prm}
     return encoders.get(data_type, lambda row: encode_prompt(tokenizer, row, max_length))
 
 
@@ -316,7 +320,8 @@ def load_prepared(paths: Sequence[PathLike], data_type: Optional[str] = None) ->
     return concatenate_datasets(parts)
 
 
-NEEDED_COLUMN = {"sft": "labels", "preference": "chosen_labels", "kto": "prompt_length", "prompt": "input_ids"}
+NEEDED_COLUMN = {"sft": "labels", "preference": "chosen_labels", "kto": "prompt_length", "prompt": "input_ids",
+                 "prm": "labels"}
 """The column each kind of prepared data cannot train without."""
 
 

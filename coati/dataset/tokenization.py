@@ -158,3 +158,31 @@ def tokenize_kto(
         return None
     prompt_length = next(i for i, label in enumerate(encoded["labels"]) if label != IGNORE_INDEX)
     return {**encoded, "prompt_length": prompt_length, "desirable": bool(desirable)}
+
+
+DEFAULT_STEP_SEPARATOR = "\n"
+"""What follows each step of a process-supervised solution (TRL's PRMTrainer's default)."""
+
+
+def tokenize_steps(tokenizer: PreTrainedTokenizerBase, prompt: str, steps: Sequence[str], step_labels: Sequence[bool],
+                   max_length: int, separator: str = DEFAULT_STEP_SEPARATOR) -> Optional[Dict[str, List[int]]]:
+    """`prompt` then each step followed by `separator`, tokenized as one text; each step's label (1 correct, 0 not)
+    sits on the token that holds its separator's first character (where a process reward model reads the step at
+    inference: the token that ends it), `IGNORE_INDEX` elsewhere. Steps past `max_length` are dropped; None when none
+    fits. Needs a fast tokenizer (character offsets)."""
+    text, ends = prompt, []
+    for step in steps:
+        text += step
+        ends.append(len(text))
+        text += separator
+    encoded = tokenizer(text, add_special_tokens=True, return_offsets_mapping=True)
+    ids, offsets = encoded["input_ids"][:max_length], encoded["offset_mapping"][:max_length]
+    labels = [IGNORE_INDEX] * len(ids)
+    for end, label in zip(ends, step_labels):
+        position = next((i for i, (start, stop) in enumerate(offsets) if start <= end < stop), None)
+        if position is None:
+            break
+        labels[position] = int(label)
+    if all(label == IGNORE_INDEX for label in labels):
+        return None
+    return {"input_ids": ids, "labels": labels}

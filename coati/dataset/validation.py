@@ -18,6 +18,8 @@ through the chat template; TRL's standard rows (plain text) are tokenized as the
 - kto: `prompt` + `completion` (strings, or a message list and assistant turns, or ColossalChat's single
   completion message object) + boolean `label` (desirable or not), or `messages` ending with the assistant
   completion + `label`; or a preference row, read as two (chosen desirable, rejected not), as TRL's KTO does.
+- prm: TRL's stepwise supervision: a `prompt` string, `completions` (a list of the solution's steps) and `labels`
+  (a bool per step).
 - GSM8K's `question` + `answer` (a worked solution ending in `#### N`, as in openai/gsm8k), for sft
   (the solution is the assistant turn) and prompt (`gt_answer` = N, commas dropped; `solution` kept).
 """
@@ -298,11 +300,31 @@ def validate_kto(row: Any, where: str) -> Union[Row, List[Row]]:
     return {"context": _prompt_turns(row, "prompt", where), "completion": _response(row, "completion", where), "label": label}
 
 
+def validate_prm(row: Any, where: str) -> Row:
+    """TRL's stepwise supervision row: a `prompt` string, `completions` (the solution's steps, strings) and `labels`
+    (a bool per step: whether that step is correct)."""
+    prompt = _text(row, "prompt", where, empty_ok=True)
+    steps = _require(row, "completions", where)
+    if not isinstance(steps, list) or not steps or not all(isinstance(step, str) and step.strip() for step in steps):
+        raise DataValidationError(where, "completions", "expected a non-empty list of the solution's steps (non-empty "
+                                                        "strings)")
+    if "labels" not in row:
+        raise DataValidationError(where, "labels", "missing: a process reward model needs a label per step (true: "
+                                                   "the step is correct), as in TRL's stepwise supervision format")
+    labels = row["labels"]
+    if not isinstance(labels, list) or not all(isinstance(label, bool) for label in labels):
+        raise DataValidationError(where, "labels", f"expected a list of true/false, one per step, got {labels!r:.60}")
+    if len(labels) != len(steps):
+        raise DataValidationError(where, "labels", f"{len(labels)} labels for {len(steps)} steps")
+    return {"prompt_text": prompt, "steps": steps, "step_labels": labels}
+
+
 VALIDATORS: Dict[str, Callable[[Any, str], Union[Row, List[Row]]]] = {
     "sft": validate_sft,
     "preference": validate_preference,
     "prompt": validate_prompt,
     "kto": validate_kto,
+    "prm": validate_prm,
 }
 
 

@@ -1,8 +1,9 @@
 """Advantage estimators: GAE for PPO, and the outcome-reward estimators `--adv_estimator` picks from
 (ADVANTAGE_ESTIMATORS: GRPO's group normalisation, RLOO, REINFORCE++, MaxEnt weighting). Each estimator is
-`fn(rewards (N,), config: AdvantageConfig) -> advantages (N,)`; its hyperparameters are in `config.options`."""
+`fn(rewards (N,), config: AdvantageConfig) -> advantages (N,)`; its hyperparameters are in `config.options`. The
+`process` estimator reads a process reward model's step scores too and returns per-token advantages (N, T)."""
 from dataclasses import dataclass, field
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -36,6 +37,10 @@ class AdvantageConfig:
     group_size: int
     scale_by_std: bool = True
     options: Dict[str, Any] = field(default_factory=dict)
+    step_rewards: Optional[torch.Tensor] = None
+    """A process reward model's score of each step on the token that ends it (N, T), 0 elsewhere; `step_mask` marks
+    those tokens. Given where `--prm_pretrain` scores the completions; estimators that read them return (N, T)."""
+    step_mask: Optional[torch.Tensor] = None
 
 
 STD_EPS = 1e-6
@@ -97,3 +102,24 @@ def tied_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     groups = rewards.view(-1, group_size)
     tied = (groups == groups[:, :1]).all(-1)
     return tied.repeat_interleave(group_size)
+
+
+@ADVANTAGE_ESTIMATORS.register("process")
+def process_advantages(rewards: torch.Tensor, config: AdvantageConfig) -> torch.Tensor:
+    """GRPO with process supervision (Shao et al. 2024, 4.1.3): every step score of a group's completions is
+    normalised by the mean and std of all the group's step scores, a token's advantage is the sum of the normalised
+    scores of the steps that end at or after it, and the outcome rewards' group advantage (`grpo`) is added to every
+    token (the outcome term is 0 where every reward ties, e.g. with a PRM alone). Per token (N, T)."""
+    if config.step_rewards is None or config.step_mask is None:
+        raise ValueError("the process advantage estimator needs a process reward model's step scores (--prm_pretrain)")
+    mask = config.step_mask.bool()
+    groups, n = mask.view(-1, config.group_size, mask.size(1)), config.group_size
+    scores = config.step_rewards.view_as(groups).double()
+    count = groups.sum((1, 2), keepdim=True).clamp(min=1)
+    mean = (scores * groups).sum((1, 2), keepdim=True) / count
+    centred = (scores - mean) * groups
+    if config.scale_by_std:
+        std = ((centred ** 2).sum((1, 2), keepdim=True) / (count - 1).clamp(min=1)).sqrt()
+        centred = centred / (std + STD_EPS)
+    to_go = centred.flip(-1).cumsum(-1).flip(-1).view(-1, mask.size(1)).to(rewards.dtype)
+    return to_go + group_advantages(rewards, config).unsqueeze(-1)

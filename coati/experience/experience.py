@@ -33,7 +33,8 @@ class Experience:
     None when the learning forward's own log-probs, detached, stand for them
     (`RolloutConfig.old_log_probs_at_collection`). With a distillation teacher (`coati.experience.distillation`):
     its log-probs of the sampled tokens, and its top-k log-probs and token ids per position (batch, N, k) where a
-    distillation loss reads them."""
+    distillation loss reads them. With a process reward model: each step's score on the token that ends it
+    (`step_rewards`, weighted) and where steps end (`step_mask`)."""
 
     sequences: torch.Tensor
     attention_mask: torch.Tensor
@@ -62,6 +63,8 @@ class Experience:
     teacher_log_probs: Optional[torch.Tensor] = None
     teacher_top_logps: Optional[torch.Tensor] = None
     teacher_top_ids: Optional[torch.Tensor] = None
+    step_rewards: Optional[torch.Tensor] = None
+    step_mask: Optional[torch.Tensor] = None
 
     def split(self, rows: int) -> List["Experience"]:
         """Consecutive parts of at most `rows` rows (the whole batch when `rows` is 0 or covers it): every
@@ -102,10 +105,10 @@ class ExperienceMaker:
     def __init__(self, actor: torch.nn.Module, engine: InferenceEngine, tokenizer: Any,
                  reward_fn: Optional[WeightedReward], config: RolloutConfig,
                  ref_model: Optional[torch.nn.Module] = None, reward_model: Optional[torch.nn.Module] = None,
-                 teacher: Optional[Any] = None) -> None:
+                 teacher: Optional[Any] = None, step_scorer: Optional[Any] = None) -> None:
         self.scorer = Scorer(tokenizer, reward_fn, reward_model, config.forward_batch_size, config.reward_model_weight)
         self.actor, self.engine, self.tokenizer = actor, engine, tokenizer
-        self.config, self.ref_model, self.teacher = config, ref_model, teacher
+        self.config, self.ref_model, self.teacher, self.step_scorer = config, ref_model, teacher, step_scorer
 
     @property
     def group_size(self) -> int:
@@ -130,6 +133,8 @@ class ExperienceMaker:
         experience.packed = self.config.packing
         experience.terminated = self._terminated(experience)
         self._add_log_probs(experience)
+        if self.step_scorer is not None:
+            self._add_step_rewards(experience)
         self._add_advantages(experience)
         if self.teacher is not None:
             self.teacher.add_advantages(experience)
@@ -155,6 +160,17 @@ class ExperienceMaker:
         if self.teacher is not None:
             with timed(e.timing, "teacher_forward"):
                 self.teacher.score(e, self._per_rows)
+
+    def _add_step_rewards(self, experience: Experience) -> None:
+        """The process reward model's step scores (`step_scorer`), on the tokens that end the steps; logged per row as
+        `rollout/prm_step_score` (the mean over its steps) and `rollout/prm_steps`."""
+        e = experience
+        with timed(e.timing, "prm_forward"):
+            e.step_rewards, e.step_mask = self._per_rows(lambda rows: self.step_scorer(
+                e.sequences[rows], e.attention_mask[rows], e.prompt_length, e.action_mask[rows]), e)
+        steps = e.step_mask.sum(-1)
+        e.rollout_stats["prm_steps"] = steps.tolist()
+        e.rollout_stats["prm_step_score"] = (e.step_rewards.sum(-1) / steps.clamp(min=1)).tolist()
 
     def _per_rows(self, forward: Callable[[slice], Any], experience: Experience) -> Any:
         """`forward` over the experience's rows, `config.forward_batch_size` at a time."""
@@ -187,12 +203,14 @@ class GRPOExperienceMaker(ExperienceMaker):
     def group_size(self) -> int:
         return self.config.num_generations
 
-    def advantage_config(self) -> AdvantageConfig:
-        """The estimator's config now: the group size, std scaling, the user's options and MaxEnt's current tau."""
+    def advantage_config(self, experience: Optional[Experience] = None) -> AdvantageConfig:
+        """The estimator's config now: the group size, std scaling, the user's options, MaxEnt's current tau, and the
+        process reward model's step scores of `experience` where it has them."""
         options = dict(self.config.advantage_options)
         if self.temperature is not None:
             options["tau"] = self.temperature.value
-        return AdvantageConfig(self.config.num_generations, self.config.scale_rewards, options)
+        steps = (experience.step_rewards, experience.step_mask) if experience is not None else (None, None)
+        return AdvantageConfig(self.config.num_generations, self.config.scale_rewards, options, *steps)
 
     def _add_advantages(self, experience: Experience) -> None:
         """The estimator's advantages from each group's rewards (shaped first, where shapers are named: the
@@ -204,7 +222,8 @@ class GRPOExperienceMaker(ExperienceMaker):
             rewards = shape_rewards(raw, experience.reward_components, lengths, config.reward_shaping,
                                     config.shaping.resolved(config.sampling.max_new_tokens))
         experience.rewards = rewards
-        experience.advantages = ADVANTAGE_ESTIMATORS.get(config.advantage_estimator)(rewards, self.advantage_config())
+        experience.advantages = ADVANTAGE_ESTIMATORS.get(config.advantage_estimator)(rewards,
+                                                                                     self.advantage_config(experience))
         experience.loss_mask = experience.action_mask.clone()
         if config.drop_tied_groups or config.dynamic_sampling:
             experience.loss_mask[tied_groups(raw, config.num_generations)] = False
@@ -268,7 +287,8 @@ def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch
 
 class PPOExperienceMaker(ExperienceMaker):
     """`config.num_generations` completions per prompt (default one). Token rewards are -beta times the KL to the reference
-    on every token, plus the sequence's score (reward model and/or reward function) on its last token; the
+    on every token, plus the sequence's score (reward model and/or reward function) on its last token, plus a process
+    reward model's step scores on the tokens that end the steps (where `step_scorer` is given); the
     critic's values turn them into GAE advantages and returns (Ouyang et al. 2022). beta is `kl_controller`'s value
     (default: `config.kl_coef`, fixed)."""
 
@@ -277,8 +297,8 @@ class PPOExperienceMaker(ExperienceMaker):
     def __init__(self, actor: torch.nn.Module, critic: torch.nn.Module, engine: InferenceEngine, tokenizer: Any,
                  reward_fn: Optional[WeightedReward], config: PPOConfig,
                  ref_model: Optional[torch.nn.Module] = None, reward_model: Optional[torch.nn.Module] = None,
-                 kl_controller: Optional[KLController] = None) -> None:
-        super().__init__(actor, engine, tokenizer, reward_fn, config, ref_model, reward_model)
+                 kl_controller: Optional[KLController] = None, step_scorer: Optional[Any] = None) -> None:
+        super().__init__(actor, engine, tokenizer, reward_fn, config, ref_model, reward_model, step_scorer=step_scorer)
         self.critic = critic
         self.kl_controller = kl_controller or KLController(config.kl_coef)
 
@@ -293,6 +313,8 @@ class PPOExperienceMaker(ExperienceMaker):
             e.values = self._per_rows(lambda rows: action_values(self.critic, e.sequences[rows], e.attention_mask[rows],
                                                                  e.prompt_length, packed=e.packed), e) * mask
         token_rewards = last_token_rewards(e.rewards, mask)
+        if e.step_rewards is not None:
+            token_rewards = token_rewards + e.step_rewards
         if e.kl is not None:
             token_rewards = token_rewards - self.kl_controller.value * e.kl
         e.advantages, e.returns = compute_gae(token_rewards, e.values, mask, self.config.gamma, self.config.lam)

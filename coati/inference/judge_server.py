@@ -12,7 +12,8 @@ When ready it prints `serving judge DIR on http://HOST:PORT/v1` and writes that 
 starts it (`coati.inference.local_judge`) holds a lifeline pipe (`COATI_JUDGE_LIFELINE_FD`) whose end of file stops
 it, however the trainer ends.
 
-Imports only the standard library at the top, so that it runs in vLLM's environment as well as in coati's.
+Imports only the standard library and coati's light utilities at the top, so that it runs in vLLM's environment as
+well as in coati's.
 """
 import argparse
 import os
@@ -25,7 +26,7 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from coati.inference.http_json import JsonHandler
+from coati.utils.http_json import JsonHandler
 from coati.inference.vllm_server import watch_lifeline
 
 TOKEN_ENV = "COATI_JUDGE_TOKEN"

@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from coati.config import SamplingConfig
 from coati.experience.scorer import Scorer
-from coati.inference.http_json import JsonHandler
+from coati.utils.http_json import JsonHandler
 
 from .chat import ChatTokens
 from .engine import RolloutEngine

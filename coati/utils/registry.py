@@ -95,8 +95,9 @@ def option(text: str) -> Tuple[str, Any]:
 
 
 ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator", "coati.experience.advantages",
-                                          ("grpo", "rloo", "reinforce_pp", "maxent"))
-"""`fn(rewards (N,), config: AdvantageConfig) -> advantages (N,)`; `rewards` holds consecutive groups of
+                                          ("grpo", "rloo", "reinforce_pp", "maxent", "process"))
+"""`fn(rewards (N,), config: AdvantageConfig) -> advantages (N,)`, or (N, T) per token for an estimator that reads a
+process reward model's step scores (`config.step_rewards`); `rewards` holds consecutive groups of
 `config.group_size` completions of one prompt, `config.options` the estimator's hyperparameters (`--adv_option`).
 A new estimator is one decorated function."""
 AGGREGATIONS: Registry = Registry("loss aggregation", "coati.models.loss",

@@ -26,7 +26,8 @@ def comma_list(value: str) -> List[str]:
 @exit_cleanly
 def main(argv=None) -> None:
     parser = CoatiArgumentParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument("--type", required=True, choices=("sft", "preference", "prompt", "kto"), help="what the rows are")
+    parser.add_argument("--type", required=True, choices=("sft", "preference", "prompt", "kto", "prm"),
+                        help="what the rows are (prm: steps with a label each, for train_prm.py)")
     parser.add_argument("--data_input_dirs", nargs="+", required=True, type=comma_list,
                         help="JSONL files, folders of them, or local dataset folders that datasets.load_dataset reads "
                              "(several: space- or comma-separated)")

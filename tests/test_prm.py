@@ -1,0 +1,149 @@
+"""Process reward models end to end: step-labelled data (labels on the tokens that end the steps), the per-step
+metrics, step scores landing on the tokens that end each step of a left-padded completion, the process advantage
+estimator against hand-computed values, and under torchrun: train_prm.py, then GRPO and PPO with its step scores."""
+import json
+
+import pytest
+import torch
+
+from conftest import SCRIPTS, torchrun
+from coati.dataset.tokenization import IGNORE_INDEX, tokenize_steps
+from coati.dataset.validation import DataValidationError, validate_prm
+from coati.experience.advantages import AdvantageConfig, process_advantages
+from coati.models.prm import separator_tokens, step_ends, step_scores
+from coati.trainer.prm import first_error_hits, step_metrics
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_assets):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_assets["model"])
+
+
+def test_each_steps_label_sits_on_the_token_that_ends_it(tokenizer):
+    steps, labels = ["3 + 4 = 7.", "#### 8", "so it is 8"], [True, False, False]
+    row = tokenize_steps(tokenizer, "Ann has 3 pens and gets 4 more.", steps, labels, 256)
+    ids, marked = row["input_ids"], [(i, label) for i, label in enumerate(row["labels"]) if label != IGNORE_INDEX]
+    assert [label for _, label in marked] == [1, 0, 0]
+    assert all("\n" in tokenizer.decode([ids[i]]) for i, _ in marked)
+    assert tokenizer.decode(ids[:marked[0][0]]).endswith("3 + 4 = 7.")
+    cut = tokenize_steps(tokenizer, "Ann has 3 pens and gets 4 more.", steps, labels, marked[1][0])
+    assert [label for label in cut["labels"] if label != IGNORE_INDEX] == [1]   # the steps past max_length are dropped
+    assert tokenize_steps(tokenizer, "Ann has 3 pens and gets 4 more.", steps, labels, 3) is None
+
+
+@pytest.mark.parametrize("row, field, problem", [
+    ({"prompt": "q", "completions": ["a", "b"]}, "labels", "missing: a process reward model needs a label per step"),
+    ({"prompt": "q", "completions": ["a", "b"], "labels": [True]}, "labels", "1 labels for 2 steps"),
+    ({"prompt": "q", "completions": ["a"], "labels": ["yes"]}, "labels", "expected a list of true/false"),
+    ({"prompt": "q", "completions": [], "labels": []}, "completions", "expected a non-empty list")])
+def test_prm_rows_without_usable_step_labels_are_refused_by_name(row, field, problem):
+    with pytest.raises(DataValidationError, match=f"rows.jsonl:3: field '{field}': {problem}"):
+        validate_prm(row, "rows.jsonl:3")
+
+
+def test_per_step_metrics_and_the_first_error():
+    labels = torch.tensor([[IGNORE_INDEX, 1, IGNORE_INDEX, 0, 0, 1], [1, 1, 1, 1, IGNORE_INDEX, IGNORE_INDEX]])
+    predicted = torch.tensor([[0, 1, 0, 1, 0, 1], [1, 1, 0, 1, 0, 0]])
+    labelled = labels != IGNORE_INDEX
+    correct = (predicted == labels) & labelled
+    metrics = step_metrics(correct, labelled)
+    assert metrics["accuracy"] == (6, 8)
+    assert metrics["accuracy/step_1"] == (2, 2) and metrics["accuracy/step_2"] == (1, 2)
+    assert metrics["accuracy/step_3"] == (1, 2) and metrics["accuracy/later_steps"] == (2, 2)
+    # row 0: first wrong step is the 2nd, the model says the 3rd; row 1: none wrong, the model says the 3rd
+    assert first_error_hits(predicted, labels, labelled) == (0, 2)
+    assert first_error_hits(labels.clamp(min=0), labels, labelled) == (2, 2)
+
+
+def test_step_scores_land_on_the_tokens_that_end_each_step_of_left_padded_rows(tiny_assets, tokenizer):
+    from transformers import AutoModelForTokenClassification
+
+    torch.manual_seed(0)
+    prm = AutoModelForTokenClassification.from_pretrained(tiny_assets["model"], num_labels=2).eval()
+    separators = separator_tokens(tokenizer, "\n")
+    prompts = [tokenizer("Ann has 3 pens.")["input_ids"], tokenizer("Ben has 9 coins and gets 1 more.")["input_ids"]]
+    completions = [tokenizer("3 + 1 = 4.\n#### 4", add_special_tokens=False)["input_ids"],
+                   tokenizer("9 + 1 = 10.\n", add_special_tokens=False)["input_ids"]]
+    width, length = max(map(len, prompts)), max(map(len, completions))
+    sequences = torch.full((2, width + length), tokenizer.pad_token_id)
+    attention, action = torch.zeros_like(sequences), torch.zeros(2, length, dtype=torch.bool)
+    for row, (prompt, completion) in enumerate(zip(prompts, completions)):
+        sequences[row, width - len(prompt):width] = torch.tensor(prompt)
+        sequences[row, width:width + len(completion)] = torch.tensor(completion)
+        attention[row, width - len(prompt):width + len(completion)] = 1
+        action[row, :len(completion)] = True
+    scores, ends = step_scores(prm, sequences, attention, width, action, separators)
+    for row, (prompt, completion) in enumerate(zip(prompts, completions)):
+        expected = [i for i, t in enumerate(completion) if "\n" in tokenizer.decode([t])]
+        if len(completion) - 1 not in expected:
+            expected.append(len(completion) - 1)   # a last step with no separator after it
+        assert ends[row].nonzero().flatten().tolist() == expected
+        with torch.no_grad():
+            alone = torch.softmax(prm(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt):], -1)[:, 1]
+        assert torch.allclose(scores[row, :len(completion)][ends[row, :len(completion)]], alone[expected], atol=1e-5)
+        assert (scores[row][~ends[row]] == 0).all()
+    assert ends[1].sum() == 1   # row 1 ends with its separator: one step
+
+
+def test_process_advantages_normalise_each_groups_step_scores_and_sum_those_still_to_come():
+    step_rewards = torch.tensor([[0.9, 0.0, 0.5, 0.0], [0.0, 0.2, 0.0, 0.0]])
+    step_mask = step_rewards > 0
+    rewards = torch.tensor([1.0, 0.0])
+    advantages = process_advantages(rewards, AdvantageConfig(2, True, {}, step_rewards, step_mask))
+    scores = [0.9, 0.5, 0.2]
+    mean = sum(scores) / 3
+    std = (sum((s - mean) ** 2 for s in scores) / 2) ** 0.5
+    n = [(s - mean) / std for s in scores]
+    outcome = [0.5 / 0.5 ** 0.5, -0.5 / 0.5 ** 0.5]   # grpo on [1, 0]: the group's std is sqrt(0.5)
+    expected = torch.tensor([[n[0] + n[1], n[1], n[1], 0.0], [n[2], n[2], 0.0, 0.0]]) + torch.tensor(outcome)[:, None]
+    assert torch.allclose(advantages, expected, atol=1e-5)
+    with pytest.raises(ValueError, match="needs a process reward model's step scores"):
+        process_advantages(rewards, AdvantageConfig(2))
+
+
+@pytest.fixture(scope="module")
+def trained_prm(tiny_assets, tokenizer, tmp_path_factory):
+    """train_prm.py under torchrun (2 ranks) on step-labelled demo solutions: (its output folder, its log folder)."""
+    from coati.dataset.demo_data import generate_problems, prm_records, write_jsonl
+    from coati.dataset.prepare import prepare_dataset
+
+    root = tmp_path_factory.mktemp("prm")
+    for split, n in (("train", 64), ("eval", 16)):
+        raw = write_jsonl(prm_records(generate_problems(n, split)), root / f"{split}.jsonl")
+        prepare_dataset([raw], "prm", tokenizer, 128, root / split)
+    result = torchrun(SCRIPTS / "train_prm.py", 2, "--pretrain", str(tiny_assets["model"]), "--dataset",
+                      str(root / "train"), "--eval_dataset", str(root / "eval"), "--plugin", "ddp", "--batch_size", "8",
+                      "--max_epochs", "2", "--lr", "1e-3", "--output_dir", str(root / "out"), "--log_dir",
+                      str(root / "logs"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root / "out", root / "logs"
+
+
+def test_train_prm_logs_step_metrics_and_exports_a_token_classifier_with_its_separator(trained_prm):
+    out, logs = trained_prm
+    config = json.loads((out / "model" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForTokenClassification"] and config["step_separator"] == "\n"
+    results = json.loads((out / "eval_result_epoch1.json").read_text())
+    assert {"loss", "accuracy", "accuracy/step_1", "accuracy/step_2", "first_error_accuracy"} <= set(results)
+    train = [json.loads(line) for line in (logs / "metrics.jsonl").read_text().splitlines()]
+    losses = [m["train/loss"] for m in train if "train/loss" in m]
+    assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("script, extra", [("train_grpo.py", ["--adv_estimator", "process", "--num_generations", "3",
+                                                              "--reward_fn", "math_answer"]),
+                                           ("train_ppo.py", ["--critic_pretrain"])], ids=["grpo", "ppo"])
+def test_rl_with_the_prms_step_scores_under_torchrun(tiny_assets, trained_prm, tmp_path, script, extra):
+    if script == "train_ppo.py":
+        extra = [*extra, str(tiny_assets["model"])]
+    result = torchrun(SCRIPTS / script, 2, "--pretrain", str(tiny_assets["model"]), "--prompt_dataset",
+                      str(tiny_assets["prompt_train"]), "--plugin", "ddp", "--batch_size", "2", "--max_new_tokens", "8",
+                      "--num_episodes", "2", "--prm_pretrain", str(trained_prm[0] / "model"), "--log_dir",
+                      str(tmp_path / "logs"), *extra)
+    assert result.returncode == 0, result.stderr[-3000:]
+    trained = [m for m in map(json.loads, (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines())
+               if "train/loss" in m]
+    assert len(trained) == 2
+    assert all(m["train/rollout/prm_steps"] >= 1 and 0 < m["train/rollout/prm_step_score"] < 1 for m in trained)
