@@ -26,8 +26,8 @@ def test_each_steps_label_sits_on_the_token_that_ends_it(tokenizer):
     row = tokenize_steps(tokenizer, "Ann has 3 pens and gets 4 more.", steps, labels, 256)
     ids, marked = row["input_ids"], [(i, label) for i, label in enumerate(row["labels"]) if label != IGNORE_INDEX]
     assert [label for _, label in marked] == [1, 0, 0]
-    assert all("\n" in tokenizer.decode([ids[i]]) for i, _ in marked)
-    assert tokenizer.decode(ids[:marked[0][0]]).endswith("3 + 4 = 7.")
+    assert all("\n" in tokenizer.decode([ids[i + 1]]) for i, _ in marked)   # each on the step's last token
+    assert tokenizer.decode(ids[:marked[0][0] + 1]).endswith("3 + 4 = 7.")
     cut = tokenize_steps(tokenizer, "Ann has 3 pens and gets 4 more.", steps, labels, marked[1][0])
     assert [label for label in cut["labels"] if label != IGNORE_INDEX] == [1]   # the steps past max_length are dropped
     assert tokenize_steps(tokenizer, "Ann has 3 pens and gets 4 more.", steps, labels, 3) is None
@@ -76,8 +76,8 @@ def test_step_scores_land_on_the_tokens_that_end_each_step_of_left_padded_rows(t
         action[row, :len(completion)] = True
     scores, ends = step_scores(prm, sequences, attention, width, action, separators)
     for row, (prompt, completion) in enumerate(zip(prompts, completions)):
-        expected = [i for i, t in enumerate(completion) if "\n" in tokenizer.decode([t])]
-        if len(completion) - 1 not in expected:
+        expected = [i for i, t in enumerate(completion[:-1]) if "\n" in tokenizer.decode([completion[i + 1]])]
+        if "\n" not in tokenizer.decode([completion[-1]]):
             expected.append(len(completion) - 1)   # a last step with no separator after it
         assert ends[row].nonzero().flatten().tolist() == expected
         with torch.no_grad():
@@ -85,6 +85,8 @@ def test_step_scores_land_on_the_tokens_that_end_each_step_of_left_padded_rows(t
         assert torch.allclose(scores[row, :len(completion)][ends[row, :len(completion)]], alone[expected], atol=1e-5)
         assert (scores[row][~ends[row]] == 0).all()
     assert ends[1].sum() == 1   # row 1 ends with its separator: one step
+    stopped = step_ends(sequences[:, width:], action, separators, terminated=torch.tensor([True, False]))
+    assert stopped[0].nonzero().flatten().tolist() == [*ends[0].nonzero().flatten().tolist()[:-1], len(completions[0]) - 2]
 
 
 def test_process_advantages_normalise_each_groups_step_scores_and_sum_those_still_to_come():

@@ -167,9 +167,9 @@ DEFAULT_STEP_SEPARATOR = "\n"
 def tokenize_steps(tokenizer: PreTrainedTokenizerBase, prompt: str, steps: Sequence[str], step_labels: Sequence[bool],
                    max_length: int, separator: str = DEFAULT_STEP_SEPARATOR) -> Optional[Dict[str, List[int]]]:
     """`prompt` then each step followed by `separator`, tokenized as one text; each step's label (1 correct, 0 not)
-    sits on the token that holds its separator's first character (where a process reward model reads the step at
-    inference: the token that ends it), `IGNORE_INDEX` elsewhere. Steps past `max_length` are dropped; None when none
-    fits. Needs a fast tokenizer (character offsets)."""
+    sits on the token that holds the step's last character (as TRL's PRMTrainer places it), `IGNORE_INDEX`
+    elsewhere. Steps past `max_length` are dropped; None when none fits. Needs a fast tokenizer (character
+    offsets)."""
     text, ends = prompt, []
     for step in steps:
         text += step
@@ -179,7 +179,7 @@ def tokenize_steps(tokenizer: PreTrainedTokenizerBase, prompt: str, steps: Seque
     ids, offsets = encoded["input_ids"][:max_length], encoded["offset_mapping"][:max_length]
     labels = [IGNORE_INDEX] * len(ids)
     for end, label in zip(ends, step_labels):
-        position = next((i for i, (start, stop) in enumerate(offsets) if start <= end < stop), None)
+        position = next((i for i, (start, stop) in enumerate(offsets) if start < end <= stop), None)
         if position is None:
             break
         labels[position] = int(label)

@@ -167,7 +167,7 @@ class ExperienceMaker:
         e = experience
         with timed(e.timing, "prm_forward"):
             e.step_rewards, e.step_mask = self._per_rows(lambda rows: self.step_scorer(
-                e.sequences[rows], e.attention_mask[rows], e.prompt_length, e.action_mask[rows]), e)
+                e.sequences[rows], e.attention_mask[rows], e.prompt_length, e.action_mask[rows], e.terminated[rows]), e)
         steps = e.step_mask.sum(-1)
         e.rollout_stats["prm_steps"] = steps.tolist()
         e.rollout_stats["prm_step_score"] = (e.step_rewards.sum(-1) / steps.clamp(min=1)).tolist()

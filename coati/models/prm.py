@@ -2,8 +2,8 @@
 solution, trained on step-labelled data (`prepare_dataset.py --type prm`, `train_prm.py`) and used inside PPO/GRPO,
 where each step's score becomes a reward on the token that ends it.
 
-A step ends at the token that holds the step separator (saved in the model's config as `step_separator`, `\\n` by
-default, as TRL's PRMTrainer), or at the completion's last token for a final step with no separator after it."""
+A step ends at its last token, the one before the step separator (saved in the model's config as `step_separator`,
+`\\n` by default, as TRL's PRMTrainer) or, for the last step, before the stop token."""
 import json
 from pathlib import Path
 from typing import Optional, Tuple
@@ -58,26 +58,32 @@ def separator_tokens(tokenizer, separator: str) -> torch.Tensor:
     return torch.tensor([separator in tokenizer.decode([i]) for i in range(vocab)], dtype=torch.bool)
 
 
-def step_ends(completion_ids: torch.Tensor, action_mask: torch.Tensor, separators: torch.Tensor) -> torch.Tensor:
-    """(batch, N) bool: the completion tokens that end a step: each one that holds the separator, and the last token
-    of a completion whose last step has no separator after it."""
+def step_ends(completion_ids: torch.Tensor, action_mask: torch.Tensor, separators: torch.Tensor,
+              terminated: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """(batch, N) bool: the completion tokens that end a step, where a PRM trained on `tokenize_steps`' labels reads
+    it: each token followed by a separator token, and the last token before the stop token (or the last token, for a
+    completion cut at the length limit; `terminated` says which) unless it is a separator itself."""
     mask = action_mask.bool()
-    ends = separators.to(completion_ids.device)[completion_ids.clamp(0, separators.numel() - 1)] & mask
-    lengths = mask.long().sum(-1)
-    last = (lengths - 1).clamp(min=0)
-    rows = torch.arange(completion_ids.size(0), device=completion_ids.device)
-    ends[rows, last] |= lengths > 0
+    is_separator = separators.to(completion_ids.device)[completion_ids.clamp(0, separators.numel() - 1)] & mask
+    ends = torch.zeros_like(mask)
+    ends[:, :-1] = is_separator[:, 1:] & mask[:, :-1] & ~is_separator[:, :-1]
+    stops = terminated.long() if terminated is not None else torch.zeros_like(mask[:, 0], dtype=torch.long)
+    last = mask.long().sum(-1) - 1 - stops
+    rows = torch.arange(completion_ids.size(0), device=completion_ids.device)[last >= 0]
+    last = last[last >= 0]
+    ends[rows, last] |= ~is_separator[rows, last]
     return ends
 
 
 @torch.no_grad()
 def step_scores(model: torch.nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
-                action_mask: torch.Tensor, separators: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+                action_mask: torch.Tensor, separators: torch.Tensor,
+                terminated: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """The PRM's probability that each step is correct, on the token that ends it (batch, N; 0 elsewhere), and where
-    steps end (bool), for left-padded prompts followed by completions."""
+    steps end (bool), for left-padded prompts followed by completions (`step_ends`)."""
     logits = model(input_ids=sequences, attention_mask=attention_mask,
                    position_ids=mask_positions(attention_mask)).logits[:, prompt_length:].float()
-    ends = step_ends(sequences[:, prompt_length:], action_mask, separators)
+    ends = step_ends(sequences[:, prompt_length:], action_mask, separators, terminated)
     return torch.softmax(logits, dim=-1)[..., CORRECT] * ends, ends
 
 
@@ -90,6 +96,7 @@ class StepScorer:
         self.separators = separator_tokens(tokenizer, step_separator(model))
 
     def __call__(self, sequences: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
-                 action_mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        scores, ends = step_scores(self.model, sequences, attention_mask, prompt_length, action_mask, self.separators)
+                 action_mask: torch.Tensor, terminated: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        scores, ends = step_scores(self.model, sequences, attention_mask, prompt_length, action_mask, self.separators,
+                                   terminated)
         return self.coef * scores, ends
