@@ -6,6 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_OUT ?= output/demo
 DEMO_AGENT_OUT ?= output/demo_agent
+DEMO_REWARDS_OUT ?= output/demo_rewards
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
@@ -17,7 +18,7 @@ TRL_STAMP := $(TRL_VENV)/.installed
 SYSTEM_TOOLS := /usr/sbin/sshd /usr/sbin/ip
 BWRAP := /usr/bin/bwrap
 
-.PHONY: install vllm-env trl-env demo demo-agent test test-extended test-setup test-fast clean
+.PHONY: install vllm-env trl-env demo demo-agent demo-rewards test test-extended test-setup test-fast clean
 
 install: $(STAMP) $(BWRAP)
 
@@ -53,6 +54,10 @@ demo: install
 # Tool use learned end to end: SFT without and with a calculator, then multi-turn GRPO with it (applications/demo).
 demo-agent: install
 	$(PY) applications/demo/run_agent_demo.py --out $(DEMO_AGENT_OUT)
+
+# An LLM judge, a process reward model and on-policy distillation, each against plain GRPO (applications/demo).
+demo-rewards: install
+	$(PY) applications/demo/run_rewards_demo.py --out $(DEMO_REWARDS_OUT)
 
 # bubblewrap contains the programs the code_tests reward runs (coati.rewards.sandbox); without it, root falls back
 # to coati's own namespaces and another user is refused unless it passes --sandbox unisolated.

@@ -41,3 +41,22 @@ def test_demo_runs_every_stage_and_writes_the_report(tmp_path):
             assert png.size[0] >= 400 and len(set(png.convert("L").getdata())) > 10, image.name   # drawn, not blank
     page = (out / "REPORT.html").read_text()
     assert page.count("data:image/png;base64,") == len(images) and "Sample completions before and after RL" in page
+
+
+@pytest.mark.extended
+def test_rewards_demo_runs_the_judge_the_prm_and_distillation_and_writes_the_report(tmp_path):
+    out = tmp_path / "demo_rewards"
+    result = subprocess.run([sys.executable, str(REPO / "applications" / "demo" / "run_rewards_demo.py"), "--out",
+                             str(out), "--steps", "12", "--episodes", "4", "--model_size", "tiny"],
+                            capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    for stage in ("sft", "grpo", "judge", "grpo_judge", "prm", "grpo_prm", "distill"):
+        assert f"[demo] {stage}: done in " in result.stdout, stage
+        assert (out / stage / "model" / "config.json").is_file(), stage
+    results = json.loads((out / "results.json").read_text())
+    models = ("sft", "grpo", "grpo + judge", "grpo + prm", "distilled from grpo")
+    assert all(0 <= results[name] <= 1 for name in (*models, "judge grading accuracy", "prm step accuracy"))
+    assert set(results["accuracy during training"]["distill"]) == {"0", "1", "2", "3", "4"}
+    markdown = (out / "REPORT.md").read_text()
+    assert all(f"| {name} | {results[name]:.3f} |" in markdown for name in models)
+    assert (out / "grpo_judge" / "logs" / "judge_rank1.log").read_text().count("serving judge") == 1

@@ -58,8 +58,8 @@ from coati.trainer.ppo import PPOTrainer
 from coati.trainer.sources import AsyncRollouts
 
 from .runner import (_require_dir, build_dataloader, build_optimizer, build_scheduler, export_dir, export_model,
-                     frozen_model, frozen_reference, load_causal_lm, open_logger, prepare_model, resolve_checkpoint, resumed_line,
-                     run_device, start_run)
+                     frozen_dtype, frozen_model, frozen_reference, load_causal_lm, open_logger, prepare_model,
+                     resolve_checkpoint, resumed_line, run_device, start_run)
 
 
 def _stop_ids(args: argparse.Namespace, tokenizer: Any) -> List[int]:
@@ -324,8 +324,7 @@ def _step_scorer(args: argparse.Namespace, setup: Any, tokenizer: Any) -> Option
     """`--prm_pretrain`, frozen, scoring the steps of each completion; None without one."""
     if not args.prm_pretrain:
         return None
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(setup.precision, torch.float32)
-    model = load_frozen_prm(args.prm_pretrain, run_device(), dtype, args.trust_remote_code)
+    model = load_frozen_prm(args.prm_pretrain, run_device(), frozen_dtype(setup), args.trust_remote_code)
     return StepScorer(model, tokenizer, args.prm_coef)
 
 

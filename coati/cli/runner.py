@@ -170,11 +170,15 @@ def frozen_reference(args: argparse.Namespace, setup: BoostSetup) -> torch.nn.Mo
     return frozen_model(_require_dir(args.ref_pretrain or args.pretrain, "--ref_pretrain model directory"), args, setup)
 
 
+def frozen_dtype(setup: BoostSetup) -> torch.dtype:
+    """The dtype frozen models (reference, teacher, PRM) run in: the training precision on GPU, fp32 on CPU."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(setup.precision, torch.float32)
+
+
 def frozen_model(path: str, args: argparse.Namespace, setup: BoostSetup) -> torch.nn.Module:
-    """The model in `path`, frozen, on this rank's device in the training precision on GPU (fp32 on CPU), its
-    attention packed where `--packing` packs the policy's."""
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(setup.precision, torch.float32)
-    model = load_reference_model(path, run_device(), dtype, args.trust_remote_code)
+    """The causal LM in `path`, frozen, on this rank's device in `frozen_dtype`, its attention packed where
+    `--packing` packs the policy's."""
+    model = load_reference_model(path, run_device(), frozen_dtype(setup), args.trust_remote_code)
     if settings_from(args, PackingSettings).packing:
         enable_packed_attention(model)
     return model

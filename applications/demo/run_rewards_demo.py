@@ -1,0 +1,250 @@
+"""Rewards and teachers beyond rules, on the demo task, each against plain GRPO from the same SFT model:
+
+    python applications/demo/run_rewards_demo.py --out output/demo_rewards
+
+builds the demo's tokenizer, model and arithmetic data, its solutions in two steps (the working, then the answer
+line) -> SFT -> GRPO on `math_answer` (the baseline, and the distillation teacher) -> an LLM judge (the SFT model
+fine-tuned on graded responses) and GRPO rewarded by the judge alone -> a process reward model trained on
+step-labelled solutions and GRPO with its step scores (`--adv_estimator process`) beside `math_answer` -> the SFT
+model distilled from the GRPO model with no reward -> greedy held-out accuracy of each, the judge's and the PRM's own
+held-out accuracy, and REPORT.md. Every stage is the real script under `torchrun --nproc_per_node 2 --plugin ddp`.
+"""
+import argparse
+import dataclasses
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+from transformers import AutoTokenizer
+
+from coati.dataset.demo_data import (REJECTIONS, Problem, generate_problems, prm_records, prompt_records, sft_records,
+                                     tokenizer_corpus, write_jsonl)
+from coati.dataset.prepare import prepare_dataset
+from coati.inference.judge_server import HFJudgeEngine
+from coati.models.tiny import MODEL_SIZES, write_tiny_model
+from coati.rewards.judge import parse_score
+from coati.rollout.evaluation import evaluate_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import write_report  # noqa: E402
+from run_demo import MAX_NEW_TOKENS, _torchrun_with, common_flags, stage  # noqa: E402
+
+RUBRIC = ("Question: {prompt}\nReference: {reference}\nResponse: {completion}\n"
+          "Score: 10 if the response's final answer is the reference, else Score: 0.")
+DATASETS = {"sft_train": "sft", "sft_eval": "sft", "prompt_train": "prompt", "prompt_eval": "prompt",
+            "judge_train": "sft", "judge_eval": "sft", "prm_train": "prm", "prm_eval": "prm"}
+STAGES = ("sft", "grpo", "judge", "grpo_judge", "prm", "grpo_prm", "distill")
+MODELS = {"sft": "sft/model", "grpo": "grpo/model", "grpo + judge": "grpo_judge/model",
+          "grpo + prm": "grpo_prm/model", "distilled from grpo": "distill/model"}
+MAX_LENGTH = 256
+
+
+def two_steps(problem: Problem) -> Problem:
+    """The solution as two steps, the answer line on a line of its own: a PRM reads each step where it ends."""
+    return dataclasses.replace(problem, solution=problem.solution.replace(" #### ", "\n#### "))
+
+
+def problems(n: int, split: str, seed: int) -> List[Problem]:
+    return [two_steps(p) for p in generate_problems(n, split, seed=seed)]
+
+
+def chat_prompt(tokenizer, question: str, special_tokens: bool) -> str:
+    """The chat-templated prompt: with its special tokens (as a PRM reads the token sequence), or decoded without them
+    (as reward functions such as the judge get the prompt of a rollout)."""
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
+    return tokenizer.decode(ids, skip_special_tokens=not special_tokens)
+
+
+def wrong_final_answer(p: Problem, rng: random.Random) -> str:
+    """A response whose final answer is not the reference: off by a little, or the other operation's result, with
+    working that agrees with it or not."""
+    kind = rng.choice(tuple(REJECTIONS))
+    wrong = two_steps(dataclasses.replace(p, solution=REJECTIONS[kind](p, rng))).solution
+    if kind != "no_answer" and rng.random() < 0.5:   # the right working, a wrong answer line
+        wrong = f"{p.solution.split(chr(10))[0]}\n#### {p.answer + rng.choice([-2, -1, 1, 2])}"
+    return wrong
+
+
+def graded_responses(tokenizer, items: List[Problem], seed: int) -> List[Dict]:
+    """Judge training conversations: the rubric filled with a problem, its reference and a response (the solution,
+    or one whose final answer is another number) -> `Score: 10` or `Score: 0`, half right."""
+    rng = random.Random(seed)
+    records = []
+    for p in items:
+        right = rng.random() < 0.5
+        response = p.solution if right else wrong_final_answer(p, rng)
+        rubric = RUBRIC.format(prompt=chat_prompt(tokenizer, p.question, False), reference=p.answer,
+                               completion=response)
+        records.append({"messages": [{"role": "user", "content": rubric},
+                                     {"role": "assistant", "content": f"Score: {10 if right else 0}"}]})
+    return records
+
+
+def build_assets(out: Path, size: str, steps: int, nproc: int, seed: int) -> None:
+    """Tokenizer and random model, then the raw data of every stage (the same for every seed)."""
+    write_tiny_model(out / "model_init", tokenizer_corpus(), size=size, seed=seed)
+    tokenizer = AutoTokenizer.from_pretrained(out / "model_init")
+    raw, rows = out / "raw", steps * 16 * nproc
+    write_jsonl(sft_records(problems(rows, "train", 0)), raw / "sft_train.jsonl")
+    write_jsonl(sft_records(problems(256, "eval", 0)), raw / "sft_eval.jsonl")
+    write_jsonl(prompt_records(problems(2048, "train", 1)), raw / "prompt_train.jsonl")
+    write_jsonl(prompt_records(problems(256, "eval", 3)), raw / "prompt_eval.jsonl")
+    write_jsonl(graded_responses(tokenizer, problems(rows, "train", 4), 4), raw / "judge_train.jsonl")
+    write_jsonl(graded_responses(tokenizer, problems(256, "eval", 5), 5), raw / "judge_eval.jsonl")
+    for split, n, data_seed in (("train", rows, 6), ("eval", 256, 7)):
+        records = prm_records(generate_problems(n, split, seed=data_seed), seed=data_seed)
+        for record in records:   # prompts as the policy sees them, so the PRM reads what it will score
+            record["prompt"] = chat_prompt(tokenizer, record["prompt"], True)
+        write_jsonl(records, raw / f"prm_{split}.jsonl")
+
+
+def prepare(out: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(out / "model_init")
+    for name, data_type in DATASETS.items():
+        counts = prepare_dataset([out / "raw" / f"{name}.jsonl"], data_type, tokenizer, MAX_LENGTH, out / "data" / name)
+        print(f"[demo] {name}: {counts['kept']} rows kept, {counts['dropped']} dropped", flush=True)
+    (out / "rubric.txt").write_text(RUBRIC)
+
+
+def supervised(out: Path, name: str, script: str, pretrain: str, data: str, steps: int, lr: str, nproc: int,
+               seed: int) -> None:
+    _torchrun_with(script, nproc, "--pretrain", str(out / pretrain), "--dataset", str(out / "data" / f"{data}_train"),
+                   "--eval_dataset", str(out / "data" / f"{data}_eval"), "--batch_size", "16", "--max_steps",
+                   str(steps), "--max_epochs", "100", "--lr", lr, "--warmup_steps", "5", "--log_interval", "5",
+                   extra=common_flags(out, name, seed))
+
+
+def grpo(out: Path, name: str, pretrain: str, episodes: int, nproc: int, seed: int, *extra: str) -> None:
+    """GRPO with the demo's settings from `pretrain`, rewarded by `math_answer` unless `extra` says otherwise."""
+    _torchrun_with("train_grpo.py", nproc, "--pretrain", str(out / pretrain),
+                   "--prompt_dataset", str(out / "data" / "prompt_train"), "--eval_dataset",
+                   str(out / "data" / "prompt_eval"), "--reward_fn", "math_answer", "--num_generations", "8",
+                   "--batch_size", "8", "--num_episodes", str(episodes), "--lr", "2e-4", "--warmup_steps", "20",
+                   "--max_new_tokens", str(MAX_NEW_TOKENS), "--eval_interval", str(max(episodes // 6, 1)),
+                   "--save_interval", str(episodes), "--sample_log_interval", str(max(episodes // 2, 1)),
+                   extra=[*common_flags(out, name, seed), *extra])
+
+
+def run(name: str, out: Path, args: argparse.Namespace) -> None:
+    episodes, steps, nproc, seed = args.episodes, args.steps, args.nproc, args.seed
+    if name == "sft":
+        supervised(out, "sft", "train_sft.py", "model_init", "sft", steps, "3e-3", nproc, seed)
+    elif name == "grpo":
+        grpo(out, "grpo", "sft/model", episodes, nproc, seed)
+    elif name == "judge":
+        supervised(out, "judge", "train_sft.py", "sft/model", "judge", args.judge_steps or steps, "1e-3", nproc, seed)
+    elif name == "grpo_judge":
+        grpo(out, "grpo_judge", "sft/model", episodes, nproc, seed, "--reward_fn", "judge", "--judge_model",
+             str(out / "judge" / "model"), "--judge_rubric", str(out / "rubric.txt"), "--judge_max_tokens", "16")
+    elif name == "prm":
+        supervised(out, "prm", "train_prm.py", "sft/model", "prm", max(steps // 2, 4), "1e-3", nproc, seed)
+    elif name == "grpo_prm":
+        grpo(out, "grpo_prm", "sft/model", episodes, nproc, seed, "--prm_pretrain", str(out / "prm" / "model"),
+             "--adv_estimator", "process")
+    elif name == "distill":   # math_answer at weight 0: logged and evaluated, never rewarded
+        grpo(out, "distill", "sft/model", episodes, nproc, seed, "--reward_fn", "math_answer=0", "--teacher_model",
+             str(out / "grpo" / "model"), "--distill_loss", "gkd")
+
+
+def judge_accuracy(out: Path) -> float:
+    """The judge's held-out grading accuracy: its greedy `Score: N` against the graded responses' own."""
+    engine = HFJudgeEngine(str(out / "judge" / "model"), "cpu")
+    rows = [json.loads(line) for line in (out / "raw" / "judge_eval.jsonl").read_text().splitlines()]
+    texts = [engine.render(row["messages"][:1]) for row in rows]
+    answers = [a for start in range(0, len(texts), 64) for a in engine.generate(texts[start:start + 64], 16, 0.0)]
+    truth = [parse_score(row["messages"][1]["content"], 10.0) for row in rows]
+    return sum(parse_score(a, 10.0) == t for a, t in zip(answers, truth)) / len(rows)
+
+
+def evaluate(out: Path) -> Dict[str, object]:
+    results: Dict[str, object] = {}
+    for name, folder in MODELS.items():
+        if (out / folder / "config.json").is_file():
+            result = evaluate_model(str(out / folder), [str(out / "data" / "prompt_eval")], ["math_answer"],
+                                    MAX_NEW_TOKENS)
+            results[name] = result.components["math_answer"]
+            print(f"[demo] held-out accuracy of {name}: {results[name]:.3f}", flush=True)
+    if (out / "judge" / "model").is_dir():
+        results["judge grading accuracy"] = judge_accuracy(out)
+    prm_results = sorted((out / "prm").glob("eval_result_epoch*.json"))
+    if prm_results:
+        results["prm step accuracy"] = json.loads(prm_results[-1].read_text())["accuracy"]
+    judged = [m["train/rewards/judge/mean"] for m in _metrics(out / "grpo_judge") if "train/rewards/judge/mean" in m]
+    if judged:
+        results["judge's reward, last 10 episodes of grpo + judge"] = sum(judged[-10:]) / len(judged[-10:])
+    results["accuracy during training"] = {name: _eval_history(out / name) for name in ("grpo", "distill")}
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    return results
+
+
+def _metrics(folder: Path) -> List[Dict]:
+    path = folder / "logs" / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def _eval_history(folder: Path) -> Dict[str, float]:
+    """Held-out math_answer accuracy by episode, from the run's evaluations (sampled, as in training)."""
+    path = folder / "eval_results.json"
+    if not path.is_file():
+        return {}
+    history = json.loads(path.read_text())
+    return {step: values.get("eval/rewards/math_answer", float("nan")) for step, values in history.items()}
+
+
+def report(out: Path, results: Dict[str, object], args: argparse.Namespace) -> Path:
+    rows = [[name, f"{value:.3f}"] for name, value in results.items() if isinstance(value, float)]
+    history = results["accuracy during training"]
+    episodes = sorted({int(e) for run in history.values() for e in run})
+    curve = [[str(e)] + [f"{history[run].get(str(e), float('nan')):.3f}" for run in ("grpo", "distill")]
+             for e in episodes]
+    verdicts = [f"{name}: held-out accuracy {_change(results['sft'], results[name])}." for name in list(MODELS)[1:]
+                if name in results]
+    blocks = [("h1", "coati rewards demo"),
+              ("p", f"seed {args.seed}, {args.steps} SFT steps, {args.episodes} episodes per RL stage, "
+                    f"model size {args.model_size}"),
+              ("h2", "Greedy held-out accuracy (and the judge's and the PRM's own held-out accuracy)"),
+              ("table", [["model", "accuracy"], *rows]),
+              ("p", " ".join(verdicts)),
+              ("h2", "Held-out accuracy during training: GRPO against distillation from it"),
+              ("table", [["episode", "grpo (math_answer)", "distilled from grpo (no reward)"], *curve])]
+    return write_report(out, blocks, "coati rewards demo")[0]
+
+
+def _change(before: float, after: float) -> str:
+    if after == before:
+        return f"stayed at {before:.3f} (SFT's)"
+    return f"{'rose' if after > before else 'fell'} from {before:.3f} (SFT) to {after:.3f}"
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument("--out", default="output/demo_rewards", help="output directory for every stage")
+    parser.add_argument("--steps", type=int, default=200, help="SFT and judge optimizer steps (the PRM takes half)")
+    parser.add_argument("--episodes", type=int, default=120, help="episodes of each RL stage")
+    parser.add_argument("--judge_steps", type=int, default=0, help="the judge's optimizer steps (0: --steps)")
+    parser.add_argument("--model_size", default="small", choices=tuple(MODEL_SIZES))
+    parser.add_argument("--nproc", type=int, default=2, help="processes per stage")
+    parser.add_argument("--seed", type=int, default=42, help="seeds the model's initialisation and every stage")
+    parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES,
+                        help="stages to run; a stage uses what earlier runs left in --out")
+    args = parser.parse_args(argv)
+    out = Path(args.out).resolve()
+    timings: Dict[str, float] = {}
+    if not (out / "data" / "prompt_eval").is_dir() or "sft" in args.stages:
+        with stage("build tiny model and task data", timings):
+            build_assets(out, args.model_size, args.steps, args.nproc, args.seed)
+        with stage("prepare datasets", timings):
+            prepare(out)
+    for name in STAGES:
+        if name in args.stages:
+            with stage(name, timings):
+                run(name, out, args)
+    with stage("evaluate", timings):
+        results = evaluate(out)
+    print(f"[demo] finished: report in {report(out, results, args)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
