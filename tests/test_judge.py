@@ -246,3 +246,10 @@ def test_grpo_serves_its_own_judge_per_rank_and_unparseable_verdicts_end_in_one_
     assert len(errors) == 1 and re.fullmatch(r"error: judge http://127\.0\.0\.1:\d+/v1: none of the 6 answers could be "
                                              r"parsed as a verdict \(--judge_parser\); the first was .*", errors.pop())
     assert re.search(r"exitcode\s*: 2", result.stderr), result.stderr[-3000:]
+
+
+def test_a_vllm_judge_sees_only_its_ranks_gpu():
+    from coati.inference.local_judge import visible_device
+
+    assert visible_device(None, "cuda:1") == "1"
+    assert visible_device("4,5,6", "cuda:2") == "6"   # counted among the GPUs the trainer itself sees

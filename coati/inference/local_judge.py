@@ -95,6 +95,8 @@ class LocalJudge:
             env.update({"PYTHONPATH": str(self.folder / "src"), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
         env.update({TOKEN_ENV: self.token, LIFELINE_ENV: str(lifeline), "PYTHONUNBUFFERED": "1",
                     "OMP_NUM_THREADS": str(self.config.threads or torch.get_num_threads())})
+        if self.config.engine == "vllm" and self.config.device.startswith("cuda:"):   # vLLM takes the first it sees
+            env["CUDA_VISIBLE_DEVICES"] = visible_device(env.get("CUDA_VISIBLE_DEVICES"), self.config.device)
         for name, value in IDLE_THREADS.items():
             env.setdefault(name, value)
         return env
@@ -130,3 +132,9 @@ class LocalJudge:
         if lifeline is not None:
             os.close(lifeline)
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def visible_device(visible: Optional[str], device: str) -> str:
+    """The `CUDA_VISIBLE_DEVICES` that shows a server only `device` (cuda:N, N counted among `visible` where set)."""
+    index = int(device.split(":")[1])
+    return visible.split(",")[index] if visible else str(index)
