@@ -87,6 +87,9 @@ def test_step_scores_land_on_the_tokens_that_end_each_step_of_left_padded_rows(t
     assert ends[1].sum() == 1   # row 1 ends with its separator: one step
     stopped = step_ends(sequences[:, width:], action, separators, terminated=torch.tensor([True, False]))
     assert stopped[0].nonzero().flatten().tolist() == [*ends[0].nonzero().flatten().tolist()[:-1], len(completions[0]) - 2]
+    assert torch.equal(stopped[1], ends[1])
+    cut = step_ends(sequences[:, width:], action, separators, terminated=torch.tensor([False, False]))
+    assert cut[0].nonzero().flatten().tolist() == ends[0].nonzero().flatten().tolist()[:-1]   # its last step unfinished
 
 
 def test_process_advantages_normalise_each_groups_step_scores_and_sum_those_still_to_come():
@@ -137,10 +140,11 @@ def test_train_prm_logs_step_metrics_and_exports_a_token_classifier_with_its_sep
 @pytest.mark.parametrize("script, extra", [("train_grpo.py", ["--adv_estimator", "process", "--num_generations", "3",
                                                               "--reward_fn", "math_answer"]),
                                            ("train_ppo.py", ["--critic_pretrain"])], ids=["grpo", "ppo"])
-def test_rl_with_the_prms_step_scores_under_torchrun(tiny_assets, trained_prm, tmp_path, script, extra):
+def test_rl_with_the_prms_step_scores_under_torchrun(tiny_assets, turn_ender, trained_prm, tmp_path, script, extra):
     if script == "train_ppo.py":
         extra = [*extra, str(tiny_assets["model"])]
-    result = torchrun(SCRIPTS / script, 2, "--pretrain", str(tiny_assets["model"]), "--prompt_dataset",
+    # the policy ends its turns early, so its completions end (a step cut off by the length limit is not scored)
+    result = torchrun(SCRIPTS / script, 2, "--pretrain", str(turn_ender), "--prompt_dataset",
                       str(tiny_assets["prompt_train"]), "--plugin", "ddp", "--batch_size", "2", "--max_new_tokens", "8",
                       "--num_episodes", "2", "--prm_pretrain", str(trained_prm[0] / "model"), "--log_dir",
                       str(tmp_path / "logs"), *extra)
@@ -148,4 +152,4 @@ def test_rl_with_the_prms_step_scores_under_torchrun(tiny_assets, trained_prm, t
     trained = [m for m in map(json.loads, (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines())
                if "train/loss" in m]
     assert len(trained) == 2
-    assert all(m["train/rollout/prm_steps"] >= 1 and 0 < m["train/rollout/prm_step_score"] < 1 for m in trained)
+    assert all(m["train/rollout/prm_steps"] > 0 and 0 < m["train/rollout/prm_step_score"] < 1 for m in trained)

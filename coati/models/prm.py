@@ -3,7 +3,8 @@ solution, trained on step-labelled data (`prepare_dataset.py --type prm`, `train
 where each step's score becomes a reward on the token that ends it.
 
 A step ends at its last token, the one before the step separator (saved in the model's config as `step_separator`,
-`\\n` by default, as TRL's PRMTrainer) or, for the last step, before the stop token."""
+`\\n` by default, as TRL's PRMTrainer) or, for the last step, before the stop token; a last step cut off by the
+length limit is not scored."""
 import json
 from pathlib import Path
 from typing import Optional, Tuple
@@ -61,16 +62,17 @@ def separator_tokens(tokenizer, separator: str) -> torch.Tensor:
 def step_ends(completion_ids: torch.Tensor, action_mask: torch.Tensor, separators: torch.Tensor,
               terminated: Optional[torch.Tensor] = None) -> torch.Tensor:
     """(batch, N) bool: the completion tokens that end a step, where a PRM trained on `tokenize_steps`' labels reads
-    it: each token followed by a separator token, and the last token before the stop token (or the last token, for a
-    completion cut at the length limit; `terminated` says which) unless it is a separator itself."""
+    it: each token followed by a separator token, and the last token before the stop token unless it is a separator
+    itself. A last step cut off by the length limit (`terminated` False) has not ended and is not scored, so a policy
+    cannot collect step rewards for unfinished text; without `terminated`, completions are taken as ended."""
     mask = action_mask.bool()
     is_separator = separators.to(completion_ids.device)[completion_ids.clamp(0, separators.numel() - 1)] & mask
     ends = torch.zeros_like(mask)
     ends[:, :-1] = is_separator[:, 1:] & mask[:, :-1] & ~is_separator[:, :-1]
-    stops = terminated.long() if terminated is not None else torch.zeros_like(mask[:, 0], dtype=torch.long)
-    last = mask.long().sum(-1) - 1 - stops
-    rows = torch.arange(completion_ids.size(0), device=completion_ids.device)[last >= 0]
-    last = last[last >= 0]
+    ended = terminated.bool() if terminated is not None else torch.ones_like(mask[:, 0])
+    last = mask.long().sum(-1) - 1 - (terminated.long() if terminated is not None else 0)
+    keep = (last >= 0) & ended
+    rows, last = torch.arange(completion_ids.size(0), device=completion_ids.device)[keep], last[keep]
     ends[rows, last] |= ~is_separator[rows, last]
     return ends
 
