@@ -96,7 +96,7 @@ def test_process_advantages_normalise_each_groups_step_scores_and_sum_those_stil
     step_rewards = torch.tensor([[0.9, 0.0, 0.5, 0.0], [0.0, 0.2, 0.0, 0.0]])
     step_mask = step_rewards > 0
     rewards = torch.tensor([1.0, 0.0])
-    advantages = process_advantages(rewards, AdvantageConfig(2, True, {}, step_rewards, step_mask))
+    advantages = process_advantages(rewards, AdvantageConfig(2, True, {"aggregation": "sum"}, step_rewards, step_mask))
     scores = [0.9, 0.5, 0.2]
     mean = sum(scores) / 3
     std = (sum((s - mean) ** 2 for s in scores) / 2) ** 0.5
@@ -106,6 +106,23 @@ def test_process_advantages_normalise_each_groups_step_scores_and_sum_those_stil
     assert torch.allclose(advantages, expected, atol=1e-5)
     with pytest.raises(ValueError, match="needs a process reward model's step scores"):
         process_advantages(rewards, AdvantageConfig(2))
+    with pytest.raises(ValueError, match="aggregation=mean: expected one of min, sum"):
+        process_advantages(rewards, AdvantageConfig(2, True, {"aggregation": "mean"}, step_rewards, step_mask))
+
+
+def test_process_advantages_by_default_give_each_completion_its_worst_steps_score_group_normalised():
+    step_rewards = torch.tensor([[0.9, 0.0, 0.5], [0.0, 0.2, 0.0], [0.8, 0.8, 0.8], [0.0, 0.0, 0.0]])
+    step_mask = step_rewards > 0
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    advantages = process_advantages(rewards, AdvantageConfig(2, True, {}, step_rewards, step_mask))
+    worst = [0.5, 0.2, 0.8, 0.0]   # the last completion has no ended step: 0
+    pairs = [(worst[0], worst[1]), (worst[2], worst[3])]
+    process = [d / (abs(a - b) / 2 ** 0.5) for a, b in pairs for d in ((a - b) / 2, (b - a) / 2)]
+    outcome = [0.5 / 0.5 ** 0.5, -0.5 / 0.5 ** 0.5, 0.0, 0.0]
+    assert torch.allclose(advantages, torch.tensor(process) + torch.tensor(outcome), atol=1e-5)
+    more_steps = step_rewards.clone()
+    more_steps[0, 1] = 0.95   # one more good step cannot raise a completion's advantage
+    assert process_advantages(rewards, AdvantageConfig(2, True, {}, more_steps, more_steps > 0))[0] <= advantages[0]
 
 
 @pytest.fixture(scope="module")

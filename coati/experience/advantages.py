@@ -104,16 +104,32 @@ def tied_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return tied.repeat_interleave(group_size)
 
 
+PROCESS_AGGREGATIONS = ("min", "sum")
+
+
 @ADVANTAGE_ESTIMATORS.register("process")
 def process_advantages(rewards: torch.Tensor, config: AdvantageConfig) -> torch.Tensor:
-    """GRPO with process supervision (Shao et al. 2024, 4.1.3): every step score of a group's completions is
-    normalised by the mean and std of all the group's step scores, a token's advantage is the sum of the normalised
-    scores of the steps that end at or after it, and the outcome rewards' group advantage (`grpo`) is added to every
-    token (the outcome term is 0 where every reward ties, e.g. with a PRM alone). Per token (N, T)."""
+    """A process reward model's step scores as advantages, plus the outcome rewards' group advantage (`grpo`; 0 where
+    every reward of a group ties, e.g. with a PRM alone). `--adv_option aggregation=`:
+    - `min` (default): each completion's process score is its worst step's score (0 when no step ended),
+      group-normalised like an outcome reward and given to every token. More steps can only lower it, so a policy
+      cannot collect step rewards by writing more steps (min-form credit assignment, Cheng et al. 2025, PURE). Per
+      completion (N,).
+    - `sum`: DeepSeekMath's process supervision (Shao et al. 2024, 4.1.3): every step score of a group normalised by
+      the mean and std of all the group's step scores, a token's advantage the sum of the normalised scores of the
+      steps that end at or after it. Per token (N, T); it rewards many steps that score above the group's mean."""
     if config.step_rewards is None or config.step_mask is None:
         raise ValueError("the process advantage estimator needs a process reward model's step scores (--prm_pretrain)")
+    aggregation = config.options.get("aggregation", "min")
+    if aggregation not in PROCESS_AGGREGATIONS:
+        raise ValueError(f"--adv_option aggregation={aggregation}: expected one of {', '.join(PROCESS_AGGREGATIONS)}")
+    outcome = group_advantages(rewards, config)
     mask = config.step_mask.bool()
-    groups, n = mask.view(-1, config.group_size, mask.size(1)), config.group_size
+    if aggregation == "min":
+        worst = torch.where(mask, config.step_rewards, torch.full_like(config.step_rewards, float("inf"))).min(-1).values
+        worst = torch.where(mask.any(-1), worst, torch.zeros_like(worst)).to(rewards.dtype)
+        return group_advantages(worst, config) + outcome
+    groups = mask.view(-1, config.group_size, mask.size(1))
     scores = config.step_rewards.view_as(groups).double()
     count = groups.sum((1, 2), keepdim=True).clamp(min=1)
     mean = (scores * groups).sum((1, 2), keepdim=True) / count
@@ -122,4 +138,4 @@ def process_advantages(rewards: torch.Tensor, config: AdvantageConfig) -> torch.
         std = ((centred ** 2).sum((1, 2), keepdim=True) / (count - 1).clamp(min=1)).sqrt()
         centred = centred / (std + STD_EPS)
     to_go = centred.flip(-1).cumsum(-1).flip(-1).view(-1, mask.size(1)).to(rewards.dtype)
-    return to_go + group_advantages(rewards, config).unsqueeze(-1)
+    return to_go + outcome.unsqueeze(-1)
