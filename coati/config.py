@@ -282,7 +282,8 @@ class GRPOConfig(RolloutConfig):
         "grpo", parse=ADVANTAGE_ESTIMATORS.choice(), flag="--adv_estimator",
         help=f"{' | '.join(ADVANTAGE_ESTIMATORS.names())} | package.module:function. grpo: group mean/std; rloo: "
              "leave-one-out group baseline; reinforce_pp: REINFORCE++, global batch mean/std (--no_std_normalize drops "
-             "the std where one is used); maxent: n * softmax(rewards / tau) - 1 within the group")
+             "the std where one is used); maxent: n * softmax(rewards / tau) - 1 within the group; process: a process "
+             "reward model's step scores (--prm_pretrain; --adv_option aggregation=min|sum) beside grpo's")
     advantage_options: Dict[str, Any] = _option_list(
         flag="--adv_option", help="the estimator's own hyperparameters, in its AdvantageConfig.options (an estimator of "
                                   "your own reads them)")
