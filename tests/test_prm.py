@@ -110,14 +110,14 @@ def test_process_advantages_normalise_each_groups_step_scores_and_sum_those_stil
         process_advantages(rewards, AdvantageConfig(2, True, {"aggregation": "mean"}, step_rewards, step_mask))
 
 
-def test_process_advantages_by_default_give_each_completion_its_worst_steps_score_group_normalised():
+def test_process_advantages_by_default_give_each_completion_its_worst_steps_score_group_centred():
     step_rewards = torch.tensor([[0.9, 0.0, 0.5], [0.0, 0.2, 0.0], [0.8, 0.8, 0.8], [0.0, 0.0, 0.0]])
     step_mask = step_rewards > 0
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0])
     advantages = process_advantages(rewards, AdvantageConfig(2, True, {}, step_rewards, step_mask))
     worst = [0.5, 0.2, 0.8, 0.0]   # the last completion has no ended step: 0
     pairs = [(worst[0], worst[1]), (worst[2], worst[3])]
-    process = [d / (abs(a - b) / 2 ** 0.5) for a, b in pairs for d in ((a - b) / 2, (b - a) / 2)]
+    process = [d for a, b in pairs for d in ((a - b) / 2, (b - a) / 2)]   # centred within the group, not scaled
     outcome = [0.5 / 0.5 ** 0.5, -0.5 / 0.5 ** 0.5, 0.0, 0.0]
     assert torch.allclose(advantages, torch.tensor(process) + torch.tensor(outcome), atol=1e-5)
     more_steps = step_rewards.clone()

@@ -111,13 +111,15 @@ PROCESS_AGGREGATIONS = ("min", "sum")
 def process_advantages(rewards: torch.Tensor, config: AdvantageConfig) -> torch.Tensor:
     """A process reward model's step scores as advantages, plus the outcome rewards' group advantage (`grpo`; 0 where
     every reward of a group ties, e.g. with a PRM alone). `--adv_option aggregation=`:
-    - `min` (default): each completion's process score is its worst step's score (0 when no step ended),
-      group-normalised like an outcome reward and given to every token. More steps can only lower it, so a policy
-      cannot collect step rewards by writing more steps (min-form credit assignment, Cheng et al. 2025, PURE). Per
-      completion (N,).
+    - `min` (default): each completion's process score is its worst step's score (0 when no step ended), less the
+      mean of its group's, given to every token. More steps can only lower it, so a policy cannot collect step
+      rewards by writing more steps (min-form credit assignment, Cheng et al. 2025, PURE). It is centred, not divided
+      by the group's std, so the step scores' weight (`--prm_coef`) sets its size against the outcome's normalised
+      advantage. Per completion (N,).
     - `sum`: DeepSeekMath's process supervision (Shao et al. 2024, 4.1.3): every step score of a group normalised by
       the mean and std of all the group's step scores, a token's advantage the sum of the normalised scores of the
-      steps that end at or after it. Per token (N, T); it rewards many steps that score above the group's mean."""
+      steps that end at or after it (normalised, so `--prm_coef` does not change it). Per token (N, T); it rewards
+      many steps that score above the group's mean."""
     if config.step_rewards is None or config.step_mask is None:
         raise ValueError("the process advantage estimator needs a process reward model's step scores (--prm_pretrain)")
     aggregation = config.options.get("aggregation", "min")
@@ -128,7 +130,8 @@ def process_advantages(rewards: torch.Tensor, config: AdvantageConfig) -> torch.
     if aggregation == "min":
         worst = torch.where(mask, config.step_rewards, torch.full_like(config.step_rewards, float("inf"))).min(-1).values
         worst = torch.where(mask.any(-1), worst, torch.zeros_like(worst)).to(rewards.dtype)
-        return group_advantages(worst, config) + outcome
+        groups = worst.view(-1, config.group_size)
+        return (groups - groups.mean(-1, keepdim=True)).reshape(-1) + outcome
     groups = mask.view(-1, config.group_size, mask.size(1))
     scores = config.step_rewards.view_as(groups).double()
     count = groups.sum((1, 2), keepdim=True).clamp(min=1)
