@@ -170,3 +170,25 @@ def test_rl_with_the_prms_step_scores_under_torchrun(tiny_assets, turn_ender, tr
                if "train/loss" in m]
     assert len(trained) == 2
     assert all(m["train/rollout/prm_steps"] > 0 and 0 < m["train/rollout/prm_step_score"] < 1 for m in trained)
+
+
+def test_the_prm_loss_is_the_cross_entropy_of_the_labelled_steps_only(tiny_assets, tokenizer):
+    from types import SimpleNamespace
+
+    import torch.nn.functional as F
+    from transformers import AutoModelForTokenClassification
+
+    from coati.dataset.collators import SupervisedCollator
+    from coati.trainer.prm import PRMTrainer
+
+    torch.manual_seed(0)
+    prm = AutoModelForTokenClassification.from_pretrained(tiny_assets["model"], num_labels=2)
+    rows = [tokenize_steps(tokenizer, "Ann has 3 pens.", ["3 + 1 = 4.", "#### 4"], [True, False], 64),
+            tokenize_steps(tokenizer, "Ben has 9 coins and gets 1 more.", ["9 + 1 = 10."], [True], 64)]
+    batch = SupervisedCollator(tokenizer.pad_token_id)(rows)
+    result = PRMTrainer._compute_batch(SimpleNamespace(model=prm), batch)
+    logits = [prm(input_ids=torch.tensor([row["input_ids"]])).logits[0] for row in rows]
+    by_hand = sum(F.cross_entropy(l[i:i + 1], torch.tensor([label]), reduction="sum")
+                  for l, row in zip(logits, rows) for i, label in enumerate(row["labels"]) if label != IGNORE_INDEX)
+    assert result.metrics["loss"][1] == 3   # three labelled steps, padding and prompt tokens left out
+    assert result.loss.item() == pytest.approx(by_hand.item(), rel=1e-5)
