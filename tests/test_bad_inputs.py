@@ -240,8 +240,6 @@ CASES = [
      "--adv_estimator process needs step scores: --prm_pretrain"),
     ("prm_packing", lambda p: ("train_prm", ["--pretrain", p["model"], "--dataset", p["sft_train"], "--packing"]),
      "--packing is not for train_prm.py"),
-    ("prm_on_sft_data", lambda p: ("train_prm", ["--pretrain", p["model"], "--dataset", p["sft_train"]]),
-     "was prepared as sft data; this script needs prm data (prepare_dataset.py --type prm)"),
     ("distill_loss_without_teacher", lambda p: _grpo(p, "--distill_loss", "gkd"),
      "--distill_loss needs a teacher: --teacher_model"),
     ("teacher_with_another_vocabulary", lambda p: _grpo(p, "--teacher_model", p["other_vocab_model"]),
@@ -259,10 +257,6 @@ CASES = [
      "is not a model folder (no config.json)"),
     ("judge_rubric_unknown_field", lambda p: _grpo(p, "--reward_fn", "judge", "--judge_url", "http://127.0.0.1:9/v1",
                                                    "--judge_rubric", p["bad_rubric"]), "has the unknown field(s) {answer}"),
-    ("judge_unreachable", lambda p: _grpo(p, "--reward_fn", "judge", "--judge_url", "http://127.0.0.1:9/v1",
-                                          "--judge_retries", "0", "--num_episodes", "1", "--batch_size", "2",
-                                          "--max_new_tokens", "4"),
-     "judge http://127.0.0.1:9/v1 did not answer after 1 attempts"),
     ("rl_save_interval_without_save_dir", lambda p: _grpo(p, "--save_interval", "2"), "--save_interval needs --save_dir"),
     ("ppo_gamma_above_1", lambda p: _ppo(p, "--gamma", "1.5"), "--gamma: must be in [0, 1]"),
     ("ppo_lam_negative", lambda p: _ppo(p, "--lam", "-0.1"), "--lam: must be in [0, 1]"),
@@ -378,6 +372,27 @@ def test_bad_input_gives_one_error_line_and_status_2(bad, case, capsys):
         _script(_script_path(script)).main(argv)
     assert exited.value.code == 2
     _check_error_line(capsys.readouterr().err, expected)
+
+
+LATE_CASES = [   # found once the run has started, its process group up: each runs as a process of its own
+    ("prm_on_sft_data", lambda p: ("train_prm", ["--pretrain", p["model"], "--dataset", p["sft_train"]]),
+     "was prepared as sft data; this script needs prm data (prepare_dataset.py --type prm)"),
+    ("judge_unreachable", lambda p: _grpo(p, "--reward_fn", "judge", "--judge_url", "http://127.0.0.1:9/v1",
+                                          "--judge_retries", "0", "--num_episodes", "1", "--batch_size", "2",
+                                          "--max_new_tokens", "4"),
+     "judge http://127.0.0.1:9/v1 did not answer after 1 attempts"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", LATE_CASES, ids=[c[0] for c in LATE_CASES])
+def test_bad_input_found_once_the_run_started_gives_one_error_line_and_status_2(bad, case):
+    _, build, expected = case
+    script, argv = build(bad)
+    result = subprocess.run([sys.executable, str(_script_path(script)), *argv], capture_output=True, text=True,
+                            timeout=300, env=child_env(), cwd=REPO)
+    assert result.returncode == 2
+    _check_error_line(result.stderr, expected)
 
 
 AS_PROCESSES = ["batch_size_0", "num_generations_1", "rl_max_steps", "output_dir_under_file",

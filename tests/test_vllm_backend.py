@@ -82,7 +82,7 @@ def served(small_model, tmp_path_factory):
 
     tokenizer = _tokenizer(small_model)
     logs = tmp_path_factory.mktemp("vllm_logs")
-    pool = VLLMPool(VLLMConfig(model=str(small_model), log_dir=str(logs), threads=1, max_restarts=1, timeout_s=10,
+    pool = VLLMPool(VLLMConfig(model=str(small_model), log_dir=str(logs), threads=1, max_restarts=1, timeout_s=30,
                                enforce_eager=True), tokenizer.pad_token_id, [tokenizer.eos_token_id])
     model = AutoModelForCausalLM.from_pretrained(small_model).eval()
     yield pool, model, tokenizer, logs
