@@ -52,19 +52,19 @@ class Teacher:
             self.model, e.sequences[rows], e.attention_mask[rows], e.prompt_length, self.config.top_k, self.vocab_size,
             packed=e.packed), e)
 
-    def add_advantages(self, experience: Experience, episode: Optional[int] = None) -> None:
+    def add_advantages(self, experience: Experience) -> None:
         """`coef` times each sampled token's log p_teacher - log p_policy added to its advantage (the advantages become
         per token); a `DistillationError` when that difference is zero on every token."""
         e, mask = experience, experience.action_mask.bool()
         reverse_kl = (e.action_log_probs - e.teacher_log_probs) * mask
-        check_not_identically_zero(reverse_kl, mask, episode)
+        check_not_identically_zero(reverse_kl, mask)
         e.rollout_stats[REVERSE_KL_STAT] = (reverse_kl.sum(-1) / mask.sum(-1).clamp(min=1)).tolist()
         if self.config.coef > 0:
             advantages = e.advantages if e.advantages.dim() == 2 else e.advantages.unsqueeze(-1).expand_as(reverse_kl)
             e.advantages = (advantages - self.config.coef * reverse_kl) * mask
 
 
-def check_not_identically_zero(reverse_kl: torch.Tensor, mask: torch.Tensor, episode: Optional[int]) -> None:
+def check_not_identically_zero(reverse_kl: torch.Tensor, mask: torch.Tensor, episode: Optional[int] = None) -> None:
     """One line when the teacher's log-probs equal the policy's on every sampled token (and there are some)."""
     if mask.any() and not reverse_kl[mask].abs().max().item() > 0:
         when = f"in episode {episode}" if episode is not None else "in this batch"
