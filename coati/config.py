@@ -459,6 +459,14 @@ class DistillSettings:
     teacher_model: str = setting("", help="a teacher model folder (its tokenizer, where it has one, must share the "
                                           "policy's vocabulary); with it the rewards may be left out: distillation "
                                           "alone")
+    teacher_url: str = setting("", help="a served teacher instead: its OpenAI-compatible API base returning prompt "
+                                        "log-probs by token id (e.g. http://host:8000/v1 of `vllm serve`); its bearer "
+                                        "token from $COATI_TEACHER_TOKEN, else $OPENAI_API_KEY")
+    teacher_model_name: str = setting("", help="the model name sent to --teacher_url (default: the first it lists)")
+    teacher_batch_size: int = setting(16, parse=at_least(1), help="rows per request to --teacher_url")
+    teacher_timeout: float = setting(120.0, parse=positive(), help="seconds one --teacher_url request may take")
+    teacher_retries: int = setting(3, parse=at_least(0), help="retries of a failed --teacher_url request (backoff 1 s, "
+                                                              "doubling)")
     distill_coef: float = setting(1.0, parse=non_negative(),
                                   help="weight of each sampled token's log p_teacher - log p_policy (minus the "
                                        "per-token reverse KL) in its advantage; 0: off")

@@ -62,6 +62,25 @@ def turn_ender(tiny_assets, tmp_path_factory):
     return path
 
 
+@pytest.fixture
+def endpoint():
+    """A factory of grading endpoints (`judge_endpoint.Grader`), each stopped after the test."""
+    from judge_endpoint import Grader, serve
+
+    servers = []
+
+    def start(**options):
+        grader = Grader(**options)
+        server, url = serve(grader)
+        servers.append(server)
+        return grader, url
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.fixture(scope="session")
 def world_of_one():
     """colossalai's process group with one CPU rank, for trainer tests that run in this process."""

@@ -241,7 +241,12 @@ CASES = [
     ("prm_packing", lambda p: ("train_prm", ["--pretrain", p["model"], "--dataset", p["sft_train"], "--packing"]),
      "--packing is not for train_prm.py"),
     ("distill_loss_without_teacher", lambda p: _grpo(p, "--distill_loss", "gkd"),
-     "--distill_loss needs a teacher: --teacher_model"),
+     "--distill_loss needs a teacher: --teacher_model or --teacher_url"),
+    ("teacher_url_unreachable", lambda p: _grpo(p, "--teacher_url", "http://127.0.0.1:9/v1"),
+     "--teacher_url http://127.0.0.1:9/v1 did not answer after 1 attempt in 0 s (Connection refused); is the teacher "
+     "being served?"),
+    ("teacher_model_and_url", lambda p: _grpo(p, "--teacher_model", p["small_model"], "--teacher_url",
+                                              "http://127.0.0.1:9/v1"), "--teacher_model and --teacher_url: give one"),
     ("teacher_with_another_vocabulary", lambda p: _grpo(p, "--teacher_model", p["other_vocab_model"]),
      "its tokenizer's vocabulary differs from the policy's"),
     ("teacher_not_used", lambda p: _grpo(p, "--teacher_model", p["small_model"], "--distill_coef", "0"),
@@ -380,7 +385,7 @@ LATE_CASES = [   # found once the run has started, its process group up: each ru
     ("judge_unreachable", lambda p: _grpo(p, "--reward_fn", "judge", "--judge_url", "http://127.0.0.1:9/v1",
                                           "--judge_retries", "0", "--num_episodes", "1", "--batch_size", "2",
                                           "--max_new_tokens", "4"),
-     "judge http://127.0.0.1:9/v1 did not answer after 1 attempts"),
+     "judge http://127.0.0.1:9/v1 did not answer after 1 attempt"),
 ]
 
 

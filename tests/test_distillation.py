@@ -1,6 +1,7 @@
 """On-policy distillation: the top-k forward KL and GKD losses against hand-computed values, the reverse-KL
-advantages, the refusal of a term that is identically zero and of a teacher with another vocabulary, and GRPO under
-torchrun distilling from a teacher (with rewards, and alone)."""
+advantages, the refusal of a term that is identically zero and of a teacher with another vocabulary, a served teacher
+scoring as the teacher in the trainer, and GRPO under torchrun distilling from a teacher (with rewards, and alone from a
+served one)."""
 import json
 import math
 import re
@@ -10,8 +11,8 @@ import pytest
 import torch
 
 from conftest import SCRIPTS, torchrun
-from coati.experience.distillation import (DistillationError, DistillConfig, Teacher, check_not_identically_zero,
-                                           check_vocabulary)
+from coati.experience.distillation import (DistillationError, DistillConfig, ModelTeacher, ServedTeacher, Teacher,
+                                           check_not_identically_zero, check_vocabulary, served_model_name)
 from coati.experience.experience import Experience
 from coati.models.loss import forward_kl_topk, generalized_jsd
 from coati.trainer.components import DistillTerm
@@ -54,7 +55,7 @@ def test_reverse_kl_is_added_to_each_tokens_advantage():
     teacher = torch.tensor([[-1.5, -1.0, -0.5], [-0.3, -1.0, -1.0]])
     mask = torch.tensor([[True, True, True], [True, True, False]])
     experience = _experience(student, teacher, mask, torch.tensor([0.5, -1.0]))
-    Teacher(None, DistillConfig(coef=2.0), 10).add_advantages(experience)
+    Teacher(DistillConfig(coef=2.0), 10).add_advantages(experience)
     expected = torch.tensor([[0.5 - 2 * 0.5, 0.5 - 2 * -1.0, 0.5 - 0.0], [-1.0 - 2 * 0.2, -1.0 - 2 * -2.0, 0.0]])
     assert torch.allclose(experience.advantages, expected)
     assert experience.rollout_stats["distill_reverse_kl"] == pytest.approx([(0.5 - 1.0 + 0.0) / 3, (0.2 - 2.0) / 2])
@@ -103,18 +104,67 @@ def _teacher_model(tiny_assets, folder, seed=1):
     return folder
 
 
-def _grpo(tiny_assets, out, *extra):
+def _padded_experience(vocab):
+    """Two rows as experience holds them: prompts left-padded to 5 columns, completions right-padded to 4, the first
+    with an attended token that does not count (a tool's output) and the second ending early."""
+    g = torch.Generator().manual_seed(0)
+    sequences = torch.randint(3, vocab, (2, 9), generator=g)
+    attention = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 0, 0]])
+    action_mask = torch.tensor([[1, 1, 0, 1], [1, 1, 0, 0]], dtype=torch.bool)
+    return Experience(sequences * attention, attention, action_mask, 5, None, torch.zeros(2), torch.zeros(2))
+
+
+def test_a_served_teacher_scores_as_the_teacher_in_the_trainer(tiny_assets, tmp_path, monkeypatch, endpoint):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from coati.inference.local_judge import JudgeServerConfig, LocalJudge
+
+    folder = _teacher_model(tiny_assets, tmp_path / "teacher")
+    vocab, config = len(AutoTokenizer.from_pretrained(folder)), DistillConfig(top_k=4)
+    in_trainer = _padded_experience(vocab)
+    ModelTeacher(AutoModelForCausalLM.from_pretrained(folder).eval(), config, vocab).score(
+        in_trainer, lambda forward, e: forward(slice(None)))
+    local = LocalJudge(JudgeServerConfig(str(folder))).start()
+    try:
+        monkeypatch.setenv("COATI_TEACHER_TOKEN", local.token)
+        assert served_model_name(local.url) == "judge"
+        served = [_padded_experience(vocab) for _ in range(2)]
+        for experience, batch_size in zip(served, (16, 1)):
+            ServedTeacher(local.url, config, vocab, "judge", batch_size).score(experience, None)
+    finally:
+        local.close()
+    counted = in_trainer.action_mask
+    for experience in served:
+        assert torch.allclose(experience.teacher_log_probs[counted], in_trainer.teacher_log_probs[counted], atol=1e-5)
+        assert torch.equal(experience.teacher_top_ids[counted], in_trainer.teacher_top_ids[counted])
+        on_support = [x[counted].log_softmax(-1) for x in (experience.teacher_top_logps, in_trainer.teacher_top_logps)]
+        assert torch.allclose(*on_support, atol=1e-5)
+    _, url = endpoint(answer="Score: 3")
+    with pytest.raises(DistillationError, match=r"teacher .* answered without prompt_logprobs in its choices"):
+        ServedTeacher(url, config, vocab, "judge", retries=0).score(_padded_experience(vocab), None)
+
+
+def _grpo(tiny_assets, out, *extra, **env):
     return torchrun(SCRIPTS / "train_grpo.py", 2, "--pretrain", str(tiny_assets["model"]), "--prompt_dataset",
                     str(tiny_assets["prompt_train"]), "--plugin", "ddp", "--batch_size", "2", "--num_generations", "3",
-                    "--max_new_tokens", "8", "--num_episodes", "2", "--log_dir", str(out / "logs"), *extra)
+                    "--max_new_tokens", "8", "--num_episodes", "2", "--log_dir", str(out / "logs"), *extra, **env)
 
 
-@pytest.mark.parametrize("rewards", [["--reward_fn", "math_answer"], []], ids=["with_rewards", "alone"])
+@pytest.mark.parametrize("rewards", [["--reward_fn", "math_answer"], []], ids=["with_rewards", "alone_served"])
 def test_grpo_distils_from_a_teacher_under_torchrun(tiny_assets, tmp_path_factory, rewards):
+    """With rewards, from a teacher folder; alone, from a teacher served on coati's OpenAI-compatible server."""
+    from coati.inference.local_judge import JudgeServerConfig, LocalJudge
+
     out = tmp_path_factory.mktemp("distil")
     teacher = _teacher_model(tiny_assets, out / "teacher")
-    result = _grpo(tiny_assets, out, "--teacher_model", str(teacher), "--distill_loss", "gkd", "--distill_top_k", "4",
-                   *rewards)
+    served = None if rewards else LocalJudge(JudgeServerConfig(str(teacher))).start()
+    try:
+        where = ["--teacher_url", served.url] if served else ["--teacher_model", str(teacher)]
+        result = _grpo(tiny_assets, out, *where, "--distill_loss", "gkd", "--distill_top_k", "4", *rewards,
+                       **({"COATI_TEACHER_TOKEN": served.token} if served else {}))
+    finally:
+        if served:
+            served.close()
     assert result.returncode == 0, result.stderr[-3000:]
     trained = [m for m in map(json.loads, (out / "logs" / "metrics.jsonl").read_text().splitlines()) if "train/loss" in m]
     assert len(trained) == 2

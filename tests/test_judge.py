@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, SCRIPTS, child_env, torchrun
-from judge_endpoint import Grader, serve
 from coati.rewards import WeightedReward
 from coati.rewards.judge import DEFAULT_RUBRIC, JudgeError, LLMJudge, check_rubric, parse_score, parse_verdict
 from coati.rewards.registry import table_columns
@@ -50,23 +49,6 @@ def test_rubrics_are_checked_in_one_line():
 
 def _judge(url, **options):
     return LLMJudge(url, backoff_s=0.01, **options)
-
-
-@pytest.fixture
-def endpoint():
-    """A factory of grading endpoints (`judge_endpoint.Grader`), each stopped after the test."""
-    servers = []
-
-    def start(**options):
-        grader = Grader(**options)
-        server, url = serve(grader)
-        servers.append(server)
-        return grader, url
-
-    yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.mark.parametrize("api, requests", [("chat", 3), ("completions", 2)])

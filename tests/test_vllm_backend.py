@@ -392,17 +392,31 @@ def test_a_missing_vllm_environment_is_one_line(tiny_assets, tmp_path):
 
 
 def test_a_judge_served_on_vllm_answers_as_the_hf_one(small_model):
+    """And, as a distillation teacher, scores the same prompt log-probs and top tokens."""
+    from transformers import AutoTokenizer
+
+    from coati.experience.distillation import DistillConfig, ServedTeacher
+    from coati.experience.experience import Experience
     from coati.inference.local_judge import JudgeServerConfig, LocalJudge
     from coati.rewards.judge import LLMJudge
 
     rubrics = ["What is 2 + 3? The answer is 5.", "A longer question about 7 - 4, answered with 3"]
-    answers = {}
+    vocab = len(AutoTokenizer.from_pretrained(small_model))
+    sequences = torch.randint(3, vocab, (3, 12), generator=torch.Generator().manual_seed(0))
+    answers, scored = {}, {}
     for engine in ("vllm", "hf"):
         local = LocalJudge(JudgeServerConfig(str(small_model), engine=engine, dtype="float32")).start()
         try:
             answers[engine] = [LLMJudge(local.url, token=local.token, api=api, max_tokens=6).answers(rubrics)[0]
                                for api in ("completions", "chat")]
+            scored[engine] = Experience(sequences, torch.ones_like(sequences), torch.ones(3, 7, dtype=torch.bool), 5,
+                                        None, torch.zeros(3), torch.zeros(3))
+            ServedTeacher(local.url, DistillConfig(top_k=3), vocab, "judge", token=local.token).score(
+                scored[engine], None)
         finally:
             local.close()
     assert answers["vllm"] == answers["hf"]
     assert all(text for texts in answers["hf"] for text in texts)
+    assert torch.allclose(scored["vllm"].teacher_log_probs, scored["hf"].teacher_log_probs, atol=1e-4)
+    assert torch.allclose(scored["vllm"].teacher_top_logps, scored["hf"].teacher_top_logps, atol=1e-4)
+    assert torch.equal(scored["vllm"].teacher_top_ids, scored["hf"].teacher_top_ids)

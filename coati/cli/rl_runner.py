@@ -17,7 +17,8 @@ from coati.dataset.collators import PromptCollator, SupervisedCollator
 from coati.dataset.prepare import load_prepared
 from coati.dataset.tokenization import load_tokenizer
 from coati.experience.controllers import KLController, TemperatureController
-from coati.experience.distillation import DistillConfig, Teacher, check_vocabulary
+from coati.experience.distillation import (DistillConfig, ModelTeacher, ServedTeacher, Teacher, check_vocabulary,
+                                           served_model_name)
 from coati.experience.experience import GRPOExperienceMaker, PPOExperienceMaker
 from coati.config import AsyncSettings, CriticSettings, GRPOConfig, OnPolicyConfig, PPOConfig
 from coati.inference.local_judge import JudgeServerConfig, LocalJudge
@@ -96,7 +97,12 @@ def _reward_specs(args: argparse.Namespace) -> List[str]:
     """`--reward_fn`; when it is not given, `DEFAULT_REWARD`, or nothing beside a reward model."""
     if args.reward_fn is not None:
         return list(args.reward_fn)
-    return [] if args.rm_pretrain or args.prm_pretrain or getattr(args, "teacher_model", "") else [DEFAULT_REWARD]
+    return [] if args.rm_pretrain or args.prm_pretrain or _has_teacher(args) else [DEFAULT_REWARD]
+
+
+def _has_teacher(args: argparse.Namespace) -> bool:
+    """A distillation teacher is given (`--teacher_model` or `--teacher_url`; GRPO's flags only)."""
+    return bool(getattr(args, "teacher_model", "") or getattr(args, "teacher_url", ""))
 
 
 def _reward_fn(args: argparse.Namespace, serve: bool = True) -> Optional[WeightedReward]:
@@ -313,11 +319,16 @@ def _build_grpo(args, setup, tokenizer, actor, optimizer, scheduler, engine, ref
 
 
 def _teacher(args: argparse.Namespace, setup: Any, tokenizer: Any) -> Optional[Teacher]:
-    """`--teacher_model`, frozen, scoring the policy's samples as the distillation flags say; None without one."""
+    """`--teacher_model` (frozen) or `--teacher_url`, scoring the policy's samples as the distillation flags say; None
+    without one."""
+    config = DistillConfig(args.distill_coef, args.distill_top_k if args.distill_loss else 0)
+    if args.teacher_url:
+        return ServedTeacher(args.teacher_url, config, len(tokenizer),
+                             args.teacher_model_name or served_model_name(args.teacher_url), args.teacher_batch_size,
+                             args.teacher_timeout, args.teacher_retries)
     if not args.teacher_model:
         return None
-    config = DistillConfig(args.distill_coef, args.distill_top_k if args.distill_loss else 0)
-    return Teacher(frozen_model(args.teacher_model, args, setup), config, len(tokenizer))
+    return ModelTeacher(frozen_model(args.teacher_model, args, setup), config, len(tokenizer))
 
 
 def _step_scorer(args: argparse.Namespace, setup: Any, tokenizer: Any) -> Optional[StepScorer]:
@@ -345,15 +356,23 @@ def _check_prm(args: argparse.Namespace, grpo: bool) -> None:
 def _check_distillation(args: argparse.Namespace) -> None:
     """Before any model loads: the distillation flags come with a teacher that is used, and its tokenizer (where it
     has one) shares the policy's vocabulary."""
-    if not args.teacher_model:
+    if args.teacher_model and args.teacher_url:
+        raise CoatiUsageError("--teacher_model and --teacher_url: give one teacher, a folder or a served one")
+    if not _has_teacher(args):
         if args.distill_loss:
-            raise CoatiUsageError("--distill_loss needs a teacher: --teacher_model")
+            raise CoatiUsageError("--distill_loss needs a teacher: --teacher_model or --teacher_url")
+        return
+    if args.distill_coef == 0 and not args.distill_loss:
+        raise CoatiUsageError(f"{'--teacher_url' if args.teacher_url else '--teacher_model'} with --distill_coef 0 and "
+                              "no --distill_loss: the teacher would not be used; give one of them")
+    if args.teacher_url:
+        if not is_url(args.teacher_url):
+            raise CoatiUsageError(f"--teacher_url {args.teacher_url}: expected an http(s):// URL such as "
+                                  "http://127.0.0.1:8000/v1")
+        served_model_name(args.teacher_url)
         return
     if not (Path(args.teacher_model) / "config.json").is_file():
         raise CoatiUsageError(f"--teacher_model {args.teacher_model} is not a model folder (no config.json)")
-    if args.distill_coef == 0 and not args.distill_loss:
-        raise CoatiUsageError("--teacher_model with --distill_coef 0 and no --distill_loss: the teacher would not be "
-                              "used; give one of them")
     policy = load_tokenizer(args.tokenizer_dir or args.pretrain, args.trust_remote_code)
     own = any((Path(args.teacher_model) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json"))
     teacher = load_tokenizer(args.teacher_model, args.trust_remote_code).get_vocab() if own else None
@@ -484,10 +503,10 @@ def _check_backend(args: argparse.Namespace) -> None:
 
 def run_grpo(args: argparse.Namespace) -> GRPOTrainer:
     """GRPO as the flags say: held-out reward before and after (with `--eval_dataset`), then the export."""
-    if not _reward_specs(args) and not (args.rm_pretrain or args.teacher_model or args.prm_pretrain):
+    if not _reward_specs(args) and not (args.rm_pretrain or _has_teacher(args) or args.prm_pretrain):
         raise CoatiUsageError("GRPO needs a reward: --reward_fn (at least one function), --rm_pretrain (a trained "
                               "reward model) and/or --prm_pretrain (a process reward model), or a distillation teacher "
-                              "(--teacher_model)")
+                              "(--teacher_model or --teacher_url)")
     _check_distillation(args)
     _check_prm(args, grpo=True)
     if args.num_generations < 2:

@@ -8,16 +8,29 @@ Thinking Machines' on-policy distillation, 2025), so the student learns where it
 - **Top-k forward KL / GKD as a loss.** With `top_k` > 0 the teacher's `top_k` likeliest tokens at each position (and
   their log-probs) are kept with the experience, and `coati.trainer.components.DistillTerm` adds a `DISTILL_LOSSES`
   entry between the student's and the teacher's distributions on them to the actor's loss.
+- **Where the teacher runs.** `ModelTeacher`: a folder loaded frozen in the trainer's processes
+  (`--teacher_model`). `ServedTeacher`: any OpenAI-compatible `/completions` endpoint that returns prompt log-probs
+  by token id (`--teacher_url`: `vllm serve`, or `python -m coati.inference.judge_server --model TEACHER`), so a
+  teacher too large for the trainer's devices runs elsewhere. It is sent each row's token ids (prompt and
+  completion, padding left out) with `prompt_logprobs`, `--teacher_batch_size` rows per request, at most
+  `SERVED_CONCURRENCY` requests in flight, and answers vLLM's shape: per position a map from token id to its
+  `logprob` (and `rank`). Its bearer token is read from `COATI_TEACHER_TOKEN`, else `OPENAI_API_KEY`.
+  Its top-k log-probs are normalised over its whole vocabulary (`ModelTeacher`'s over the policy's); the losses
+  renormalise over the top-k, so both teachers give one loss.
 - **A term that does nothing stops the run.** When the teacher's log-prob equals the policy's on every sampled token
   (the teacher is the policy itself, or its scores never arrived), both terms are identically zero; the run stops with
   one line instead of training on nothing, as atropos #456's distillation silently did.
 """
-from dataclasses import dataclass
-from typing import Any, Callable, Optional
+import json
+import math
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
 from coati.models.logprobs import action_top_k
+from coati.rewards.remote import request_json, token_from_env
 from coati.utils.errors import CoatiUsageError
 
 from .experience import Experience
@@ -39,18 +52,16 @@ class DistillConfig:
 
 
 class Teacher:
-    """A frozen `model` (whose vocabulary starts with the policy's `vocab_size` tokens) that scores experience."""
+    """A frozen teacher of a policy with `vocab_size` tokens: `score` fills the experience's teacher fields, and
+    `add_advantages` turns them into the reverse-KL term."""
 
-    def __init__(self, model: torch.nn.Module, config: DistillConfig, vocab_size: int) -> None:
-        self.model, self.config, self.vocab_size = model, config, vocab_size
+    def __init__(self, config: DistillConfig, vocab_size: int) -> None:
+        self.config, self.vocab_size = config, vocab_size
 
     def score(self, experience: Experience, per_rows: Callable[[Callable[[slice], Any], Experience], Any]) -> None:
-        """The teacher's log-probs of the sampled tokens, and its top-k where a loss needs them, into `experience`
-        (`per_rows` runs a forward over the rows in chunks)."""
-        e = experience
-        e.teacher_log_probs, e.teacher_top_logps, e.teacher_top_ids = per_rows(lambda rows: action_top_k(
-            self.model, e.sequences[rows], e.attention_mask[rows], e.prompt_length, self.config.top_k, self.vocab_size,
-            packed=e.packed), e)
+        """The teacher's log-probs of the sampled tokens (batch, N), and its top-k log-probs and ids (batch, N, k)
+        where a loss needs them, into `experience` (`per_rows` runs a forward over the rows in chunks)."""
+        raise NotImplementedError
 
     def add_advantages(self, experience: Experience) -> None:
         """`coef` times each sampled token's log p_teacher - log p_policy added to its advantage (the advantages become
@@ -62,6 +73,145 @@ class Teacher:
         if self.config.coef > 0:
             advantages = e.advantages if e.advantages.dim() == 2 else e.advantages.unsqueeze(-1).expand_as(reverse_kl)
             e.advantages = (advantages - self.config.coef * reverse_kl) * mask
+
+
+class ModelTeacher(Teacher):
+    """A frozen `model` in the trainer's processes, whose vocabulary starts with the policy's `vocab_size` tokens."""
+
+    def __init__(self, model: torch.nn.Module, config: DistillConfig, vocab_size: int) -> None:
+        super().__init__(config, vocab_size)
+        self.model = model
+
+    def score(self, experience: Experience, per_rows: Callable[[Callable[[slice], Any], Experience], Any]) -> None:
+        e = experience
+        e.teacher_log_probs, e.teacher_top_logps, e.teacher_top_ids = per_rows(lambda rows: action_top_k(
+            self.model, e.sequences[rows], e.attention_mask[rows], e.prompt_length, self.config.top_k, self.vocab_size,
+            packed=e.packed), e)
+
+
+TEACHER_TOKEN_ENVS = ("COATI_TEACHER_TOKEN", "OPENAI_API_KEY")
+"""Where a served teacher's bearer token is read from, first set first; never a flag."""
+SERVED_CONCURRENCY = 4
+"""Requests to a served teacher in flight at once, per rank."""
+WIDEST_TOP = 20
+"""The most tokens per position a served teacher is asked for (vLLM's default `--max-logprobs`) where tokens beyond
+the policy's vocabulary (padding rows of the teacher's embedding, which a trained model rarely ranks high) are among
+its `top_k` likeliest; a larger `top_k` is asked as it is."""
+
+
+def teacher_token() -> Optional[str]:
+    """The served teacher's bearer token (`TEACHER_TOKEN_ENVS`), or None."""
+    return token_from_env(TEACHER_TOKEN_ENVS)
+
+
+@dataclass
+class ServedTeacher(Teacher):
+    """The teacher behind an OpenAI-compatible API at `url` (its base, e.g. `http://host:8000/v1`), asked for prompt
+    log-probs of the rows' token ids by the model name `model`; see the module's notes."""
+
+    url: str
+    config: DistillConfig
+    vocab_size: int
+    model: str
+    batch_size: int = 16
+    timeout_s: float = 120.0
+    retries: int = 3
+    backoff_s: float = 1.0
+    token: Optional[str] = field(default_factory=teacher_token, repr=False)
+
+    def __post_init__(self) -> None:
+        self.url = self.url.rstrip("/")
+
+    def score(self, experience: Experience, per_rows: Callable[[Callable[[slice], Any], Experience], Any]) -> None:
+        e, k = experience, self.config.top_k
+        rows = row_token_ids(e)
+        batches = [rows[i:i + self.batch_size] for i in range(0, len(rows), self.batch_size)]
+        with ThreadPoolExecutor(max_workers=max(1, min(SERVED_CONCURRENCY, len(batches)))) as pool:
+            scored = [row for rows_scored in pool.map(self._scored, batches) for row in rows_scored]
+        shape = (len(rows), e.action_mask.size(1))
+        logps = torch.zeros(shape)
+        top_logps, top_ids = torch.full(shape + (max(k, 1),), -math.log(max(k, 1))), torch.zeros(
+            shape + (max(k, 1),), dtype=torch.long)
+        for i, positions in enumerate(scored):
+            for j, (logp, tops) in enumerate(positions):
+                logps[i, j] = logp
+                if k:
+                    top_ids[i, j] = torch.tensor([token for token, _ in tops])
+                    top_logps[i, j] = torch.tensor([value for _, value in tops])
+        device = e.sequences.device
+        e.teacher_log_probs = logps.to(device)
+        e.teacher_top_logps, e.teacher_top_ids = (top_logps.to(device), top_ids.to(device)) if k else (None, None)
+
+    def _scored(self, rows: List[Tuple[List[int], int]]) -> List[List[Tuple[float, List[Tuple[int, float]]]]]:
+        """Per row and completion position: the sampled token's log-prob, and the teacher's `top_k` likeliest tokens
+        of the policy's vocabulary as (id, log-prob). Where the teacher ranks tokens beyond that vocabulary among its
+        likeliest, it is asked again for twice as many, up to `WIDEST_TOP`."""
+        k, asked = self.config.top_k, self.config.top_k
+        while True:
+            answers = self._request(rows, asked)
+            scored = [[self._position(entries, t, ids[t]) for t in range(start, len(ids))]
+                      for entries, (ids, start) in zip(answers, rows)]
+            if all(len(tops) >= k for row in scored for _, tops in row):
+                return scored
+            if asked >= max(k, WIDEST_TOP):
+                raise DistillationError(
+                    f"teacher {self.url}: fewer than {k} of its {asked} likeliest tokens at a position lie within the "
+                    f"policy's {self.vocab_size} tokens; the teacher needs the policy's vocabulary (or a smaller "
+                    "--distill_top_k)")
+            asked = min(2 * asked, max(k, WIDEST_TOP))
+
+    def _request(self, rows: List[Tuple[List[int], int]], top: int) -> List[List[Optional[Dict[str, Any]]]]:
+        """Each row's prompt log-probs (one map per position, the first None), with the `top` likeliest tokens at
+        each position, from one request."""
+        body = {"model": self.model, "prompt": [ids for ids, _ in rows], "max_tokens": 1, "temperature": 0.0,
+                "prompt_logprobs": top}
+        answer = request_json(f"{self.url}/completions", json.dumps(body).encode(), f"teacher {self.url}", self.token,
+                           " or ".join(TEACHER_TOKEN_ENVS), self.timeout_s, self.retries, self.backoff_s,
+                           "is the teacher being served? Check --teacher_url")
+        try:
+            choices = sorted(answer["choices"], key=lambda c: c.get("index", 0))
+            entries = [c["prompt_logprobs"] for c in choices]
+        except (KeyError, TypeError, AttributeError):
+            raise DistillationError(f"teacher {self.url} answered without prompt_logprobs in its choices (an "
+                                    f"OpenAI-compatible server that returns them, such as vLLM's): "
+                                    f"{str(answer)[:200]}") from None
+        if len(entries) != len(rows) or any(not isinstance(x, list) or len(x) != len(ids)
+                                            for x, (ids, _) in zip(entries, rows)):
+            raise DistillationError(f"teacher {self.url} answered prompt log-probs that do not match the "
+                                    f"{len(rows)} rows sent (one per token of each)")
+        return entries
+
+    def _position(self, entries: List[Optional[Dict[str, Any]]], position: int,
+                  token: int) -> Tuple[float, List[Tuple[int, float]]]:
+        """The sampled `token`'s log-prob at `position`, and the teacher's likeliest tokens there that the policy has
+        (at most `top_k`), as (id, log-prob), likeliest first."""
+        entry = {int(t): float(v["logprob"]) for t, v in (entries[position] or {}).items()}
+        if token not in entry:
+            raise DistillationError(f"teacher {self.url} gave no log-prob for the sampled token {token} at position "
+                                    f"{position}")
+        ranked = sorted(((t, v) for t, v in entry.items() if t < self.vocab_size), key=lambda item: -item[1])
+        return entry[token], ranked[:self.config.top_k]
+
+
+def row_token_ids(experience: Experience) -> List[Tuple[List[int], int]]:
+    """Each row's attended token ids (its prompt, then its completion through the last token that counts), and where
+    the completion starts among them."""
+    e, rows = experience, []
+    for sequence, attention in zip(e.sequences.tolist(), e.attention_mask.tolist()):
+        ids = [token for token, seen in zip(sequence, attention) if seen]
+        rows.append((ids, sum(attention[:e.prompt_length])))
+    return rows
+
+
+def served_model_name(url: str, timeout_s: float = 30.0) -> str:
+    """The first model the server at `url` lists (`GET /models`); one line when it cannot be asked."""
+    who = f"--teacher_url {url}"
+    answer = request_json(f"{url.rstrip('/')}/models", None, who, teacher_token(), " or ".join(TEACHER_TOKEN_ENVS),
+                          timeout_s, 0, 0.0, "is the teacher being served?")
+    try:
+        return answer["data"][0]["id"]
+    except (KeyError, IndexError, TypeError):
+        raise DistillationError(f"{who} lists no model at /models: {str(answer)[:200]}") from None
 
 
 def check_not_identically_zero(reverse_kl: torch.Tensor, mask: torch.Tensor, episode: Optional[int] = None) -> None:

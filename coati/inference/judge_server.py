@@ -1,10 +1,14 @@
-"""A judge model behind an OpenAI-compatible endpoint, for `--reward_fn judge` (`coati.rewards.judge`).
+"""A judge model behind an OpenAI-compatible endpoint, for `--reward_fn judge` (`coati.rewards.judge`), or a
+distillation teacher, for `--teacher_url` (`coati.experience.distillation`).
 
     python -m coati.inference.judge_server --model DIR [--engine hf|vllm] [--port 8001]
 
 Serves `POST /v1/chat/completions` (messages rendered with the model's chat template), `POST /v1/completions` (a
 prompt, or a list of them: one batch) and `GET /v1/models`, decoding greedily unless a request asks for a
-temperature. Requests that arrive together are generated as one batch (at most `--max_batch` prompts), on the
+temperature. A completions request with `prompt_logprobs: K` and token-id prompts is scored instead, as vLLM answers
+it: each choice's `prompt_logprobs` holds, per position (the first None), the log-prob and rank of the prompt's
+token and of the model's K likeliest there, keyed by token id; nothing is generated. Requests that arrive together
+are generated (or scored) as one batch (at most `--max_batch` prompts), on the
 transformers model (`--engine hf`) or a vLLM engine in this process (`--engine vllm`, run with vLLM's environment's
 interpreter). It listens on loopback unless `--host` says otherwise, and every request must carry the token in
 `COATI_JUDGE_TOKEN` (`Authorization: Bearer ...`); starting without one is refused unless `--allow_unauthenticated`.
@@ -49,7 +53,7 @@ class HFJudgeEngine:
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(model_dir).to(device).eval()
-        self.device = device
+        self.device, self.vocab_size = device, self.model.get_output_embeddings().weight.size(0)
 
     def render(self, messages: List[Dict[str, Any]]) -> str:
         return render_chat(self.tokenizer, messages)
@@ -63,6 +67,17 @@ class HFJudgeEngine:
         texts = self.tokenizer.batch_decode(out[:, batch["input_ids"].size(1):], skip_special_tokens=True)
         return [text.rstrip(INCOMPLETE) for text in texts]
 
+    def prompt_logprobs(self, prompts: Sequence[List[int]], k: int) -> List[List[Optional[Dict[str, Dict]]]]:
+        """Per prompt and position (the first None): the log-prob and rank of its token and of the `k` likeliest,
+        from one right-padded forward in float32 log-softmax."""
+        torch, width = self.torch, max(len(ids) for ids in prompts)
+        ids = torch.tensor([p + [0] * (width - len(p)) for p in prompts], device=self.device)
+        mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in prompts], device=self.device)
+        with torch.no_grad():
+            logps = self.model(input_ids=ids, attention_mask=mask).logits.float().log_softmax(-1)
+        return [[None] + [_entry(logps[row, t - 1], prompt[t], k) for t in range(1, len(prompt))]
+                for row, prompt in enumerate(prompts)]
+
 
 class VLLMJudgeEngine:
     """The judge on a vLLM engine in this process; texts are tokenized as the hf engine does (the chat template brings
@@ -75,6 +90,7 @@ class VLLMJudgeEngine:
         self.sampling = SamplingParams
         self.llm = LLM(model=model_dir, gpu_memory_utilization=gpu_memory_utilization, enforce_eager=True, dtype=dtype)
         self.tokenizer = self.llm.get_tokenizer()
+        self.vocab_size = self.llm.llm_engine.model_config.get_vocab_size()
 
     def render(self, messages: List[Dict[str, Any]]) -> str:
         return render_chat(self.tokenizer, messages)
@@ -83,6 +99,24 @@ class VLLMJudgeEngine:
         params = self.sampling(max_tokens=max_tokens, temperature=temperature)
         prompts = [{"prompt_token_ids": self.tokenizer(t, add_special_tokens=False)["input_ids"]} for t in texts]
         return [out.outputs[0].text for out in self.llm.generate(prompts, params, use_tqdm=False)]
+
+    def prompt_logprobs(self, prompts: Sequence[List[int]], k: int) -> List[List[Optional[Dict[str, Dict]]]]:
+        params = self.sampling(max_tokens=1, temperature=0.0, prompt_logprobs=k)
+        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+        return [[None if position is None else {str(t): {"logprob": v.logprob, "rank": v.rank}
+                                                for t, v in position.items()} for position in out.prompt_logprobs]
+                for out in outs]
+
+
+def _entry(logps: Any, token: int, k: int) -> Dict[str, Dict[str, float]]:
+    """One position's log-probs (`logps` over the vocabulary) as vLLM answers them: `token`'s and the `k`
+    likeliest, each with its rank (1: the likeliest)."""
+    top = logps.topk(k) if k else None
+    entry = {str(token): {"logprob": logps[token].item(), "rank": int((logps > logps[token]).sum().item()) + 1}}
+    if top is not None:
+        for rank, (value, index) in enumerate(zip(top.values.tolist(), top.indices.tolist()), start=1):
+            entry[str(index)] = {"logprob": value, "rank": rank}
+    return entry
 
 
 def render_chat(tokenizer: Any, messages: List[Dict[str, Any]]) -> str:
@@ -93,7 +127,9 @@ def render_chat(tokenizer: Any, messages: List[Dict[str, Any]]) -> str:
     return "\n".join(str(m.get("content") or "") for m in messages) + "\n"
 
 
-Job = Tuple[str, int, float, Future]
+Job = Tuple[Tuple[Any, ...], Any, Future]
+"""What a batch is made of (`("generate", max_tokens, temperature)` or `("score", k)`), one text or token-id prompt,
+and where its answer goes."""
 
 
 class EngineFailure(RuntimeError):
@@ -101,18 +137,24 @@ class EngineFailure(RuntimeError):
 
 
 class Batcher:
-    """Generates the prompts of requests that arrive together as one batch: a worker takes every waiting prompt (at
-    most `max_batch`), and generates those with the same settings in one engine call."""
+    """Generates (or scores) the prompts of requests that arrive together as one batch: a worker takes every waiting
+    prompt (at most `max_batch`), and runs those with the same settings in one engine call."""
 
     def __init__(self, engine: Any, max_batch: int) -> None:
         self.engine, self.max_batch = engine, max_batch
         self.jobs: "queue.Queue[Job]" = queue.Queue()
         threading.Thread(target=self._work, name="judge-batcher", daemon=True).start()
 
-    def submit(self, texts: Sequence[str], max_tokens: int, temperature: float) -> List[str]:
-        futures = [Future() for _ in texts]
-        for text, future in zip(texts, futures):
-            self.jobs.put((text, max_tokens, temperature, future))
+    def generate(self, texts: Sequence[str], max_tokens: int, temperature: float) -> List[str]:
+        return self._submit(("generate", max_tokens, temperature), texts)
+
+    def score(self, prompts: Sequence[List[int]], k: int) -> List[List[Optional[Dict[str, Dict]]]]:
+        return self._submit(("score", k), prompts)
+
+    def _submit(self, key: Tuple[Any, ...], items: Sequence[Any]) -> List[Any]:
+        futures = [Future() for _ in items]
+        for item, future in zip(items, futures):
+            self.jobs.put((key, item, future))
         return [f.result() for f in futures]
 
     def _work(self) -> None:
@@ -120,21 +162,24 @@ class Batcher:
             jobs = [self.jobs.get()]
             while len(jobs) < self.max_batch and not self.jobs.empty():
                 jobs.append(self.jobs.get_nowait())
-            groups: Dict[Tuple[int, float], List[Job]] = {}
+            groups: Dict[Tuple[Any, ...], List[Job]] = {}
             for job in jobs:
-                groups.setdefault((job[1], job[2]), []).append(job)
-            for (max_tokens, temperature), group in groups.items():
+                groups.setdefault(job[0], []).append(job)
+            for key, group in groups.items():
                 try:
-                    texts = self.engine.generate([job[0] for job in group], max_tokens, temperature)
-                    for job, text in zip(group, texts):
-                        job[3].set_result(text)
+                    items = [job[1] for job in group]
+                    answers = (self.engine.prompt_logprobs(items, key[1]) if key[0] == "score"
+                               else self.engine.generate(items, key[1], key[2]))
+                    for job, answer in zip(group, answers):
+                        job[2].set_result(answer)
                 except Exception as error:   # each waiting request answers 500 with it
                     for job in group:
-                        job[3].set_exception(EngineFailure(f"{type(error).__name__}: {error}"))
+                        job[2].set_exception(EngineFailure(f"{type(error).__name__}: {error}"))
 
 
 def handler(batcher: Batcher, engine: Any, name: str, token: Optional[str]) -> type:
     """The endpoint's request handler: OpenAI's chat-completions, completions and models routes under `/v1`."""
+    vocab = engine.vocab_size
 
     class Handler(JsonHandler):
         def do_GET(self) -> None:
@@ -164,18 +209,34 @@ def handler(batcher: Batcher, engine: Any, name: str, token: Optional[str]) -> t
             messages = body["messages"]
             if not isinstance(messages, list) or not messages:
                 raise ValueError("'messages' must be a non-empty list")
-            text = batcher.submit([engine.render(messages)], max_tokens, temperature)[0]
+            text = batcher.generate([engine.render(messages)], max_tokens, temperature)[0]
             return "chat.completion", [{"index": 0, "message": {"role": "assistant", "content": text},
                                         "finish_reason": "stop"}]
 
         def _completions(self, body: Dict[str, Any], max_tokens: int,
                          temperature: float) -> Tuple[str, List[Dict[str, Any]]]:
             prompts = body["prompt"]
+            if body.get("prompt_logprobs") is not None:
+                return "text_completion", self._scored(prompts, int(body["prompt_logprobs"]))
             prompts = [prompts] if isinstance(prompts, str) else prompts
             if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
                 raise ValueError("'prompt' must be a text or a non-empty list of texts")
-            texts = batcher.submit(prompts, max_tokens, temperature)
+            texts = batcher.generate(prompts, max_tokens, temperature)
             return "text_completion", [{"index": i, "text": t, "finish_reason": "stop"} for i, t in enumerate(texts)]
+
+        def _scored(self, prompts: Any, k: int) -> List[Dict[str, Any]]:
+            """Choices holding the prompt log-probs of token-id `prompts` (one list of ids, or a list of them)."""
+            prompts = [prompts] if prompts and all(isinstance(t, int) for t in prompts) else prompts
+            if (not isinstance(prompts, list) or not prompts or not all(
+                    isinstance(p, list) and p and all(isinstance(t, int) and 0 <= t < vocab for t in p)
+                    for p in prompts)):
+                raise ValueError(f"with prompt_logprobs, 'prompt' must be token ids below {vocab} (a list, or a list of "
+                                 "them)")
+            if not 0 <= k <= vocab:
+                raise ValueError(f"prompt_logprobs must be within 0..{vocab}")
+            scored = batcher.score(prompts, k)
+            return [{"index": i, "text": "", "prompt_logprobs": s, "finish_reason": "length"}
+                    for i, s in enumerate(scored)]
 
     Handler.token = token
     return Handler

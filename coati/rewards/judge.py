@@ -21,7 +21,6 @@ OpenAI-compatible endpoint, filled into a rubric, and a score or a verdict is pa
 - **Sample tables.** The judge's raw answers are the column `judge/answer`.
 """
 import json
-import os
 import re
 import string
 import threading
@@ -33,7 +32,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from coati.utils.errors import CoatiUsageError
 
 from .output import RewardOutput
-from .remote import post_json
+from .remote import request_json, token_from_env
 
 JUDGE_TOKEN_ENVS = ("COATI_JUDGE_TOKEN", "OPENAI_API_KEY")
 """Where a `--judge_url` judge's bearer token is read from, first set first; never a flag, so no command line, log or
@@ -109,7 +108,7 @@ def check_rubric(template: str, source: str = "the rubric") -> str:
 
 def judge_token() -> Optional[str]:
     """The bearer token for a `--judge_url` judge (`JUDGE_TOKEN_ENVS`), or None."""
-    return next((os.environ[name] for name in JUDGE_TOKEN_ENVS if os.environ.get(name)), None)
+    return token_from_env(JUDGE_TOKEN_ENVS)
 
 
 @dataclass
@@ -181,9 +180,9 @@ class LLMJudge:
         else:
             body["prompt"] = rubrics
         endpoint = f"{self.url}/{'chat/completions' if self.api == 'chat' else 'completions'}"
-        answer = post_json(endpoint, json.dumps(body).encode(), f"judge {self.url}", self.token,
-                           " or ".join(JUDGE_TOKEN_ENVS), self.timeout_s, self.retries, self.backoff_s,
-                           "is the judge running? Check --judge_url, or serve one with --judge_model")
+        answer = request_json(endpoint, json.dumps(body).encode(), f"judge {self.url}", self.token,
+                              " or ".join(JUDGE_TOKEN_ENVS), self.timeout_s, self.retries, self.backoff_s,
+                              "is the judge running? Check --judge_url, or serve one with --judge_model")
         return _choices(answer, len(rubrics), self.api, self.url)
 
 

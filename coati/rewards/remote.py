@@ -45,6 +45,11 @@ def is_url(name: str) -> bool:
     return name.startswith(("http://", "https://"))
 
 
+def token_from_env(names: Sequence[str]) -> Optional[str]:
+    """The bearer token in the first of the environment variables `names` that is set, or None."""
+    return next((os.environ[name] for name in names if os.environ.get(name)), None)
+
+
 @dataclass(frozen=True)
 class RemoteReward:
     """Scores from the server at `url` (schema above), with `token` (default: `COATI_REWARD_TOKEN`) as a bearer token
@@ -75,17 +80,18 @@ class RemoteReward:
         return RewardOutput(rewards, answer.get("diagnostics") or {})
 
     def _post(self, data: bytes) -> Any:
-        return post_json(self.url, data, f"reward server {self.url}", self.token, TOKEN_ENV, self.timeout_s,
-                         self.retries, self.backoff_s,
-                         "is it running? Start one with examples/reward_server.py, or check the URL")
+        return request_json(self.url, data, f"reward server {self.url}", self.token, TOKEN_ENV, self.timeout_s,
+                            self.retries, self.backoff_s,
+                            "is it running? Start one with examples/reward_server.py, or check the URL")
 
 
-def post_json(url: str, data: bytes, who: str, token: Optional[str], token_env: str, timeout_s: float, retries: int,
-              backoff_s: float, hint: str) -> Any:
-    """POST `data` (JSON) to `url` with `token` as a bearer token where set, and return the decoded answer. A request
-    that fails to connect, times out after `timeout_s` or gets a 5xx/429 answer is retried `retries` times, waiting
-    `backoff_s`, then twice as long each time; a 4xx answer or a non-JSON one is not retried. Failures raise
-    `RemoteRewardError` in one line naming `who`; a 401 names `token_env`, and a server that never answered, `hint`."""
+def request_json(url: str, data: Optional[bytes], who: str, token: Optional[str], token_env: str, timeout_s: float,
+                 retries: int, backoff_s: float, hint: str) -> Any:
+    """POST `data` (JSON; GET where it is None) to `url` with `token` as a bearer token where set, and return the
+    decoded answer. A request that fails to connect, times out after `timeout_s` or gets a 5xx/429 answer is retried
+    `retries` times, waiting `backoff_s`, then twice as long each time; a 4xx answer or a non-JSON one is not
+    retried. Failures raise `RemoteRewardError` in one line naming `who`; a 401 names `token_env`, and a server that
+    never answered, `hint`."""
     problem, started = "", time.monotonic()
     for attempt in range(retries + 1):
         if attempt:
@@ -108,7 +114,8 @@ def post_json(url: str, data: bytes, who: str, token: Optional[str], token_env: 
             problem = _describe(getattr(error, "reason", error), timeout_s)
         except json.JSONDecodeError as error:
             raise RemoteRewardError(f"{who} answered with something other than JSON: {error}") from None
-    raise RemoteRewardError(f"{who} did not answer after {retries + 1} attempts in {time.monotonic() - started:.0f} s "
+    tries = f"{retries + 1} attempts" if retries else "1 attempt"
+    raise RemoteRewardError(f"{who} did not answer after {tries} in {time.monotonic() - started:.0f} s "
                             f"({problem}); {hint}")
 
 
