@@ -1,7 +1,7 @@
 """On-policy distillation: the top-k forward KL and GKD losses against hand-computed values, the reverse-KL
 advantages, the refusal of a term that is identically zero and of a teacher with another vocabulary, a served teacher
-scoring as the teacher in the trainer, and GRPO under torchrun distilling from a teacher (with rewards, and alone from a
-served one)."""
+scoring as the teacher in the trainer, and GRPO and PPO under torchrun distilling from a teacher (with rewards, and
+alone from a served one)."""
 import json
 import math
 import re
@@ -144,14 +144,17 @@ def test_a_served_teacher_scores_as_the_teacher_in_the_trainer(tiny_assets, tmp_
         ServedTeacher(url, config, vocab, "judge", retries=0).score(_padded_experience(vocab), None)
 
 
-def _grpo(tiny_assets, out, *extra, **env):
-    return torchrun(SCRIPTS / "train_grpo.py", 2, "--pretrain", str(tiny_assets["model"]), "--prompt_dataset",
+def _rl(tiny_assets, out, script, *extra, **env):
+    return torchrun(SCRIPTS / script, 2, "--pretrain", str(tiny_assets["model"]), "--prompt_dataset",
                     str(tiny_assets["prompt_train"]), "--plugin", "ddp", "--batch_size", "2", "--num_generations", "3",
                     "--max_new_tokens", "8", "--num_episodes", "2", "--log_dir", str(out / "logs"), *extra, **env)
 
 
-@pytest.mark.parametrize("rewards", [["--reward_fn", "math_answer"], []], ids=["with_rewards", "alone_served"])
-def test_grpo_distils_from_a_teacher_under_torchrun(tiny_assets, tmp_path_factory, rewards):
+@pytest.mark.parametrize("script, rewards, loss", [
+    ("train_grpo.py", ["--reward_fn", "math_answer"], "gkd"), ("train_grpo.py", [], "gkd"),
+    ("train_ppo.py", ["--reward_fn", "math_answer"], "forward_kl_topk")],
+    ids=["grpo_with_rewards", "grpo_alone_served", "ppo_with_rewards"])
+def test_rl_distils_from_a_teacher_under_torchrun(tiny_assets, tmp_path_factory, script, rewards, loss):
     """With rewards, from a teacher folder; alone, from a teacher served on coati's OpenAI-compatible server."""
     from coati.inference.local_judge import JudgeServerConfig, LocalJudge
 
@@ -160,8 +163,8 @@ def test_grpo_distils_from_a_teacher_under_torchrun(tiny_assets, tmp_path_factor
     served = None if rewards else LocalJudge(JudgeServerConfig(str(teacher))).start()
     try:
         where = ["--teacher_url", served.url] if served else ["--teacher_model", str(teacher)]
-        result = _grpo(tiny_assets, out, *where, "--distill_loss", "gkd", "--distill_top_k", "4", *rewards,
-                       **({"COATI_TEACHER_TOKEN": served.token} if served else {}))
+        result = _rl(tiny_assets, out, script, *where, "--distill_loss", loss, "--distill_top_k", "4", *rewards,
+                     **({"COATI_TEACHER_TOKEN": served.token} if served else {}))
     finally:
         if served:
             served.close()
@@ -174,7 +177,7 @@ def test_grpo_distils_from_a_teacher_under_torchrun(tiny_assets, tmp_path_factor
 
 def test_a_teacher_that_is_the_policy_stops_the_run_in_one_line(tiny_assets, tmp_path):
     copy = shutil.copytree(tiny_assets["model"], tmp_path / "same_weights")
-    result = _grpo(tiny_assets, tmp_path, "--teacher_model", str(copy))
+    result = _rl(tiny_assets, tmp_path, "train_grpo.py", "--teacher_model", str(copy))
     assert result.returncode != 0
     errors = {line for line in result.stderr.splitlines() if line.startswith("error: ")}
     assert len(errors) == 1 and re.fullmatch(r"error: the distillation term is zero on every one of the \d+ sampled "

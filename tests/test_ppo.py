@@ -11,11 +11,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from coati.dataset import PromptCollator
 from coati.dataset.prepare import load_prepared
 from coati.experience.advantages import compute_gae
+from coati.experience.distillation import DistillConfig, ModelTeacher
 from coati.experience.experience import PPOExperienceMaker, last_token_rewards, whiten
 from coati.config import CheckpointSettings, CriticSettings, OnPolicyConfig, PPOConfig, SamplingConfig
 from coati.models.critic import action_values, load_critic
 from coati.models.generation import HFEngine
+from coati.models.logprobs import action_logps
 from coati.models.reward_model import load_reward_model, sequence_rewards
+from coati.models.tiny import build_tiny_llama
 from coati.rewards import WeightedReward
 from coati.trainer.components import explained_variance
 from coati.trainer.ppo import PPOTrainer
@@ -66,17 +69,21 @@ def ppo_parts(world_of_one, tiny_assets):
                 reference=reference, engine=engine, loader=loader)
 
 
-def _maker(parts, whiten_advantages=True, rm_weight=1.0):
+def _maker(parts, whiten_advantages=True, rm_weight=1.0, teacher=None):
     config = PPOConfig(sampling=SamplingConfig(max_new_tokens=8), kl_estimator="k1", kl_coef=0.1, gamma=0.9,
                            lam=0.8, whiten_advantages=whiten_advantages, reward_model_weight=rm_weight)
     return PPOExperienceMaker(parts["actor"], parts["critic"], parts["engine"], parts["tokenizer"],
                               WeightedReward.from_specs(["math_answer"]), config, parts["reference"],
-                              parts["reward_model"])
+                              parts["reward_model"], teacher=teacher)
 
 
 def test_ppo_experience_from_real_models(ppo_parts):
+    """Token rewards: the score on the last token, minus the KL penalty, plus a distillation teacher's term."""
     prompts = CyclingLoader(ppo_parts["loader"], torch.device("cpu"))
-    experience = LocalRollouts(_maker(ppo_parts, whiten_advantages=False, rm_weight=0.5), prompts).next(0, StatsTracker())
+    teacher_model = build_tiny_llama(ppo_parts["tokenizer"], seed=1).eval()
+    teacher = ModelTeacher(teacher_model, DistillConfig(coef=0.5), len(ppo_parts["tokenizer"]))
+    maker = _maker(ppo_parts, whiten_advantages=False, rm_weight=0.5, teacher=teacher)
+    experience = LocalRollouts(maker, prompts).next(0, StatsTracker())
     mask = experience.action_mask
     seq, attn, start = experience.sequences, experience.attention_mask, experience.prompt_length
     with torch.no_grad():
@@ -87,7 +94,11 @@ def test_ppo_experience_from_real_models(ppo_parts):
     assert experience.rewards.tolist() == pytest.approx((0.5 * rm_scores + T(components["math_answer"])).tolist(),
                                                         abs=1e-5)   # --rm_weight 0.5; the component stays unweighted
     assert torch.allclose(experience.values, values, atol=1e-5)
-    token_rewards = last_token_rewards(experience.rewards, mask) - 0.1 * experience.kl
+    with torch.no_grad():
+        teacher_logps = action_logps(teacher_model, seq, attn, start)
+    reverse_kl = (experience.action_log_probs - teacher_logps) * mask
+    assert reverse_kl.abs().max() > 0.1
+    token_rewards = last_token_rewards(experience.rewards, mask) - 0.1 * experience.kl - 0.5 * reverse_kl
     advantages, returns = compute_gae(token_rewards, values, mask, 0.9, 0.8)
     assert torch.allclose(experience.advantages, advantages, atol=1e-5)
     assert torch.allclose(experience.returns, returns, atol=1e-5)

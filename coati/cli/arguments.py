@@ -60,6 +60,7 @@ def add_on_policy_args(parser: argparse.ArgumentParser, maker: type, defaults: O
                 (KLSettings, "KL to the reference"), (RewardSettings, "rewards"),
                 (ProcessRewardSettings, "process reward model (step scores)"),
                 (JudgeSettings, "LLM judge (--reward_fn judge)"), (SandboxSettings, "code_tests reward (programs run in a sandbox)"),
+                (DistillSettings, "on-policy distillation (a teacher scores the policy's samples)"),
                 (PtxSettings, "ptx (InstructGPT's supervised loss beside the policy's)"),
                 (EvalSettings, "held-out evaluation"), (HealthSettings, "health alarms"),
                 (BackendSettings, "rollout backend"), (AgentSettings, "multi-turn rollouts with tools"),
@@ -72,7 +73,6 @@ def add_grpo_args(parser: argparse.ArgumentParser) -> None:
     """GRPO's flags: its rollouts and advantages, the maxent temperature, asynchronous rollouts."""
     add_on_policy_args(parser, GRPOConfig)
     add_settings(parser, MaxEntSettings, "maxent advantages")
-    add_settings(parser, DistillSettings, "on-policy distillation (a teacher scores the policy's samples)")
     add_settings(parser, AsyncSettings, "asynchronous rollouts")
 
 

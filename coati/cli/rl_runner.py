@@ -101,8 +101,8 @@ def _reward_specs(args: argparse.Namespace) -> List[str]:
 
 
 def _has_teacher(args: argparse.Namespace) -> bool:
-    """A distillation teacher is given (`--teacher_model` or `--teacher_url`; GRPO's flags only)."""
-    return bool(getattr(args, "teacher_model", "") or getattr(args, "teacher_url", ""))
+    """A distillation teacher is given (`--teacher_model` or `--teacher_url`)."""
+    return bool(args.teacher_model or args.teacher_url)
 
 
 def _reward_fn(args: argparse.Namespace, serve: bool = True) -> Optional[WeightedReward]:
@@ -307,9 +307,8 @@ def _build_grpo(args, setup, tokenizer, actor, optimizer, scheduler, engine, ref
                    if args.adv_estimator == "maxent" else None)
     maker = GRPOExperienceMaker(actor, engine, tokenizer, _reward_fn(args), config, reference,
                                 _frozen_reward_model(args, tokenizer), temperature=temperature,
-                                teacher=_teacher(args, setup, tokenizer), step_scorer=_step_scorer(args, setup, tokenizer))
-    if args.distill_loss:
-        kwargs["loss_terms"] = [DistillTerm(args.distill_loss, args.distill_loss_coef, args.gkd_beta)]
+                                teacher=_distillation(args, setup, tokenizer, kwargs),
+                                step_scorer=_step_scorer(args, setup, tokenizer))
     kwargs["workflow"] = _workflow(args, maker)
     if args.async_rollout:
         kwargs["source"] = AsyncRollouts(maker, actor, len(prompts.dataset),
@@ -318,9 +317,11 @@ def _build_grpo(args, setup, tokenizer, actor, optimizer, scheduler, engine, ref
                        kl_controller=_kl_controller(args), **kwargs)
 
 
-def _teacher(args: argparse.Namespace, setup: Any, tokenizer: Any) -> Optional[Teacher]:
-    """`--teacher_model` (frozen) or `--teacher_url`, scoring the policy's samples as the distillation flags say; None
-    without one."""
+def _distillation(args: argparse.Namespace, setup: Any, tokenizer: Any, kwargs: Dict[str, Any]) -> Optional[Teacher]:
+    """`--teacher_model` (frozen) or `--teacher_url`, scoring the policy's samples as the distillation flags say (None
+    without one); `--distill_loss` goes into the trainer's `kwargs` as a loss term."""
+    if args.distill_loss:
+        kwargs["loss_terms"] = [DistillTerm(args.distill_loss, args.distill_loss_coef, args.gkd_beta)]
     config = DistillConfig(args.distill_coef, args.distill_top_k if args.distill_loss else 0)
     if args.teacher_url:
         return ServedTeacher(args.teacher_url, config, len(tokenizer),
@@ -552,7 +553,8 @@ def _build_ppo(args, setup, tokenizer, actor, optimizer, scheduler, engine, refe
                            old_log_probs_at_collection=not _one_update_per_experience(args))
     maker = PPOExperienceMaker(actor, critic, engine, tokenizer, _reward_fn(args), config, reference,
                                _frozen_reward_model(args, tokenizer), kl_controller=_kl_controller(args),
-                               step_scorer=_step_scorer(args, setup, tokenizer))
+                               step_scorer=_step_scorer(args, setup, tokenizer),
+                               teacher=_distillation(args, setup, tokenizer, kwargs))
     kwargs["workflow"] = _workflow(args, maker)
     return PPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler, critic=critic,
                       critic_optim=critic_optim, critic_booster=critic_setup.booster, critic_lr_scheduler=critic_scheduler,
@@ -562,9 +564,11 @@ def _build_ppo(args, setup, tokenizer, actor, optimizer, scheduler, engine, refe
 def run_ppo(args: argparse.Namespace) -> PPOTrainer:
     """PPO as the flags say: rewards from `--rm_pretrain` and/or `--reward_fn`, a critic from
     `--critic_pretrain` (default: the reward model), KL-penalised to the reference; then the export."""
-    if not args.rm_pretrain and not args.prm_pretrain and not _reward_specs(args):
+    if not args.rm_pretrain and not args.prm_pretrain and not _has_teacher(args) and not _reward_specs(args):
         raise CoatiUsageError("PPO needs a reward: --rm_pretrain (a trained reward model), --prm_pretrain (a process "
-                              "reward model) and/or --reward_fn")
+                              "reward model) and/or --reward_fn, or a distillation teacher (--teacher_model or "
+                              "--teacher_url)")
+    _check_distillation(args)
     _check_prm(args, grpo=False)
     _reward_fn(args, serve=False)
     _check_kl_control(args)

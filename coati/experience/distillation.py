@@ -3,8 +3,8 @@ Thinking Machines' on-policy distillation, 2025), so the student learns where it
 
 - **Reverse KL as an advantage.** Each sampled token's `log p_teacher(y_t) - log p_policy(y_t)` (minus the per-token
   reverse KL estimate), times `coef`, is added to that token's advantage (GRPO's group advantage, or zero where there
-  is no reward): tokens the teacher finds likelier than the student does are pushed up. Logged per row as
-  `rollout/distill_reverse_kl`.
+  is no reward), or, in PPO, to its reward before GAE, as the KL penalty is: tokens the teacher finds likelier than
+  the student does are pushed up. Logged per row as `rollout/distill_reverse_kl`.
 - **Top-k forward KL / GKD as a loss.** With `top_k` > 0 the teacher's `top_k` likeliest tokens at each position (and
   their log-probs) are kept with the experience, and `coati.trainer.components.DistillTerm` adds a `DISTILL_LOSSES`
   entry between the student's and the teacher's distributions on them to the actor's loss.
@@ -63,16 +63,21 @@ class Teacher:
         where a loss needs them, into `experience` (`per_rows` runs a forward over the rows in chunks)."""
         raise NotImplementedError
 
-    def add_advantages(self, experience: Experience) -> None:
-        """`coef` times each sampled token's log p_teacher - log p_policy added to its advantage (the advantages become
-        per token); a `DistillationError` when that difference is zero on every token."""
+    def token_rewards(self, experience: Experience) -> torch.Tensor:
+        """`coef` times each sampled token's log p_teacher - log p_policy (zero where the mask is), logged per row as
+        `rollout/distill_reverse_kl`; a `DistillationError` when that difference is zero on every token."""
         e, mask = experience, experience.action_mask.bool()
         reverse_kl = (e.action_log_probs - e.teacher_log_probs) * mask
         check_not_identically_zero(reverse_kl, mask)
         e.rollout_stats[REVERSE_KL_STAT] = (reverse_kl.sum(-1) / mask.sum(-1).clamp(min=1)).tolist()
+        return -self.config.coef * reverse_kl
+
+    def add_advantages(self, experience: Experience) -> None:
+        """`token_rewards` added to each token's advantage (GRPO's: the advantages become per token)."""
+        e, rewards = experience, self.token_rewards(experience)
         if self.config.coef > 0:
-            advantages = e.advantages if e.advantages.dim() == 2 else e.advantages.unsqueeze(-1).expand_as(reverse_kl)
-            e.advantages = (advantages - self.config.coef * reverse_kl) * mask
+            advantages = e.advantages if e.advantages.dim() == 2 else e.advantages.unsqueeze(-1).expand_as(rewards)
+            e.advantages = (advantages + rewards) * e.action_mask
 
 
 class ModelTeacher(Teacher):

@@ -136,8 +136,6 @@ class ExperienceMaker:
         if self.step_scorer is not None:
             self._add_step_rewards(experience)
         self._add_advantages(experience)
-        if self.teacher is not None:
-            self.teacher.add_advantages(experience)
         return experience
 
     def _add_advantages(self, experience: Experience) -> None:
@@ -227,6 +225,8 @@ class GRPOExperienceMaker(ExperienceMaker):
         experience.loss_mask = experience.action_mask.clone()
         if config.drop_tied_groups or config.dynamic_sampling:
             experience.loss_mask[tied_groups(raw, config.num_generations)] = False
+        if self.teacher is not None:
+            self.teacher.add_advantages(experience)
 
 
 def merged_components(trajectories: Sequence[Any], attribute: str = "reward_components") -> Dict[str, List[Any]]:
@@ -288,7 +288,8 @@ def whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch
 class PPOExperienceMaker(ExperienceMaker):
     """`config.num_generations` completions per prompt (default one). Token rewards are -beta times the KL to the reference
     on every token, plus the sequence's score (reward model and/or reward function) on its last token, plus a process
-    reward model's step scores on the tokens that end the steps (where `step_scorer` is given); the
+    reward model's step scores on the tokens that end the steps (where `step_scorer` is given), plus a distillation
+    teacher's per-token reverse-KL term (where `teacher` is given); the
     critic's values turn them into GAE advantages and returns (Ouyang et al. 2022). beta is `kl_controller`'s value
     (default: `config.kl_coef`, fixed)."""
 
@@ -297,8 +298,10 @@ class PPOExperienceMaker(ExperienceMaker):
     def __init__(self, actor: torch.nn.Module, critic: torch.nn.Module, engine: InferenceEngine, tokenizer: Any,
                  reward_fn: Optional[WeightedReward], config: PPOConfig,
                  ref_model: Optional[torch.nn.Module] = None, reward_model: Optional[torch.nn.Module] = None,
-                 kl_controller: Optional[KLController] = None, step_scorer: Optional[Any] = None) -> None:
-        super().__init__(actor, engine, tokenizer, reward_fn, config, ref_model, reward_model, step_scorer=step_scorer)
+                 kl_controller: Optional[KLController] = None, step_scorer: Optional[Any] = None,
+                 teacher: Optional[Any] = None) -> None:
+        super().__init__(actor, engine, tokenizer, reward_fn, config, ref_model, reward_model, teacher=teacher,
+                         step_scorer=step_scorer)
         self.critic = critic
         self.kl_controller = kl_controller or KLController(config.kl_coef)
 
@@ -315,6 +318,8 @@ class PPOExperienceMaker(ExperienceMaker):
         token_rewards = last_token_rewards(e.rewards, mask)
         if e.step_rewards is not None:
             token_rewards = token_rewards + e.step_rewards
+        if self.teacher is not None:
+            token_rewards = token_rewards + self.teacher.token_rewards(e)
         if e.kl is not None:
             token_rewards = token_rewards - self.kl_controller.value * e.kl
         e.advantages, e.returns = compute_gae(token_rewards, e.values, mask, self.config.gamma, self.config.lam)
