@@ -21,7 +21,7 @@ import torch
 from coati.utils.errors import CoatiUsageError
 
 from .judge_server import LIFELINE_ENV, TOKEN_ENV
-from .vllm import IDLE_THREADS, _last_line, default_vllm_python, work_dir
+from .vllm import IDLE_THREADS, last_log_line, default_vllm_python, work_dir
 
 READY_POLL_S = 0.2
 STOP_WAIT_S = 10.0
@@ -109,7 +109,7 @@ class LocalJudge:
                 self.close()
                 why = f"exited with code {code}" if code is not None else \
                     f"did not serve within {self.config.start_timeout_s:.0f} s (--judge_start_timeout)"
-                raise CoatiUsageError(f"the judge server on {self.config.model} {why}: {_last_line(self.log_path)} "
+                raise CoatiUsageError(f"the judge server on {self.config.model} {why}: {last_log_line(self.log_path)} "
                                       f"(its log: {self.log_path})")
             time.sleep(READY_POLL_S)
         return ready.read_text().strip()

@@ -87,7 +87,7 @@ class VLLMConfig:
     enforce_eager: bool = False
 
 
-def _last_line(path: Path) -> str:
+def last_log_line(path: Path) -> str:
     """The last non-empty line of a log, to quote in an error."""
     try:
         lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
@@ -153,7 +153,7 @@ class VLLMServer:
         while True:
             code = self.process.poll()
             if code is not None:
-                raise _EngineDied(f"it exited with code {code} while starting ({_last_line(self.log_path)})")
+                raise _EngineDied(f"it exited with code {code} while starting ({last_log_line(self.log_path)})")
             try:
                 self.conn = Client("\0" + self._name, family="AF_UNIX", authkey=self._authkey.encode())
                 break
@@ -186,7 +186,7 @@ class VLLMServer:
         except (EOFError, OSError) as error:
             code = self.process.poll()
             cause = f"exit code {code}" if code is not None else type(error).__name__
-            raise _EngineDied(f"{cause}; {_last_line(self.log_path)}") from None
+            raise _EngineDied(f"{cause}; {last_log_line(self.log_path)}") from None
         if "error" in answer:
             raise EngineError(f"vLLM server {self.index} failed '{op}': {answer['error']}; its log: {self.log_path}")
         return answer
