@@ -21,7 +21,7 @@ import torch
 from coati.utils.errors import CoatiUsageError
 
 from .judge_server import LIFELINE_ENV, TOKEN_ENV
-from .vllm import IDLE_THREADS, last_log_line, default_vllm_python, work_dir
+from .vllm import IDLE_THREADS, default_vllm_python, last_log_line, work_dir
 
 READY_POLL_S = 0.2
 STOP_WAIT_S = 10.0
