@@ -128,6 +128,8 @@ def test_a_served_teacher_scores_as_the_teacher_in_the_trainer(tiny_assets, tmp_
     try:
         monkeypatch.setenv("COATI_TEACHER_TOKEN", local.token)
         assert served_model_name(local.url) == "judge"
+        with pytest.raises(DistillationError, match=r"HTTP 404.*give the API's base, which for vLLM ends in /v1"):
+            served_model_name(local.url.removesuffix("/v1"))
         served = [_padded_experience(vocab) for _ in range(2)]
         for experience, batch_size in zip(served, (16, 1)):
             ServedTeacher(local.url, config, vocab, "judge", batch_size).score(experience, None)

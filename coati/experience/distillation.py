@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from coati.models.logprobs import action_top_k
-from coati.rewards.remote import request_json, token_from_env
+from coati.rewards.remote import RemoteRewardError, request_json, token_from_env
 from coati.utils.errors import CoatiUsageError
 
 from .experience import Experience
@@ -171,8 +171,8 @@ class ServedTeacher(Teacher):
         body = {"model": self.model, "prompt": [ids for ids, _ in rows], "max_tokens": 1, "temperature": 0.0,
                 "prompt_logprobs": top}
         answer = request_json(f"{self.url}/completions", json.dumps(body).encode(), f"teacher {self.url}", self.token,
-                           " or ".join(TEACHER_TOKEN_ENVS), self.timeout_s, self.retries, self.backoff_s,
-                           "is the teacher being served? Check --teacher_url")
+                              " or ".join(TEACHER_TOKEN_ENVS), self.timeout_s, self.retries, self.backoff_s,
+                              "is the teacher being served? Check --teacher_url")
         try:
             choices = sorted(answer["choices"], key=lambda c: c.get("index", 0))
             entries = [c["prompt_logprobs"] for c in choices]
@@ -211,8 +211,13 @@ def row_token_ids(experience: Experience) -> List[Tuple[List[int], int]]:
 def served_model_name(url: str, timeout_s: float = 30.0) -> str:
     """The first model the server at `url` lists (`GET /models`); one line when it cannot be asked."""
     who = f"--teacher_url {url}"
-    answer = request_json(f"{url.rstrip('/')}/models", None, who, teacher_token(), " or ".join(TEACHER_TOKEN_ENVS),
-                          timeout_s, 0, 0.0, "is the teacher being served?")
+    try:
+        answer = request_json(f"{url.rstrip('/')}/models", None, who, teacher_token(), " or ".join(TEACHER_TOKEN_ENVS),
+                              timeout_s, 0, 0.0, "is the teacher being served?")
+    except RemoteRewardError as error:
+        if error.status == 404:
+            raise DistillationError(f"{error}; give the API's base, which for vLLM ends in /v1") from None
+        raise
     try:
         return answer["data"][0]["id"]
     except (KeyError, IndexError, TypeError):

@@ -34,7 +34,12 @@ class Sequences:
 
 
 class RemoteRewardError(CoatiUsageError):
-    """The reward server could not be reached or answered wrongly, after the retries; the message says which."""
+    """The reward server could not be reached or answered wrongly, after the retries; the message says which, and
+    `status` holds the HTTP status of a refusal (else None)."""
+
+    def __init__(self, message: str, status: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 TOKEN_ENV = "COATI_REWARD_TOKEN"
@@ -109,7 +114,7 @@ def request_json(url: str, data: Optional[bytes], who: str, token: Optional[str]
                 raise RemoteRewardError(f"{who} refused the request ({problem}); it requires its token: set "
                                         f"{token_env} to it") from None
             if error.code < 500 and error.code != 429:
-                raise RemoteRewardError(f"{who} refused the request ({problem})") from None
+                raise RemoteRewardError(f"{who} refused the request ({problem})", error.code) from None
         except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
             problem = _describe(getattr(error, "reason", error), timeout_s)
         except json.JSONDecodeError as error:
