@@ -47,7 +47,7 @@ def test_demo_runs_every_stage_and_writes_the_report(tmp_path):
 def test_rewards_demo_runs_the_judge_the_prm_and_distillation_and_writes_the_report(tmp_path):
     out = tmp_path / "demo_rewards"
     result = subprocess.run([sys.executable, str(REPO / "applications" / "demo" / "run_rewards_demo.py"), "--out",
-                             str(out), "--steps", "12", "--episodes", "4", "--model_size", "tiny"],
+                             str(out), "--steps", "12", "--judge_steps", "40", "--episodes", "4", "--model_size", "tiny"],
                             capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     for stage in ("sft", "grpo", "judge", "grpo_judge", "prm", "grpo_prm", "distill"):
@@ -55,7 +55,9 @@ def test_rewards_demo_runs_the_judge_the_prm_and_distillation_and_writes_the_rep
         assert (out / stage / "model" / "config.json").is_file(), stage
     results = json.loads((out / "results.json").read_text())
     models = ("sft", "grpo", "grpo + judge", "grpo + prm", "distilled from grpo")
-    assert all(0 <= results[name] <= 1 for name in (*models, "judge grading accuracy", "prm step accuracy"))
+    assert all(0 <= results[name] <= 1 for name in (*models, "judge grading accuracy", "prm step accuracy",
+                                                    "judge grading accuracy on the SFT model's responses"))
+    assert "judge_train with the SFT model's responses: 576 rows kept" in result.stdout   # 384 written, 192 sampled
     assert set(results["accuracy during training"]["distill"]) == {"0", "1", "2", "3", "4"}
     markdown = (out / "REPORT.md").read_text()
     assert all(f"| {name} | {results[name]:.3f} |" in markdown for name in models)

@@ -4,7 +4,8 @@
 
 builds the demo's tokenizer, model and arithmetic data, its solutions in two steps (the working, then the answer
 line) -> SFT -> GRPO on `math_answer` (the baseline, and the distillation teacher) -> an LLM judge (the SFT model
-fine-tuned on graded responses) and GRPO rewarded by the judge alone -> a process reward model trained on
+fine-tuned on graded responses: written ones, and the SFT model's own samples graded against the reference) and
+GRPO rewarded by the judge alone -> a process reward model trained on
 step-labelled solutions and GRPO with its step scores (`--adv_estimator process`) beside `math_answer` -> the SFT
 model distilled from the GRPO model with no reward -> greedy held-out accuracy of each, the judge's and the PRM's own
 held-out accuracy, and REPORT.md. Every stage is the real script under `torchrun --nproc_per_node 2 --plugin ddp`.
@@ -25,6 +26,7 @@ from coati.dataset.prepare import prepare_dataset
 from coati.inference.judge_server import HFJudgeEngine
 from coati.models.tiny import MODEL_SIZES, write_tiny_model
 from coati.rewards.judge import parse_score
+from coati.rewards.math import math_answer
 from coati.rollout.evaluation import evaluate_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -82,6 +84,32 @@ def graded_responses(tokenizer, items: List[Problem], seed: int) -> List[Dict]:
     return records
 
 
+def policy_graded_responses(out: Path, items: List[Problem], seed: int) -> List[Dict]:
+    """Judge training conversations on the SFT model's own responses (one sampled at temperature 1 per problem, as
+    GRPO samples them), graded by `math_answer` against the reference: the mistakes a judge must catch are the ones
+    the policy makes, which the synthetic wrong answers of `graded_responses` only approximate."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(out / "sft" / "model", padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(out / "sft" / "model").eval()
+    torch.manual_seed(seed)
+    responses: List[str] = []
+    for start in range(0, len(items), 64):
+        prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p.question}], add_generation_prompt=True)
+                   for p in items[start:start + 64]]
+        batch = tokenizer.pad({"input_ids": prompts}, return_tensors="pt")
+        with torch.no_grad():
+            generated = model.generate(**batch, do_sample=True, temperature=1.0, max_new_tokens=MAX_NEW_TOKENS,
+                                       pad_token_id=tokenizer.pad_token_id)
+        responses += tokenizer.batch_decode(generated[:, batch["input_ids"].size(1):], skip_special_tokens=True)
+    grades = math_answer([], responses, [str(p.answer) for p in items]).values
+    return [{"messages": [{"role": "user", "content": RUBRIC.format(prompt=chat_prompt(tokenizer, p.question, False),
+                                                                   reference=p.answer, completion=response)},
+                          {"role": "assistant", "content": f"Score: {10 if grade else 0}"}]}
+            for p, response, grade in zip(items, responses, grades)]
+
+
 def build_assets(out: Path, size: str, steps: int, nproc: int, seed: int) -> None:
     """Tokenizer and random model, then the raw data of every stage (the same for every seed)."""
     write_tiny_model(out / "model_init", tokenizer_corpus(), size=size, seed=seed)
@@ -98,6 +126,21 @@ def build_assets(out: Path, size: str, steps: int, nproc: int, seed: int) -> Non
         for record in records:   # prompts as the policy sees them, so the PRM reads what it will score
             record["prompt"] = chat_prompt(tokenizer, record["prompt"], True)
         write_jsonl(records, raw / f"prm_{split}.jsonl")
+
+
+def add_policy_responses(out: Path, count: int, seed: int) -> None:
+    """The judge's training data: the synthetic graded responses, and `count` of the SFT model's own, graded."""
+    records = [json.loads(line) for line in (out / "raw" / "judge_train.jsonl").read_text().splitlines()]
+    records += policy_graded_responses(out, problems(count, "train", 8), seed)
+    random.Random(seed).shuffle(records)
+    write_jsonl(records, out / "raw" / "judge_train_with_policy.jsonl")
+    write_jsonl(policy_graded_responses(out, problems(256, "eval", 9), seed), out / "raw" / "judge_eval_policy.jsonl")
+    tokenizer = AutoTokenizer.from_pretrained(out / "model_init")
+    counts = prepare_dataset([out / "raw" / "judge_train_with_policy.jsonl"], "sft", tokenizer, MAX_LENGTH,
+                             out / "data" / "judge_train")
+    right = sum(r["messages"][1]["content"] == "Score: 10" for r in records)
+    print(f"[demo] judge_train with the SFT model's responses: {counts['kept']} rows kept, {right} graded right",
+          flush=True)
 
 
 def prepare(out: Path) -> None:
@@ -134,6 +177,7 @@ def run(name: str, out: Path, args: argparse.Namespace) -> None:
     elif name == "grpo":
         grpo(out, "grpo", "sft/model", episodes, nproc, seed)
     elif name == "judge":
+        add_policy_responses(out, steps * 8 * nproc, seed)
         supervised(out, "judge", "train_sft.py", "sft/model", "judge", args.judge_steps or steps, "1e-3", nproc, seed)
     elif name == "grpo_judge":
         grpo(out, "grpo_judge", "sft/model", episodes, nproc, seed, "--reward_fn", "judge", "--judge_model",
@@ -148,10 +192,11 @@ def run(name: str, out: Path, args: argparse.Namespace) -> None:
              str(out / "grpo" / "model"), "--distill_loss", "gkd")
 
 
-def judge_accuracy(out: Path) -> float:
-    """The judge's held-out grading accuracy: its greedy `Score: N` against the graded responses' own."""
+def judge_accuracy(out: Path, graded: str) -> float:
+    """The judge's held-out grading accuracy on the responses of `graded` (raw/NAME.jsonl): its greedy `Score: N`
+    against theirs."""
     engine = HFJudgeEngine(str(out / "judge" / "model"), "cpu")
-    rows = [json.loads(line) for line in (out / "raw" / "judge_eval.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / "raw" / f"{graded}.jsonl").read_text().splitlines()]
     texts = [engine.render(row["messages"][:1]) for row in rows]
     answers = [a for start in range(0, len(texts), 64) for a in engine.generate(texts[start:start + 64], 16, 0.0)]
     truth = [parse_score(row["messages"][1]["content"], 10.0) for row in rows]
@@ -167,7 +212,8 @@ def evaluate(out: Path) -> Dict[str, object]:
             results[name] = result.components["math_answer"]
             print(f"[demo] held-out accuracy of {name}: {results[name]:.3f}", flush=True)
     if (out / "judge" / "model").is_dir():
-        results["judge grading accuracy"] = judge_accuracy(out)
+        results["judge grading accuracy"] = judge_accuracy(out, "judge_eval")
+        results["judge grading accuracy on the SFT model's responses"] = judge_accuracy(out, "judge_eval_policy")
     prm_results = sorted((out / "prm").glob("eval_result_epoch*.json"))
     if prm_results:
         results["prm step accuracy"] = json.loads(prm_results[-1].read_text())["accuracy"]
