@@ -12,7 +12,9 @@ import torch
 
 from conftest import SCRIPTS, torchrun
 from coati.experience.distillation import (DistillationError, DistillConfig, ModelTeacher, ServedTeacher, Teacher,
-                                           check_not_identically_zero, check_vocabulary, served_model_name)
+                                           check_not_identically_zero, check_served_vocabulary, check_vocabulary,
+                                           served_model_name)
+from coati.models.tiny import train_tokenizer
 from coati.experience.experience import Experience
 from coati.models.loss import forward_kl_topk, generalized_jsd
 from coati.trainer.components import DistillTerm
@@ -130,6 +132,11 @@ def test_a_served_teacher_scores_as_the_teacher_in_the_trainer(tiny_assets, tmp_
         assert served_model_name(local.url) == "judge"
         with pytest.raises(DistillationError, match=r"HTTP 404.*give the API's base, which for vLLM ends in /v1"):
             served_model_name(local.url.removesuffix("/v1"))
+        policy = AutoTokenizer.from_pretrained(folder)
+        assert check_served_vocabulary(local.url, "judge", policy)
+        other = train_tokenizer(["a different corpus, with other words: zebra, quartz, jump!"] * 20, vocab_size=300)
+        with pytest.raises(DistillationError, match=r"splits a text of the policy's tokens into other ids"):
+            check_served_vocabulary(local.url, "judge", other)
         served = [_padded_experience(vocab) for _ in range(2)]
         for experience, batch_size in zip(served, (16, 1)):
             ServedTeacher(local.url, config, vocab, "judge", batch_size).score(experience, None)
@@ -142,6 +149,7 @@ def test_a_served_teacher_scores_as_the_teacher_in_the_trainer(tiny_assets, tmp_
         on_support = [x[counted].log_softmax(-1) for x in (experience.teacher_top_logps, in_trainer.teacher_top_logps)]
         assert torch.allclose(*on_support, atol=1e-5)
     _, url = endpoint(answer="Score: 3")
+    assert not check_served_vocabulary(url, "judge", AutoTokenizer.from_pretrained(folder))   # no token ids: no check
     with pytest.raises(DistillationError, match=r"teacher .* answered without prompt_logprobs in its choices"):
         ServedTeacher(url, config, vocab, "judge", retries=0).score(_padded_experience(vocab), None)
 

@@ -391,11 +391,11 @@ def test_a_missing_vllm_environment_is_one_line(tiny_assets, tmp_path):
                       "build vLLM's environment with `make vllm-env`, or name one that has vLLM with --vllm_python"]
 
 
-def test_a_judge_served_on_vllm_answers_as_the_hf_one(small_model):
-    """And, as a distillation teacher, scores the same prompt log-probs and top tokens."""
+def test_a_judge_served_on_vllm_answers_as_the_hf_one(small_model, monkeypatch):
+    """And, as a distillation teacher, scores the same prompt log-probs and top tokens, and tokenizes as the policy."""
     from transformers import AutoTokenizer
 
-    from coati.experience.distillation import DistillConfig, ServedTeacher
+    from coati.experience.distillation import DistillConfig, ServedTeacher, check_served_vocabulary
     from coati.experience.experience import Experience
     from coati.inference.local_judge import JudgeServerConfig, LocalJudge
     from coati.rewards.judge import LLMJudge
@@ -413,6 +413,8 @@ def test_a_judge_served_on_vllm_answers_as_the_hf_one(small_model):
                                         None, torch.zeros(3), torch.zeros(3))
             ServedTeacher(local.url, DistillConfig(top_k=3), vocab, "judge", token=local.token).score(
                 scored[engine], None)
+            monkeypatch.setenv("COATI_TEACHER_TOKEN", local.token)
+            assert check_served_vocabulary(local.url, "judge", AutoTokenizer.from_pretrained(small_model))
         finally:
             local.close()
     assert answers["vllm"] == answers["hf"]

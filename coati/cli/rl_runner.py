@@ -17,8 +17,8 @@ from coati.dataset.collators import PromptCollator, SupervisedCollator
 from coati.dataset.prepare import load_prepared
 from coati.dataset.tokenization import load_tokenizer
 from coati.experience.controllers import KLController, TemperatureController
-from coati.experience.distillation import (DistillConfig, ModelTeacher, ServedTeacher, Teacher, check_vocabulary,
-                                           served_model_name)
+from coati.experience.distillation import (DistillConfig, ModelTeacher, ServedTeacher, Teacher,
+                                           check_served_vocabulary, check_vocabulary, served_model_name)
 from coati.experience.experience import GRPOExperienceMaker, PPOExperienceMaker
 from coati.config import AsyncSettings, CriticSettings, GRPOConfig, OnPolicyConfig, PPOConfig
 from coati.inference.local_judge import JudgeServerConfig, LocalJudge
@@ -47,7 +47,7 @@ from coati.rollout.tools import ToolRunner, configure_python_tool, resolve_tools
 from coati.cli.arguments import plugin_config
 from coati.cli.options import settings_from
 from coati.utils.ckpt_io import save_hf_model
-from coati.utils.errors import CoatiUsageError, fail
+from coati.utils.errors import CoatiUsageError, fail, warn_user
 from coati.utils.registry import AGENTS, OBJECTIVES, TOOL_CALL_PARSERS
 
 from coati.trainer.components import DistillTerm
@@ -370,7 +370,11 @@ def _check_distillation(args: argparse.Namespace) -> None:
         if not is_url(args.teacher_url):
             raise CoatiUsageError(f"--teacher_url {args.teacher_url}: expected an http(s):// URL such as "
                                   "http://127.0.0.1:8000/v1")
-        served_model_name(args.teacher_url)
+        name = args.teacher_model_name or served_model_name(args.teacher_url)
+        policy = load_tokenizer(args.tokenizer_dir or args.pretrain, args.trust_remote_code)
+        if not check_served_vocabulary(args.teacher_url, name, policy):
+            warn_user(f"--teacher_url {args.teacher_url} has no /tokenize, so its vocabulary could not be compared with "
+                      "the policy's; it must be the same")
         return
     if not (Path(args.teacher_model) / "config.json").is_file():
         raise CoatiUsageError(f"--teacher_model {args.teacher_model} is not a model folder (no config.json)")

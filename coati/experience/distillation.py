@@ -224,6 +224,40 @@ def served_model_name(url: str, timeout_s: float = 30.0) -> str:
         raise DistillationError(f"{who} lists no model at /models: {str(answer)[:200]}") from None
 
 
+PROBE_TOKENS = 2000
+"""Tokens of the policy's vocabulary, evenly spaced, whose text a served teacher's tokenizer must split as the policy's
+does."""
+
+
+def check_served_vocabulary(url: str, model: str, policy: Any) -> bool:
+    """Whether the served teacher's tokenizer could be compared with `policy` (the policy's tokenizer): the text of
+    `PROBE_TOKENS` of its tokens goes to the server's `/tokenize` (vLLM's, beside `/v1`), which must split it into
+    the same ids; a `DistillationError` in one line where it does not. False when the server has no `/tokenize` (or
+    answers it with no token ids)."""
+    step = max(1, len(policy) // PROBE_TOKENS)
+    probe = policy.decode(list(range(0, len(policy), step)), skip_special_tokens=True)
+    body = {"model": model, "prompt": probe, "add_special_tokens": False}
+    base = url.rstrip("/").removesuffix("/v1")
+    try:
+        answer = request_json(f"{base}/tokenize", json.dumps(body).encode(), f"--teacher_url {url}", teacher_token(),
+                              " or ".join(TEACHER_TOKEN_ENVS), 60.0, 0, 0.0, "is the teacher being served?")
+    except RemoteRewardError as error:
+        if error.status in (404, 405):
+            return False
+        raise
+    served = answer.get("tokens") if isinstance(answer, dict) else None
+    if not isinstance(served, list):
+        return False
+    own = policy(probe, add_special_tokens=False, verbose=False)["input_ids"]
+    if served != own:
+        first = next((i for i, (a, b) in enumerate(zip(served, own)) if a != b), min(len(served), len(own)))
+        raise DistillationError(
+            f"--teacher_url {url}: its tokenizer splits a text of the policy's tokens into other ids than the policy's "
+            f"({len(served)} vs {len(own)} tokens, first differing at token {first}). The teacher scores the policy's "
+            "token ids, so both need one vocabulary")
+    return True
+
+
 def check_not_identically_zero(reverse_kl: torch.Tensor, mask: torch.Tensor, episode: Optional[int] = None) -> None:
     """One line when the teacher's log-probs equal the policy's on every sampled token (and there are some)."""
     if mask.any() and not reverse_kl[mask].abs().max().item() > 0:

@@ -4,7 +4,7 @@ distillation teacher, for `--teacher_url` (`coati.experience.distillation`).
     python -m coati.inference.judge_server --model DIR [--engine hf|vllm] [--port 8001]
 
 Serves `POST /v1/chat/completions` (messages rendered with the model's chat template), `POST /v1/completions` (a
-prompt, or a list of them: one batch) and `GET /v1/models`, decoding greedily unless a request asks for a
+prompt, or a list of them: one batch), `GET /v1/models` and vLLM's `POST /tokenize`, decoding greedily unless a request asks for a
 temperature. A completions request with `prompt_logprobs: K` and token-id prompts is scored instead, as vLLM answers
 it: each choice's `prompt_logprobs` holds, per position (the first None), the log-prob and rank of the prompt's
 token and of the model's K likeliest there, keyed by token id; nothing is generated. Requests that arrive together
@@ -193,8 +193,10 @@ def handler(batcher: Batcher, engine: Any, name: str, token: Optional[str]) -> t
             if not self.authorized():
                 return
             routes = {f"{API_PREFIX}/chat/completions": self._chat, f"{API_PREFIX}/completions": self._completions}
+            if self.path == "/tokenize":
+                return self._tokenize()
             if self.path not in routes:
-                return self.answer(404, {"error": f"POST to {', '.join(routes)}"})
+                return self.answer(404, {"error": f"POST to {', '.join(routes)} or /tokenize"})
             try:
                 body = self.read_json()
                 max_tokens, temperature = int(body.get("max_tokens") or 64), float(body.get("temperature") or 0.0)
@@ -204,6 +206,17 @@ def handler(batcher: Batcher, engine: Any, name: str, token: Optional[str]) -> t
             except (ValueError, TypeError, KeyError, AttributeError) as error:
                 return self.answer(400, {"error": f"bad request: {error}"})
             self.answer(200, {"object": answer[0], "model": name, "created": int(time.time()), "choices": answer[1]})
+
+        def _tokenize(self) -> None:
+            """vLLM's `/tokenize`: a text's token ids by the model's tokenizer (a served teacher's vocabulary check)."""
+            try:
+                body = self.read_json()
+                if not isinstance(body.get("prompt"), str):
+                    raise ValueError("'prompt' must be a text")
+                ids = engine.tokenizer(body["prompt"], add_special_tokens=bool(body.get("add_special_tokens", True)))
+            except (ValueError, TypeError, AttributeError) as error:
+                return self.answer(400, {"error": f"bad request: {error}"})
+            self.answer(200, {"tokens": ids["input_ids"], "count": len(ids["input_ids"])})
 
         def _chat(self, body: Dict[str, Any], max_tokens: int, temperature: float) -> Tuple[str, List[Dict[str, Any]]]:
             messages = body["messages"]
