@@ -373,8 +373,8 @@ def _check_distillation(args: argparse.Namespace) -> None:
         name = args.teacher_model_name or served_model_name(args.teacher_url)
         policy = load_tokenizer(args.tokenizer_dir or args.pretrain, args.trust_remote_code)
         if not check_served_vocabulary(args.teacher_url, name, policy):
-            warn_user(f"--teacher_url {args.teacher_url} has no /tokenize, so its vocabulary could not be compared with "
-                      "the policy's; it must be the same")
+            warn_user(f"--teacher_url {args.teacher_url} has no /tokenize, so its vocabulary could not be compared "
+                      "with the policy's; it must be the same")
         return
     if not (Path(args.teacher_model) / "config.json").is_file():
         raise CoatiUsageError(f"--teacher_model {args.teacher_model} is not a model folder (no config.json)")

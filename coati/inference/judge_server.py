@@ -4,11 +4,11 @@ distillation teacher, for `--teacher_url` (`coati.experience.distillation`).
     python -m coati.inference.judge_server --model DIR [--engine hf|vllm] [--port 8001]
 
 Serves `POST /v1/chat/completions` (messages rendered with the model's chat template), `POST /v1/completions` (a
-prompt, or a list of them: one batch), `GET /v1/models` and vLLM's `POST /tokenize`, decoding greedily unless a request asks for a
-temperature. A completions request with `prompt_logprobs: K` and token-id prompts is scored instead, as vLLM answers
-it: each choice's `prompt_logprobs` holds, per position (the first None), the log-prob and rank of the prompt's
-token and of the model's K likeliest there, keyed by token id; nothing is generated. Requests that arrive together
-are generated (or scored) as one batch (at most `--max_batch` prompts), on the
+prompt, or a list of them: one batch), `GET /v1/models` and vLLM's `POST /tokenize`, decoding greedily unless a
+request asks for a temperature. A completions request with `prompt_logprobs: K` and token-id prompts is scored
+instead, as vLLM answers it: each choice's `prompt_logprobs` holds, per position (the first None), the log-prob and
+rank of the prompt's token and of the model's K likeliest there, keyed by token id; nothing is generated. Requests
+that arrive together are generated (or scored) as one batch (at most `--max_batch` prompts), on the
 transformers model (`--engine hf`) or a vLLM engine in this process (`--engine vllm`, run with vLLM's environment's
 interpreter). It listens on loopback unless `--host` says otherwise, and every request must carry the token in
 `COATI_JUDGE_TOKEN` (`Authorization: Bearer ...`); starting without one is refused unless `--allow_unauthenticated`.
@@ -213,7 +213,8 @@ def handler(batcher: Batcher, engine: Any, name: str, token: Optional[str]) -> t
                 body = self.read_json()
                 if not isinstance(body.get("prompt"), str):
                     raise ValueError("'prompt' must be a text")
-                ids = engine.tokenizer(body["prompt"], add_special_tokens=bool(body.get("add_special_tokens", True)))
+                ids = engine.tokenizer(body["prompt"], add_special_tokens=bool(body.get("add_special_tokens", True)),
+                                       verbose=False)
             except (ValueError, TypeError, AttributeError) as error:
                 return self.answer(400, {"error": f"bad request: {error}"})
             self.answer(200, {"tokens": ids["input_ids"], "count": len(ids["input_ids"])})
@@ -243,8 +244,8 @@ def handler(batcher: Batcher, engine: Any, name: str, token: Optional[str]) -> t
             if (not isinstance(prompts, list) or not prompts or not all(
                     isinstance(p, list) and p and all(isinstance(t, int) and 0 <= t < vocab for t in p)
                     for p in prompts)):
-                raise ValueError(f"with prompt_logprobs, 'prompt' must be token ids below {vocab} (a list, or a list of "
-                                 "them)")
+                raise ValueError(f"with prompt_logprobs, 'prompt' must be token ids below {vocab} (a list, or a "
+                                 "list of them)")
             if not 0 <= k <= vocab:
                 raise ValueError(f"prompt_logprobs must be within 0..{vocab}")
             scored = batcher.score(prompts, k)
