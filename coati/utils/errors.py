@@ -107,18 +107,6 @@ fails, and on a loaded machine the printing rank may not have printed yet."""
 
 
 
-def _process_group_up() -> bool:
-    dist = sys.modules.get("torch.distributed")
-    return bool(dist is not None and dist.is_available() and dist.is_initialized())
-
-
-def close_process_group() -> None:
-    """Destroy the process group of a run that finished: left to interpreter teardown, gloo can abort a rank under
-    load (SIGABRT, 'terminate called without an active exception') after every step succeeded and was saved."""
-    if _process_group_up():
-        sys.modules["torch.distributed"].destroy_process_group()
-
-
 def exit_cleanly(main: Callable[..., T]) -> Callable[..., T]:
     """Run a script's `main`, turning the failures a user meets into one line and an exit status.
 
@@ -127,9 +115,7 @@ def exit_cleanly(main: Callable[..., T]) -> Callable[..., T]:
       sees it, exit 3, so the launcher stops the run instead of it hanging.
     - A full disk: one line naming the file, exit 2. Ctrl-C: one line, exit 130.
     - Anything else keeps its traceback, and its last line goes to torchrun's error file.
-    Ranks leave without waiting on peers. A worker of torchrun dies with it (`follow_launcher`). A process group
-    that `main` started is destroyed when it returns (one that was up before, as in a test calling `main` in its own
-    process, is left to its owner).
+    Ranks leave without waiting on peers. A worker of torchrun dies with it (`follow_launcher`).
     """
 
     @functools.wraps(main)
@@ -137,12 +123,8 @@ def exit_cleanly(main: Callable[..., T]) -> Callable[..., T]:
         from coati.utils.lifetime import follow_launcher
 
         follow_launcher()
-        owned = not _process_group_up()
         try:
-            result = main(*args, **kwargs)
-            if owned:
-                close_process_group()
-            return result
+            return main(*args, **kwargs)
         except CoatiUsageError as error:
             fail(f"error: {error}", USAGE_EXIT_CODE)
         except KeyboardInterrupt:
