@@ -558,6 +558,12 @@ class BackendSettings:
     vllm_enforce_eager: bool = setting(False, help="run vLLM without torch.compile (and CUDA graphs): a server starts in "
                                                    "a third of the time (11 s against 28-44 s for a small model on a CPU), "
                                                    "and generates slower on larger models")
+    vllm_lora_sync: str = setting("auto", choices=("auto", "adapter", "merged"),
+                                  help="with --lora_rank, what each update sends the vLLM servers: adapter: the LoRA "
+                                       "adapters alone, which vLLM serves over the base weights it started with; "
+                                       "merged: every weight, the adapters folded in; auto: adapter where vLLM can serve "
+                                       "it (kaiming init, --lora_bias none, no embedding targets, no tensor "
+                                       "parallelism), else merged")
     engine_probe_rows: int = setting(2, parse=at_least(0),
                                      help="prompts of --prompt_dataset each vLLM server scores after every weight update, "
                                           "compared with the trainer's log-probs (0: no sync probe)")

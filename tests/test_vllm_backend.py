@@ -77,13 +77,14 @@ def small_model(tiny_assets, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(small_model, tmp_path_factory):
-    """One server on the small model, with the same model in this process for reference."""
+    """One server on the small model (serving LoRA adapters too), with the same model in this process for
+    reference."""
     from transformers import AutoModelForCausalLM
 
     tokenizer = _tokenizer(small_model)
     logs = tmp_path_factory.mktemp("vllm_logs")
     pool = VLLMPool(VLLMConfig(model=str(small_model), log_dir=str(logs), threads=1, max_restarts=1, timeout_s=30,
-                               enforce_eager=True), tokenizer.pad_token_id, [tokenizer.eos_token_id])
+                               enforce_eager=True, max_lora_rank=4), tokenizer.pad_token_id, [tokenizer.eos_token_id])
     model = AutoModelForCausalLM.from_pretrained(small_model).eval()
     yield pool, model, tokenizer, logs
     pool.shutdown()
@@ -147,30 +148,48 @@ def test_published_weights_are_served_with_their_version(served, tiny_assets):
     assert [p.name for p in pool.work_dir.iterdir()] == ["src"] and not list(Path("/dev/shm").glob("*coati*"))
 
 
-def test_a_lora_model_is_served_with_its_adapters_merged(served, small_model, tiny_assets):
-    """`--lora_rank` with vLLM: the engine serves the base weights with the adapters folded in, so its greedy output
-    equals the adapted model's; the training model keeps its adapters apart (its state is unchanged)."""
+def test_a_lora_model_is_served_merged_or_as_its_adapters(served, small_model, tiny_assets):
+    """`--lora_rank` with vLLM: the engine serves the base weights with the adapters folded in, or the adapters alone
+    over the base weights it holds; either way its greedy output equals the adapted model's (and each next adapter's
+    in place of the one before), and the training model keeps its adapters apart (its state is unchanged)."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from coati.models.lora import merged_weights
+    from coati.models.lora import active_adapter, merged_weights
 
     pool, model, tokenizer, _ = served
+    prompts = _prompts(tiny_assets)
+    greedy = SamplingConfig(max_new_tokens=12, do_sample=False)
+    base = [_tokens(c) for c in _hf_greedy(model, tokenizer, prompts, greedy)]
     torch.manual_seed(0)
-    adapted = get_peft_model(AutoModelForCausalLM.from_pretrained(small_model),
-                             LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
-    adapted = adapted.get_base_model().eval()   # what a boosted actor's `unwrap()` is: the base with adapter layers
+    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(small_model),
+                                LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
+    adapted = peft_model.get_base_model().eval()   # what a boosted actor's `unwrap()` is: the base with adapter layers
     state = {name: tensor.clone() for name, tensor in adapted.state_dict().items()}
     weights = merged_weights(adapted)
     assert set(weights) == set(model.state_dict()) and any(".lora_" in name for name in state)
-    prompts = _prompts(tiny_assets)
-    greedy = SamplingConfig(max_new_tokens=12, do_sample=False)
     pool.publish(weights, 9).result()
     served_tokens = [_tokens(c) for c in _generate(pool, prompts, greedy)]
-    assert served_tokens == [_tokens(c) for c in _hf_greedy(adapted, tokenizer, prompts, greedy)]
-    assert served_tokens != [_tokens(c) for c in _hf_greedy(model, tokenizer, prompts, greedy)]
+    assert served_tokens == [_tokens(c) for c in _hf_greedy(adapted, tokenizer, prompts, greedy)] != base
     assert all(torch.equal(tensor, state[name]) for name, tensor in adapted.state_dict().items())
-    pool.publish(model.state_dict(), 8).result()   # the other tests' weights and version again
+
+    pool.publish(model.state_dict(), 8).result()
+    for version in (10, 11):   # adapters alone, the second in place of the first
+        tensors, config = active_adapter(peft_model)
+        assert all(".lora_" in name for name in tensors)
+        assert sum(t.numel() for t in tensors.values()) < 0.1 * sum(t.numel() for t in weights.values())
+        pool.publish_adapter(tensors, config, version).result()
+        served = _generate(pool, prompts, greedy)
+        assert [c.version for c in served] == [version] * len(prompts)
+        assert [_tokens(c) for c in served] == [_tokens(c) for c in _hf_greedy(adapted, tokenizer, prompts, greedy)]
+        assert [p.name for p in (pool.work_dir / "adapters").iterdir()] == [f"v{version}"]
+        with torch.no_grad():
+            for name, parameter in adapted.named_parameters():
+                if "lora_B" in name:
+                    parameter.mul_(-1.5)
+    assert [_tokens(c) for c in served] != served_tokens
+    pool.publish(model.state_dict(), 8).result()   # the other tests' weights and version again: the adapter is dropped
+    assert [_tokens(c) for c in _generate(pool, prompts, greedy)] == base
 
 
 def test_held_out_evaluation_on_the_engine_scores_what_the_training_model_scores(served, tiny_assets):
@@ -281,7 +300,7 @@ def own_model(small_model, tmp_path):
 
 @pytest.mark.slow
 def test_multi_turn_grpo_trains_on_vllm_rollouts_and_resumes_exactly(tiny_assets, own_model, tmp_path):
-    """Multi-turn GRPO with LoRA on vLLM under two ranks, the engine served the merged weights after every update
+    """Multi-turn GRPO with LoRA on vLLM under two ranks, the engine served the adapters alone after every update
     (its sync probe and the behaviour ratio show it serves the adapted model); then the same command resumed from its
     step-2 checkpoint logs steps 3 and 4 exactly as the uninterrupted run did: each completion's draws come from a
     seed of its own (the server's, the version, the prompt, its place), not from the engine's state, which a

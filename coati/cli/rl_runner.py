@@ -23,6 +23,7 @@ from coati.experience.experience import GRPOExperienceMaker, PPOExperienceMaker
 from coati.config import AsyncSettings, CriticSettings, GRPOConfig, OnPolicyConfig, PPOConfig
 from coati.inference.local_judge import JudgeServerConfig, LocalJudge
 from coati.inference.vllm import VLLMConfig, VLLMPool, default_vllm_python
+from coati.inference.vllm_server import VLLM_LORA_RANKS
 from coati.models.critic import load_critic
 from coati.models.generation import HFEngine
 from coati.models.loss import PolicyLoss
@@ -202,7 +203,30 @@ def _vllm_config(args: argparse.Namespace) -> VLLMConfig:
                       seed=args.seed + 1000 * rank(), threads=args.vllm_threads, kv_cache_gib=args.vllm_kv_cache_gib,
                       gpu_memory_utilization=args.vllm_gpu_memory_utilization, start_timeout_s=args.vllm_start_timeout,
                       timeout_s=args.vllm_timeout, max_restarts=args.vllm_max_restarts,
-                      enforce_eager=args.vllm_enforce_eager)
+                      enforce_eager=args.vllm_enforce_eager,
+                      max_lora_rank=args.lora_rank if adapter_sync_blocker(args) is None else 0)
+
+
+def adapter_sync_blocker(args: argparse.Namespace) -> Optional[str]:
+    """Why updates go to vLLM as whole weights rather than as LoRA adapters alone (`--vllm_lora_sync`), or None when
+    adapters alone are sent. vLLM serves an adapter over the base weights it started with, so the base must stay the
+    `--pretrain` weights, and the adapters must be whole on each rank."""
+    if not args.lora_rank:
+        return "no --lora_rank"
+    if args.vllm_lora_sync == "merged":
+        return "--vllm_lora_sync merged"
+    blockers = {"--lora_init pissa moves the base weights": args.lora_init == "pissa",
+                f"--lora_bias {args.lora_bias} trains the base model's biases": args.lora_bias != "none",
+                "an embedding or output head among --lora_target_modules": any(
+                    "embed" in name or "lm_head" in name or name == "wte" for name in args.lora_target_modules),
+                f"--plugin {args.plugin} shards the adapters": args.plugin in ("3d", "gemini", "gemini_auto"),
+                f"--lora_rank {args.lora_rank} is above vLLM's largest, {VLLM_LORA_RANKS[-1]}":
+                    args.lora_rank > VLLM_LORA_RANKS[-1]}
+    reason = next((why for why, blocked in blockers.items() if blocked), None)
+    if reason and args.vllm_lora_sync == "adapter":
+        raise CoatiUsageError(f"--vllm_lora_sync adapter: {reason}, so vLLM cannot serve the policy as adapters over "
+                              "its base weights; use --vllm_lora_sync merged (or auto)")
+    return reason
 
 
 def _vllm_pool(args: argparse.Namespace, tokenizer: Any, num_engines: int = 1) -> VLLMPool:
@@ -504,6 +528,7 @@ def _check_backend(args: argparse.Namespace) -> None:
     if not (os.path.isfile(python) and os.access(python, os.X_OK)):
         raise CoatiUsageError(f"--rollout_backend vllm: no Python interpreter at {python}; build vLLM's environment with "
                               "`make vllm-env`, or name one that has vLLM with --vllm_python")
+    adapter_sync_blocker(args)   # --vllm_lora_sync adapter where vLLM cannot serve adapters is refused here
 
 
 def run_grpo(args: argparse.Namespace) -> GRPOTrainer:

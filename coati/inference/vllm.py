@@ -13,13 +13,15 @@ vLLM's own environment, generates rollouts on them and hands them the trainer's 
   descriptor), and each server loads it in place (`load_weights`) and from then on reports its version. Raw tensors
   at fixed offsets cross the process and torch-version boundary without pickling or a file per update; a server that
   is restarted maps the memory again and loads the newest version; nothing is left in `/dev/shm`, however the run
-  ends.
+  ends. A LoRA run may send the adapters alone instead (`publish_adapter`, servers started with `max_lora_rank`):
+  peft's files in the pool's work folder, which vLLM serves over the base weights it started with.
 - **Lifecycle.** A server starts once per run; its readiness is awaited up to `start_timeout_s`; its log is
   `<log_dir>/<log_name>_<i>.log`. It stops when the pool is shut down, and when the trainer dies however it
   dies (the lifeline pipe, see `vllm_server`). A server that dies is restarted with the newest weights, at most
   `max_restarts` times in all; then, as on a timeout, the run ends with one line (`EngineError`).
 """
 import asyncio
+import json
 import os
 import secrets
 import shutil
@@ -70,7 +72,8 @@ class VLLMConfig:
     """How to run the servers. Server i logs to `<log_dir>/<log_name>_<i>.log` (default folder: the pool's own,
     removed with it). `threads`: CPU threads of each server (0: this process's torch threads); `kv_cache_gib`: its
     KV cache on CPU; `gpu_memory_utilization`: its share of a GPU's memory; `enforce_eager`: no torch.compile (nor CUDA
-    graphs), which starts a server in a third of the time and suits small models."""
+    graphs), which starts a server in a third of the time and suits small models; `max_lora_rank`: serve LoRA adapters of
+    up to this rank (`publish_adapter`; 0: none)."""
 
     model: str
     python: str = ""
@@ -85,6 +88,7 @@ class VLLMConfig:
     timeout_s: float = 600.0
     max_restarts: int = 1
     enforce_eager: bool = False
+    max_lora_rank: int = 0
 
 
 def last_log_line(path: Path) -> str:
@@ -119,7 +123,8 @@ class VLLMServer:
                    "--model", _absolute(self.config.model), "--address", "@" + self._name, "--dtype", self.config.dtype,
                    "--seed", str(self.config.seed + self.index),
                    "--gpu_memory_utilization", str(self.config.gpu_memory_utilization), "--cleanup", str(self.work_dir),
-                   *(["--enforce_eager"] if self.config.enforce_eager else [])]
+                   *(["--enforce_eager"] if self.config.enforce_eager else []),
+                   *(["--max_lora_rank", str(self.config.max_lora_rank)] if self.config.max_lora_rank else [])]
         with open(self.log_path, "a") as log:
             log.write(f"$ {' '.join(command)}\n")
             log.flush()
@@ -217,6 +222,18 @@ class VLLMServer:
             os.close(lifeline)
 
 
+def write_adapter(folder: Path, tensors: Dict[str, torch.Tensor], config: Dict[str, Any]) -> Path:
+    """A LoRA adapter as peft saves it (`adapter_model.safetensors`, `adapter_config.json`) in `folder`, which vLLM
+    loads."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({name: tensor.detach().cpu().contiguous() for name, tensor in tensors.items()},
+              str(folder / "adapter_model.safetensors"))
+    (folder / "adapter_config.json").write_text(json.dumps(config, default=sorted, indent=1))
+    return folder
+
+
 def _absolute(model: str) -> str:
     """`model` as an absolute path where it is a local folder (the server runs in a folder of its own)."""
     return str(Path(model).resolve()) if Path(model).exists() else model
@@ -266,6 +283,7 @@ class VLLMPool(BatchingPool):
         self._workers = [ThreadPoolExecutor(1, thread_name_prefix=f"vllm-{i}") for i in range(num_engines)]
         self._start_queues(num_engines)
         self._shared: Optional[SharedWeights] = None
+        self._adapter: Optional[Dict[str, Any]] = None   # the load request of the newest adapter published
         self._probed: Dict[int, List[List[float]]] = {}   # each server's last probe scores
         self._broken: Optional[EngineSyncError] = None
         self._lock = threading.Lock()
@@ -325,6 +343,10 @@ class VLLMPool(BatchingPool):
                 if newest is not None:
                     fresh.attach(self._shared)
                     fresh.call(self._load_request(*newest))
+        with self._lock:
+            adapter = self._adapter
+        if adapter is not None:
+            fresh.call(adapter)
         self.servers[index] = fresh
 
     # ---- generation --------------------------------------------------------------------------------
@@ -353,21 +375,52 @@ class VLLMPool(BatchingPool):
             raise ValueError("the published weights' names, dtypes or shapes differ from the first publish's")
         slot = self._shared.write(weights, version)
         with self._lock:
-            self.last_sync_seconds = 0.0
-        loads = all_of([worker.submit(self._load, index, slot, version, start, probe)
-                        for index, worker in enumerate(self._workers)])
+            self._adapter = None   # the whole policy: a restarted server loads no adapter over it
+        loads = self._load_everywhere(self._load_request(slot, version), start, probe)
         self._shared.reuse_after(slot, loads)
         return loads
+
+    @property
+    def takes_adapters(self) -> bool:
+        """Whether the servers serve LoRA adapters, so a LoRA policy may be published as its adapters alone."""
+        return self.config.max_lora_rank > 0
+
+    def publish_adapter(self, tensors: Dict[str, torch.Tensor], config: Dict[str, Any], version: int,
+                        probe: Optional[ProbeCheck] = None) -> "Future[List[Dict[str, Any]]]":
+        """Send a LoRA adapter (its tensors and config under peft's names) as version `version`: every server serves
+        it over the base weights it holds, in place of the adapter before; otherwise as `publish`. Its files are
+        written to the pool's work folder and removed once every server serves a newer version."""
+        start = time.perf_counter()
+        path = write_adapter(self.work_dir / "adapters" / f"v{version}", tensors, config)
+        request = {"op": "load_adapter", "path": str(path), "version": version}
+        with self._lock:
+            self._adapter = request   # what a restarted server loads
+        loads = self._load_everywhere(request, start, probe)
+        loads.add_done_callback(lambda _: self._remove_adapters_before(version))
+        return loads
+
+    def _remove_adapters_before(self, version: int) -> None:
+        for folder in (self.work_dir / "adapters").glob("v*"):
+            if int(folder.name[1:]) < version:
+                shutil.rmtree(folder, ignore_errors=True)
+
+    def _load_everywhere(self, request: Dict[str, Any], published: float,
+                         probe: Optional[ProbeCheck]) -> "Future[List[Dict[str, Any]]]":
+        """Queue `request` (a load) on every server behind what each is generating, each followed by the `probe`."""
+        with self._lock:
+            self.last_sync_seconds = 0.0
+        return all_of([worker.submit(self._load, index, request, published, probe)
+                       for index, worker in enumerate(self._workers)])
 
     def _load_request(self, slot: int, version: int) -> Dict[str, Any]:
         return {"op": "load_weights", "layout": self._shared.layout, "base": slot * self._shared.slot_bytes,
                 "version": version}
 
-    def _load(self, index: int, slot: int, version: int, published: float,
+    def _load(self, index: int, request: Dict[str, Any], published: float,
               probe: Optional[ProbeCheck]) -> Dict[str, Any]:
-        """Server `index` loads `slot`, then scores the `probe`; the seconds since `published` (the copy began) until
-        the load are the publish's sync time."""
-        answer = self._request(index, self._load_request(slot, version))
+        """Server `index` runs the load `request`, then scores the `probe`; the seconds since `published` (the copy
+        began) until the load are the publish's sync time."""
+        answer = self._request(index, request)
         with self._lock:
             self.last_sync_seconds = max(self.last_sync_seconds, time.perf_counter() - published)
         if probe is not None:

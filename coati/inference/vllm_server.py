@@ -18,8 +18,11 @@ with an `op`; the answer is a dict, with `error` (one line) when the op failed:
 - `attach_weights` `{size}`, followed on the connection by a file descriptor (`multiprocessing.reduction.send_handle`):
   the trainer's weight memory (`coati.inference.shared_weights`), mapped here: `{size}`.
 - `load_weights` `{layout, base, version}`: the HF-named tensors of `layout` (name, dtype, shape, offset), read from
-  the attached memory at byte `base`, loaded in place; the prefix cache is reset, and from then on the server
-  reports `version`: `{version, seconds}`.
+  the attached memory at byte `base`, loaded in place (any adapter loaded before is dropped); the prefix cache is
+  reset, and from then on the server reports `version`: `{version, seconds}`.
+- `load_adapter` `{path, version}` (a server started with `--max_lora_rank`): the LoRA adapter in peft's format at
+  `path` becomes the one every later request runs with, in place of the one before, over the unchanged base weights;
+  the prefix cache is reset, and the server reports `version`: `{version, seconds}`.
 - `shutdown`.
 
 The engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so the server has no children to
@@ -74,7 +77,21 @@ def build_llm(args: argparse.Namespace) -> Any:
                    enforce_eager=args.enforce_eager)
     if args.max_model_len:
         options["max_model_len"] = args.max_model_len
+    if args.max_lora_rank:
+        options.update(enable_lora=True, max_lora_rank=served_lora_rank(args.max_lora_rank), max_loras=1)
     return LLM(**options)
+
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The largest adapter ranks a vLLM engine may be started for (`max_lora_rank`)."""
+
+
+def served_lora_rank(rank: int) -> int:
+    """The smallest rank vLLM can be started for that serves adapters of rank `rank`."""
+    fitting = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if not fitting:
+        raise ValueError(f"vLLM serves LoRA adapters of rank {VLLM_LORA_RANKS[-1]} at most, not {rank}")
+    return fitting[0]
 
 
 def sampling_params(spec: Dict[str, Any], seed: int) -> Any:
@@ -112,16 +129,16 @@ class Seeds:
 
 
 def generate(llm: Any, prompts: List[List[int]], counts: List[int], spec: Dict[str, Any],
-             seeds: Seeds) -> List[List[Tuple[List[int], List[float]]]]:
+             seeds: Seeds, adapter: Any = None) -> List[List[Tuple[List[int], List[float]]]]:
     """`counts[i]` completions of each prompt, each as (token ids, their log-probs); all in one engine call, so
-    vLLM batches them (the copies of a prompt share its cached prefix)."""
+    vLLM batches them (the copies of a prompt share its cached prefix); with `adapter` (a `LoRARequest`) on."""
     from vllm.inputs import TokensPrompt
 
     requests, params = [], []
     for prompt, n in zip(prompts, counts):
         requests += [TokensPrompt(prompt_token_ids=list(prompt)) for _ in range(n)]
         params += [sampling_params(spec, seed) for seed in seeds.take(prompt, n)]
-    outputs = iter(llm.generate(requests, params, use_tqdm=False))
+    outputs = iter(llm.generate(requests, params, use_tqdm=False, lora_request=adapter))
     results = []
     for n in counts:
         group = []
@@ -146,13 +163,20 @@ def attach_weights(fd: int, size: int) -> None:
     os.close(fd)
 
 
-def score(llm: Any, prompts: List[List[int]]) -> List[List[float]]:
-    """Each prompt's log-probs of its tokens after the first, under the served weights."""
+def score(llm: Any, prompts: List[List[int]], adapter: Any = None) -> List[List[float]]:
+    """Each prompt's log-probs of its tokens after the first, under the served weights (and `adapter`, a
+    `LoRARequest`). An engine started with LoRA scores one prompt per call: with several, vLLM 0.32's CPU LoRA logits
+    step fails on prompt log-probs (`einsum(): subscript b has size 2 ... does not broadcast`), its adapter indices
+    being per request where the prompt's positions are per token."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
-    outputs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+    requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+    if llm.llm_engine.vllm_config.lora_config is None:
+        outputs = llm.generate(requests, params, use_tqdm=False, lora_request=adapter)
+    else:
+        outputs = [llm.generate([r], params, use_tqdm=False, lora_request=adapter)[0] for r in requests]
     return [[entry[token].logprob for entry, token in zip(out.prompt_logprobs[1:], prompt[1:])]
             for out, prompt in zip(outputs, prompts)]
 
@@ -182,11 +206,27 @@ def load_weights(llm: Any, layout: List[Any], base: int) -> None:
     llm.reset_prefix_cache()
 
 
+def load_adapter(llm: Any, path: str, version: int, current: Any) -> Any:
+    """Load the peft-format adapter at `path` as version `version`'s (in place of `current`, a `LoRARequest` or
+    None), drop the prefix cache, and return its `LoRARequest`. Each version has its own adapter id, so nothing
+    cached for another version's adapter is reused."""
+    from vllm.lora.request import LoRARequest
+
+    adapter = LoRARequest(f"policy-v{version}", version + 1, path)
+    if current is not None:
+        llm.llm_engine.remove_lora(current.lora_int_id)
+    if not llm.llm_engine.add_lora(adapter):
+        raise RuntimeError(f"vLLM did not load the adapter at {path}")
+    llm.reset_prefix_cache()
+    return adapter
+
+
 class Server:
     """Answers one trainer connection at a time; a connection that closes lets the next one in."""
 
     def __init__(self, llm: Any, model: str, seed: int) -> None:
         self.llm, self.model, self.version, self.seeds = llm, model, 0, Seeds(seed)
+        self.adapter: Any = None   # the `LoRARequest` every request runs with, once one is loaded
 
     def handle(self, request: Dict[str, Any]) -> Dict[str, Any]:
         op = request.get("op")
@@ -194,20 +234,31 @@ class Server:
         if op == "info":
             return {"version": self.version, "pid": os.getpid(), "model": self.model}
         if op == "generate":
-            completions = generate(self.llm, request["prompts"], request["n"], request["sampling"], self.seeds)
+            completions = generate(self.llm, request["prompts"], request["n"], request["sampling"], self.seeds,
+                                   self.adapter)
             return {"completions": completions, "version": self.version, "seconds": time.perf_counter() - start}
         if op == "score":
-            return {"logprobs": score(self.llm, request["prompts"]), "version": self.version}
+            return {"logprobs": score(self.llm, request["prompts"], self.adapter), "version": self.version}
         if op == "attach_weights":
             attach_weights(request["fd"], int(request["size"]))
             return {"size": int(request["size"])}
-        if op == "load_weights":
+        if op == "load_weights":   # the whole policy: an adapter loaded before no longer applies
             load_weights(self.llm, request["layout"], int(request["base"]))
-            self.version = int(request["version"])
-            self.seeds.at(self.version)
-            print(f"serving weights version {self.version} (loaded in {time.perf_counter() - start:.2f} s)", flush=True)
-            return {"version": self.version, "seconds": time.perf_counter() - start}
+            if self.adapter is not None:
+                self.llm.llm_engine.remove_lora(self.adapter.lora_int_id)
+                self.adapter = None
+            return self._serving(int(request["version"]), "weights", start)
+        if op == "load_adapter":
+            self.adapter = load_adapter(self.llm, request["path"], int(request["version"]), self.adapter)
+            return self._serving(int(request["version"]), "adapter", start)
         return {"error": f"unknown op {op!r}"}
+
+    def _serving(self, version: int, what: str, start: float) -> Dict[str, Any]:
+        """From now on the server reports `version`, whose sampling seeds start afresh."""
+        self.version = version
+        self.seeds.at(version)
+        print(f"serving {what} version {version} (loaded in {time.perf_counter() - start:.2f} s)", flush=True)
+        return {"version": version, "seconds": time.perf_counter() - start}
 
     def serve(self, listener: Listener) -> None:
         while True:
@@ -243,6 +294,8 @@ def parse_args(argv: Any = None) -> argparse.Namespace:
     parser.add_argument("--gpu_memory_utilization", type=float, default=0.4,
                         help="fraction of the GPU's memory for the engine (on CPU: of the machine's)")
     parser.add_argument("--enforce_eager", action="store_true", help="no CUDA graphs")
+    parser.add_argument("--max_lora_rank", type=int, default=0,
+                        help="serve LoRA adapters (`load_adapter`) of up to this rank (0: none)")
     parser.add_argument("--cleanup", default="", help="folder to remove when the trainer dies (its weight files)")
     return parser.parse_args(argv)
 

@@ -7,7 +7,7 @@ ColossalChat's LoRA names (`LoraConfig`, `LoraLinear`, `LoraEmbedding`, `convert
 too, as peft layers.
 """
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import coati.utils.lean_import  # noqa: F401  (before colossalai.booster: no compile-worker processes)
@@ -24,7 +24,7 @@ from coati.config import LORA_INIT, LoraConfig
 from coati.utils.errors import CoatiUsageError, warn_user
 
 __all__ = ["LoraConfig", "LoraEmbedding", "LoraLinear", "convert_to_lora_module", "enable_lora",
-           "export_adapter_and_merge", "merged_weights", "peft_model_of"]
+           "export_adapter_and_merge", "merged_weights", "peft_model_of", "active_adapter"]
 
 
 def _task_type(model: torch.nn.Module) -> str:
@@ -100,6 +100,19 @@ def merged_weights(model: nn.Module, state_dict: Optional[Dict[str, torch.Tensor
                     key = f"{name}.weight"
                     weights[key] = weights[key] + module.get_delta_weight(adapter).to(weights[key].dtype)
     return weights
+
+
+def active_adapter(model: torch.nn.Module) -> Optional[Tuple[Dict[str, torch.Tensor], Dict[str, Any]]]:
+    """The active adapter of `model` (boosted or plain) as peft saves it: its tensors under peft's names and its config
+    as a dict, which is what vLLM loads; None without LoRA."""
+    from peft import get_peft_model_state_dict
+
+    peft_model = peft_model_of(model)
+    if peft_model is None:
+        return None
+    name = peft_model.active_adapter
+    tensors = {key: tensor.detach() for key, tensor in get_peft_model_state_dict(peft_model, adapter_name=name).items()}
+    return tensors, peft_model.peft_config[name].to_dict()
 
 
 def _started_with_pissa(peft_model: Any) -> bool:

@@ -75,6 +75,9 @@ class RolloutEngine(ABC):
     """The sync probe its publishes are checked with (an engine with weights of its own that can score sequences)."""
     shares_weights: bool = False
     """True for an engine over the trainer's own model: a publish hands it no weights (only the version)."""
+    takes_adapters: bool = False
+    """True for an engine that serves LoRA adapters over its own base weights (`publish_adapter`): a LoRA policy is
+    published as its adapters alone."""
 
     @abstractmethod
     async def agenerate(self, prompt_ids: List[int], config: SamplingConfig, n: int,

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from coati.utils.comm import is_distributed, rank, world_size
 from coati.experience.experience import Experience, ExperienceMaker
-from coati.models.lora import merged_weights
+from coati.models.lora import active_adapter, merged_weights
 from coati.utils.ckpt_io import holds_whole_parameters, inner_model, whole_state_dict
 from coati.rollout.evaluation import prompt_rows
 from coati.rollout import (LocalEngine, PromptStream, RLVRWorkflow, RolloutEngine, RolloutWorkflow, Trajectory,
@@ -92,12 +92,15 @@ def _ties(trajectory: Trajectory) -> bool:
 
 
 def publish_policy(engine: RolloutEngine, actor: torch.nn.Module, version: int) -> "Future[Any]":
-    """The actor's HF-named weights (LoRA adapters merged in, shards gathered) to `engine` as `version`, checked by
-    the engine's sync probe where it has one. Collective under Gemini and tensor parallelism: every rank calls it."""
+    """The actor to `engine` as `version`, checked by the engine's sync probe where it has one: its LoRA adapters
+    alone where the engine serves adapters, else its HF-named weights (adapters merged in, shards gathered).
+    Collective under Gemini and tensor parallelism: every rank calls it."""
     model = inner_model(actor)
     probe = None
     if engine.probe is not None:
         probe = engine.probe.check(model if holds_whole_parameters(actor) else actor, version)
+    if engine.takes_adapters:
+        return engine.publish_adapter(*active_adapter(actor), version, probe)
     return engine.publish({} if engine.shares_weights else merged_weights(model, whole_state_dict(actor)), version,
                           probe)
 
