@@ -13,6 +13,8 @@ to `--out/results.json` and a markdown table on stdout. Compare `--async_rollout
 run at the same flags: the same samples per episode, generation in a Ray actor overlapping training.
 `--rollout_backend vllm` generates on vLLM servers instead (`make vllm-env`); their start-up, printed by the
 run, is reported apart from the episodes (`engine_start_s`), and `time/weight_sync` is among the phases.
+`--lora_rank R` trains adapters; with vLLM, `--vllm_lora_sync adapter` sends them alone after each update, `merged`
+the whole weights with them folded in.
 """
 import argparse
 import json
@@ -57,6 +59,9 @@ def run(args: argparse.Namespace, model: str, prompts: str) -> Path:
     if args.async_rollout:
         cmd += ["--async_rollout", "--max_staleness", str(args.max_staleness)]
     cmd += ["--rollout_backend", args.rollout_backend, "--vllm_threads", str(args.vllm_threads)]
+    if args.lora_rank:
+        cmd += ["--lora_rank", str(args.lora_rank), "--lora_alpha", str(2 * args.lora_rank),
+                "--vllm_lora_sync", args.vllm_lora_sync]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     log_dir.mkdir(parents=True, exist_ok=True)
     with open(log_dir / "run.log", "w") as log:
@@ -101,6 +106,9 @@ def main() -> None:
     parser.add_argument("--max_staleness", type=int, default=1)
     parser.add_argument("--rollout_backend", choices=("hf", "vllm"), default="hf")
     parser.add_argument("--vllm_threads", type=int, default=0, help="CPU threads per vLLM server (0: the trainer's)")
+    parser.add_argument("--lora_rank", type=int, default=0, help="train LoRA adapters of this rank (alpha twice it)")
+    parser.add_argument("--vllm_lora_sync", choices=("auto", "adapter", "merged"), default="auto",
+                        help="with --lora_rank and vllm: send the adapters alone, or the merged weights")
     args = parser.parse_args()
     inputs = {"model": args.model, "prompts": args.prompts}
     if not all(inputs.values()):

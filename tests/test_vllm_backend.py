@@ -83,7 +83,7 @@ def served(small_model, tmp_path_factory):
 
     tokenizer = _tokenizer(small_model)
     logs = tmp_path_factory.mktemp("vllm_logs")
-    pool = VLLMPool(VLLMConfig(model=str(small_model), log_dir=str(logs), threads=1, max_restarts=1, timeout_s=30,
+    pool = VLLMPool(VLLMConfig(model=str(small_model), log_dir=str(logs), threads=1, max_restarts=2, timeout_s=30,
                                enforce_eager=True, max_lora_rank=4), tokenizer.pad_token_id, [tokenizer.eos_token_id])
     model = AutoModelForCausalLM.from_pretrained(small_model).eval()
     yield pool, model, tokenizer, logs
@@ -161,9 +161,10 @@ def test_a_lora_model_is_served_merged_or_as_its_adapters(served, small_model, t
     prompts = _prompts(tiny_assets)
     greedy = SamplingConfig(max_new_tokens=12, do_sample=False)
     base = [_tokens(c) for c in _hf_greedy(model, tokenizer, prompts, greedy)]
+    own = AutoModelForCausalLM.from_pretrained(small_model)
+    own.load_state_dict(model.state_dict())   # the weights the engine serves now (the tests before changed them)
     torch.manual_seed(0)
-    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(small_model),
-                                LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
+    peft_model = get_peft_model(own, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
     adapted = peft_model.get_base_model().eval()   # what a boosted actor's `unwrap()` is: the base with adapter layers
     state = {name: tensor.clone() for name, tensor in adapted.state_dict().items()}
     weights = merged_weights(adapted)
@@ -188,6 +189,10 @@ def test_a_lora_model_is_served_merged_or_as_its_adapters(served, small_model, t
                 if "lora_B" in name:
                     parameter.mul_(-1.5)
     assert [_tokens(c) for c in served] != served_tokens
+    os.kill(pool.pids()[0], signal.SIGKILL)   # a restarted server serves the newest adapter over its base weights
+    again = _generate(pool, prompts, greedy)
+    assert pool.restarts == 1 and [c.version for c in again] == [11] * len(prompts)
+    assert [_tokens(c) for c in again] == [_tokens(c) for c in served]
     pool.publish(model.state_dict(), 8).result()   # the other tests' weights and version again: the adapter is dropped
     assert [_tokens(c) for c in _generate(pool, prompts, greedy)] == base
 
@@ -252,14 +257,14 @@ def test_a_dead_server_is_restarted_with_the_newest_weights_and_a_stopped_one_en
     served_before = [_tokens(c) for c in _generate(pool, prompts, greedy)]
     os.kill(pool.pids()[0], signal.SIGKILL)
     again = _generate(pool, prompts, greedy)
-    assert pool.restarts == 1 and [c.version for c in again] == [8, 8]
+    assert pool.restarts == 2 and [c.version for c in again] == [8, 8]   # the LoRA test restarted it once
     assert [_tokens(c) for c in again] == served_before
     os.kill(pool.pids()[0], signal.SIGSTOP)   # alive, but it never answers
     with pytest.raises(EngineError, match=r"^vLLM server 0 \(pid \d+\) did not answer 'generate' within 30 s "
                                           r"\(--vllm_timeout\); its log: "):
         _generate(pool, prompts, greedy)
     os.kill(pool.pids()[0], signal.SIGKILL)
-    with pytest.raises(EngineError, match=r"vLLM server 0 died .* used their 1 restarts \(--vllm_max_restarts\)"):
+    with pytest.raises(EngineError, match=r"vLLM server 0 died .* used their 2 restarts \(--vllm_max_restarts\)"):
         _generate(pool, prompts, greedy)
 
 
@@ -307,12 +312,13 @@ def test_multi_turn_grpo_trains_on_vllm_rollouts_and_resumes_exactly(tiny_assets
     checkpoint does not hold."""
     def args(out):
         return [*_rl_args(tiny_assets, own_model, out, 4), "--reward_fn", "math_answer", "answer_format", *MULTI_TURN,
-                "--lora_rank", "4", "--lora_alpha", "8", "--save_interval", "2", "--save_dir", str(out / "ckpt")]
+                "--lora_rank", "4", "--lora_alpha", "8", "--vllm_lora_sync", "adapter", "--save_interval", "2",
+                "--save_dir", str(out / "ckpt")]
 
     grpo = tmp_path / "grpo"
     result = torchrun(SCRIPTS / "train_grpo.py", 2, *args(grpo))
     assert result.returncode == 0, result.stderr[-4000:]
-    assert "vLLM rollout engine ready in" in result.stdout
+    assert "vLLM rollout engine ready in" in result.stdout and "LoRA updates send the adapters alone" in result.stdout
     records = _records(grpo)
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     for r in records:
@@ -333,10 +339,13 @@ def test_multi_turn_grpo_trains_on_vllm_rollouts_and_resumes_exactly(tiny_assets
 
 @pytest.mark.slow
 def test_async_grpo_on_one_vllm_generator_stays_within_its_staleness(tiny_assets, own_model, tmp_path):
+    """Asynchronous multi-turn LoRA GRPO on one vLLM generator (sent the merged weights, as auto picks on a CPU): the
+    staleness bound holds, IcePop weighs the behaviour ratios, and every publish passes the sync probe."""
     result = torchrun(SCRIPTS / "train_grpo.py", 2, *_rl_args(tiny_assets, own_model, tmp_path, 4),
                       "--reward_fn", "answer_format", "--async_rollout", "--num_generators", "1", "--max_staleness", "1",
-                      "--behaviour_correction", "icepop", *MULTI_TURN)
+                      "--behaviour_correction", "icepop", *MULTI_TURN, "--lora_rank", "4", "--lora_alpha", "8")
     assert result.returncode == 0, result.stderr[-4000:]
+    assert "LoRA updates send the merged weights" in result.stdout   # --vllm_lora_sync auto, on a CPU
     records = _records(tmp_path)
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     for r in records:

@@ -226,6 +226,8 @@ def adapter_sync_blocker(args: argparse.Namespace) -> Optional[str]:
     if reason and args.vllm_lora_sync == "adapter":
         raise CoatiUsageError(f"--vllm_lora_sync adapter: {reason}, so vLLM cannot serve the policy as adapters over "
                               "its base weights; use --vllm_lora_sync merged (or auto)")
+    if reason is None and args.vllm_lora_sync == "auto" and not torch.cuda.is_available():
+        return "--vllm_lora_sync auto on a CPU, where vLLM runs LoRA uncompiled"
     return reason
 
 
@@ -238,7 +240,11 @@ def _vllm_pool(args: argparse.Namespace, tokenizer: Any, num_engines: int = 1) -
         pool.probe = SyncProbe([rows[i]["input_ids"] for i in range(min(args.engine_probe_rows, len(rows)))],
                                args.engine_probe_tolerance)
     if rank() == 0:
-        print(f"vLLM rollout engine ready in {pool.start_seconds:.1f} s (log: {pool.servers[0].log_path})", flush=True)
+        lora = ""
+        if args.lora_rank:
+            lora = f"; LoRA updates send {'the adapters alone' if pool.takes_adapters else 'the merged weights'}"
+        print(f"vLLM rollout engine ready in {pool.start_seconds:.1f} s (log: {pool.servers[0].log_path}{lora})",
+              flush=True)
     return pool
 
 
