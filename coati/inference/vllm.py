@@ -437,7 +437,7 @@ class VLLMPool(BatchingPool):
             self._broken = error
             raise
         self._probed[index] = served
-        return {"probe_diff": difference, "probe_seconds": time.perf_counter() - start}
+        return {"probe_diff": difference, "probe_seconds": time.perf_counter() - start + probe.seconds}
 
     def pids(self) -> List[int]:
         return [server.process.pid for server in self.servers]

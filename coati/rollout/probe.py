@@ -8,6 +8,7 @@ those of the previous version while the trainer's moved (the publish did nothing
 numeric difference between two engines on the same weights: 1.3e-7 between vLLM and the trainer in fp32 on this CPU;
 more in bf16 (not measured here, hence the wide default).
 """
+import time
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
@@ -38,13 +39,15 @@ def sequence_token_logps(model: torch.nn.Module, sequences: Sequence[Sequence[in
 @dataclass
 class ProbeCheck:
     """One publish's probe: the `sequences`, the trainer's log-probs of them under `version`'s weights (`expected`)
-    and under the previous version's (`previous`, None at the first publish)."""
+    and under the previous version's (`previous`, None at the first publish), and the seconds the trainer took to
+    compute `expected` (counted in the probe's time, not the sync's)."""
 
     sequences: List[List[int]]
     expected: List[List[float]]
     previous: Optional[List[List[float]]]
     version: int
     tolerance: float
+    seconds: float = 0.0
 
     def verify(self, served: List[List[float]], served_before: Optional[List[List[float]]]) -> float:
         """The mean absolute difference of the engine's log-probs (`served`; `served_before` at the previous version)
@@ -76,8 +79,9 @@ class SyncProbe:
         self._last: Optional[List[List[float]]] = None
 
     def check(self, model: torch.nn.Module, version: int) -> ProbeCheck:
+        start = time.perf_counter()
         expected = sequence_token_logps(model, self.sequences)
         tolerance = self.tolerance or DEFAULT_TOLERANCE.get(next(model.parameters()).dtype, 0.05)
-        check = ProbeCheck(self.sequences, expected, self._last, version, tolerance)
+        check = ProbeCheck(self.sequences, expected, self._last, version, tolerance, time.perf_counter() - start)
         self._last = expected
         return check
