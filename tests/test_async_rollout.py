@@ -110,7 +110,7 @@ def test_a_rollout_in_flight_during_an_update_finishes_on_its_weights(pool, toke
 
 
 def test_a_publish_future_completes_when_every_copy_has_loaded():
-    from concurrent.futures import Future
+    from concurrent.futures import CancelledError, Future
 
     from coati.rollout import all_of
 
@@ -127,6 +127,12 @@ def test_a_publish_future_completes_when_every_copy_has_loaded():
     failing[0].set_exception(RuntimeError("server 0 died"))
     failing[1].set_result("ok")
     with pytest.raises(RuntimeError, match="server 0 died"):
+        combined.result(timeout=0)
+    queued = [Future(), Future()]   # a pool shut down with a load queued cancels it
+    combined = all_of(queued)
+    queued[0].set_result("ok")
+    assert queued[1].cancel() and queued[1].set_running_or_notify_cancel() is False
+    with pytest.raises(CancelledError):
         combined.result(timeout=0)
 
 

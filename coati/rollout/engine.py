@@ -12,7 +12,7 @@ import os
 import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
@@ -117,8 +117,9 @@ def all_of(futures: Sequence["Future[Any]"]) -> "Future[List[Any]]":
         with lock:
             pending[0] -= 1
             last = pending[0] == 0
-        if last:
-            errors = [f.exception() for f in futures if f.exception() is not None]
+        if last:   # a future cancelled (a pool shut down with loads queued) counts as its CancelledError
+            errors = [CancelledError() if f.cancelled() else f.exception() for f in futures]
+            errors = [error for error in errors if error is not None]
             if errors:
                 combined.set_exception(errors[0])
             else:
