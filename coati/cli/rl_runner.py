@@ -396,19 +396,18 @@ def _check_distillation(args: argparse.Namespace) -> None:
     if args.distill_coef == 0 and not args.distill_loss:
         raise CoatiUsageError(f"{'--teacher_url' if args.teacher_url else '--teacher_model'} with --distill_coef 0 and "
                               "no --distill_loss: the teacher would not be used; give one of them")
+    if args.teacher_url and not is_url(args.teacher_url):
+        raise CoatiUsageError(f"--teacher_url {args.teacher_url}: expected an http(s):// URL such as "
+                              "http://127.0.0.1:8000/v1")
+    if args.teacher_model and not (Path(args.teacher_model) / "config.json").is_file():
+        raise CoatiUsageError(f"--teacher_model {args.teacher_model} is not a model folder (no config.json)")
+    policy = load_tokenizer(args.tokenizer_dir or args.pretrain, args.trust_remote_code)
     if args.teacher_url:
-        if not is_url(args.teacher_url):
-            raise CoatiUsageError(f"--teacher_url {args.teacher_url}: expected an http(s):// URL such as "
-                                  "http://127.0.0.1:8000/v1")
         name = args.teacher_model_name or served_model_name(args.teacher_url)
-        policy = load_tokenizer(args.tokenizer_dir or args.pretrain, args.trust_remote_code)
         if not check_served_vocabulary(args.teacher_url, name, policy):
             warn_user(f"--teacher_url {args.teacher_url} has no /tokenize, so its vocabulary could not be compared "
                       "with the policy's; it must be the same")
         return
-    if not (Path(args.teacher_model) / "config.json").is_file():
-        raise CoatiUsageError(f"--teacher_model {args.teacher_model} is not a model folder (no config.json)")
-    policy = load_tokenizer(args.tokenizer_dir or args.pretrain, args.trust_remote_code)
     own = any((Path(args.teacher_model) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json"))
     teacher = load_tokenizer(args.teacher_model, args.trust_remote_code).get_vocab() if own else None
     check_vocabulary(teacher, policy.get_vocab(), args.teacher_model)

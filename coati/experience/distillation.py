@@ -258,13 +258,12 @@ def check_served_vocabulary(url: str, model: str, policy: Any) -> bool:
     return True
 
 
-def check_not_identically_zero(reverse_kl: torch.Tensor, mask: torch.Tensor, episode: Optional[int] = None) -> None:
+def check_not_identically_zero(reverse_kl: torch.Tensor, mask: torch.Tensor) -> None:
     """One line when the teacher's log-probs equal the policy's on every sampled token (and there are some)."""
     if mask.any() and not reverse_kl[mask].abs().max().item() > 0:
-        when = f"in episode {episode}" if episode is not None else "in this batch"
         raise DistillationError(f"the distillation term is zero on every one of the {int(mask.sum())} sampled tokens "
-                                f"{when}: the teacher scores them exactly as the policy does. Is --teacher_model the "
-                                "policy itself?")
+                                "in this batch: the teacher scores them exactly as the policy does. Is --teacher_model "
+                                "the policy itself?")
 
 
 def check_vocabulary(teacher_vocab: Optional[dict], policy_vocab: dict, teacher: str) -> None:
