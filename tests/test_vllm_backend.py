@@ -180,19 +180,19 @@ def test_a_lora_model_is_served_merged_or_as_its_adapters(served, small_model, t
         assert all(".lora_" in name for name in tensors)
         assert sum(t.numel() for t in tensors.values()) < 0.1 * sum(t.numel() for t in weights.values())
         pool.publish_adapter(tensors, config, version).result()
-        served = _generate(pool, prompts, greedy)
-        assert [c.version for c in served] == [version] * len(prompts)
-        assert [_tokens(c) for c in served] == [_tokens(c) for c in _hf_greedy(adapted, tokenizer, prompts, greedy)]
+        generated = _generate(pool, prompts, greedy)
+        assert [c.version for c in generated] == [version] * len(prompts)
+        assert [_tokens(c) for c in generated] == [_tokens(c) for c in _hf_greedy(adapted, tokenizer, prompts, greedy)]
         assert [p.name for p in (pool.work_dir / "adapters").iterdir()] == [f"v{version}"]
         with torch.no_grad():
             for name, parameter in adapted.named_parameters():
                 if "lora_B" in name:
                     parameter.mul_(-1.5)
-    assert [_tokens(c) for c in served] != served_tokens
+    assert [_tokens(c) for c in generated] != served_tokens
     os.kill(pool.pids()[0], signal.SIGKILL)   # a restarted server serves the newest adapter over its base weights
     again = _generate(pool, prompts, greedy)
     assert pool.restarts == 1 and [c.version for c in again] == [11] * len(prompts)
-    assert [_tokens(c) for c in again] == [_tokens(c) for c in served]
+    assert [_tokens(c) for c in again] == [_tokens(c) for c in generated]
     pool.publish(model.state_dict(), 8).result()   # the other tests' weights and version again: the adapter is dropped
     assert [_tokens(c) for c in _generate(pool, prompts, greedy)] == base
 
