@@ -104,3 +104,25 @@ def test_3d_shards_a_token_classification_critic_by_its_backbone_policy():
                          num_attention_heads=2, num_key_value_heads=2, num_labels=1)
     assert isinstance(shard_policy(LlamaForTokenClassification(config)), LlamaModelPolicy)
     assert shard_policy(LlamaForCausalLM(config)) is None
+
+
+def test_the_gpu_check_prints_every_case_in_one_table(tmp_path):
+    """`tests/gpu/table.py` puts every case of `tests/test_cuda_plugins.py` in a cell of its (check, plugin) table,
+    as pass, FAIL or skip with its seconds."""
+    collected = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                                "tests/test_cuda_plugins.py"], capture_output=True, text=True, cwd=REPO, env=child_env())
+    names = [line.split("::")[1] for line in collected.stdout.splitlines() if "::" in line]
+    assert len(names) > 50, collected.stdout[-2000:]
+    outcomes = {"test_trainer_on_plugin_trains_checkpoints_exports_and_resumes[sft-zero2]": '<failure message="x"/>',
+                "test_lora_on_plugin_trains_and_exports_the_adapter[grpo-3d]": ""}
+    cases = "".join(f'<testcase classname="tests.test_cuda_plugins" name="{name}" time="41.4">'
+                    f'{outcomes.get(name, "<skipped/>")}</testcase>' for name in names)
+    junit = tmp_path / "junit.xml"
+    junit.write_text(f'<?xml version="1.0"?><testsuites><testsuite name="pytest">{cases}</testsuite></testsuites>')
+    table = subprocess.run([sys.executable, str(REPO / "tests" / "gpu" / "table.py"), str(junit)], capture_output=True,
+                           text=True, check=True).stdout.splitlines()
+    assert table[0] == "| check | ddp | zero2 | zero2_cpu | gemini | gemini_auto | 3d |"
+    assert "| sft | skip 41s | FAIL 41s | skip 41s | skip 41s | skip 41s | skip 41s |" in table
+    assert "| grpo, LoRA | skip 41s | skip 41s | skip 41s | skip 41s |  | pass 41s |" in table
+    assert "| grpo, packed | skip 41s | skip 41s | skip 41s | skip 41s |  | skip 41s |" in table
+    assert table[-1] == f"1 pass, 1 FAIL, {len(names) - 2} skip"

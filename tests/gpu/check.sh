@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every trainer on every CUDA plugin (tests/test_cuda_plugins.py), on a GPU machine whose Python has torch with CUDA:
 # installs the wheels of tests/gpu/wheels.sh over that torch, builds colossalai's Adam kernels once, then runs the tests
-# 14 at a time. Logs go to $OUT (default output/gpu_check). TESTS picks tests; DEADLINE (s) bounds the whole run.
+# 14 at a time and prints their (check, plugin) table (tests/gpu/table.py). Logs go to $OUT (default output/gpu_check).
+# TESTS picks tests; DEADLINE (s) bounds the whole run.
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-output/gpu_check}; WHEELS=${WHEELS:-.whl}; mkdir -p "$OUT"
@@ -25,4 +26,5 @@ echo "kernels at $(elapsed) s"; grep -E "built in|Error" "$OUT/kernels.log"
 timeout $(( DEADLINE - $(elapsed) - 15 )) python3 -m pytest ${TESTS:-tests/test_cuda_plugins.py} -n 14 -o addopts="" \
   -p no:cacheprovider -q -rA --timeout 280 --durations=50 --junitxml="$OUT/junit.xml" > "$OUT/pytest.log" 2>&1
 echo "pytest exit $? at $(elapsed) s"
-grep -E "^(PASSED|FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -60
+grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -30
+python3 tests/gpu/table.py "$OUT/junit.xml" | tee "$OUT/table.md"
