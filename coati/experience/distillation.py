@@ -208,12 +208,18 @@ def row_token_ids(experience: Experience) -> List[Tuple[List[int], int]]:
     return rows
 
 
+def _ask_teacher_once(url: str, endpoint: str, body: Optional[Dict[str, Any]], timeout_s: float) -> Any:
+    """One request, not retried, to a served teacher's `endpoint` (`url` is its `--teacher_url`; GET without a `body`),
+    with its token; `RemoteRewardError` in one line naming `--teacher_url` where it fails."""
+    return request_json(endpoint, None if body is None else json.dumps(body).encode(), f"--teacher_url {url}",
+                        teacher_token(), " or ".join(TEACHER_TOKEN_ENVS), timeout_s, 0, 0.0,
+                        "is the teacher being served?")
+
+
 def served_model_name(url: str, timeout_s: float = 30.0) -> str:
     """The first model the server at `url` lists (`GET /models`); one line when it cannot be asked."""
-    who = f"--teacher_url {url}"
     try:
-        answer = request_json(f"{url.rstrip('/')}/models", None, who, teacher_token(), " or ".join(TEACHER_TOKEN_ENVS),
-                              timeout_s, 0, 0.0, "is the teacher being served?")
+        answer = _ask_teacher_once(url, f"{url.rstrip('/')}/models", None, timeout_s)
     except RemoteRewardError as error:
         if error.status == 404:
             raise DistillationError(f"{error}; give the API's base, which for vLLM ends in /v1") from None
@@ -221,7 +227,7 @@ def served_model_name(url: str, timeout_s: float = 30.0) -> str:
     try:
         return answer["data"][0]["id"]
     except (KeyError, IndexError, TypeError):
-        raise DistillationError(f"{who} lists no model at /models: {str(answer)[:200]}") from None
+        raise DistillationError(f"--teacher_url {url} lists no model at /models: {str(answer)[:200]}") from None
 
 
 PROBE_TOKENS = 2000
@@ -239,8 +245,7 @@ def check_served_vocabulary(url: str, model: str, policy: Any) -> bool:
     body = {"model": model, "prompt": probe, "add_special_tokens": False}
     base = url.rstrip("/").removesuffix("/v1")
     try:
-        answer = request_json(f"{base}/tokenize", json.dumps(body).encode(), f"--teacher_url {url}", teacher_token(),
-                              " or ".join(TEACHER_TOKEN_ENVS), 60.0, 0, 0.0, "is the teacher being served?")
+        answer = _ask_teacher_once(url, f"{base}/tokenize", body, 60.0)
     except RemoteRewardError as error:
         if error.status in (404, 405):
             return False

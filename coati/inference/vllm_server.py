@@ -206,15 +206,12 @@ def load_weights(llm: Any, layout: List[Any], base: int) -> None:
     llm.reset_prefix_cache()
 
 
-def load_adapter(llm: Any, path: str, version: int, current: Any) -> Any:
-    """Load the peft-format adapter at `path` as version `version`'s (in place of `current`, a `LoRARequest` or
-    None), drop the prefix cache, and return its `LoRARequest`. Each version has its own adapter id, so nothing
-    cached for another version's adapter is reused."""
+def load_adapter(llm: Any, path: str, version: int) -> Any:
+    """Load the peft-format adapter at `path` as version `version`'s, drop the prefix cache, and return its
+    `LoRARequest`. Each version has its own adapter id, so nothing cached for another version's adapter is reused."""
     from vllm.lora.request import LoRARequest
 
     adapter = LoRARequest(f"policy-v{version}", version + 1, path)
-    if current is not None:
-        llm.llm_engine.remove_lora(current.lora_int_id)
     if not llm.llm_engine.add_lora(adapter):
         raise RuntimeError(f"vLLM did not load the adapter at {path}")
     llm.reset_prefix_cache()
@@ -244,14 +241,18 @@ class Server:
             return {"size": int(request["size"])}
         if op == "load_weights":   # the whole policy: an adapter loaded before no longer applies
             load_weights(self.llm, request["layout"], int(request["base"]))
-            if self.adapter is not None:
-                self.llm.llm_engine.remove_lora(self.adapter.lora_int_id)
-                self.adapter = None
+            self._drop_adapter()
             return self._serving(int(request["version"]), "weights", start)
-        if op == "load_adapter":
-            self.adapter = load_adapter(self.llm, request["path"], int(request["version"]), self.adapter)
+        if op == "load_adapter":   # in place of the adapter before
+            self._drop_adapter()
+            self.adapter = load_adapter(self.llm, request["path"], int(request["version"]))
             return self._serving(int(request["version"]), "adapter", start)
         return {"error": f"unknown op {op!r}"}
+
+    def _drop_adapter(self) -> None:
+        if self.adapter is not None:
+            self.llm.llm_engine.remove_lora(self.adapter.lora_int_id)
+            self.adapter = None
 
     def _serving(self, version: int, what: str, start: float) -> Dict[str, Any]:
         """From now on the server reports `version`, whose sampling seeds start afresh."""
