@@ -62,3 +62,28 @@ def test_rewards_demo_runs_the_judge_the_prm_and_distillation_and_writes_the_rep
     markdown = (out / "REPORT.md").read_text()
     assert all(f"| {name} | {results[name]:.3f} |" in markdown for name in models)
     assert (out / "grpo_judge" / "logs" / "judge_rank1.log").read_text().count("serving judge") == 1
+
+
+def test_the_judges_written_responses_are_graded_as_math_answer_grades_them(tiny_assets):
+    """The rewards demo's judge learns `math_answer`'s verdicts, garbled answer lines included (`#### 1 1` for 11 is
+    wrong), and whether the working agrees with the answer line tells nothing: judges that never saw the one, or
+    could lean on the other, were exploited by GRPO."""
+    from transformers import AutoTokenizer
+
+    from coati.rewards.math import math_answer
+
+    sys.path.insert(0, str(REPO / "applications" / "demo"))
+    import run_rewards_demo as demo
+
+    items = demo.problems(400, "train", 4)
+    records = demo.graded_responses(AutoTokenizer.from_pretrained(tiny_assets["model"]), items, seed=4)
+    responses = [r["messages"][0]["content"].split("\nResponse: ")[1].split("\nScore: 10 if")[0] for r in records]
+    grades = math_answer([], responses, [str(p.answer) for p in items]).values
+    assert [r["messages"][1]["content"] for r in records] == [f"Score: {10 if g else 0}" for g in grades]
+    assert 0.4 < sum(grades) / len(grades) < 0.65
+    spaced = [record["messages"][1]["content"] for record, response, p in zip(records, responses, items)
+              if p.answer >= 10 and response.endswith(f"#### {' '.join(str(p.answer))}")]
+    assert spaced and set(spaced) == {"Score: 0"}
+    agrees = [r.split(" = ")[1].split(".")[0] == r.split("#### ")[-1] for r in responses if "#### " in r]
+    right = [g for r, g in zip(responses, grades) if "#### " in r]
+    assert {(a, g) for a, g in zip(agrees, right)} == {(True, 1.0), (True, 0.0), (False, 1.0), (False, 0.0)}

@@ -59,29 +59,58 @@ def chat_prompt(tokenizer, question: str, special_tokens: bool) -> str:
     return tokenizer.decode(ids, skip_special_tokens=not special_tokens)
 
 
-def wrong_final_answer(p: Problem, rng: random.Random) -> str:
-    """A response whose final answer is not the reference: off by a little, or the other operation's result, with
-    working that agrees with it or not."""
-    kind = rng.choice(tuple(REJECTIONS))
-    wrong = two_steps(dataclasses.replace(p, solution=REJECTIONS[kind](p, rng))).solution
-    if kind != "no_answer" and rng.random() < 0.5:   # the right working, a wrong answer line
-        wrong = f"{p.solution.split(chr(10))[0]}\n#### {p.answer + rng.choice([-2, -1, 1, 2])}"
-    return wrong
+def garbled(number: int, rng: random.Random) -> str:
+    """`number` written as a drifting policy writes numbers: its digits apart (`1 1`), a digit doubled or dropped, or
+    a leading zero. GRPO rewarded by a judge that had never seen these learned to write `#### 1 1` for every
+    two-digit answer, which the judge scored 10."""
+    digits = str(number)
+    i, kind = rng.randrange(len(digits)), rng.randrange(4)
+    if kind == 0 and len(digits) > 1:
+        return " ".join(digits)
+    if kind == 1:
+        return digits[:i + 1] + digits[i:]
+    if kind == 2 and len(digits) > 1:
+        return digits[:i] + digits[i + 1:]
+    return "0" + digits
+
+
+def written_response(p: Problem, rng: random.Random) -> str:
+    """A response whose working and answer line are drawn apart. The working is right, a slip or the other operation
+    (`REJECTIONS`); the answer line is the reference (half the time), the working's own result, a near number, or a
+    garbled one; now and then no answer at all. Only the answer line against the reference tells right from wrong, as
+    `math_answer` grades: a judge trained on this cannot score a response by whether its working agrees with its
+    answer, the shortcut GRPO exploited (`8 + 3 = 13. #### 13` for a reference of 11, scored 10)."""
+    if rng.random() < 0.05:
+        return REJECTIONS["no_answer"](p, rng)
+    kind = rng.choice(("right", "wrong_answer", "wrong_operation"))
+    working = p.solution.split("\n")[0] if kind == "right" else REJECTIONS[kind](p, rng).split(" #### ")[0]
+    stated, near = int(working.rstrip(".").split("= ")[-1]), p.answer + rng.choice([-2, -1, 1, 2])
+    draw = rng.random()
+    if draw < 0.5:
+        answer = str(p.answer)
+    elif draw < 0.7:
+        answer = str(stated if stated != p.answer else near)
+    elif draw < 0.85:
+        answer = str(near)
+    else:
+        answer = garbled(rng.choice([p.answer, near]), rng)
+    return f"{working}\n#### {answer}"
 
 
 def graded_responses(tokenizer, items: List[Problem], seed: int) -> List[Dict]:
-    """Judge training conversations: the rubric filled with a problem, its reference and a response (the solution,
-    or one whose final answer is another number) -> `Score: 10` or `Score: 0`, half right."""
+    """Judge training conversations on written responses (`written_response`), graded by `math_answer`."""
     rng = random.Random(seed)
-    records = []
-    for p in items:
-        right = rng.random() < 0.5
-        response = p.solution if right else wrong_final_answer(p, rng)
-        rubric = RUBRIC.format(prompt=chat_prompt(tokenizer, p.question, False), reference=p.answer,
-                               completion=response)
-        records.append({"messages": [{"role": "user", "content": rubric},
-                                     {"role": "assistant", "content": f"Score: {10 if right else 0}"}]})
-    return records
+    return judge_records(tokenizer, items, [written_response(p, rng) for p in items])
+
+
+def judge_records(tokenizer, items: List[Problem], responses: List[str]) -> List[Dict]:
+    """The rubric filled with each problem, its reference and its response -> `Score: 10` where `math_answer` grades
+    the response right, else `Score: 0`: the judge learns the verifiable reward's verdicts."""
+    grades = math_answer([], responses, [str(p.answer) for p in items]).values
+    return [{"messages": [{"role": "user", "content": RUBRIC.format(prompt=chat_prompt(tokenizer, p.question, False),
+                                                                   reference=p.answer, completion=response)},
+                          {"role": "assistant", "content": f"Score: {10 if grade else 0}"}]}
+            for p, response, grade in zip(items, responses, grades)]
 
 
 def policy_graded_responses(out: Path, items: List[Problem], seed: int) -> List[Dict]:
@@ -103,11 +132,7 @@ def policy_graded_responses(out: Path, items: List[Problem], seed: int) -> List[
             generated = model.generate(**batch, do_sample=True, temperature=1.0, max_new_tokens=MAX_NEW_TOKENS,
                                        pad_token_id=tokenizer.pad_token_id)
         responses += tokenizer.batch_decode(generated[:, batch["input_ids"].size(1):], skip_special_tokens=True)
-    grades = math_answer([], responses, [str(p.answer) for p in items]).values
-    return [{"messages": [{"role": "user", "content": RUBRIC.format(prompt=chat_prompt(tokenizer, p.question, False),
-                                                                   reference=p.answer, completion=response)},
-                          {"role": "assistant", "content": f"Score: {10 if grade else 0}"}]}
-            for p, response, grade in zip(items, responses, grades)]
+    return judge_records(tokenizer, items, responses)
 
 
 def build_assets(out: Path, size: str, steps: int, nproc: int, seed: int) -> None:
@@ -178,7 +203,8 @@ def run(name: str, out: Path, args: argparse.Namespace) -> None:
         grpo(out, "grpo", "sft/model", episodes, nproc, seed)
     elif name == "judge":
         add_policy_responses(out, steps * 8 * nproc, seed)
-        supervised(out, "judge", "train_sft.py", "sft/model", "judge", args.judge_steps or steps, "1e-3", nproc, seed)
+        judge_steps = args.judge_steps or 5 * steps
+        supervised(out, "judge", "train_sft.py", "sft/model", "judge", judge_steps, "1e-3", nproc, seed)
     elif name == "grpo_judge":
         grpo(out, "grpo_judge", "sft/model", episodes, nproc, seed, "--reward_fn", "judge", "--judge_model",
              str(out / "judge" / "model"), "--judge_rubric", str(out / "rubric.txt"), "--judge_max_tokens", "16")
@@ -267,9 +293,13 @@ def _change(before: float, after: float) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--out", default="output/demo_rewards", help="output directory for every stage")
-    parser.add_argument("--steps", type=int, default=200, help="SFT and judge optimizer steps (the PRM takes half)")
-    parser.add_argument("--episodes", type=int, default=120, help="episodes of each RL stage")
-    parser.add_argument("--judge_steps", type=int, default=0, help="the judge's optimizer steps (0: --steps)")
+    parser.add_argument("--steps", type=int, default=200, help="SFT optimizer steps (the PRM takes half)")
+    parser.add_argument("--episodes", type=int, default=300,
+                        help="episodes of each RL stage (the main demo's GRPO takes 300; at 120, GRPO on math_answer "
+                             "had not yet passed SFT)")
+    parser.add_argument("--judge_steps", type=int, default=0,
+                        help="the judge's optimizer steps (0: 5 x --steps, about three passes over its data; at "
+                             "--steps it graded half the SFT model's responses wrong)")
     parser.add_argument("--model_size", default="small", choices=tuple(MODEL_SIZES))
     parser.add_argument("--nproc", type=int, default=2, help="processes per stage")
     parser.add_argument("--seed", type=int, default=42, help="seeds the model's initialisation and every stage")
