@@ -66,8 +66,8 @@ def test_rewards_demo_runs_the_judge_the_prm_and_distillation_and_writes_the_rep
 
 def test_the_judges_written_responses_are_graded_as_math_answer_grades_them(tiny_assets):
     """The rewards demo's judge learns `math_answer`'s verdicts, garbled answer lines included (`#### 1 1` for 11 is
-    wrong), and whether the working agrees with the answer line tells nothing: judges that never saw the one, or
-    could lean on the other, were exploited by GRPO."""
+    wrong) and working cut before its answer line, and whether the working agrees with the answer line tells nothing:
+    judges that never saw these, or could lean on the last, were exploited by GRPO."""
     from transformers import AutoTokenizer
 
     from coati.rewards.math import math_answer
@@ -84,6 +84,9 @@ def test_the_judges_written_responses_are_graded_as_math_answer_grades_them(tiny
     spaced = [record["messages"][1]["content"] for record, response, p in zip(records, responses, items)
               if p.answer >= 10 and response.endswith(f"#### {' '.join(str(p.answer))}")]
     assert spaced and set(spaced) == {"Score: 0"}
+    unanswered = [record["messages"][1]["content"] for record, response in zip(records, responses)
+                  if "####" not in response and " = " in response]
+    assert set(unanswered) == {"Score: 0", "Score: 10"}   # as math_answer reads the working's result
     agrees = [r.split(" = ")[1].split(".")[0] == r.split("#### ")[-1] for r in responses if "#### " in r]
     right = [g for r, g in zip(responses, grades) if "#### " in r]
     assert {(a, g) for a, g in zip(agrees, right)} == {(True, 1.0), (True, 0.0), (False, 1.0), (False, 0.0)}

@@ -77,9 +77,11 @@ def garbled(number: int, rng: random.Random) -> str:
 def written_response(p: Problem, rng: random.Random) -> str:
     """A response whose working and answer line are drawn apart. The working is right, a slip or the other operation
     (`REJECTIONS`); the answer line is the reference (half the time), the working's own result, a near number, or a
-    garbled one; now and then no answer at all. Only the answer line against the reference tells right from wrong, as
-    `math_answer` grades: a judge trained on this cannot score a response by whether its working agrees with its
-    answer, the shortcut GRPO exploited (`8 + 3 = 13. #### 13` for a reference of 11, scored 10)."""
+    garbled one; a tenth are cut short anywhere (the working without its answer line, half a number); now and then no
+    answer at all. Only the answer line against the reference tells right from wrong, as `math_answer` grades: a
+    judge trained on this cannot score a response by whether its working agrees with its answer, the shortcut GRPO
+    exploited (`8 + 3 = 13. #### 13` for a reference of 11, scored 10), nor pass working that never reaches an answer
+    line (`4 + 2 = 12.`, scored 10 on another seed)."""
     if rng.random() < 0.05:
         return REJECTIONS["no_answer"](p, rng)
     kind = rng.choice(("right", "wrong_answer", "wrong_operation"))
@@ -94,7 +96,8 @@ def written_response(p: Problem, rng: random.Random) -> str:
         answer = str(near)
     else:
         answer = garbled(rng.choice([p.answer, near]), rng)
-    return f"{working}\n#### {answer}"
+    response = f"{working}\n#### {answer}"
+    return response[:rng.randrange(1, len(response))] if rng.random() < 0.1 else response
 
 
 def graded_responses(tokenizer, items: List[Problem], seed: int) -> List[Dict]:
