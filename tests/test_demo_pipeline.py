@@ -1,5 +1,6 @@
 """The demo pipeline end to end at a small size: every stage's outputs, the held-out table, the plots
 and the report (Markdown and standalone HTML)."""
+import argparse
 import json
 import subprocess
 import sys
@@ -43,6 +44,32 @@ def test_demo_runs_every_stage_and_writes_the_report(tmp_path):
     assert page.count("data:image/png;base64,") == len(images) and "Sample completions before and after RL" in page
 
 
+def _demo(name: str):
+    sys.path.insert(0, str(REPO / "applications" / "demo"))
+    return __import__(name)
+
+
+@pytest.mark.parametrize("demo, stages, missing", [("run_demo", ["ppo"], "sft"), ("run_demo", ["sft", "ppo"], "rm"),
+                                                   ("run_rewards_demo", ["judge"], "sft"),
+                                                   ("run_rewards_demo", ["sft", "distill"], "grpo")])
+def test_a_stage_whose_input_model_is_missing_is_refused_in_one_line_before_any_work(demo, stages, missing, tmp_path,
+                                                                                      capsys):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exited:
+        _demo(demo).main(["--out", str(out), "--stages", *stages])
+    assert exited.value.code == 2 and not out.exists()
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.endswith(f"error: --stages {stages[-1]} needs the {missing} stage's model and {out / missing / 'model'}"
+                          f" has none: add {missing} to --stages, or run it into this --out first")
+
+
+def test_a_stage_whose_input_model_an_earlier_run_left_is_accepted(tmp_path):
+    demo = _demo("run_rewards_demo")
+    (tmp_path / "sft" / "model").mkdir(parents=True)
+    (tmp_path / "sft" / "model" / "config.json").write_text("{}")
+    demo.check_stage_inputs(argparse.ArgumentParser(), tmp_path, ["judge", "grpo_judge"], demo.NEEDS)
+
+
 @pytest.mark.extended
 def test_rewards_demo_runs_the_judge_the_prm_and_distillation_and_writes_the_report(tmp_path):
     out = tmp_path / "demo_rewards"
@@ -72,9 +99,7 @@ def test_the_judges_written_responses_are_graded_as_math_answer_grades_them(tiny
 
     from coati.rewards.math import math_answer
 
-    sys.path.insert(0, str(REPO / "applications" / "demo"))
-    import run_rewards_demo as demo
-
+    demo = _demo("run_rewards_demo")
     items = demo.problems(400, "train", 4)
     records = demo.graded_responses(AutoTokenizer.from_pretrained(tiny_assets["model"]), items, seed=4)
     responses = [r["messages"][0]["content"].split("\nResponse: ")[1].split("\nScore: 10 if")[0] for r in records]

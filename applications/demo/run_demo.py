@@ -34,10 +34,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report import alarm_lines, bar_chart, plot, read_metrics, reward_vs_accuracy, write_report  # noqa: E402
 
 STAGES = ("sft", "rm", "ppo", "grpo")
+NEEDS = {"rm": ("sft",), "ppo": ("sft", "rm"), "grpo": ("sft",)}
+"""Stage -> the stages whose exported model it starts from."""
 MODELS = {"initial": "model_init", "sft": "sft/model", "ppo": "ppo/model", "grpo": "grpo/model"}
 DATASETS = {"sft_train": "sft", "sft_eval": "sft", "pref_train": "preference", "pref_eval": "preference",
             "prompt_train": "prompt", "prompt_eval": "prompt"}
 MAX_NEW_TOKENS = 24
+
+
+def check_stage_inputs(parser: argparse.ArgumentParser, out: Path, stages: Sequence[str],
+                       needs: Dict[str, Sequence[str]]) -> None:
+    """Refuse in one line, before any work, a stage whose input model is neither listed to be made nor left in `out`
+    by an earlier run (otherwise the stage's script fails deep in `from_pretrained`)."""
+    for name in stages:
+        for earlier in needs.get(name, ()):
+            model = out / earlier / "model"
+            if earlier not in stages and not (model / "config.json").is_file():
+                parser.error(f"--stages {name} needs the {earlier} stage's model and {model} has none: add {earlier} "
+                             f"to --stages, or run it into this --out first")
 
 
 @contextmanager
@@ -216,6 +230,7 @@ def main(argv=None) -> None:
                         help="training stages to run; a stage uses what earlier runs left in --out")
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
+    check_stage_inputs(parser, out, args.stages, NEEDS)
     timings: Dict[str, float] = {}
     if not (out / "data" / "prompt_eval").is_dir() or "sft" in args.stages:
         with stage("build tiny model and task data", timings):

@@ -31,13 +31,16 @@ from coati.rollout.evaluation import evaluate_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report import write_report  # noqa: E402
-from run_demo import MAX_NEW_TOKENS, _torchrun_with, common_flags, stage  # noqa: E402
+from run_demo import MAX_NEW_TOKENS, _torchrun_with, check_stage_inputs, common_flags, stage  # noqa: E402
 
 RUBRIC = ("Question: {prompt}\nReference: {reference}\nResponse: {completion}\n"
           "Score: 10 if the response's final answer is the reference, else Score: 0.")
 DATASETS = {"sft_train": "sft", "sft_eval": "sft", "prompt_train": "prompt", "prompt_eval": "prompt",
             "judge_train": "sft", "judge_eval": "sft", "prm_train": "prm", "prm_eval": "prm"}
 STAGES = ("sft", "grpo", "judge", "grpo_judge", "prm", "grpo_prm", "distill")
+NEEDS = {"grpo": ("sft",), "judge": ("sft",), "grpo_judge": ("sft", "judge"), "prm": ("sft",),
+         "grpo_prm": ("sft", "prm"), "distill": ("sft", "grpo")}
+"""Stage -> the stages whose exported model it starts from, or scores or learns with."""
 MODELS = {"sft": "sft/model", "grpo": "grpo/model", "grpo + judge": "grpo_judge/model",
           "grpo + prm": "grpo_prm/model", "distilled from grpo": "distill/model"}
 MAX_LENGTH = 256
@@ -310,6 +313,7 @@ def main(argv=None) -> None:
                         help="stages to run; a stage uses what earlier runs left in --out")
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
+    check_stage_inputs(parser, out, args.stages, NEEDS)
     timings: Dict[str, float] = {}
     if not (out / "data" / "prompt_eval").is_dir() or "sft" in args.stages:
         with stage("build tiny model and task data", timings):
