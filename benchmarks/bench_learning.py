@@ -79,6 +79,7 @@ def main() -> None:
                         help="GRPO advantage estimators to run (the registry's: grpo, rloo, reinforce_pp, maxent)")
     args = parser.parse_args()
     out = Path(args.out).resolve()
+    run_demo.use_portable_cpu_kernels()
     per_seed = {seed: run_seed(out / f"seed-{seed}", seed, args.steps, args.nproc, args.estimators) for seed in args.seeds}
     rows = summary(per_seed)
     out.mkdir(parents=True, exist_ok=True)

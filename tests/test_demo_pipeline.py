@@ -2,6 +2,8 @@
 and the report (Markdown and standalone HTML)."""
 import argparse
 import json
+import os
+import platform
 import subprocess
 import sys
 
@@ -68,6 +70,25 @@ def test_a_stage_whose_input_model_an_earlier_run_left_is_accepted(tmp_path):
     (tmp_path / "sft" / "model").mkdir(parents=True)
     (tmp_path / "sft" / "model" / "config.json").write_text("{}")
     demo.check_stage_inputs(argparse.ArgumentParser(), tmp_path, ["judge", "grpo_judge"], demo.NEEDS)
+
+
+def test_the_demos_cap_cpu_kernels_at_avx2_on_x86_unless_the_environment_chooses(monkeypatch, capsys):
+    demo = _demo("run_demo")
+    for name in demo.PORTABLE_CPU_KERNELS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    demo.use_portable_cpu_kernels()
+    assert "ATEN_CPU_CAPABILITY" not in os.environ and capsys.readouterr().out == ""
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    demo.use_portable_cpu_kernels()
+    assert (os.environ["ATEN_CPU_CAPABILITY"], os.environ["MKL_CBWR"]) == ("avx2", "AVX2")
+    assert "[demo] CPU kernels: ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2" in capsys.readouterr().out
+    stage = subprocess.run([sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
+                           capture_output=True, text=True, env=child_env())
+    assert stage.stdout.split()[-1] in ("AVX2", "DEFAULT")   # a stage's torch, whatever this CPU offers beyond
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    demo.use_portable_cpu_kernels()
+    assert os.environ["ATEN_CPU_CAPABILITY"] == "default"
 
 
 @pytest.mark.extended

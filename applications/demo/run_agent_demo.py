@@ -27,7 +27,8 @@ from coati.rollout.tools import resolve_tools
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report import bar_chart, plot, read_metrics, write_report  # noqa: E402
-from run_demo import _torchrun_with, common_flags, evaluate_and_report, stage  # noqa: E402
+from run_demo import (_torchrun_with, common_flags, evaluate_and_report, stage,  # noqa: E402
+                      use_portable_cpu_kernels)
 
 TOOLS = ["calculator"]
 MODELS = {"sft (no tool)": ("sft_plain", ()), "sft (tool)": ("sft_tool", TOOLS), "grpo (tool)": ("grpo_tool", TOOLS)}
@@ -164,6 +165,7 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=42, help="seeds the model's initialisation and every stage")
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
+    use_portable_cpu_kernels()
     timings: Dict[str, float] = {}
     with stage("build tiny model and task data", timings):
         build_assets(out, args.model_size, args.sft_rows, args.tool_fraction, args.seed)

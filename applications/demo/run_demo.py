@@ -13,6 +13,7 @@ import argparse
 import functools
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -40,6 +41,21 @@ MODELS = {"initial": "model_init", "sft": "sft/model", "ppo": "ppo/model", "grpo
 DATASETS = {"sft_train": "sft", "sft_eval": "sft", "pref_train": "preference", "pref_eval": "preference",
             "prompt_train": "prompt", "prompt_eval": "prompt"}
 MAX_NEW_TOKENS = 24
+PORTABLE_CPU_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
+"""torch's vectorised CPU kernels, and MKL's, capped at AVX2: the widest that every x86 CPU of the last decade runs."""
+
+
+def use_portable_cpu_kernels() -> None:
+    """Cap this process's and every stage's CPU kernels at AVX2 (on x86, unless the environment already chooses), so
+    that a seed gives the same numbers on CPUs with AVX-512 and without: with AVX-512 kernels the seed-1 SFT model
+    scored 0.797 held-out, with AVX2 ones 0.766, on one machine. Call it before any tensor is computed."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return
+    for name, value in PORTABLE_CPU_KERNELS.items():
+        os.environ.setdefault(name, value)
+    print(f"[demo] CPU kernels: ATEN_CPU_CAPABILITY={os.environ['ATEN_CPU_CAPABILITY']} MKL_CBWR="
+          f"{os.environ['MKL_CBWR']} (a seed's numbers do not depend on AVX-512; ATEN_CPU_CAPABILITY=default lifts the cap)",
+          flush=True)
 
 
 def check_stage_inputs(parser: argparse.ArgumentParser, out: Path, stages: Sequence[str],
@@ -231,6 +247,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     check_stage_inputs(parser, out, args.stages, NEEDS)
+    use_portable_cpu_kernels()
     timings: Dict[str, float] = {}
     if not (out / "data" / "prompt_eval").is_dir() or "sft" in args.stages:
         with stage("build tiny model and task data", timings):

@@ -31,7 +31,8 @@ from coati.rollout.evaluation import evaluate_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report import write_report  # noqa: E402
-from run_demo import MAX_NEW_TOKENS, _torchrun_with, check_stage_inputs, common_flags, stage  # noqa: E402
+from run_demo import (MAX_NEW_TOKENS, _torchrun_with, check_stage_inputs, common_flags, stage,  # noqa: E402
+                      use_portable_cpu_kernels)
 
 RUBRIC = ("Question: {prompt}\nReference: {reference}\nResponse: {completion}\n"
           "Score: 10 if the response's final answer is the reference, else Score: 0.")
@@ -314,6 +315,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     check_stage_inputs(parser, out, args.stages, NEEDS)
+    use_portable_cpu_kernels()
     timings: Dict[str, float] = {}
     if not (out / "data" / "prompt_eval").is_dir() or "sft" in args.stages:
         with stage("build tiny model and task data", timings):
