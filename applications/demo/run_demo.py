@@ -42,7 +42,7 @@ DATASETS = {"sft_train": "sft", "sft_eval": "sft", "pref_train": "preference", "
             "prompt_train": "prompt", "prompt_eval": "prompt"}
 MAX_NEW_TOKENS = 24
 PORTABLE_CPU_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
-"""torch's vectorised CPU kernels, and MKL's, capped at AVX2: the widest that every x86 CPU of the last decade runs."""
+"""torch's vectorised CPU kernels, and MKL's, capped at AVX2 (a cap: a CPU without AVX2 keeps its own best)."""
 
 
 def use_portable_cpu_kernels() -> None:
@@ -53,9 +53,9 @@ def use_portable_cpu_kernels() -> None:
         return
     for name, value in PORTABLE_CPU_KERNELS.items():
         os.environ.setdefault(name, value)
-    print(f"[demo] CPU kernels: ATEN_CPU_CAPABILITY={os.environ['ATEN_CPU_CAPABILITY']} MKL_CBWR="
-          f"{os.environ['MKL_CBWR']} (a seed's numbers do not depend on AVX-512; ATEN_CPU_CAPABILITY=default lifts the cap)",
-          flush=True)
+    print(f"[demo] CPU kernels: ATEN_CPU_CAPABILITY={os.environ['ATEN_CPU_CAPABILITY']} "
+          f"MKL_CBWR={os.environ['MKL_CBWR']} (a seed's numbers do not depend on AVX-512; "
+          "ATEN_CPU_CAPABILITY=default lifts the cap)", flush=True)
 
 
 def check_stage_inputs(parser: argparse.ArgumentParser, out: Path, stages: Sequence[str],
