@@ -54,8 +54,8 @@ def use_portable_cpu_kernels() -> None:
     for name, value in PORTABLE_CPU_KERNELS.items():
         os.environ.setdefault(name, value)
     print(f"[demo] CPU kernels: ATEN_CPU_CAPABILITY={os.environ['ATEN_CPU_CAPABILITY']} "
-          f"MKL_CBWR={os.environ['MKL_CBWR']} (a seed's numbers do not depend on AVX-512; "
-          "ATEN_CPU_CAPABILITY=default lifts the cap)", flush=True)
+          f"MKL_CBWR={os.environ['MKL_CBWR']} (avx2, the default here, makes a seed's numbers the same with AVX-512 "
+          "or without; ATEN_CPU_CAPABILITY=default lifts the cap)", flush=True)
 
 
 def check_stage_inputs(parser: argparse.ArgumentParser, out: Path, stages: Sequence[str],
