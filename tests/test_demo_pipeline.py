@@ -4,6 +4,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 
@@ -53,7 +54,8 @@ def _demo(name: str):
 
 @pytest.mark.parametrize("demo, stages, missing", [("run_demo", ["ppo"], "sft"), ("run_demo", ["sft", "ppo"], "rm"),
                                                    ("run_rewards_demo", ["judge"], "sft"),
-                                                   ("run_rewards_demo", ["sft", "distill"], "grpo")])
+                                                   ("run_rewards_demo", ["sft", "distill"], "grpo"),
+                                                   ("run_rewards_demo", ["sft", "judge", "judge2"], "grpo_judge")])
 def test_a_stage_whose_input_model_is_missing_is_refused_in_one_line_before_any_work(demo, stages, missing, tmp_path,
                                                                                       capsys):
     out = tmp_path / "out"
@@ -98,15 +100,22 @@ def test_rewards_demo_runs_the_judge_the_prm_and_distillation_and_writes_the_rep
                              str(out), "--steps", "12", "--judge_steps", "40", "--episodes", "4", "--model_size", "tiny"],
                             capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
-    for stage in ("sft", "grpo", "judge", "grpo_judge", "prm", "grpo_prm", "distill"):
+    for stage in ("sft", "grpo", "judge", "grpo_judge", "judge2", "grpo_judge2", "prm", "grpo_prm", "distill"):
         assert f"[demo] {stage}: done in " in result.stdout, stage
         assert (out / stage / "model" / "config.json").is_file(), stage
     results = json.loads((out / "results.json").read_text())
-    models = ("sft", "grpo", "grpo + judge", "grpo + prm", "distilled from grpo")
-    assert all(0 <= results[name] <= 1 for name in (*models, "judge grading accuracy", "prm step accuracy",
-                                                    "judge grading accuracy on the SFT model's responses"))
-    assert "judge_train with the SFT model's responses: 576 rows kept" in result.stdout   # 384 written, 192 sampled
-    assert set(results["accuracy during training"]["distill"]) == {"0", "1", "2", "3", "4"}
+    models = ("sft", "grpo", "grpo + judge", "grpo + judge, round 2", "grpo + prm", "distilled from grpo")
+    judged = [f"{judge} grading accuracy{on}" for judge in ("judge", "judge2")
+              for on in ("", " on the SFT model's responses")]
+    assert all(0 <= results[name] <= 1 for name in (*models, *judged, "prm step accuracy"))
+    assert "judge_train with the sft model's responses: 576 rows kept" in result.stdout   # 384 written, 192 sampled
+    assert "judge2_train with the grpo_judge model's responses: 768 rows kept" in result.stdout   # and 192 more
+    assert all(set(results["accuracy during training"][name]) == {"0", "1", "2", "3", "4"}
+               for name in ("grpo_judge", "grpo_judge2", "distill"))
+    leash = {stage: {json.loads(line).get("train/kl_coeff") for line in
+                     (out / stage / "logs" / "metrics.jsonl").read_text().splitlines()} - {None}
+             for stage in ("grpo_judge", "grpo_judge2")}
+    assert leash == {"grpo_judge": {0.0}, "grpo_judge2": {0.1}}   # round 2 only is on a KL leash
     markdown = (out / "REPORT.md").read_text()
     assert all(f"| {name} | {results[name]:.3f} |" in markdown for name in models)
     assert (out / "grpo_judge" / "logs" / "judge_rank1.log").read_text().count("serving judge") == 1
@@ -114,8 +123,9 @@ def test_rewards_demo_runs_the_judge_the_prm_and_distillation_and_writes_the_rep
 
 def test_the_judges_written_responses_are_graded_as_math_answer_grades_them(tiny_assets):
     """The rewards demo's judge learns `math_answer`'s verdicts, garbled answer lines included (`#### 1 1` for 11 is
-    wrong) and working cut before its answer line, and whether the working agrees with the answer line tells nothing:
-    judges that never saw these, or could lean on the last, were exploited by GRPO."""
+    wrong), working cut before its answer line and scrambled working (`## 1 = 1.` before a right or a wrong answer
+    line), and whether the working agrees with the answer line tells nothing: judges that never saw these, or could
+    lean on the last, were exploited by GRPO."""
     from transformers import AutoTokenizer
 
     from coati.rewards.math import math_answer
@@ -133,6 +143,9 @@ def test_the_judges_written_responses_are_graded_as_math_answer_grades_them(tiny
     unanswered = [record["messages"][1]["content"] for record, response in zip(records, responses)
                   if "####" not in response and " = " in response]
     assert set(unanswered) == {"Score: 0", "Score: 10"}   # as math_answer reads the working's result
-    agrees = [r.split(" = ")[1].split(".")[0] == r.split("#### ")[-1] for r in responses if "#### " in r]
-    right = [g for r, g in zip(responses, grades) if "#### " in r]
-    assert {(a, g) for a, g in zip(agrees, right)} == {(True, 1.0), (True, 0.0), (False, 1.0), (False, 0.0)}
+    worked = [(re.match(r"\d+ [-+] \d+ = (-?\d+)\.\n#### (.+)$", r), g) for r, g in zip(responses, grades)]
+    agrees = {(m.group(1) == m.group(2), g) for m, g in worked if m}
+    assert agrees == {(True, 1.0), (True, 0.0), (False, 1.0), (False, 0.0)}
+    scrambled = [g for r, g in zip(responses, grades) if "\n#### " in r
+                 and not re.fullmatch(r"\d+ [-+] \d+ = -?\d+\.", r.split("\n")[0])]
+    assert len(scrambled) > 0.15 * len(items) and set(scrambled) == {0.0, 1.0}

@@ -5,7 +5,8 @@
 builds the demo's tokenizer, model and arithmetic data, its solutions in two steps (the working, then the answer
 line) -> SFT -> GRPO on `math_answer` (the baseline, and the distillation teacher) -> an LLM judge (the SFT model
 fine-tuned on graded responses: written ones, and the SFT model's own samples graded against the reference) and
-GRPO rewarded by the judge alone -> a process reward model trained on
+GRPO rewarded by the judge alone -> the judge fine-tuned on that GRPO model's own responses, graded (round 2), and GRPO
+rewarded by it alone, on a KL leash to the SFT model -> a process reward model trained on
 step-labelled solutions and GRPO with its step scores (`--adv_estimator process`) beside `math_answer` -> the SFT
 model distilled from the GRPO model with no reward -> greedy held-out accuracy of each, the judge's and the PRM's own
 held-out accuracy, and REPORT.md. Every stage is the real script under `torchrun --nproc_per_node 2 --plugin ddp`.
@@ -14,6 +15,7 @@ import argparse
 import dataclasses
 import json
 import random
+import re
 import sys
 from pathlib import Path
 from typing import Dict, List
@@ -38,12 +40,16 @@ RUBRIC = ("Question: {prompt}\nReference: {reference}\nResponse: {completion}\n"
           "Score: 10 if the response's final answer is the reference, else Score: 0.")
 DATASETS = {"sft_train": "sft", "sft_eval": "sft", "prompt_train": "prompt", "prompt_eval": "prompt",
             "judge_train": "sft", "judge_eval": "sft", "prm_train": "prm", "prm_eval": "prm"}
-STAGES = ("sft", "grpo", "judge", "grpo_judge", "prm", "grpo_prm", "distill")
-NEEDS = {"grpo": ("sft",), "judge": ("sft",), "grpo_judge": ("sft", "judge"), "prm": ("sft",),
-         "grpo_prm": ("sft", "prm"), "distill": ("sft", "grpo")}
+STAGES = ("sft", "grpo", "judge", "grpo_judge", "judge2", "grpo_judge2", "prm", "grpo_prm", "distill")
+NEEDS = {"grpo": ("sft",), "judge": ("sft",), "grpo_judge": ("sft", "judge"), "judge2": ("judge", "grpo_judge"),
+         "grpo_judge2": ("sft", "judge2"), "prm": ("sft",), "grpo_prm": ("sft", "prm"), "distill": ("sft", "grpo")}
 """Stage -> the stages whose exported model it starts from, or scores or learns with."""
 MODELS = {"sft": "sft/model", "grpo": "grpo/model", "grpo + judge": "grpo_judge/model",
+          "grpo + judge, round 2": "grpo_judge2/model",
           "grpo + prm": "grpo_prm/model", "distilled from grpo": "distill/model"}
+CURVES = {"grpo": "grpo (math_answer)", "grpo_judge": "grpo + judge (judge only)",
+          "grpo_judge2": "grpo + judge, round 2 (judge only)", "distill": "distilled from grpo (no reward)"}
+"""Stage -> its column in the report's table of held-out math_answer accuracy during training."""
 MAX_LENGTH = 256
 
 
@@ -78,19 +84,32 @@ def garbled(number: int, rng: random.Random) -> str:
     return "0" + digits
 
 
+def scrambled_working(p: Problem, rng: random.Random) -> str:
+    """A working of 1 to 8 pieces drawn at random (numbers of the question and others, `+ - = . #`, words of the
+    question), as a policy that has drifted far from SFT writes one. GRPO rewarded by a judge that had only seen
+    well-formed working learned to answer everything with `## 1 = 1.\n#### 1`, which the judge scored 10."""
+    numbers = [str(n) for n in (*map(int, re.findall(r"\d+", p.question)), p.answer, rng.randrange(21))]
+    pieces = [*numbers, "+", "-", "=", ".", "#", "##", "###", *p.question.rstrip("?").split()]
+    return " ".join(rng.choice(pieces) for _ in range(rng.randint(1, 8)))
+
+
 def written_response(p: Problem, rng: random.Random) -> str:
-    """A response whose working and answer line are drawn apart. The working is right, a slip or the other operation
-    (`REJECTIONS`); the answer line is the reference (half the time), the working's own result, a near number, or a
-    garbled one; a tenth are cut short anywhere (the working without its answer line, half a number); now and then no
-    answer at all. Only the answer line against the reference tells right from wrong, as `math_answer` grades: a
-    judge trained on this cannot score a response by whether its working agrees with its answer, the shortcut GRPO
-    exploited (`8 + 3 = 13. #### 13` for a reference of 11, scored 10), nor pass working that never reaches an answer
-    line (`4 + 2 = 12.`, scored 10 on another seed)."""
+    """A response whose working and answer line are drawn apart. The working is right, a slip, the other operation
+    (`REJECTIONS`) or scrambled (`scrambled_working`); the answer line is the reference (half the time), the working's
+    own result, a near number, or a garbled one; a tenth are cut short anywhere (the working without its answer line,
+    half a number); now and then no answer at all. Only the answer line against the reference tells right from
+    wrong, as `math_answer` grades: a judge trained on this cannot score a response by whether its working agrees
+    with its answer, the shortcut GRPO exploited (`8 + 3 = 13. #### 13` for a reference of 11, scored 10), nor pass
+    working that never reaches an answer line (`4 + 2 = 12.`, scored 10 on another seed)."""
     if rng.random() < 0.05:
         return REJECTIONS["no_answer"](p, rng)
-    kind = rng.choice(("right", "wrong_answer", "wrong_operation"))
-    working = p.solution.split("\n")[0] if kind == "right" else REJECTIONS[kind](p, rng).split(" #### ")[0]
-    stated, near = int(working.rstrip(".").split("= ")[-1]), p.answer + rng.choice([-2, -1, 1, 2])
+    kind = rng.choice(("right", "wrong_answer", "wrong_operation", "scrambled"))
+    if kind == "scrambled":
+        working, stated = scrambled_working(p, rng), rng.randrange(21)
+    else:
+        working = p.solution.split("\n")[0] if kind == "right" else REJECTIONS[kind](p, rng).split(" #### ")[0]
+        stated = int(working.rstrip(".").split("= ")[-1])
+    near = p.answer + rng.choice([-2, -1, 1, 2])
     draw = rng.random()
     if draw < 0.5:
         answer = str(p.answer)
@@ -120,15 +139,15 @@ def judge_records(tokenizer, items: List[Problem], responses: List[str]) -> List
             for p, response, grade in zip(items, responses, grades)]
 
 
-def policy_graded_responses(out: Path, items: List[Problem], seed: int) -> List[Dict]:
-    """Judge training conversations on the SFT model's own responses (one sampled at temperature 1 per problem, as
+def policy_graded_responses(policy: Path, items: List[Problem], seed: int) -> List[Dict]:
+    """Judge training conversations on the `policy` model's own responses (one sampled at temperature 1 per problem, as
     GRPO samples them), graded by `math_answer` against the reference: the mistakes a judge must catch are the ones
     the policy makes, which the synthetic wrong answers of `graded_responses` only approximate."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(out / "sft" / "model", padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(out / "sft" / "model").eval()
+    tokenizer = AutoTokenizer.from_pretrained(policy, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(policy).eval()
     torch.manual_seed(seed)
     responses: List[str] = []
     for start in range(0, len(items), 64):
@@ -160,19 +179,20 @@ def build_assets(out: Path, size: str, steps: int, nproc: int, seed: int) -> Non
         write_jsonl(records, raw / f"prm_{split}.jsonl")
 
 
-def add_policy_responses(out: Path, count: int, seed: int) -> None:
-    """The judge's training data: the synthetic graded responses, and `count` of the SFT model's own, graded."""
-    records = [json.loads(line) for line in (out / "raw" / "judge_train.jsonl").read_text().splitlines()]
-    records += policy_graded_responses(out, problems(count, "train", 8), seed)
+def add_policy_responses(out: Path, source: str, policy: str, judge: str, count: int, seed: int,
+                         problem_seed: int) -> None:
+    """A judge's training data, raw/JUDGE_train_with_policy.jsonl and data/JUDGE_train: raw/SOURCE.jsonl's graded
+    responses, and the `policy` stage's model's own on `count` training problems, graded."""
+    records = [json.loads(line) for line in (out / "raw" / f"{source}.jsonl").read_text().splitlines()]
+    records += policy_graded_responses(out / policy / "model", problems(count, "train", problem_seed), seed)
     random.Random(seed).shuffle(records)
-    write_jsonl(records, out / "raw" / "judge_train_with_policy.jsonl")
-    write_jsonl(policy_graded_responses(out, problems(256, "eval", 9), seed), out / "raw" / "judge_eval_policy.jsonl")
+    write_jsonl(records, out / "raw" / f"{judge}_train_with_policy.jsonl")
     tokenizer = AutoTokenizer.from_pretrained(out / "model_init")
-    counts = prepare_dataset([out / "raw" / "judge_train_with_policy.jsonl"], "sft", tokenizer, MAX_LENGTH,
-                             out / "data" / "judge_train")
+    counts = prepare_dataset([out / "raw" / f"{judge}_train_with_policy.jsonl"], "sft", tokenizer, MAX_LENGTH,
+                             out / "data" / f"{judge}_train")
     right = sum(r["messages"][1]["content"] == "Score: 10" for r in records)
-    print(f"[demo] judge_train with the SFT model's responses: {counts['kept']} rows kept, {right} graded right",
-          flush=True)
+    print(f"[demo] {judge}_train with the {policy} model's responses: {counts['kept']} rows kept, {right} graded "
+          f"right", flush=True)
 
 
 def prepare(out: Path) -> None:
@@ -184,10 +204,12 @@ def prepare(out: Path) -> None:
 
 
 def supervised(out: Path, name: str, script: str, pretrain: str, data: str, steps: int, lr: str, nproc: int,
-               seed: int) -> None:
+               seed: int, eval_data: str = "") -> None:
+    """`script` from `pretrain` on data/DATA_train, evaluated on data/EVAL_DATA_eval (DATA's without one)."""
     _torchrun_with(script, nproc, "--pretrain", str(out / pretrain), "--dataset", str(out / "data" / f"{data}_train"),
-                   "--eval_dataset", str(out / "data" / f"{data}_eval"), "--batch_size", "16", "--max_steps",
-                   str(steps), "--max_epochs", "100", "--lr", lr, "--warmup_steps", "5", "--log_interval", "5",
+                   "--eval_dataset", str(out / "data" / f"{eval_data or data}_eval"), "--batch_size", "16",
+                   "--max_steps", str(steps), "--max_epochs", "100", "--lr", lr, "--warmup_steps", "5",
+                   "--log_interval", "5",
                    extra=common_flags(out, name, seed))
 
 
@@ -202,19 +224,34 @@ def grpo(out: Path, name: str, pretrain: str, episodes: int, nproc: int, seed: i
                    extra=[*common_flags(out, name, seed), *extra])
 
 
+def grpo_with_judge(out: Path, name: str, judge: str, episodes: int, nproc: int, seed: int, *extra: str) -> None:
+    """GRPO from the SFT model rewarded by the `judge` stage's model alone; math_answer at weight 0 logs the policy's
+    true accuracy beside the judge's reward, and rewards nothing."""
+    grpo(out, name, "sft/model", episodes, nproc, seed, "--reward_fn", "judge", "math_answer=0", "--judge_model",
+         str(out / judge / "model"), "--judge_rubric", str(out / "rubric.txt"), "--judge_max_tokens", "16", *extra)
+
+
 def run(name: str, out: Path, args: argparse.Namespace) -> None:
     episodes, steps, nproc, seed = args.episodes, args.steps, args.nproc, args.seed
+    judge_steps = args.judge_steps or 5 * steps
     if name == "sft":
         supervised(out, "sft", "train_sft.py", "model_init", "sft", steps, "3e-3", nproc, seed)
     elif name == "grpo":
         grpo(out, "grpo", "sft/model", episodes, nproc, seed)
     elif name == "judge":
-        add_policy_responses(out, steps * 8 * nproc, seed)
-        judge_steps = args.judge_steps or 5 * steps
+        add_policy_responses(out, "judge_train", "sft", "judge", steps * 8 * nproc, seed, problem_seed=8)
+        write_jsonl(policy_graded_responses(out / "sft" / "model", problems(256, "eval", 9), seed),
+                    out / "raw" / "judge_eval_policy.jsonl")
         supervised(out, "judge", "train_sft.py", "sft/model", "judge", judge_steps, "1e-3", nproc, seed)
     elif name == "grpo_judge":
-        grpo(out, "grpo_judge", "sft/model", episodes, nproc, seed, "--reward_fn", "judge", "--judge_model",
-             str(out / "judge" / "model"), "--judge_rubric", str(out / "rubric.txt"), "--judge_max_tokens", "16")
+        grpo_with_judge(out, "grpo_judge", "judge", episodes, nproc, seed)
+    elif name == "judge2":   # the judge, fine-tuned on what GRPO learned to write to fool it, graded
+        add_policy_responses(out, "judge_train_with_policy", "grpo_judge", "judge2", steps * 8 * nproc, seed,
+                             problem_seed=12)
+        supervised(out, "judge2", "train_sft.py", "judge/model", "judge2", judge_steps // 2, "1e-3", nproc, seed,
+                   eval_data="judge")
+    elif name == "grpo_judge2":
+        grpo_with_judge(out, "grpo_judge2", "judge2", episodes, nproc, seed, "--kl_coef", str(args.judge2_kl_coef))
     elif name == "prm":
         supervised(out, "prm", "train_prm.py", "sft/model", "prm", max(steps // 2, 4), "1e-3", nproc, seed)
     elif name == "grpo_prm":
@@ -225,10 +262,10 @@ def run(name: str, out: Path, args: argparse.Namespace) -> None:
              str(out / "grpo" / "model"), "--distill_loss", "gkd")
 
 
-def judge_accuracy(out: Path, graded: str) -> float:
-    """The judge's held-out grading accuracy on the responses of `graded` (raw/NAME.jsonl): its greedy `Score: N`
-    against theirs."""
-    engine = HFJudgeEngine(str(out / "judge" / "model"), "cpu")
+def judge_accuracy(out: Path, judge: str, graded: str) -> float:
+    """The `judge` stage's model's held-out grading accuracy on the responses of `graded` (raw/NAME.jsonl): its greedy
+    `Score: N` against theirs."""
+    engine = HFJudgeEngine(str(out / judge / "model"), "cpu")
     rows = [json.loads(line) for line in (out / "raw" / f"{graded}.jsonl").read_text().splitlines()]
     texts = [engine.render(row["messages"][:1]) for row in rows]
     answers = [a for start in range(0, len(texts), 64) for a in engine.generate(texts[start:start + 64], 16, 0.0)]
@@ -244,16 +281,19 @@ def evaluate(out: Path) -> Dict[str, object]:
                                     MAX_NEW_TOKENS)
             results[name] = result.components["math_answer"]
             print(f"[demo] held-out accuracy of {name}: {results[name]:.3f}", flush=True)
-    if (out / "judge" / "model").is_dir():
-        results["judge grading accuracy"] = judge_accuracy(out, "judge_eval")
-        results["judge grading accuracy on the SFT model's responses"] = judge_accuracy(out, "judge_eval_policy")
+    for judge in ("judge", "judge2"):
+        if (out / judge / "model").is_dir():
+            results[f"{judge} grading accuracy"] = judge_accuracy(out, judge, "judge_eval")
+            results[f"{judge} grading accuracy on the SFT model's responses"] = judge_accuracy(out, judge,
+                                                                                              "judge_eval_policy")
     prm_results = sorted((out / "prm").glob("eval_result_epoch*.json"))
     if prm_results:
         results["prm step accuracy"] = json.loads(prm_results[-1].read_text())["accuracy"]
-    judged = [m["train/rewards/judge/mean"] for m in _metrics(out / "grpo_judge") if "train/rewards/judge/mean" in m]
-    if judged:
-        results["judge's reward, last 10 episodes of grpo + judge"] = sum(judged[-10:]) / len(judged[-10:])
-    results["accuracy during training"] = {name: _eval_history(out / name) for name in ("grpo", "distill")}
+    for stage_name, model in (("grpo_judge", "grpo + judge"), ("grpo_judge2", "grpo + judge, round 2")):
+        judged = [m["train/rewards/judge/mean"] for m in _metrics(out / stage_name) if "train/rewards/judge/mean" in m]
+        if judged:
+            results[f"judge's reward, last 10 episodes of {model}"] = sum(judged[-10:]) / len(judged[-10:])
+    results["accuracy during training"] = {name: _eval_history(out / name) for name in CURVES}
     (out / "results.json").write_text(json.dumps(results, indent=2))
     return results
 
@@ -276,7 +316,7 @@ def report(out: Path, results: Dict[str, object], args: argparse.Namespace) -> P
     rows = [[name, f"{value:.3f}"] for name, value in results.items() if isinstance(value, float)]
     history = results["accuracy during training"]
     episodes = sorted({int(e) for run in history.values() for e in run})
-    curve = [[str(e)] + [f"{history[run].get(str(e), float('nan')):.3f}" for run in ("grpo", "distill")]
+    curve = [[str(e)] + [f"{history[run].get(str(e), float('nan')):.3f}" for run in CURVES]
              for e in episodes]
     verdicts = [f"{name}: held-out accuracy {_change(results['sft'], results[name])}." for name in list(MODELS)[1:]
                 if name in results]
@@ -286,8 +326,8 @@ def report(out: Path, results: Dict[str, object], args: argparse.Namespace) -> P
               ("h2", "Greedy held-out accuracy (and the judge's and the PRM's own held-out accuracy)"),
               ("table", [["model", "accuracy"], *rows]),
               ("p", " ".join(verdicts)),
-              ("h2", "Held-out accuracy during training: GRPO against distillation from it"),
-              ("table", [["episode", "grpo (math_answer)", "distilled from grpo (no reward)"], *curve])]
+              ("h2", "Held-out accuracy during training (sampled): GRPO, GRPO on the judge, distillation from GRPO"),
+              ("table", [["episode", *CURVES.values()], *curve])]
     return write_report(out, blocks, "coati rewards demo")[0]
 
 
@@ -306,7 +346,9 @@ def main(argv=None) -> None:
                              "had not yet passed SFT)")
     parser.add_argument("--judge_steps", type=int, default=0,
                         help="the judge's optimizer steps (0: 5 x --steps, about three passes over its data; at "
-                             "--steps it graded half the SFT model's responses wrong)")
+                             "--steps it graded half the SFT model's responses wrong); the round-2 judge takes half")
+    parser.add_argument("--judge2_kl_coef", type=float, default=0.1,
+                        help="KL to the SFT model in GRPO with the round-2 judge (round 1 has none, and is exploited)")
     parser.add_argument("--model_size", default="small", choices=tuple(MODEL_SIZES))
     parser.add_argument("--nproc", type=int, default=2, help="processes per stage")
     parser.add_argument("--seed", type=int, default=42, help="seeds the model's initialisation and every stage")
