@@ -304,7 +304,7 @@ def _metrics(folder: Path) -> List[Dict]:
 
 
 def _eval_history(folder: Path) -> Dict[str, float]:
-    """Held-out math_answer accuracy by episode, from the run's evaluations (sampled, as in training)."""
+    """Greedy held-out math_answer accuracy by episode, from the run's evaluations."""
     path = folder / "eval_results.json"
     if not path.is_file():
         return {}
@@ -326,7 +326,7 @@ def report(out: Path, results: Dict[str, object], args: argparse.Namespace) -> P
               ("h2", "Greedy held-out accuracy (and the judge's and the PRM's own held-out accuracy)"),
               ("table", [["model", "accuracy"], *rows]),
               ("p", " ".join(verdicts)),
-              ("h2", "Held-out accuracy during training (sampled): GRPO, GRPO on the judge, distillation from GRPO"),
+              ("h2", "Greedy held-out accuracy during training: GRPO, GRPO on the judges, distillation from GRPO"),
               ("table", [["episode", *CURVES.values()], *curve])]
     return write_report(out, blocks, "coati rewards demo")[0]
 
