@@ -67,6 +67,18 @@ def test_a_stage_whose_input_model_is_missing_is_refused_in_one_line_before_any_
                           f" has none: add {missing} to --stages, or run it into this --out first")
 
 
+@pytest.mark.parametrize("demo, flag, value, wanted", [("run_demo", "--steps", "0", ">= 1"),
+                                                       ("run_rewards_demo", "--episodes", "0", ">= 1"),
+                                                       ("run_rewards_demo", "--judge2_kl_coef", "-1", ">= 0")])
+def test_a_demo_flag_out_of_range_is_refused_by_name_before_any_work(demo, flag, value, wanted, tmp_path, capsys):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exited:
+        _demo(demo).main(["--out", str(out), flag, value])
+    assert exited.value.code == 2 and not out.exists()
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"error: argument {flag}: must be {wanted}, "
+                                                                      f"got {value}")
+
+
 def test_a_stage_whose_input_model_an_earlier_run_left_is_accepted(tmp_path):
     demo = _demo("run_rewards_demo")
     (tmp_path / "sft" / "model").mkdir(parents=True)

@@ -28,6 +28,7 @@ from coati.dataset.demo_data import (REJECTIONS, generate_problems, preference_r
 from coati.dataset.prepare import prepare_dataset
 from coati.rollout.evaluation import evaluate_model
 from coati.models.tiny import MODEL_SIZES, write_tiny_model
+from coati.utils.ranges import at_least
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "examples" / "training_scripts"
@@ -236,10 +237,10 @@ def sample_blocks(results: Dict[str, Dict], count: int = 6) -> list:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--out", default="output/demo", help="output directory for every stage")
-    parser.add_argument("--steps", type=int, default=200,
+    parser.add_argument("--steps", type=at_least(1), default=200,
                         help="SFT optimizer steps; the reward model takes steps/2, PPO steps/2 episodes, GRPO 1.5*steps")
     parser.add_argument("--model_size", default="small", choices=tuple(MODEL_SIZES))
-    parser.add_argument("--nproc", type=int, default=2, help="processes per stage")
+    parser.add_argument("--nproc", type=at_least(1), default=2, help="processes per stage")
     parser.add_argument("--seed", type=int, default=42,
                         help="seeds the model's initialisation and every stage (the task's data stays the same)")
     parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES,

@@ -30,6 +30,7 @@ from coati.models.tiny import MODEL_SIZES, write_tiny_model
 from coati.rewards.judge import parse_score
 from coati.rewards.math import math_answer
 from coati.rollout.evaluation import evaluate_model
+from coati.utils.ranges import at_least, non_negative
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report import write_report  # noqa: E402
@@ -248,8 +249,8 @@ def run(name: str, out: Path, args: argparse.Namespace) -> None:
     elif name == "judge2":   # the judge, fine-tuned on what GRPO learned to write to fool it, graded
         add_policy_responses(out, "judge_train_with_policy", "grpo_judge", "judge2", steps * 8 * nproc, seed,
                              problem_seed=12)
-        supervised(out, "judge2", "train_sft.py", "judge/model", "judge2", judge_steps // 2, "1e-3", nproc, seed,
-                   eval_data="judge")
+        supervised(out, "judge2", "train_sft.py", "judge/model", "judge2", max(judge_steps // 2, 1), "1e-3", nproc,
+                   seed, eval_data="judge")
     elif name == "grpo_judge2":
         grpo_with_judge(out, "grpo_judge2", "judge2", episodes, nproc, seed, "--kl_coef", str(args.judge2_kl_coef))
     elif name == "prm":
@@ -289,8 +290,9 @@ def evaluate(out: Path) -> Dict[str, object]:
     prm_results = sorted((out / "prm").glob("eval_result_epoch*.json"))
     if prm_results:
         results["prm step accuracy"] = json.loads(prm_results[-1].read_text())["accuracy"]
-    for stage_name, model in (("grpo_judge", "grpo + judge"), ("grpo_judge2", "grpo + judge, round 2")):
-        judged = [m["train/rewards/judge/mean"] for m in _metrics(out / stage_name) if "train/rewards/judge/mean" in m]
+    for model, folder in MODELS.items():   # the runs rewarded by a judge are those that log its reward
+        judged = [m["train/rewards/judge/mean"] for m in _metrics((out / folder).parent)
+                  if "train/rewards/judge/mean" in m]
         if judged:
             results[f"judge's reward, last 10 episodes of {model}"] = sum(judged[-10:]) / len(judged[-10:])
     results["accuracy during training"] = {name: _eval_history(out / name) for name in CURVES}
@@ -340,17 +342,17 @@ def _change(before: float, after: float) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--out", default="output/demo_rewards", help="output directory for every stage")
-    parser.add_argument("--steps", type=int, default=200, help="SFT optimizer steps (the PRM takes half)")
-    parser.add_argument("--episodes", type=int, default=300,
+    parser.add_argument("--steps", type=at_least(1), default=200, help="SFT optimizer steps (the PRM takes half)")
+    parser.add_argument("--episodes", type=at_least(1), default=300,
                         help="episodes of each RL stage (the main demo's GRPO takes 300; at 120, GRPO on math_answer "
                              "had not yet passed SFT)")
-    parser.add_argument("--judge_steps", type=int, default=0,
+    parser.add_argument("--judge_steps", type=at_least(0), default=0,
                         help="the judge's optimizer steps (0: 5 x --steps, about three passes over its data; at "
                              "--steps it graded half the SFT model's responses wrong); the round-2 judge takes half")
-    parser.add_argument("--judge2_kl_coef", type=float, default=0.1,
+    parser.add_argument("--judge2_kl_coef", type=non_negative(), default=0.1,
                         help="KL to the SFT model in GRPO with the round-2 judge (round 1 has none, and is exploited)")
     parser.add_argument("--model_size", default="small", choices=tuple(MODEL_SIZES))
-    parser.add_argument("--nproc", type=int, default=2, help="processes per stage")
+    parser.add_argument("--nproc", type=at_least(1), default=2, help="processes per stage")
     parser.add_argument("--seed", type=int, default=42, help="seeds the model's initialisation and every stage")
     parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES,
                         help="stages to run; a stage uses what earlier runs left in --out")
