@@ -12,7 +12,7 @@ import torch
 
 from conftest import SCRIPTS, torchrun
 from coati.experience.distillation import (DistillationError, DistillConfig, ModelTeacher, ServedTeacher, Teacher,
-                                           check_not_identically_zero, check_served_vocabulary, check_vocabulary,
+                                           SAME_SCORES_ATOL, check_served_vocabulary, check_teacher_differs, check_vocabulary,
                                            served_model_name)
 from coati.models.tiny import train_tokenizer
 from coati.experience.experience import Experience
@@ -63,12 +63,33 @@ def test_reverse_kl_is_added_to_each_tokens_advantage():
     assert experience.rollout_stats["distill_reverse_kl"] == pytest.approx([(0.5 - 1.0 + 0.0) / 3, (0.2 - 2.0) / 2])
 
 
-def test_a_term_that_is_zero_on_every_token_stops_and_one_that_is_not_passes():
+def test_a_term_within_the_tolerance_on_every_token_stops_and_one_beyond_it_passes():
     mask = torch.tensor([[True, True, False]])
     with pytest.raises(DistillationError, match=r"the distillation term is zero on every one of the 2 sampled tokens "
-                                                r"in this batch: .* Is --teacher_model the policy itself\?"):
-        check_not_identically_zero(torch.tensor([[0.0, 0.0, 0.7]]) * mask, mask)
-    check_not_identically_zero(torch.tensor([[0.0, 1e-6, 0.0]]), mask)
+                                                r"in this batch: the teacher's log-probs are within 0.0001 of the "
+                                                r"policy's \(at most 5e-05 apart\).* Is --teacher_model the policy "
+                                                r"itself\?"):
+        check_teacher_differs(torch.tensor([[0.0, 5e-5, 0.7]]) * mask, mask, 1e-4)
+    check_teacher_differs(torch.tensor([[0.0, 2e-4, 0.0]]), mask, 1e-4)
+    check_teacher_differs(torch.tensor([[0.0, 0.0, 0.0]]), torch.zeros_like(mask), 1e-4)   # no sampled token: no verdict
+
+
+def test_a_teacher_one_ulp_from_the_policy_on_every_token_is_refused_and_a_distinct_one_is_not():
+    """Two forwards of one model may round differently (another process or batch layout): a teacher whose log-probs
+    are one ulp from the policy's is the policy all the same (the old exact check let it train on nothing)."""
+    student = torch.tensor([[-1.0, -2.5, -0.3], [-4.0, -0.01, -7.0]])
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    one_ulp = torch.nextafter(student, torch.full_like(student, -math.inf))
+    assert (student - one_ulp).abs().min() > 0
+    with pytest.raises(DistillationError, match=r"within 0.05 of the policy's"):   # a served teacher: bf16's tolerance
+        Teacher(DistillConfig(), 10).token_rewards(_experience(student, one_ulp, mask, torch.zeros(2)))
+    model_teacher = ModelTeacher(torch.nn.Linear(2, 2), DistillConfig(), 10)
+    assert SAME_SCORES_ATOL[model_teacher.dtype] == 1e-4
+    with pytest.raises(DistillationError, match=r"within 0.0001 of the policy's"):
+        model_teacher.token_rewards(_experience(student, one_ulp, mask, torch.zeros(2)))
+    distinct = student + torch.tensor([[0.0, 0.0, 0.0], [0.0, 3e-4, 0.0]])
+    rewards = model_teacher.token_rewards(_experience(student, distinct, mask, torch.zeros(2)))
+    assert rewards[1, 1].item() == pytest.approx(3e-4, rel=1e-3)
 
 
 def test_a_teacher_with_another_vocabulary_is_refused_in_one_line():

@@ -18,8 +18,10 @@ Thinking Machines' on-policy distillation, 2025), so the student learns where it
   Its top-k log-probs are normalised over its whole vocabulary (`ModelTeacher`'s over the policy's); the losses
   renormalise over the top-k, so both teachers give one loss.
 - **A term that does nothing stops the run.** When the teacher's log-prob equals the policy's on every sampled token
-  (the teacher is the policy itself, or its scores never arrived), both terms are identically zero; the run stops with
-  one line instead of training on nothing, as atropos #456's distillation silently did.
+  (the teacher is the policy itself, or its scores never arrived), both terms are zero; the run stops with one line
+  instead of training on nothing, as atropos #456's distillation silently did. "Equals" is within `SAME_SCORES_ATOL`
+  of the precision the teacher ran in: the two log-probs come from different forwards (another model object, process
+  or batch layout), which may round differently in the last bits.
 """
 import json
 import math
@@ -36,6 +38,13 @@ from coati.utils.errors import CoatiUsageError
 from .experience import Experience
 
 REVERSE_KL_STAT = "distill_reverse_kl"
+SAME_SCORES_ATOL = {torch.float32: 1e-4, torch.float64: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+"""The largest |log p_teacher - log p_policy| over a batch's sampled tokens at which the teacher scores them as the
+policy does, by the dtype the teacher's forward ran in: rounding differences between two forwards of one model are
+far below these (the last bits in fp32), while a distinct model differs by far more (two randomly initialised tiny
+Llamas: 0.75 at most, 0.19 on average, over 160 tokens)."""
+SERVED_DTYPE = torch.bfloat16
+"""The precision a served teacher is taken to score in (the usual serving dtype), for `SAME_SCORES_ATOL`."""
 
 
 class DistillationError(CoatiUsageError):
@@ -58,6 +67,11 @@ class Teacher:
     def __init__(self, config: DistillConfig, vocab_size: int) -> None:
         self.config, self.vocab_size = config, vocab_size
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The precision the teacher's forward runs in (`SAME_SCORES_ATOL`)."""
+        return SERVED_DTYPE
+
     def score(self, experience: Experience, per_rows: Callable[[Callable[[slice], Any], Experience], Any]) -> None:
         """The teacher's log-probs of the sampled tokens (batch, N), and its top-k log-probs and ids (batch, N, k)
         where a loss needs them, into `experience` (`per_rows` runs a forward over the rows in chunks)."""
@@ -65,10 +79,11 @@ class Teacher:
 
     def token_rewards(self, experience: Experience) -> torch.Tensor:
         """`coef` times each sampled token's log p_teacher - log p_policy (zero where the mask is), logged per row as
-        `rollout/distill_reverse_kl`; a `DistillationError` when that difference is zero on every token."""
+        `rollout/distill_reverse_kl`; a `DistillationError` when that difference is within rounding of zero on every
+        token."""
         e, mask = experience, experience.action_mask.bool()
         reverse_kl = (e.action_log_probs - e.teacher_log_probs) * mask
-        check_not_identically_zero(reverse_kl, mask)
+        check_teacher_differs(reverse_kl, mask, SAME_SCORES_ATOL[self.dtype])
         e.rollout_stats[REVERSE_KL_STAT] = (reverse_kl.sum(-1) / mask.sum(-1).clamp(min=1)).tolist()
         return -self.config.coef * reverse_kl
 
@@ -86,6 +101,10 @@ class ModelTeacher(Teacher):
     def __init__(self, model: torch.nn.Module, config: DistillConfig, vocab_size: int) -> None:
         super().__init__(config, vocab_size)
         self.model = model
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
 
     def score(self, experience: Experience, per_rows: Callable[[Callable[[slice], Any], Experience], Any]) -> None:
         e = experience
@@ -263,12 +282,17 @@ def check_served_vocabulary(url: str, model: str, policy: Any) -> bool:
     return True
 
 
-def check_not_identically_zero(reverse_kl: torch.Tensor, mask: torch.Tensor) -> None:
-    """One line when the teacher's log-probs equal the policy's on every sampled token (and there are some)."""
-    if mask.any() and not reverse_kl[mask].abs().max().item() > 0:
+def check_teacher_differs(reverse_kl: torch.Tensor, mask: torch.Tensor, atol: float) -> None:
+    """One line when the teacher's log-probs are within `atol` of the policy's on every sampled token (and there are
+    some): `reverse_kl` holds log p_policy - log p_teacher per token."""
+    if not mask.any():
+        return
+    largest = reverse_kl[mask].abs().max().item()
+    if not largest > atol:
         raise DistillationError(f"the distillation term is zero on every one of the {int(mask.sum())} sampled tokens "
-                                "in this batch: the teacher scores them exactly as the policy does. Is --teacher_model "
-                                "the policy itself?")
+                                f"in this batch: the teacher's log-probs are within {atol:g} of the policy's (at most "
+                                f"{largest:.3g} apart), so it scores them as the policy does. Is --teacher_model the "
+                                "policy itself?")
 
 
 def check_vocabulary(teacher_vocab: Optional[dict], policy_vocab: dict, teacher: str) -> None:
