@@ -12,6 +12,25 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "examples" / "training_scripts"
 
 
+@pytest.fixture(autouse=True)
+def same_random_state():
+    """Every test draws from the same RNG state (torch, random, numpy) whatever ran before it, and leaves the state
+    as it found it: a test's unseeded draws do not depend on the order of the tests."""
+    import random
+
+    import numpy
+    import torch
+
+    saved = torch.random.get_rng_state(), random.getstate(), numpy.random.get_state()
+    torch.manual_seed(0)
+    random.seed(0)
+    numpy.random.seed(0)
+    yield
+    torch.random.set_rng_state(saved[0])
+    random.setstate(saved[1])
+    numpy.random.set_state(saved[2])
+
+
 @pytest.fixture(scope="session")
 def tiny_assets(tmp_path_factory):
     """A tiny model directory and prepared SFT, preference and prompt train/eval datasets, built once per session."""
@@ -145,6 +164,17 @@ def train_records(log_dir: Path) -> list:
     records = [json.loads(line) for line in (Path(log_dir) / "metrics.jsonl").read_text().splitlines()]
     return [{k: v for k, v in r.items() if k != "time" and not k.startswith("train/time/") and not k.endswith("_seconds")}
             for r in records if "train/loss" in r]
+
+
+def assert_same_records(got: list, want: list, rel: float = 1e-5, abs: float = 1e-6) -> None:
+    """Two runs' logged records agree: the same steps and names, and each value within `rel`/`abs`. For runs whose
+    numbers come from different processes or batch layouts (a resumed run's fresh engine servers), which may round
+    differently in the last bits."""
+    assert [r["step"] for r in got] == [r["step"] for r in want]
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys(), (g["step"], sorted(set(g) ^ set(w)))
+        for name, value in w.items():
+            assert g[name] == pytest.approx(value, rel=rel, abs=abs), (g["step"], name)
 
 
 def completion_tokens(completions: Any, row: int = 0) -> list:

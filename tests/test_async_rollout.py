@@ -3,7 +3,6 @@ concurrency and staleness bounds (checked on what it recorded), batch sizes, wei
 rollout, stale trajectories dropped, generators killed, and the packing of trajectories into experience."""
 import os
 import signal
-import sys
 
 import pytest
 import torch
@@ -205,9 +204,10 @@ def test_stack_trajectories_left_pads_prompts_and_aligns_completions():
 
 
 @pytest.mark.parametrize("engine", ["generators", "local"])
-def test_the_example_two_turn_workflow_masks_the_follow_up_question(engine, request, tokenizer, prompts, tiny_assets):
+def test_the_example_two_turn_workflow_masks_the_follow_up_question(engine, request, tokenizer, prompts, tiny_assets,
+                                                                    monkeypatch):
     """The same workflow on Ray generators (asynchronous) and on the training model in-process (synchronous)."""
-    sys.path.insert(0, str(REPO / "examples" / "rollout_workflows"))
+    monkeypatch.syspath_prepend(str(REPO / "examples" / "rollout_workflows"))
     from self_check_workflow import SelfCheckWorkflow
 
     workflow = SelfCheckWorkflow(tokenizer, SAMPLING, GENERATIONS)

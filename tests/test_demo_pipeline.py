@@ -48,7 +48,9 @@ def test_demo_runs_every_stage_and_writes_the_report(tmp_path):
 
 
 def _demo(name: str):
-    sys.path.insert(0, str(REPO / "applications" / "demo"))
+    folder = str(REPO / "applications" / "demo")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     return __import__(name)
 
 
@@ -88,8 +90,9 @@ def test_a_stage_whose_input_model_an_earlier_run_left_is_accepted(tmp_path):
 
 def test_the_demos_cap_cpu_kernels_at_avx2_on_x86_unless_the_environment_chooses(monkeypatch, capsys):
     demo = _demo("run_demo")
-    for name in demo.PORTABLE_CPU_KERNELS:
-        monkeypatch.delenv(name, raising=False)
+    for name in demo.PORTABLE_CPU_KERNELS:   # set, then removed: monkeypatch restores the absence after the test
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")
     demo.use_portable_cpu_kernels()
     assert "ATEN_CPU_CAPABILITY" not in os.environ and capsys.readouterr().out == ""

@@ -82,6 +82,8 @@ def test_precomputed_reference_matches_the_live_reference_and_resumes_exactly(sf
         for other in (stored, resumed):
             if step in other:
                 for name, value in record.items():
+                    if name.endswith("accuracies") and abs(record["train/rewards/margins"]) < 1e-4:
+                        continue   # margins ~0 (the policy is the reference): their sign is rounding, layout by layout
                     assert other[step][name] == pytest.approx(value, rel=1e-5, abs=1e-6), (step, name)
 
 

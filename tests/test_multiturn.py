@@ -59,7 +59,10 @@ def test_the_calculator_is_exact_and_evaluates_nothing_but_arithmetic():
             calculator(bad)
 
 
-def test_the_python_tool_runs_in_the_sandbox_within_its_limits():
+def test_the_python_tool_runs_in_the_sandbox_within_its_limits(monkeypatch):
+    from coati.rollout import tools
+
+    monkeypatch.setattr(tools, "_SANDBOX", {})   # these limits for this test only
     configure_python_tool(SandboxLimits(cpu_s=1.0, wall_s=2.0), "auto")
     assert python("print(sum(range(101)))") == "5050"
     assert "stopped by the" in python("while True: pass")

@@ -163,7 +163,20 @@ def test_reward_model_rewards_and_gradients_match_unpacked(world_of_one, tiny_as
     _assert_same(padded, packed)
 
 
-def test_unpacked_batches_run_as_before_once_packing_is_enabled(tiny_assets):
+@pytest.fixture
+def plain_sdpa(monkeypatch):
+    """transformers' own SDPA attention, as in a process that never enabled packing (earlier tests in this process
+    did): restored to what it was after the test."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    import coati.models.packing as packing
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, "sdpa", sdpa_attention_forward)
+    monkeypatch.setattr(packing, "_PLAIN_SDPA", None)
+
+
+def test_unpacked_batches_run_as_before_once_packing_is_enabled(tiny_assets, plain_sdpa):
     model = AutoModelForCausalLM.from_pretrained(tiny_assets["model"]).eval()
     ids, mask = torch.tensor([[5, 6, 7, 8], [0, 0, 9, 10]]), torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
     left_padded_row = {"input_ids": ids[1:], "attention_mask": mask[1:], "position_ids": torch.tensor([[0, 0, 0, 1]])}

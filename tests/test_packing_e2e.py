@@ -1,6 +1,7 @@
 """`--packing` and `--max_tokens_per_batch` as a user runs them: two torchrun processes give the losses of the unpacked
 run, step for step; token-budget micro-batches resume exactly; a row over the budget is one error line naming it."""
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -28,9 +29,10 @@ def _losses(out: Path):
 ], ids=["sft", "rm", "dpo-precomputed-reference"])
 def test_packed_run_logs_the_unpacked_losses(tiny_assets, tmp_path, script, data, extra):
     runs = {}
+    own = shutil.copytree(tiny_assets[data], tmp_path / data)   # stored reference log-probs go beside the data
     for mode in ("packed", "padded"):   # packed first: it computes the stored reference log-probs, packed
         flags = ["--max_steps", "4", "--output_dir", str(tmp_path / mode / "final"), *extra]
-        result = _run(script, tiny_assets[data], tiny_assets, tmp_path / mode, *flags,
+        result = _run(script, own, tiny_assets, tmp_path / mode, *flags,
                       *(["--packing"] if mode == "packed" else []))
         assert result.returncode == 0, result.stderr[-3000:]
         runs[mode] = _losses(tmp_path / mode)

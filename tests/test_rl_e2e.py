@@ -9,7 +9,7 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from coati.utils.ckpt_io import latest_checkpoint
-from conftest import REPO, SCRIPTS, kill_run, start_torchrun, torchrun, train_records
+from conftest import REPO, SCRIPTS, assert_same_records, kill_run, start_torchrun, torchrun, train_records
 
 EPISODES, SAVE_EVERY = 24, 4
 
@@ -67,7 +67,4 @@ def test_killed_rl_run_resumes_with_the_same_metrics(tiny_assets, turn_ender, tm
     assert [r["step"] for r in resumed] == list(range(1, EPISODES + 1))
     before_kill = int(killed_at.name.rsplit("-", 1)[1])   # logged by the second run of the same command, unresumed
     assert resumed[:before_kill] == expected[:before_kill]   # exactly: same seed, same machine, same ranks
-    for got, want in zip(resumed, expected):
-        assert got.keys() == want.keys()
-        for name, value in want.items():
-            assert got[name] == pytest.approx(value, rel=1e-5, abs=1e-6), (got["step"], name)
+    assert_same_records(resumed, expected)

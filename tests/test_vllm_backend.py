@@ -13,7 +13,7 @@ import psutil
 import pytest
 import torch
 
-from conftest import SCRIPTS, completion_tokens as _tokens, kill_run, start_torchrun, torchrun, train_records
+from conftest import SCRIPTS, assert_same_records, completion_tokens as _tokens, kill_run, start_torchrun, torchrun, train_records
 from coati.inference.vllm import EngineError, VLLMConfig, VLLMPool, default_vllm_python
 from coati.models.generation import HFEngine
 from coati.config import SamplingConfig
@@ -334,7 +334,8 @@ def test_multi_turn_grpo_trains_on_vllm_rollouts_and_resumes_exactly(tiny_assets
     result = torchrun(SCRIPTS / "train_grpo.py", 2, *args(resumed), "--checkpoint_path",
                       str(grpo / "ckpt" / "epoch-0_step-2"))
     assert result.returncode == 0, result.stderr[-4000:]
-    assert train_records(resumed / "logs") == train_records(grpo / "logs")[2:]
+    # fresh servers batch the second turn's requests as they arrive: vLLM's log-probs may differ in the last bits
+    assert_same_records(train_records(resumed / "logs"), train_records(grpo / "logs")[2:])
 
 
 @pytest.mark.slow
