@@ -17,4 +17,5 @@ setup(
     packages=find_packages(include=["coati", "coati.*"]),
     python_requires=">=3.9",
     install_requires=read_requirements(),
+    entry_points={"console_scripts": ["coati = coati.cli.main:main"]},
 )

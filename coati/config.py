@@ -28,6 +28,7 @@ PLUGIN_HELP = {
 }
 PLUGINS = tuple(PLUGIN_HELP)
 SP_MODES = ("split_gather", "ring", "all_to_all", "ring_attn")
+REPORT_TO = ("tensorboard", "wandb", "none")
 DEFAULT_DIST_TIMEOUT_S = 600
 """How long a collective waits for a peer before a rank gives up (`--dist_timeout`; NCCL's default, gloo's is 30 min)."""
 DEFAULT_REWARD_TIMEOUT_S = 600.0
@@ -52,11 +53,12 @@ def _option_list(**kwargs: Any) -> Any:
 class ModelSettings:
     """The model to train and how it is held in memory."""
 
-    pretrain: str = setting(help="model directory, or a Hugging Face model id (from the local HF cache; downloaded "
+    pretrain: str = setting(aliases=("--model_name_or_path",),
+                            help="model directory, or a Hugging Face model id (from the local HF cache; downloaded "
                                  "when online)")
     tokenizer_dir: Optional[str] = setting(None, help="tokenizer directory (default: --pretrain)")
     trust_remote_code: bool = setting(False, help="allow custom modelling code shipped with the model")
-    grad_checkpoint: bool = setting(False, help="recompute activations in backward to save memory")
+    grad_checkpoint: bool = setting(False, aliases=("--gradient_checkpointing",), help="recompute activations in backward to save memory")
     use_flash_attn: bool = setting(False, help="FlashAttention-2 where CUDA and flash-attn are there (else a warning "
                                                "and PyTorch SDPA)")
 
@@ -65,7 +67,7 @@ class ModelSettings:
 class LoraSettings:
     """LoRA adapters (0 rank: full fine-tuning)."""
 
-    lora_rank: int = setting(0, parse=at_least(0), help="train rank-r LoRA adapters only (0: full fine-tuning)")
+    lora_rank: int = setting(0, parse=at_least(0), aliases=("--lora_r",), help="train rank-r LoRA adapters only (0: full fine-tuning)")
     lora_alpha: float = setting(16, parse=positive(), help="LoRA scaling numerator (scale = alpha / rank)")
     lora_dropout: float = setting(0.0, parse=in_range(0, 1, high_open=True), help="dropout on the LoRA path")
     lora_target_modules: Tuple[str, ...] = setting(
@@ -82,7 +84,7 @@ class LoraSettings:
 class DataSettings:
     """The prepared data (on-policy scripts call it `--prompt_dataset`)."""
 
-    dataset: Tuple[str, ...] = setting(nargs="+", help="prepared dataset directories (prepare_dataset.py)")
+    dataset: Tuple[str, ...] = setting(nargs="+", aliases=("--dataset_name",), help="prepared dataset directories (prepare_dataset.py)")
     eval_dataset: Optional[Tuple[str, ...]] = setting(None, nargs="*", help="prepared evaluation dataset directories")
     max_length: int = setting(0, parse=at_least(0), help="cut longer rows from the right at batching time (0: keep the "
                                                          "length they were prepared with)")
@@ -104,7 +106,7 @@ class PackingSettings:
 class EpochSettings:
     """How long a supervised run lasts."""
 
-    max_epochs: int = setting(1, parse=at_least(1), help="passes over the training data")
+    max_epochs: int = setting(1, parse=at_least(1), aliases=("--num_train_epochs",), help="passes over the training data")
     max_steps: int = setting(0, parse=at_least(0), help="stop after this many optimizer steps (0: no limit)")
 
 
@@ -112,7 +114,7 @@ class EpochSettings:
 class StepSettings:
     """How micro-batches become optimizer steps, and what a non-finite step does."""
 
-    accumulation_steps: int = setting(1, parse=at_least(1), help="micro-batches per optimizer step")
+    accumulation_steps: int = setting(1, parse=at_least(1), aliases=("--gradient_accumulation_steps",), help="micro-batches per optimizer step")
     skip_nonfinite: int = setting(0, parse=at_least(0),
                                   help="skip up to N optimizer steps whose loss or gradient norm is NaN/inf (counted in "
                                        "the metrics); one more stops the run (0: the first one stops it)")
@@ -123,11 +125,13 @@ class OptimSettings:
     """The optimizer and its schedule."""
 
     batch_size: int = setting(4, parse=at_least(1), help="micro-batch size per rank")
-    lr: float = setting(5e-5, parse=positive(), help="peak learning rate")
+    lr: float = setting(5e-5, parse=positive(), aliases=("--learning_rate",), help="peak learning rate")
     weight_decay: float = setting(0.0, parse=non_negative(), help="AdamW weight decay")
     lr_scheduler: str = setting("cosine", choices=("cosine", "linear", "constant_with_warmup"),
-                                help="learning-rate schedule after the warm-up")
+                                aliases=("--lr_scheduler_type",), help="learning-rate schedule after the warm-up")
     warmup_steps: int = setting(0, parse=at_least(0), help="learning-rate warm-up, in optimizer steps")
+    warmup_ratio: float = setting(0.0, parse=in_range(0, 1, high_open=True),
+                                  help="warm-up as a fraction of the run's optimizer steps, where --warmup_steps is 0")
     seed: int = setting(42, parse=int, help="seeds every RNG and the data order")
     steps: StepSettings = nested(StepSettings)
 
@@ -143,7 +147,7 @@ class CheckpointSettings:
     save_freq_epochs: int = setting(0, parse=at_least(0), help="also save when every N-th epoch ends (0: off)")
     save_freq_secs: float = setting(0, parse=non_negative(),
                                     help="also save once N seconds have passed since the last checkpoint (0: off)")
-    keep_last: int = setting(0, parse=at_least(0), help="keep only the N newest checkpoints (0: keep all)")
+    keep_last: int = setting(0, parse=at_least(0), aliases=("--save_total_limit",), help="keep only the N newest checkpoints (0: keep all)")
     checkpoint_path: Optional[str] = setting(None, help="resume from this checkpoint directory, or 'latest' for the "
                                                         "newest complete one in --save_dir")
     output_dir: Optional[str] = setting(None, help="final HF-format model and evaluation results")
@@ -153,7 +157,10 @@ class CheckpointSettings:
 class LogSettings:
     """Where metrics go and how often."""
 
-    log_dir: Optional[str] = setting(None, help="TensorBoard events and metrics.jsonl")
+    log_dir: Optional[str] = setting(None, help="TensorBoard events and metrics.jsonl (default: --output_dir/logs)")
+    report_to: Tuple[str, ...] = setting(("tensorboard",), nargs="+", choices=REPORT_TO,
+                                         help="tensorboard: TensorBoard events and metrics.jsonl under --log_dir; "
+                                              "wandb: also Weights & Biases (as --use_wandb); none: neither")
     cadence: LogCadence = nested(LogCadence)
     use_wandb: bool = setting(False, help="also log to Weights & Biases (WANDB_MODE=offline works)")
     wandb_project: str = setting("coati", help="W&B project of the run")
@@ -170,7 +177,7 @@ class PluginConfig:
     mixed_precision: str = setting("bf16", choices=("fp16", "bf16", "fp32"),
                                    help="compute precision with fp32 master weights; ddp takes fp32 or bf16 (autocast); "
                                         "a machine without CUDA trains in fp32")
-    grad_clip: float = setting(1.0, parse=non_negative(),
+    grad_clip: float = setting(1.0, parse=non_negative(), aliases=("--max_grad_norm",),
                                help="clip gradients to this global L2 norm; 0 disables (ZeRO, Gemini and 3d clip inside "
                                     "their optimizer)")
     tp: int = setting(1, parse=at_least(1), help="3d: tensor-parallel size")
@@ -202,7 +209,8 @@ class ReferenceSettings:
 class SamplingConfig:
     """How to sample: `temperature` 0 (or `do_sample` False) is greedy; `top_k` 0 and `top_p` 1 are off."""
 
-    max_new_tokens: int = setting(64, parse=at_least(1), help="longest completion, in tokens")
+    max_new_tokens: int = setting(64, parse=at_least(1), aliases=("--max_completion_length",),
+                                  help="longest completion, in tokens")
     temperature: float = setting(1.0, parse=positive(), help="sampling temperature")
     top_p: float = setting(1.0, parse=in_range(0, 1, low_open=True),
                            help="nucleus sampling: sample from the smallest set of tokens whose probability reaches P")
@@ -315,7 +323,7 @@ class PPOConfig(RolloutConfig):
 class KLSettings:
     """The KL to the reference: its weight, adapted (InstructGPT) when a target is given."""
 
-    kl_coef: float = setting(0.0, parse=non_negative(), help="weight of the KL to the reference in the loss (0: no "
+    kl_coef: float = setting(0.0, parse=non_negative(), aliases=("--beta",), help="weight of the KL to the reference in the loss (0: no "
                                                              "reference)")
     kl_target: float = setting(0.0, parse=non_negative(),
                                help="adaptive KL (InstructGPT): move --kl_coef after every episode towards the value "
@@ -339,7 +347,7 @@ class PolicyLossSettings:
     policy_loss_options: Dict[str, Any] = _option_list(
         flag="--policy_loss_option", help="the policy loss's own hyperparameters, e.g. temperature_neg=1.05 for sapo")
     clip_eps_low: float = setting(0.2, parse=in_range(0, 1, high_open=True), help="the ratio is clipped below at 1 - this")
-    clip_eps_high: float = setting(0.2, parse=non_negative(), help="DAPO's clip-higher uses 0.28")
+    clip_eps_high: float = setting(0.2, parse=non_negative(), aliases=("--epsilon_high",), help="DAPO's clip-higher uses 0.28")
     loss_agg: str = setting("token-mean", parse=AGGREGATIONS.choice(),
                             help="token-mean (DAPO), seq-mean-token-mean (GRPO), seq-mean-token-sum-norm (Dr. GRPO), or "
                                  "package.module:function")
@@ -423,7 +431,7 @@ class RewardSettings:
     """Where rewards come from: functions, servers, a trained reward model."""
 
     reward_fn: Optional[Tuple[str, ...]] = setting(
-        None, nargs="+", help="reward functions, by built-in name (math_answer, answer_format, code_tests, judge: an "
+        None, nargs="+", aliases=("--reward_funcs",), help="reward functions, by built-in name (math_answer, answer_format, code_tests, judge: an "
                               "LLM judge, see --judge_url), a reward server's http(s):// URL or package.module:function, "
                               "each optionally =weight (default: math_answer, or none beside --rm_pretrain)")
     rm_pretrain: Optional[str] = setting(None, help="a trained reward model (train_rm.py's exported model): its score is "

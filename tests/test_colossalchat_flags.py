@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from coati.cli.commands import preference_loss
 from coati.dataset import load_prepared
 from coati.dataset.collators import PreferenceCollator, SupervisedCollator
 from coati.models.tiny import END_OF_TURN
@@ -269,7 +270,7 @@ def test_colossalchat_loss_type_names(argv, normalised, margin, reference_free, 
     from coati.models.loss import DPOLoss
 
     args = _parse("dpo", ["--pretrain", "m", "--dataset", "d", *argv], monkeypatch)
-    loss = _script("dpo").preference_loss(args)
+    loss = preference_loss(args)
     assert type(loss) is DPOLoss and loss.loss_type == "sigmoid" and loss.beta == 0.1
     assert (loss.length_normalized, loss.gamma, not loss.needs_reference) == (normalised, margin, reference_free)
 

@@ -1,5 +1,6 @@
 """The math reward on tricky answers (numbers exactly, expressions through math-verify in worker processes with a
 timeout); the weighted reward's components and diagnostics, and its errors that name the function."""
+import sys
 import threading
 import time
 
@@ -158,6 +159,61 @@ def test_user_reward_functions_by_module_path_with_clear_errors():
         WeightedReward.from_specs(["nope"])
     with pytest.raises(CoatiUsageError, match="cannot be imported"):
         WeightedReward.from_specs(["no_such_module:fn"])
+
+
+USER_REWARDS = """
+def one(completions, **kwargs):
+    return [1.0 for _ in completions]
+
+
+def text(completions, **kwargs):
+    return ["1.0" for _ in completions]
+
+
+def raises(completions, **kwargs):
+    return [lookup(c) for c in completions]
+
+
+def lookup(completion):
+    return {}["answer"]
+"""
+
+
+def test_a_reward_in_the_working_directory_imports_in_trls_and_openrlhfs_forms(tmp_path, monkeypatch):
+    """TRL's `module.function` and coati's `module:function` from the working directory (whatever sys.path the
+    launcher gave), OpenRLHF-style `path/to/file.py:function`; each logged under the function's name."""
+    (tmp_path / "cwd_rewards_a.py").write_text(USER_REWARDS)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "file_rewards.py").write_text(USER_REWARDS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    for spec in ("cwd_rewards_a.one", "cwd_rewards_a:one", "sub/file_rewards.py:one"):
+        total, components = WeightedReward.from_specs([spec])(["a", "b"], ["x", "y"])
+        assert total == [1.0, 1.0] and list(components) == ["one"], spec
+    with pytest.raises(CoatiUsageError, match=rf"reward function 'sub/missing.py:one' cannot be imported from "
+                                              rf"{tmp_path}: no file"):
+        WeightedReward.from_specs(["sub/missing.py:one"])
+
+
+def test_a_reward_that_raises_shows_its_own_frames_then_one_line_and_text_is_not_a_reward(tmp_path, monkeypatch,
+                                                                                          capsys):
+    from coati.utils.errors import exit_cleanly
+
+    (tmp_path / "cwd_rewards_b.py").write_text(USER_REWARDS)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RewardFunctionError, match=r"reward function cwd_rewards_b.text must return numbers \(or None\), "
+                                                  r"got \['1.0'\]"):
+        WeightedReward.from_specs(["cwd_rewards_b.text"])(["a"], ["x"])
+    run = exit_cleanly(lambda: WeightedReward.from_specs(["cwd_rewards_b.raises"])(["a"], ["x"]))
+    with pytest.raises(SystemExit) as stop:
+        run()
+    assert stop.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0] == "Traceback (the reward function's frames):"
+    assert f'File "{tmp_path / "cwd_rewards_b.py"}", line 11, in raises' in lines[1]
+    assert f'File "{tmp_path / "cwd_rewards_b.py"}", line 15, in lookup' in "\n".join(lines)
+    assert not any("coati" in line for line in lines[:-1] if line.lstrip().startswith("File"))
+    assert lines[-2:] == ["KeyError: 'answer'", "error: reward function cwd_rewards_b.raises raised KeyError: 'answer'"]
 
 
 @pytest.mark.timeout(60)

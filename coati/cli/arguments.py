@@ -14,7 +14,8 @@ from coati.config import (AgentSettings, AsyncSettings, BackendSettings, Checkpo
                           ProcessRewardSettings)
 from coati.utils.cadence import LogCadence, Saver
 
-from .options import CoatiArgumentParser, add_settings, settings_from
+from .config_file import resolve_reporting
+from .options import CoatiArgumentParser, add_post_parse, add_settings, settings_from
 
 ON_POLICY_HELP = {
     "batch_size": "prompts per rank per collect step",
@@ -45,6 +46,7 @@ def training_parser(description: str, dataset_flag: str = "--dataset", on_policy
     add_settings(parser, LogSettings, "logging", helps=helps, defaults={} if on_policy else {"steps": 10})
     add_settings(parser, PluginConfig, "parallelism")
     parser.set_defaults(dataset_flag=dataset_flag, **DERIVED)
+    add_post_parse(parser, resolve_reporting)
     return parser
 
 

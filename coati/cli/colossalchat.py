@@ -8,9 +8,9 @@ instead. The README's table lists them all.
 import argparse
 import json
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
-from coati.cli.options import add_alias
+from coati.cli.options import add_alias, add_post_parse
 from coati.config import DataSettings, LoraConfig, OptimSettings, RewardSettings, SamplingConfig
 from coati.utils.ranges import at_least
 from coati.utils.errors import CoatiUsageError, warn_user
@@ -56,8 +56,7 @@ def add_colossalchat_flags(parser: argparse.ArgumentParser, script: str) -> None
     if script in ("sft", "ppo", "grpo"):
         group.add_argument("--save_path", default=None, help="--save_dir (unless given): checkpoints, and the final "
                            "model in save_path/modeling, where ColossalChat writes it")
-    if script in SUPERVISED:
-        add_alias(group, "--max_len", DataSettings, "max_length")
+    add_alias(group, "--max_len", DataSettings, "max_length")   # on-policy: ColossalChat's GRPO test abbreviates
     if script in ("sft", "dpo", "kto", "orpo"):
         group.add_argument("--disable_loss_mask", action="store_true",
                            help="train on every token, the prompt included (default: the response's tokens)")
@@ -86,11 +85,6 @@ def add_colossalchat_flags(parser: argparse.ArgumentParser, script: str) -> None
         if script in scripts:
             group.add_argument(flag, action=_Refuse, instead=scripts[script])
     add_post_parse(parser, translate)
-
-
-def add_post_parse(parser: argparse.ArgumentParser, step: Callable[[argparse.Namespace], None]) -> None:
-    """Run `step(args)` on the parsed flags (`CoatiArgumentParser` runs these after parsing)."""
-    parser.post_parse = [*getattr(parser, "post_parse", []), step]
 
 
 def translate(args: argparse.Namespace) -> None:

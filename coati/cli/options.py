@@ -7,8 +7,10 @@ and default; `settings_from(args, cls)` builds `cls` from the parsed flags. Erro
 import argparse
 import sys
 from dataclasses import MISSING, Field, fields
-from typing import Any, Dict, NamedTuple, NoReturn, Optional, Sequence, Set, Type, TypeVar
+from typing import Any, Callable, Dict, List, NamedTuple, NoReturn, Optional, Sequence, Set, Type, TypeVar
 
+from coati.cli.config_file import (CONFIG_FLAG, NOT_SAVED, check_flags_known, config_tokens, expand_output_dir,
+                                   given_flags, read_config, resolved_config, split_config_flag)
 from coati.utils.errors import USAGE_EXIT_CODE, CoatiUsageError, fail, warn_user
 from coati.utils.settings import dest, flag_name
 
@@ -25,31 +27,86 @@ class RangeHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 class CoatiArgumentParser(argparse.ArgumentParser):
-    """`argparse.ArgumentParser` whose errors are one line (`error: argument --x: ...`), not usage + error."""
+    """`argparse.ArgumentParser` whose errors are one line (`error: argument --x: ...`), not usage + error, that takes
+    `--config FILE` (`coati.cli.config_file`: its keys are flags, which the command line overrides), refuses an
+    unknown flag naming the nearest ones, and takes no abbreviation of a flag."""
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("formatter_class", RangeHelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        self.add_argument(CONFIG_FLAG, metavar="FILE", default=None,
+                          help="a YAML or JSON file of settings: keys are these flags without their dashes (coati's, "
+                               "ColossalChat's or TRL's names); flags given here override it")
+        self.given: Dict[str, str] = {}
 
     def error(self, message: str) -> NoReturn:
         fail(f"error: {message} (see {self.prog} --help)", USAGE_EXIT_CODE)
 
     def parse_args(self, args=None, namespace=None) -> argparse.Namespace:
-        """Parse, then run the parser's `post_parse` steps (e.g. translating ColossalChat's flags); a step's
-        `CoatiUsageError` is reported like any other argument error. An argument that is only blanks (a shell line
-        ending in `\\ \\`, as one of ColossalChat's own test commands does) is dropped with a warning."""
+        """Parse `--config`'s file and the command line, then run the parser's `post_parse` steps (e.g. translating
+        ColossalChat's flags); a step's `CoatiUsageError` is reported like any other argument error. An argument that
+        is only blanks (a shell line ending in `\\ \\`, as one of ColossalChat's own test commands does) is dropped
+        with a warning. The parsed namespace carries the run's record (`RunRecord`) as `_run_record`."""
         argv = sys.argv[1:] if args is None else list(args)
         blank = [a for a in argv if isinstance(a, str) and a and not a.strip()]
         if blank:
             warn_user(f"ignoring {len(blank)} blank argument(s) {blank!r} (an escaped space in the command line?)")
             argv = [a for a in argv if a not in blank]
-        parsed = super().parse_args(argv, namespace)
-        for step in getattr(self, "post_parse", []):
+        try:
+            path, command_line = split_config_flag(argv)
+            check_flags_known(self, command_line)
+            from_file = config_tokens(self, read_config(path), path) if path else []
+        except CoatiUsageError as exc:
+            self.error(str(exc))
+        from_flags = given_flags(self, command_line)
+        self.given = {**given_flags(self, from_file), **from_flags}
+        parsed = super().parse_args(from_file + command_line, namespace)
+        parsed.config = path
+        for step in [*getattr(self, "post_parse", []), expand_output_dir]:
             try:
                 step(parsed)
             except CoatiUsageError as exc:
                 self.error(str(exc))
+        parsed._run_record = RunRecord(resolved_config(self, parsed), self._sources(parsed, from_file, from_flags),
+                                       argv)
         return parsed
+
+    def _sources(self, parsed: argparse.Namespace, from_file: List[str], from_flags: Dict[str, str]) -> Dict[str, str]:
+        """Where each setting's value came from: `flag --x`, `file` (by its name or a TRL name's, `file
+        (per_device_train_batch_size)`), `derived` (set from other settings) or `default`."""
+        in_file = given_flags(self, from_file)
+        sources = {}
+        for action in self._actions:
+            if not action.option_strings or action.default is argparse.SUPPRESS or not hasattr(parsed, action.dest) \
+                    or action.dest in NOT_SAVED:
+                continue
+            trl_dest = f"trl_{getattr(self, 'derived', {}).get(action.dest)}"
+            if trl_dest in from_flags:
+                sources[action.dest] = f"flag {from_flags[trl_dest]}"
+            elif trl_dest in in_file:
+                sources[action.dest] = f"file ({trl_dest[4:]})"
+            elif action.dest in from_flags:
+                sources[action.dest] = f"flag {from_flags[action.dest]}"
+            elif action.dest in in_file:
+                sources[action.dest] = "file"
+            else:
+                default = action.default if not isinstance(action.default, tuple) else list(action.default)
+                sources[action.dest] = "default" if getattr(parsed, action.dest) == default else "derived"
+        return sources
+
+
+def add_post_parse(parser: argparse.ArgumentParser, step: Callable[[argparse.Namespace], None]) -> None:
+    """Run `step(args)` on the parsed flags (`CoatiArgumentParser` runs these after parsing, in the order added)."""
+    parser.post_parse = [*getattr(parser, "post_parse", []), step]
+
+
+class RunRecord(NamedTuple):
+    """What a run saves about its own settings (`coati.cli.config_file.save_run_config`)."""
+
+    config: Dict[str, Any]
+    sources: Dict[str, str]
+    argv: List[str]
 
 
 def _default(f: Field) -> Any:
@@ -115,7 +172,7 @@ def _add_fields(parser: argparse.ArgumentParser, group: Any, cls: type, changes:
             else:
                 kwargs["default"] = _parser_default(default)
         given = {k: v for k, v in kwargs.items() if v is not None}
-        group.add_argument(*meta["aliases"], changes.flags.get(f.name, flag), **given)
+        group.add_argument(changes.flags.get(f.name, flag), *meta["aliases"], **given)
 
 
 def add_alias(group: Any, flag: str, cls: type, name: str, note: str = "") -> None:

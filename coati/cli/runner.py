@@ -36,6 +36,7 @@ from coati.cli.options import settings_from
 from coati.config import PackingSettings, ReferenceSettings
 from coati.utils.ckpt_io import latest_checkpoint, read_running_state, save_hf_model, verify_checkpoint
 from coati.cli.colossalchat import attention_implementation, write_config_file
+from coati.cli.config_file import save_run_record
 from coati.utils.errors import CoatiUsageError
 from coati.utils.file_checks import model_signature
 from coati.cli.preflight import check_run_paths
@@ -227,13 +228,14 @@ def start_run(args: argparse.Namespace, check: Optional[Callable[[argparse.Names
         check(args)
     init_distributed(args.seed, args.dist_timeout)
     write_config_file(args)
+    save_run_record(args)
     setup = build_booster(plugin_config(args))
     return setup, DistCoordinator(), load_tokenizer(args.tokenizer_dir or args.pretrain, args.trust_remote_code)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, args: argparse.Namespace, total_steps: int) -> Any:
-    return get_scheduler(args.lr_scheduler, optimizer, num_warmup_steps=args.warmup_steps,
-                         num_training_steps=max(total_steps, 1))
+    warmup = args.warmup_steps or math.ceil(args.warmup_ratio * total_steps)
+    return get_scheduler(args.lr_scheduler, optimizer, num_warmup_steps=warmup, num_training_steps=max(total_steps, 1))
 
 
 def open_logger(args: argparse.Namespace, trainer_cls: type, resume_step: Optional[int]) -> MetricsLogger:

@@ -10,14 +10,19 @@ may be `async def`, and may also return a dict of named lists (each a component,
 `RewardOutput` (the reward, and diagnostics that are logged but not added).
 Built-ins: `math_answer`, `answer_format`, `code_tests`, and `judge` (an LLM judge, `coati.rewards.judge`, which the
 training scripts configure with their `--judge_*` flags); a reward server by its `http(s)://` URL (these get text);
-your own as `package.module:function`, logged as `rewards/function/...`; each with an optional weight:
+your own as `package.module:function`, `module.function` (TRL's form; the working directory is importable) or
+`path/to/file.py:function`, logged as `rewards/function/...`; each with an optional weight:
 `--reward_fn math_answer answer_format=0.1`.
 """
 import asyncio
 import inspect
 import math
+import re
+import sysconfig
 import threading
+import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from coati.utils.errors import CoatiUsageError, warn_user
@@ -33,7 +38,26 @@ BUILTIN: Dict[str, RewardFn] = {"math_answer": math_answer, "answer_format": ans
 
 
 class RewardFunctionError(CoatiUsageError):
-    """A reward function raised or returned something unusable; the message names it."""
+    """A reward function raised or returned something unusable; the message names it, and `details` holds the
+    function's own traceback frames where it raised (printed before the message)."""
+
+    def __init__(self, message: str, details: str = "") -> None:
+        super().__init__(message)
+        self.details = details
+
+
+COATI_SOURCE = str(Path(__file__).resolve().parents[1])
+
+
+def user_frames(error: BaseException) -> str:
+    """`error`'s traceback without coati's and the standard library's frames: where in the user's own code it
+    raised."""
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__)
+              if not frame.filename.startswith((COATI_SOURCE, sysconfig.get_paths()["stdlib"]))]
+    if not frames:
+        return ""
+    text = "".join(traceback.format_list(frames))
+    return f"Traceback (the reward function's frames):\n{text}{''.join(traceback.format_exception_only(error))}"
 
 
 for _name, _fn in BUILTIN.items():
@@ -207,7 +231,7 @@ def table_columns(components: Dict[str, Sequence[Any]], row: int) -> Dict[str, A
 def _label(name: str, taken: Sequence[str]) -> str:
     """The name a reward's values are logged under: a function's own name (`package.module:function` gives
     `function`, as TRL logs it; `function_2`... when two share it), or `reward_server` (`_2`, ...) for a URL."""
-    base = "reward_server" if is_url(name) else name.rpartition(":")[2]
+    base = "reward_server" if is_url(name) else re.split(r"[:.]", name)[-1]
     count = 1 + sum(label == base or label.startswith(f"{base}_") and label[len(base) + 1:].isdigit() for label in taken)
     return base if count == 1 else f"{base}_{count}"
 
@@ -239,7 +263,8 @@ def _checked(name: str, fn: RewardFn, arguments: Dict[str, Any], count: int, tim
     except CoatiUsageError:   # a timeout, an unreachable reward server: their messages are already clear
         raise
     except Exception as error:
-        raise RewardFunctionError(f"reward function {spec} raised {type(error).__name__}: {error}") from error
+        raise RewardFunctionError(f"reward function {spec} raised {type(error).__name__}: {error}",
+                                  user_frames(error)) from error
     diagnostics, columns = {}, {}
     if isinstance(result, RewardOutput):
         if not isinstance(result.diagnostics, dict):
@@ -260,6 +285,8 @@ def _floats(named: Dict[str, Any], name: str, count: int, spec: str, allow_none:
         suffix = "" if component == name else f"/{component}"
         shown = f"{spec}{suffix}"
         try:
+            if isinstance(values, (str, bytes)) or any(isinstance(v, (str, bytes)) for v in values):
+                raise TypeError("text is not a reward")
             floats = [math.nan if v is None and allow_none else float(v) for v in values]
         except (TypeError, ValueError):
             raise RewardFunctionError(f"reward function {shown} must return numbers (or None), got {values!r:.80}") from None

@@ -126,6 +126,9 @@ def exit_cleanly(main: Callable[..., T]) -> Callable[..., T]:
         try:
             return main(*args, **kwargs)
         except CoatiUsageError as error:
+            details = getattr(error, "details", "")
+            if details and _is_local_rank_0():
+                print(details.rstrip("\n"), file=sys.stderr, flush=True)
             fail(f"error: {error}", USAGE_EXIT_CODE)
         except KeyboardInterrupt:
             fail("error: interrupted; complete checkpoints are kept (resume with --checkpoint_path latest)",

@@ -19,8 +19,8 @@ _SECRET_NAME = re.compile(r"(^|_)(api_?key|key|token|secret|password|passwd|cred
 
 
 def public_config(config: Dict[str, Any]) -> Dict[str, Any]:
-    """The run config without values whose name is a secret's (they never reach a log)."""
-    return {k: v for k, v in config.items() if not _SECRET_NAME.search(k.lower())}
+    """The run config without values whose name is a secret's (they never reach a log), nor private ones (`_x`)."""
+    return {k: v for k, v in config.items() if not k.startswith("_") and not _SECRET_NAME.search(k.lower())}
 
 
 def set_aside_previous_run(log_dir: Path) -> Optional[Path]:

@@ -42,7 +42,7 @@ class Registry(Generic[F]):
         def check(name: str) -> str:
             if name in self.names():
                 return name
-            if ":" not in name:   # answered without importing the built-ins' module (and torch)
+            if not is_import_path(name):   # answered without importing the built-ins' module (and torch)
                 raise argparse.ArgumentTypeError(self._unknown(name))
             try:
                 self.get(name)
@@ -66,20 +66,59 @@ class Registry(Generic[F]):
             self._load_builtins()
         if name in self._entries:
             return self._entries[name]
-        if ":" in name:
-            module_name, attr = name.split(":", 1)
-            try:
-                fn = getattr(importlib.import_module(module_name), attr)
-            except (ImportError, AttributeError) as error:
-                raise CoatiUsageError(f"{self.kind} {name!r} cannot be imported: {error}") from None
-            if not callable(fn):
-                raise CoatiUsageError(f"{self.kind} {name!r} is not callable")
-            return fn
+        if is_import_path(name):
+            return import_function(name, self.kind)
         raise CoatiUsageError(self._unknown(name))
 
     def _unknown(self, name: str) -> str:
         names = f"one of {', '.join(self.names())} or " if self.names() else ""
-        return f"unknown {self.kind} {name!r}; expected {names}package.module:function"
+        return f"unknown {self.kind} {name!r}; expected {names}package.module:function (or path/to/file.py:function)"
+
+
+def is_import_path(name: str) -> bool:
+    """Whether `name` names a function to import: `package.module:function`, `path/to/file.py:function`, or TRL's
+    `module.function`."""
+    return ":" in name or ("." in name.strip(".") and "/" not in name)
+
+
+def import_function(name: str, kind: str = "function") -> Callable:
+    """The function `name` names (`is_import_path`), with the working directory importable (as TRL's scripts make it,
+    whatever directory the launcher started the script from); one line where it cannot be imported."""
+    import os
+    import sys
+
+    if ":" in name:
+        module_name, attr = name.rsplit(":", 1)
+    else:
+        module_name, attr = name.rsplit(".", 1)
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        module = _load_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
+        fn = getattr(module, attr)
+    except (ImportError, AttributeError, OSError) as error:
+        raise CoatiUsageError(f"{kind} {name!r} cannot be imported from {os.getcwd()}: {error}") from None
+    if not callable(fn):
+        raise CoatiUsageError(f"{kind} {name!r} is not callable")
+    return fn
+
+
+def _load_file(path: str) -> Any:
+    """The module in the Python file `path`, loaded once (kept in `sys.modules` under its path)."""
+    import importlib.util
+    import os
+    import sys
+
+    path = os.path.abspath(path)
+    if path in sys.modules:
+        return sys.modules[path]
+    if not os.path.isfile(path):
+        raise ImportError(f"no file {path}")
+    spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def option(text: str) -> Tuple[str, Any]:

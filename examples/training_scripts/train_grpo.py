@@ -5,23 +5,10 @@
         --num_generations 8 --plugin ddp --batch_size 4 --num_episodes 20 --output_dir out/grpo
 
 Add `--async_rollout --max_staleness 1` to generate in Ray actors while the trainer trains.
+
+The same as `coati grpo ...` (`coati.cli.commands.grpo`); `--config FILE` reads the flags from a YAML file.
 """
-from coati.cli.arguments import add_grpo_args, add_reference_args, training_parser
-from coati.cli.colossalchat import add_colossalchat_flags
-from coati.utils.errors import exit_cleanly
-
-
-@exit_cleanly
-def main(argv=None) -> None:
-    parser = training_parser(__doc__.strip().splitlines()[0], dataset_flag="--prompt_dataset", on_policy=True)
-    add_grpo_args(parser)
-    add_reference_args(parser, precompute=False)
-    add_colossalchat_flags(parser, "grpo")
-    args = parser.parse_args(argv)
-    from coati.cli.rl_runner import run_grpo   # the training stack loads once the flags are read
-
-    run_grpo(args)
-
+from coati.cli.commands import grpo as main
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,246 @@
+"""Every coati command, one function each: `coati <name>` (`coati.cli.main`) and the scripts in
+`examples/training_scripts/train_<name>.py` and `examples/data_preparation_scripts/prepare_dataset.py` run these.
+
+Each parses its flags (and `--config`'s file) before the training stack loads, so `--help` and a flag error answer at
+once; its docstring's first line is its description in `coati --help` and in its own.
+"""
+import argparse
+from typing import Any, Callable, Dict, List, Optional
+
+from coati.cli.arguments import add_grpo_args, add_ppo_args, add_reference_args, training_parser
+from coati.cli.colossalchat import add_colossalchat_flags
+from coati.cli.trl_names import add_trl_names
+from coati.cli.options import CoatiArgumentParser
+from coati.utils.errors import CoatiUsageError, exit_cleanly
+from coati.utils.file_checks import check_writable_dir, resolve_model_dir
+from coati.utils.ranges import at_least, in_range, non_negative, positive
+
+DEFAULT_BETA = {"sigmoid": 0.1, "ipo": 0.1, "simpo": 2.0, "dpo_loss": 0.1, "simpo_loss": 0.1}
+COLOSSALCHAT_MARGIN = 1.4
+"""ColossalChat's default --gamma for its simpo_loss."""
+RM_LOSSES = ("log_sig", "log_exp")
+
+
+def _summary(command: Callable[..., Any]) -> str:
+    return (command.__doc__ or "").strip().splitlines()[0]
+
+
+def _parser(command: Callable[..., Any], **kwargs: Any) -> argparse.ArgumentParser:
+    """A training command's parser with the flags every trainer has; `_finish` adds ColossalChat's and TRL's."""
+    return training_parser(_summary(command), **kwargs)
+
+
+def _finish(parser: argparse.ArgumentParser, script: str, argv: Optional[List[str]]) -> argparse.Namespace:
+    add_colossalchat_flags(parser, script)
+    add_trl_names(parser, script)
+    return parser.parse_args(argv)
+
+
+@exit_cleanly
+def sft(argv: Optional[List[str]] = None) -> None:
+    """Supervised fine-tuning on chat data."""
+    args = _finish(_parser(sft), "sft", argv)
+    from coati.cli.runner import run_supervised   # the training stack loads once the flags are read
+    from coati.trainer.sft import SFTTrainer
+
+    run_supervised(args, SFTTrainer, "sft")
+
+
+@exit_cleanly
+def rm(argv: Optional[List[str]] = None) -> None:
+    """Reward-model training on preference pairs (LogSigLoss)."""
+    parser = _parser(rm)
+    parser.add_argument("--loss_fn", default="log_sig", choices=RM_LOSSES, help="pairwise loss")
+    args = _finish(parser, "rm", argv)
+    from coati.cli.runner import load_reward_model_from_args, run_supervised
+    from coati.models.loss import LogExpLoss, LogSigLoss
+    from coati.trainer.rm import RewardModelTrainer
+
+    loss_fn = {"log_sig": LogSigLoss, "log_exp": LogExpLoss}[args.loss_fn]
+    run_supervised(args, RewardModelTrainer, "preference", model_loader=load_reward_model_from_args,
+                   trainer_kwargs={"loss_fn": loss_fn(reduction="none")})
+
+
+@exit_cleanly
+def dpo(argv: Optional[List[str]] = None) -> None:
+    """Direct preference optimisation on preference pairs: DPO, IPO or SimPO (--loss_type)."""
+    parser = _parser(dpo)
+    group = parser.add_argument_group("preference loss")
+    group.add_argument("--loss_type", default="sigmoid", choices=tuple(DEFAULT_BETA),
+                       help="sigmoid: DPO; ipo: IPO; simpo: SimPO (no reference model); ColossalChat's names: "
+                            "dpo_loss is sigmoid, simpo_loss is DPO on length-normalised log-probs with a margin "
+                            f"(--gamma, default {COLOSSALCHAT_MARGIN}), the reference kept unless --disable_reference_model")
+    group.add_argument("--beta", type=positive(), default=None, help="inverse temperature (default: 0.1; simpo 2.0)")
+    group.add_argument("--label_smoothing", type=in_range(0, 0.5, high_open=True), default=0.0,
+                       help="cDPO: assumed rate of flipped labels")
+    group.add_argument("--gamma", type=non_negative(), default=None,
+                       help="target reward margin (default: simpo 0.5; sigmoid 0, ColossalChat's DPO margin)")
+    add_reference_args(parser)
+    args = _finish(parser, "dpo", argv)
+    from coati.cli.runner import reference_hook, run_supervised
+    from coati.trainer.dpo import DPOTrainer
+
+    loss = preference_loss(args)
+    run_supervised(args, DPOTrainer, "preference", trainer_kwargs={"loss_fn": loss},
+                   setup_hook=reference_hook if loss.needs_reference else None)
+
+
+def preference_loss(args: argparse.Namespace) -> Any:
+    """The loss `--loss_type` names, with `--beta`, `--gamma` and `--label_smoothing` (their defaults per loss)."""
+    from coati.models.loss import DPOLoss, SimPOLoss
+
+    beta = DEFAULT_BETA[args.loss_type] if args.beta is None else args.beta
+    if args.loss_type == "simpo":
+        return SimPOLoss(beta, 0.5 if args.gamma is None else args.gamma, args.label_smoothing)
+    colossalchat_simpo = args.loss_type == "simpo_loss"
+    margin = COLOSSALCHAT_MARGIN if colossalchat_simpo and args.gamma is None else args.gamma or 0.0
+    return DPOLoss(beta, args.label_smoothing, "ipo" if args.loss_type == "ipo" else "sigmoid", margin,
+                   reference_free=args.disable_reference_model,
+                   length_normalization=args.length_normalization or colossalchat_simpo)
+
+
+@exit_cleanly
+def kto(argv: Optional[List[str]] = None) -> None:
+    """KTO on (prompt, completion, desirable-or-not) rows against a frozen reference."""
+    parser = _parser(kto)
+    group = parser.add_argument_group("KTO loss")
+    group.add_argument("--beta", type=positive(), default=0.1, help="inverse temperature")
+    group.add_argument("--desirable_weight", type=positive(), default=1.0, help="weight of desirable completions")
+    group.add_argument("--undesirable_weight", type=positive(), default=1.0, help="weight of undesirable completions")
+    add_reference_args(parser, precompute=False)
+    args = _finish(parser, "kto", argv)
+    from coati.cli.runner import reference_hook, run_supervised
+    from coati.models.loss import KTOLoss
+    from coati.trainer.kto import KTOTrainer, balance_kto_weights
+
+    loss = KTOLoss(args.beta, args.desirable_weight, args.undesirable_weight)
+
+    def setup(context):
+        if args.auto_weight:
+            balance_kto_weights(loss, context.load_data(args.dataset)["desirable"])
+        return reference_hook(context)
+
+    run_supervised(args, KTOTrainer, "kto", trainer_kwargs={"loss_fn": loss}, setup_hook=setup)
+
+
+@exit_cleanly
+def orpo(argv: Optional[List[str]] = None) -> None:
+    """ORPO on preference pairs: SFT on chosen plus an odds-ratio penalty, no reference model."""
+    parser = _parser(orpo)
+    parser.add_argument("--lam", type=non_negative(), default=0.1, help="weight of the odds-ratio term")
+    args = _finish(parser, "orpo", argv)
+    from coati.cli.runner import run_supervised
+    from coati.models.loss import ORPOLoss
+    from coati.trainer.dpo import ORPOTrainer
+
+    run_supervised(args, ORPOTrainer, "preference", trainer_kwargs={"loss_fn": ORPOLoss(args.lam)})
+
+
+@exit_cleanly
+def prm(argv: Optional[List[str]] = None) -> None:
+    """Process reward model training on step-labelled solutions (prepare --type prm)."""
+    from coati.dataset.tokenization import DEFAULT_STEP_SEPARATOR
+
+    parser = _parser(prm)
+    parser.add_argument("--step_separator", default=DEFAULT_STEP_SEPARATOR,
+                        help="what ends each step, saved with the model for PPO/GRPO to find the steps of a completion "
+                             "(prepare_dataset.py --type prm joins steps with \\n)")
+    parser.set_defaults(disable_loss_mask=False)
+    args = _finish(parser, "prm", argv)
+    if args.packing:
+        raise CoatiUsageError("--packing is not for train_prm.py: a PRM reads its labels at the steps' ends of padded "
+                              "rows")
+    from coati.cli.runner import load_prm_from_args, run_supervised
+    from coati.trainer.prm import PRMTrainer
+
+    run_supervised(args, PRMTrainer, "prm", model_loader=load_prm_from_args)
+
+
+@exit_cleanly
+def ppo(argv: Optional[List[str]] = None) -> None:
+    """PPO with a trained reward model and/or verifiable reward functions on prompts."""
+    parser = _parser(ppo, dataset_flag="--prompt_dataset", on_policy=True)
+    add_ppo_args(parser)
+    add_reference_args(parser, precompute=False)
+    args = _finish(parser, "ppo", argv)
+    from coati.cli.rl_runner import run_ppo
+
+    run_ppo(args)
+
+
+@exit_cleanly
+def grpo(argv: Optional[List[str]] = None) -> None:
+    """GRPO with verifiable rewards on prompts (their ground-truth fields reach the reward)."""
+    parser = _parser(grpo, dataset_flag="--prompt_dataset", on_policy=True)
+    add_grpo_args(parser)
+    add_reference_args(parser, precompute=False)
+    args = _finish(parser, "grpo", argv)
+    from coati.cli.rl_runner import run_grpo
+
+    run_grpo(args)
+
+
+COLOSSALCHAT_BINS = 10
+"""ColossalChat's default --num_spliced_dataset_bins."""
+
+
+def comma_list(value: str) -> List[str]:
+    """ColossalChat passes several inputs as one comma-separated value."""
+    return [part for part in value.split(",") if part]
+
+
+@exit_cleanly
+def prepare(argv: Optional[List[str]] = None) -> None:
+    """Validate and tokenize raw data (JSONL files, folders of them, dataset folders) into a prepared dataset."""
+    parser = CoatiArgumentParser(description=_summary(prepare))
+    parser.add_argument("--type", required=True, choices=("sft", "preference", "prompt", "kto", "prm"),
+                        help="what the rows are (prm: steps with a label each, for train_prm.py)")
+    parser.add_argument("--data_input_dirs", nargs="+", required=True, type=comma_list,
+                        help="JSONL files, folders of them, or local dataset folders that datasets.load_dataset reads "
+                             "(several: space- or comma-separated)")
+    parser.add_argument("--tokenizer_dir", required=True, help="tokenizer (with its chat template): a folder or a Hugging Face model id")
+    output = parser.add_mutually_exclusive_group(required=True)
+    output.add_argument("--data_output_dirs", help="where the prepared dataset is saved: one folder")
+    output.add_argument("--data_arrow_output_dir", help="ColossalChat's layout: one dataset folder per part, "
+                        "part-00000, part-00001, ... (train on the folder, or on the parts one by one)")
+    parser.add_argument("--max_length", type=at_least(1), default=2048, help="tokens per sequence; longer ones are cut from the right")
+    parser.add_argument("--conversation_template_config", default=None,
+                        help='ColossalChat\'s template JSON: "chat_template" (else the tokenizer\'s own), "system_message" '
+                             '(opens each conversation without a system turn) and "end_of_turn_token"')
+    parser.add_argument("--skip_invalid", action="store_true", help="skip and count invalid rows instead of stopping")
+    parser.add_argument("--trust_remote_code", action="store_true", help="allow custom tokenizer code")
+    parser.add_argument("--data_cache_dir", default=None, help="cache of datasets.load_dataset for dataset-folder inputs")
+    parser.add_argument("--num_spliced_dataset_bins", type=at_least(1), default=None,
+                        help="parts the rows are split into, as ColossalChat splits them (default: 10 with "
+                             "--data_arrow_output_dir, 1 with --data_output_dirs, where each part is an arrow file)")
+    parser.add_argument("--data_jsonl_output_dir", default=None,
+                        help="also write each part as part-NNNNN.jsonl here, with its text decoded (ColossalChat's check)")
+    parser.add_argument("--num_samples_per_datafile", type=at_least(-1), default=-1,
+                        help="keep at most this many rows of each part, sampled with a fixed seed (-1 or 0: all)")
+    args = parser.parse_args(argv)
+    out_dir = args.data_output_dirs or args.data_arrow_output_dir
+    check_writable_dir(out_dir, "--data_arrow_output_dir" if args.data_arrow_output_dir else "--data_output_dirs")
+    if args.data_jsonl_output_dir:
+        check_writable_dir(args.data_jsonl_output_dir, "--data_jsonl_output_dir")
+    args.tokenizer_dir = resolve_model_dir(args.tokenizer_dir, "--tokenizer_dir")
+    from coati.dataset.prepare import OutputLayout, prepare_dataset   # tokenizers, datasets: once flags are checked
+    from coati.dataset.tokenization import load_tokenizer, template_system_message
+
+    tokenizer = load_tokenizer(args.tokenizer_dir, args.trust_remote_code, args.conversation_template_config)
+    if not tokenizer.chat_template:
+        raise CoatiUsageError(f"the tokenizer in {args.tokenizer_dir} has no chat template; pass --conversation_template_config")
+    part_folders = args.data_arrow_output_dir is not None
+    bins = args.num_spliced_dataset_bins or (COLOSSALCHAT_BINS if part_folders else 1)
+    layout = OutputLayout(bins, part_folders, args.data_jsonl_output_dir, max(args.num_samples_per_datafile, 0))
+    counts = prepare_dataset([p for group in args.data_input_dirs for p in group], args.type, tokenizer,
+                             args.max_length, out_dir, skip_invalid=args.skip_invalid, layout=layout,
+                             cache_dir=args.data_cache_dir,
+                             system_message=template_system_message(args.conversation_template_config))
+    sampled = f", {counts['unsampled']} left out by --num_samples_per_datafile" if counts["unsampled"] else ""
+    print(f"prepared {args.type} dataset in {out_dir}: {counts['kept']} of {counts['rows']} valid rows kept, "
+          f"{counts['dropped']} dropped by truncation{sampled}, {counts['skipped']} invalid rows skipped")
+
+
+TRAINING: Dict[str, Callable[[Optional[List[str]]], None]] = {
+    "sft": sft, "rm": rm, "dpo": dpo, "kto": kto, "orpo": orpo, "prm": prm, "ppo": ppo, "grpo": grpo}
+"""The training commands by name (each launched under torchrun by `coati <name> --nproc_per_node N`)."""

@@ -1,0 +1,275 @@
+"""Config files (`--config FILE`, YAML or JSON) read as the flags they stand for, and the run's resolved config saved.
+
+A file is a mapping whose keys are the command's flags without their dashes (coati's names, ColossalChat's, and the
+TRL/HF names of `coati.cli.trl_names`); each value becomes that flag on a command line placed before the real one, so
+flags given on the command line win. A key that names no flag is refused in one line with the nearest names. Launcher
+keys (`num_processes`, `nproc_per_node`, ...) are the `coati` command's (`coati.cli.main`) and are skipped here.
+Light: no torch, so a wrong key is answered at once.
+"""
+import argparse
+import difflib
+import json
+import sys
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+
+from coati.utils.errors import CoatiUsageError
+
+CONFIG_FLAG = "--config"
+LAUNCH_KEYS = {"num_processes": "--nproc_per_node", "nproc_per_node": "--nproc_per_node", "nnodes": "--nnodes",
+               "node_rank": "--node_rank", "master_addr": "--master_addr", "master_port": "--master_port",
+               "hostfile": "--hostfile"}
+"""Config keys that say how to launch the run (TRL recipes' `num_processes` among them) -> the `coati` command's flag."""
+REFUSED_KEYS = {
+    "accelerate_config": "coati launches with torchrun or colossalai run: give num_processes (--nproc_per_node), "
+                         "--nnodes and --hostfile instead, and the plugin with --plugin",
+    "env": "set environment variables in the shell that runs coati; a config file holds settings only",
+}
+"""Keys of TRL recipes that coati does not take -> what to do instead."""
+OUTPUT_DIR_MARK = "{output_dir}"
+"""In a saved config, paths inside the run's output folder start with this, so a rerun with another --output_dir
+writes inside its own."""
+SAVED_CONFIG = "run_config.yaml"
+RUN_INFO = "run_info.json"
+
+
+def read_config(path: str) -> Dict[str, Any]:
+    """The mapping in the YAML or JSON file `path`; one line naming the file where it cannot be read."""
+    import yaml
+
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise CoatiUsageError(f"{CONFIG_FLAG} {path}: {error.strerror or error}") from None
+    try:
+        values = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as error:
+        raise CoatiUsageError(f"{CONFIG_FLAG} {path}: not valid {'JSON' if path.endswith('.json') else 'YAML'}: "
+                              f"{' '.join(str(error).split())}") from None
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise CoatiUsageError(f"{CONFIG_FLAG} {path}: expected a mapping of settings (key: value), got a "
+                              f"{type(values).__name__}")
+    return values
+
+
+def split_config_flag(argv: Sequence[str]) -> tuple:
+    """(`--config`'s file or None, the other arguments); `--config` given twice, or without a file, is refused."""
+    paths, rest, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == CONFIG_FLAG or arg.startswith(CONFIG_FLAG + "="):
+            value = arg.partition("=")[2] if "=" in arg else (argv[i + 1] if i + 1 < len(argv) else "")
+            if not value or value.startswith("--"):
+                raise CoatiUsageError(f"{CONFIG_FLAG} needs a file (YAML or JSON)")
+            paths.append(value)
+            i += 1 if "=" in arg else 2
+            continue
+        rest.append(arg)
+        i += 1
+    if len(paths) > 1:
+        raise CoatiUsageError(f"{CONFIG_FLAG} given {len(paths)} times; give one file (flags override its values)")
+    return (paths[0] if paths else None), rest
+
+
+def nearest(name: str, known: Iterable[str], prefix: str = "") -> str:
+    """' (did you mean X or Y?)' for the known names closest to `name`, or '' when none is close."""
+    close = difflib.get_close_matches(name, sorted(set(known)), n=3, cutoff=0.7)
+    return f" (did you mean {' or '.join(prefix + c for c in close)}?)" if close else ""
+
+
+def config_tokens(parser: argparse.ArgumentParser, values: Mapping[str, Any], path: str) -> List[str]:
+    """The command-line arguments the file's `values` stand for, in the file's order."""
+    actions = _actions_by_key(parser)
+    tokens: List[str] = []
+    for key, value in values.items():
+        key = str(key)
+        if key in LAUNCH_KEYS:
+            continue
+        if key in REFUSED_KEYS:
+            raise CoatiUsageError(f"{CONFIG_FLAG} {path}: key {key!r} is not taken: {REFUSED_KEYS[key]}")
+        action = actions.get(key.lstrip("-"))
+        if action is None:
+            raise CoatiUsageError(f"{CONFIG_FLAG} {path}: unknown key {key!r}{nearest(key, actions)}; see "
+                                  f"{parser.prog} --help for the settings")
+        tokens += _tokens(action, _flag_for(action, key), value, f"{CONFIG_FLAG} {path}: {key}")
+    return tokens
+
+
+def _actions_by_key(parser: argparse.ArgumentParser) -> Dict[str, argparse.Action]:
+    """Every flag of `parser` by its name without dashes, and every destination by its name."""
+    actions: Dict[str, argparse.Action] = {}
+    for flag, action in parser._option_string_actions.items():
+        if flag.startswith("--") and action.help is not argparse.SUPPRESS or _is_refusal(action):
+            actions[flag[2:]] = action
+    for action in parser._actions:
+        if action.option_strings and action.dest not in actions and action.dest != argparse.SUPPRESS:
+            actions[action.dest] = action
+    return actions
+
+
+def _is_refusal(action: argparse.Action) -> bool:
+    return type(action).__name__ == "_Refuse"
+
+
+def _flag_for(action: argparse.Action, key: str) -> str:
+    """The flag to give for `key`: the key itself where it is one of the action's flags, else its primary flag."""
+    flag = "--" + key.lstrip("-")
+    return flag if flag in action.option_strings else next(s for s in action.option_strings if s.startswith("--"))
+
+
+def _tokens(action: argparse.Action, flag: str, value: Any, where: str) -> List[str]:
+    if value is None:
+        return []
+    if action.nargs == 0:   # a switch
+        if not isinstance(value, bool):
+            raise CoatiUsageError(f"{where}: expected true or false, got {value!r}")
+        if value == bool(action.const if action.const is not None else True) or _is_refusal(action):
+            return [flag]
+        if value == bool(action.default):
+            return []
+        raise CoatiUsageError(f"{where}: {str(value).lower()} cannot be set from a file (it is the switch {flag}'s "
+                              "opposite); leave the key out")
+    if isinstance(value, (dict, list, tuple)) and not value:   # nothing: the flag alone where it may take nothing
+        return [flag] if action.nargs == "*" else []
+    if isinstance(value, dict):
+        return [flag, *(f"{k}={_text(v)}" for k, v in value.items())]
+    if isinstance(value, (list, tuple)):
+        if action.nargs not in ("+", "*") and len(value) != 1:
+            raise CoatiUsageError(f"{where}: expected one value, got a list of {len(value)}")
+        return [flag, *(_text(v) for v in value)]
+    return [flag, _text(value)]
+
+
+def _text(value: Any) -> str:
+    """A YAML scalar as it would be typed on a command line."""
+    if isinstance(value, bool):
+        return str(value)
+    return value if isinstance(value, str) else json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+
+
+def given_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Dict[str, str]:
+    """The destinations the arguments `argv` set, each with the flag that set it."""
+    given = {}
+    for arg in argv:
+        action = parser._option_string_actions.get(arg.partition("=")[0]) if arg.startswith("--") else None
+        if action is not None:
+            given[action.dest] = arg.partition("=")[0]
+    return given
+
+
+def check_flags_known(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """Every `--flag` in `argv` is one of `parser`'s (no abbreviations); one line naming the nearest flags otherwise."""
+    known = [f for f in parser._option_string_actions if f.startswith("--")]
+    for arg in argv:
+        flag = arg.partition("=")[0]
+        if arg.startswith("--") and len(arg) > 2 and flag not in parser._option_string_actions:
+            launch = " (a launcher flag: give it to the `coati` command, or to torchrun)" if flag[2:] in LAUNCH_KEYS \
+                else ""
+            raise CoatiUsageError(f"unknown flag {flag}{launch or nearest(flag, known)}")
+
+
+def resolve_reporting(args: argparse.Namespace) -> None:
+    """`--report_to` (TRL's): tensorboard puts TensorBoard events and metrics.jsonl in --log_dir, by default
+    --output_dir/logs; wandb also logs to W&B (`--use_wandb`); none logs neither."""
+    targets = list(args.report_to)
+    if "none" in targets and len(targets) > 1:
+        raise CoatiUsageError(f"--report_to {' '.join(targets)}: none means no logs; give it alone")
+    if "none" in targets and (args.log_dir or args.use_wandb):
+        raise CoatiUsageError("--report_to none with --log_dir or --use_wandb: drop one")
+    args.use_wandb = args.use_wandb or "wandb" in targets
+    if "tensorboard" in targets and not args.log_dir and getattr(args, "output_dir", None):
+        args.log_dir = str(Path(args.output_dir) / "logs")
+
+
+def expand_output_dir(args: argparse.Namespace) -> None:
+    """Replace `OUTPUT_DIR_MARK` in string settings (a saved config's paths inside its run's folder) by this run's
+    --output_dir."""
+    output_dir = getattr(args, "output_dir", None)
+    for name, value in vars(args).items():
+        if isinstance(value, str) and OUTPUT_DIR_MARK in value:
+            if not output_dir:
+                raise CoatiUsageError(f"--{name} {value}: a path inside the run's folder needs --output_dir")
+            setattr(args, name, value.replace(OUTPUT_DIR_MARK, output_dir.rstrip("/")))
+
+
+# ---- the run's own config --------------------------------------------------------------------------
+NOT_SAVED = ("config", "config_file", "checkpoint_path", "save_path")
+"""Settings a saved config leaves out: the file it was read from, ColossalChat's JSON copy of the flags, the checkpoint this run resumed from (a
+rerun starts from scratch), and ColossalChat's --save_path (already in save_dir)."""
+
+
+def resolved_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Dict[str, Any]:
+    """Every setting of the run by its primary flag's name, as `--config` reads it back: paths inside --output_dir
+    are marked `OUTPUT_DIR_MARK`."""
+    output_dir = (getattr(args, "output_dir", None) or "").rstrip("/")
+    config: Dict[str, Any] = {}
+    for action in parser._actions:
+        if not action.option_strings or action.help is argparse.SUPPRESS or action.dest in NOT_SAVED or \
+                action.default is argparse.SUPPRESS or not hasattr(args, action.dest):
+            continue
+        name = next(s for s in action.option_strings if s.startswith("--"))[2:]
+        value = _plain(getattr(args, action.dest))
+        if isinstance(value, dict) and action.nargs not in ("+", "*"):
+            value = json.dumps(value)
+        config[name] = _marked(value, output_dir) if name != "output_dir" else value
+    return config
+
+
+def _plain(value: Any) -> Any:
+    """A parsed value as YAML holds it: NAME=VALUE pairs as a mapping, tuples as lists."""
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, tuple) and len(v) == 2 for v in value):
+        return {k: _plain(v) for k, v in value}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str, dict)):
+        return value
+    return str(value)
+
+
+def _marked(value: Any, output_dir: str) -> Any:
+    if isinstance(value, list):
+        return [_marked(v, output_dir) for v in value]
+    if output_dir and isinstance(value, str) and (value == output_dir or value.startswith(output_dir + "/")):
+        return OUTPUT_DIR_MARK + value[len(output_dir):]
+    return value
+
+
+def save_run_record(args: argparse.Namespace) -> Optional[Path]:
+    """On rank 0, the run's settings (`save_run_config`) in --output_dir (else --save_dir; nowhere without either);
+    returns the config's path there."""
+    from coati.utils.comm import is_rank_0
+
+    record = getattr(args, "_run_record", None)
+    folder = getattr(args, "output_dir", None) or getattr(args, "save_dir", None)
+    if record is None or not folder or not is_rank_0():
+        return None
+    return save_run_config(folder, record.config, record.sources, record.argv)
+
+
+def save_run_config(folder: str, config: Dict[str, Any], sources: Dict[str, str], argv: Sequence[str]) -> Path:
+    """`folder/run_config.yaml` (the settings, which `--config` reads back) and `folder/run_info.json` (where each
+    came from, the command line, the versions); returns the config's path."""
+    import yaml
+
+    target = Path(folder)
+    target.mkdir(parents=True, exist_ok=True)
+    header = ("# The resolved settings of this run; rerun it from scratch with\n"
+              f"#   coati <command> --config {target / SAVED_CONFIG} --output_dir NEW_DIR\n")
+    (target / SAVED_CONFIG).write_text(header + yaml.safe_dump(config, sort_keys=False, default_flow_style=False))
+    info = {"command": [Path(sys.argv[0]).name, *argv], "sources": sources, "versions": _versions()}
+    (target / RUN_INFO).write_text(json.dumps(info, indent=2) + "\n")
+    return target / SAVED_CONFIG
+
+
+def _versions() -> Dict[str, Optional[str]]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found: Dict[str, Optional[str]] = {"python": sys.version.split()[0]}
+    for package in ("coati", "colossalai", "torch", "transformers", "peft", "vllm"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = None
+    return found

@@ -1,0 +1,119 @@
+"""The `coati` command: `coati <command> [--config FILE] [flags] [--nproc_per_node N ...]`.
+
+With launch flags (`--nproc_per_node`, `--nnodes`, `--node_rank`, `--master_addr`, `--master_port`; or `--hostfile`
+for `colossalai run`), or `num_processes`/`nproc_per_node` in the config file, it starts the distributed run itself
+and each process runs the command in place; without them, or already under a launcher, it runs in this process.
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, NoReturn, Optional, Tuple
+
+from coati.cli.config_file import LAUNCH_KEYS, nearest, read_config, split_config_flag
+from coati.utils.errors import USAGE_EXIT_CODE, CoatiUsageError, fail
+
+LAUNCH_FLAGS = ("--nproc_per_node", "--nnodes", "--node_rank", "--master_addr", "--master_port", "--hostfile")
+LAUNCHER_ENV = ("LOCAL_RANK", "TORCHELASTIC_RUN_ID")
+"""Set in a process that torchrun (or colossalai run, which calls it) started: the command then runs in place."""
+
+
+def _commands() -> Dict[str, object]:
+    from coati.cli.commands import TRAINING, prepare
+
+    return {"prepare": prepare, **TRAINING}
+
+
+def usage() -> str:
+    lines = ["usage: coati <command> [--config FILE] [flags] [--nproc_per_node N]", "", "commands:"]
+    for name, command in _commands().items():
+        lines.append(f"  {name:<9} {(command.__doc__ or '').strip().splitlines()[0]}")
+    lines += ["", "`coati <command> --help` lists a command's flags; a config file's keys are the same flags without "
+                  "their dashes.", "Launch: --nproc_per_node N (one node, torchrun), --nnodes --node_rank "
+                  "--master_addr --master_port (torchrun's rendezvous), or --hostfile FILE (colossalai run)."]
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """Run `coati <command>`: here, or under the launcher its launch flags ask for."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        sys.exit(0 if argv else USAGE_EXIT_CODE)
+    name, rest = argv[0], argv[1:]
+    commands = _commands()
+    if name not in commands:
+        _refuse(f"unknown command {name!r}{nearest(name, commands)}; the commands are {', '.join(commands)}")
+    try:
+        launch, rest = launch_options(rest)
+    except CoatiUsageError as error:
+        _refuse(str(error))
+    if launch and not any(os.environ.get(v) for v in LAUNCHER_ENV):
+        sys.exit(subprocess.call(launcher_command(name, launch, rest)))
+    sys.argv[0] = f"coati {name}"   # the command's --help and errors name it
+    commands[name](rest)
+
+
+def _refuse(message: str) -> NoReturn:
+    fail(f"error: {message} (see coati --help)", USAGE_EXIT_CODE)
+
+
+def launch_options(argv: List[str]) -> Tuple[Dict[str, str], List[str]]:
+    """The launch flags in `argv` (and launch keys of its `--config` file, which the flags override), and the other
+    arguments."""
+    launch: Dict[str, str] = {}
+    path, _ = split_config_flag(argv)
+    if path:
+        for key, value in read_config(path).items():
+            if key in LAUNCH_KEYS:
+                launch[LAUNCH_KEYS[key]] = str(value)
+    rest, i = [], 0
+    while i < len(argv):
+        flag, sep, value = argv[i].partition("=")
+        if flag in LAUNCH_FLAGS:
+            if not sep:
+                if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                    raise CoatiUsageError(f"{flag} needs a value")
+                value, i = argv[i + 1], i + 1
+            launch[flag] = value
+        else:
+            rest.append(argv[i])
+        i += 1
+    _check_launch(launch)
+    return launch, rest
+
+
+def _check_launch(launch: Dict[str, str]) -> None:
+    for flag in ("--nproc_per_node", "--nnodes", "--node_rank", "--master_port"):
+        if flag in launch and not (launch[flag].isdigit() and (int(launch[flag]) >= 1 or flag == "--node_rank")):
+            raise CoatiUsageError(f"{flag} {launch[flag]}: expected a whole number" +
+                                  (" >= 1" if flag != "--node_rank" else " >= 0"))
+    if "--hostfile" in launch:
+        if not Path(launch["--hostfile"]).is_file():
+            raise CoatiUsageError(f"--hostfile {launch['--hostfile']} does not exist or is not a file")
+        torchrun_only = sorted(set(launch) & {"--nnodes", "--node_rank"})
+        if torchrun_only:
+            raise CoatiUsageError(f"--hostfile (colossalai run) and {', '.join(torchrun_only)} (torchrun's rendezvous): "
+                                  "give one way of launching")
+
+
+def launcher_command(name: str, launch: Dict[str, str], rest: List[str]) -> List[str]:
+    """torchrun (or `colossalai run` with a hostfile) starting `coati <name> rest` on every process."""
+    nproc = launch.get("--nproc_per_node", "1")
+    if "--hostfile" in launch:
+        options = ["--hostfile", launch["--hostfile"], "--nproc_per_node", nproc]
+        for flag in ("--master_addr", "--master_port"):
+            if flag in launch:
+                options += [flag, launch[flag]]
+        return ["colossalai", "run", *options, str(Path(__file__).resolve()), name, *rest]
+    options = [f"--nproc_per_node={nproc}"]
+    if int(launch.get("--nnodes", "1")) == 1 and "--master_addr" not in launch:
+        options.append("--standalone")
+    else:
+        options += [f"{flag}={launch[flag]}" for flag in ("--nnodes", "--node_rank", "--master_addr", "--master_port")
+                    if flag in launch]
+    return [sys.executable, "-m", "torch.distributed.run", *options, "--module", "coati.cli.main", name, *rest]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,232 @@
+"""TRL's and Hugging Face's names for coati's settings, with TRL's meaning, as flags and config-file keys.
+
+Names that mean what coati's setting means are declared as that setting's aliases in `coati.config`
+(`--model_name_or_path` is `--pretrain`, `--learning_rate` is `--lr`, ...). The names here count or spell things
+differently, and are converted after parsing:
+
+- On-policy runs count optimizer steps where TRL does: `per_device_train_batch_size` is completions per rank in a
+  learning micro-batch (coati's `--train_batch_size`; `--batch_size`, prompts per rank, becomes it times
+  `gradient_accumulation_steps` over `num_generations`, which must divide), and `max_steps`, `logging_steps`,
+  `save_steps` and `eval_steps` count optimizer steps (coati's `--num_episodes`, `--log_interval`,
+  `--save_interval`, `--eval_interval` count episodes: the count is divided by the optimizer steps of an episode).
+- Switches TRL writes as booleans: `bf16`/`fp16` (`--mixed_precision`), `use_peft` (LoRA, rank 16 unless `lora_r`
+  says), `use_vllm` (`--rollout_backend vllm`), `scale_rewards` (false/none: `--no_std_normalize`).
+- `loss_type` (GRPO's aggregation: grpo, bnpo, dr_grpo, dapo), `epsilon` (both clip bounds unless `epsilon_high`),
+  `reward_weights` (one per reward function), `resume_from_checkpoint` (a path, or true: the latest).
+"""
+import argparse
+import math
+from typing import Any, Callable, Dict, List
+
+from coati.cli.options import add_post_parse
+from coati.utils.errors import CoatiUsageError
+
+ON_POLICY = ("ppo", "grpo")
+GRPO_LOSS_TYPES = {"grpo": "seq-mean-token-mean", "bnpo": "token-mean", "dr_grpo": "seq-mean-token-sum-norm",
+                   "dapo": "token-mean"}
+"""TRL's GRPO `loss_type` -> coati's `--loss_agg` (bnpo and dapo both average over the batch's tokens)."""
+TRL_LORA_RANK = 16
+"""TRL's `lora_r` default, the rank `use_peft` trains with when no rank is given."""
+STEP_COUNTS = {"max_steps": "num_episodes", "logging_steps": "log_interval", "save_steps": "save_interval",
+               "eval_steps": "eval_interval"}
+"""On-policy: TRL's counts of optimizer steps -> coati's settings that count episodes."""
+NOT_YET = {
+    "dataset_train_split": "coati trains on prepared dataset folders: pass the training data's folder as "
+                           "--dataset (--prompt_dataset)",
+    "dataset_test_split": "coati trains on prepared dataset folders: pass the held-out data's folder as --eval_dataset",
+    "per_device_eval_batch_size": "coati evaluates in batches of --batch_size (supervised) or generates the held-out "
+                                  "prompts at once (on-policy)",
+}
+"""TRL names coati does not take yet -> what to use."""
+
+
+def truthy(value: str) -> bool:
+    """An argparse `type` for TRL's boolean flags: true/false, yes/no, 1/0."""
+    lowered = value.lower()
+    if lowered in ("true", "yes", "1"):
+        return True
+    if lowered in ("false", "no", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return number
+
+
+def add_trl_names(parser: argparse.ArgumentParser, script: str) -> None:
+    """The converted TRL names for `script` (sft, rm, dpo, kto, orpo, prm, ppo, grpo), and their conversion after
+    parsing (`CoatiArgumentParser.post_parse`)."""
+    group = parser.add_argument_group("TRL's names with TRL's meaning (converted to coati's settings; see "
+                                      "coati.cli.trl_names)")
+
+    def add(flag: str, help: str, **kwargs: Any) -> None:
+        group.add_argument(flag, dest=f"trl_{flag[2:]}", default=argparse.SUPPRESS, help=help, **kwargs)
+
+    switch = dict(nargs="?", const=True, type=truthy, metavar="BOOL")
+    add("--bf16", "true: --mixed_precision bf16; false: fp32 (unless --fp16)", **switch)
+    add("--fp16", "true: --mixed_precision fp16", **switch)
+    add("--use_peft", f"LoRA adapters (rank --lora_r, {TRL_LORA_RANK} unless given)", **switch)
+    add("--resume_from_checkpoint", "a checkpoint folder, or true: the newest complete one in --save_dir "
+                                    "(--checkpoint_path)")
+    for name, instead in NOT_YET.items():
+        add(f"--{name}", f"not taken: {instead}", type=_not_yet(name, instead))
+    if script in ON_POLICY:
+        add("--per_device_train_batch_size", "completions per rank in a learning micro-batch (TRL's count): sets "
+            "--train_batch_size, and --batch_size (prompts per rank) to it x --gradient_accumulation_steps / "
+            "--num_generations", type=_positive_int)
+        add("--max_steps", "optimizer steps of the run (sets --num_episodes)", type=_positive_int)
+        add("--save_steps", "save every N optimizer steps (sets --save_interval)", type=_positive_int)
+        add("--eval_steps", "evaluate every N optimizer steps (sets --eval_interval)", type=_positive_int)
+        add("--use_vllm", "--rollout_backend vllm", **switch)
+        add("--epsilon", "both clip bounds, --clip_eps_low and (unless --epsilon_high) --clip_eps_high", type=float)
+        add("--reward_weights", "one weight per --reward_funcs entry", nargs="+", type=float)
+        add("--max_prompt_length", "longest prompt in tokens; longer ones are cut (--max_length)", type=_positive_int)
+        if script == "grpo":
+            add("--loss_type", f"GRPO's aggregation: {', '.join(GRPO_LOSS_TYPES)} (--loss_agg)",
+                choices=tuple(GRPO_LOSS_TYPES))
+            add("--scale_rewards", "true/group: divide advantages by the group std; false/none: do not "
+                                   "(--no_std_normalize)", type=str, metavar="{true,false,group,none}")
+    else:
+        add("--per_device_train_batch_size", "rows per rank in a micro-batch (--batch_size)", type=_positive_int)
+        add("--save_steps", "save every N optimizer steps (--save_interval)", type=_positive_int)
+        add("--eval_steps", "not taken: supervised runs evaluate --eval_dataset after each epoch",
+            type=_not_yet("eval_steps", "supervised runs evaluate --eval_dataset after each epoch"))
+    add_post_parse(parser, lambda args: convert(args, parser, script))
+
+
+def _not_yet(name: str, instead: str) -> Callable[[str], Any]:
+    def refuse(value: str) -> Any:
+        raise argparse.ArgumentTypeError(f"{name} is not taken: {instead}")
+
+    return refuse
+
+
+def convert(args: argparse.Namespace, parser: argparse.ArgumentParser, script: str) -> None:
+    """Turn the TRL names given into coati's settings; a combination coati cannot honour raises `CoatiUsageError`.
+    What each name set is kept in `parser.derived` (destination -> the TRL name), for the run's record."""
+    trl = {name[4:]: value for name, value in vars(args).items() if name.startswith("trl_")}
+    for name in trl:
+        delattr(args, f"trl_{name}")
+    run = _Conversion(args, getattr(parser, "given", {}), trl)
+    run.precision()
+    if trl.get("use_peft") and not args.lora_rank:
+        run.set("lora_rank", TRL_LORA_RANK, "use_peft")
+    if "resume_from_checkpoint" in trl:
+        value = trl["resume_from_checkpoint"]
+        run.set("checkpoint_path", {"true": "latest", "false": None}.get(value.lower(), value), "resume_from_checkpoint")
+    if script in ON_POLICY:
+        run.on_policy(script)
+    else:
+        for name, dest in (("per_device_train_batch_size", "batch_size"), ("save_steps", "save_interval")):
+            if name in trl:
+                run.set(dest, trl[name], name, exclusive=True)
+    parser.derived = run.derived
+
+
+class _Conversion:
+    """The TRL names given (`trl`, by name) turned into `args`' settings; `given` holds the flags that set settings
+    directly (destination -> flag), which a TRL name for the same setting may not contradict."""
+
+    def __init__(self, args: argparse.Namespace, given: Dict[str, str], trl: Dict[str, Any]) -> None:
+        self.args, self.given, self.trl = args, given, trl
+        self.derived: Dict[str, str] = {}
+
+    def set(self, dest: str, value: Any, name: str, exclusive: bool = False) -> None:
+        """`args.<dest> = value`, set by the TRL name `name`; with `exclusive`, refused where a flag set `dest` too."""
+        if exclusive and dest in self.given:
+            raise CoatiUsageError(f"{self.given[dest]} and --{name} set the same thing; give one")
+        setattr(self.args, dest, value)
+        self.derived[dest] = name
+
+    def precision(self) -> None:
+        trl = self.trl
+        if trl.get("bf16") and trl.get("fp16"):
+            raise CoatiUsageError("--bf16 and --fp16: choose one precision")
+        if trl.get("fp16"):
+            self.set("mixed_precision", "fp16", "fp16")
+        elif "bf16" in trl:
+            self.set("mixed_precision", "bf16" if trl["bf16"] else "fp32", "bf16")
+
+    def on_policy(self, script: str) -> None:
+        trl = self.trl
+        if trl.get("use_vllm"):
+            self.set("rollout_backend", "vllm", "use_vllm")
+        if "epsilon" in trl:
+            self.set("clip_eps_low", trl["epsilon"], "epsilon")
+            if "clip_eps_high" not in self.given:
+                self.set("clip_eps_high", trl["epsilon"], "epsilon")
+        if "reward_weights" in trl:
+            self.set("reward_fn", _weighted(self.args.reward_fn, trl["reward_weights"]), "reward_weights")
+        if "max_prompt_length" in trl:
+            self.set("max_length", trl["max_prompt_length"], "max_prompt_length", exclusive=True)
+        if script == "grpo" and "loss_type" in trl:
+            self.set("loss_agg", GRPO_LOSS_TYPES[trl["loss_type"]], "loss_type", exclusive=True)
+        if script == "grpo" and "scale_rewards" in trl:
+            self.set("no_std_normalize", _no_std_normalize(trl["scale_rewards"]), "scale_rewards")
+        if "per_device_train_batch_size" in trl:
+            self.completions_per_device(trl["per_device_train_batch_size"])
+        if self.given.get("log_interval") == "--logging_steps" or any(name in trl for name in STEP_COUNTS):
+            self.step_counts()
+
+    def completions_per_device(self, completions: int) -> None:
+        """TRL's completions per device per micro-step -> coati's prompts per rank (`--batch_size`) and learning
+        micro-batch (`--train_batch_size`): a collect step generates what `gradient_accumulation_steps` micro-steps
+        learn."""
+        args = self.args
+        generated = completions * args.accumulation_steps
+        if generated % args.num_generations:
+            raise CoatiUsageError(
+                f"--per_device_train_batch_size {completions} x --gradient_accumulation_steps {args.accumulation_steps}"
+                f" = {generated} completions per rank is not a whole number of prompts of --num_generations "
+                f"{args.num_generations}; make it a multiple")
+        self.set("batch_size", generated // args.num_generations, "per_device_train_batch_size", exclusive=True)
+        self.set("train_batch_size", completions, "per_device_train_batch_size", exclusive=True)
+
+    def step_counts(self) -> None:
+        """TRL's counts of optimizer steps -> coati's counts of episodes, which must come out whole."""
+        per_episode = optimizer_steps_per_episode(self.args)
+        counts = dict(self.trl)
+        if self.given.get("log_interval") == "--logging_steps":
+            counts["logging_steps"] = self.args.log_interval
+        for name, dest in STEP_COUNTS.items():
+            if name not in counts:
+                continue
+            steps = counts[name]
+            if steps % per_episode:
+                raise CoatiUsageError(f"--{name} {steps} counts optimizer steps, and an episode here makes "
+                                      f"{per_episode} of them: give a multiple of {per_episode}, or --{dest} in "
+                                      "episodes")
+            self.set(dest, steps // per_episode, name, exclusive=name != "logging_steps")
+
+
+def _weighted(specs: Any, weights: List[float]) -> List[str]:
+    """`reward_funcs` with TRL's `reward_weights`, one each, as coati's NAME=WEIGHT specs."""
+    specs = list(specs or [])
+    if len(specs) != len(weights):
+        raise CoatiUsageError(f"--reward_weights: {len(weights)} weights for {len(specs)} reward functions "
+                              f"({' '.join(specs) or 'none'}); give one weight per --reward_funcs entry")
+    if any("=" in spec.rsplit(":", 1)[-1] for spec in specs):
+        raise CoatiUsageError("--reward_weights with NAME=WEIGHT reward functions: weigh them one way")
+    return [f"{spec}={weight:g}" for spec, weight in zip(specs, weights)]
+
+
+def _no_std_normalize(value: str) -> bool:
+    lowered = value.lower()
+    if lowered in ("true", "group"):
+        return False
+    if lowered in ("false", "none"):
+        return True
+    raise CoatiUsageError(f"--scale_rewards {value}: coati scales by the group's std (true, group) or not (false, "
+                          "none); batch scaling is --adv_estimator reinforce_pp")
+
+
+def optimizer_steps_per_episode(args: argparse.Namespace) -> int:
+    """Optimizer steps of one on-policy episode on each rank: per update pass, the collect steps' learning
+    micro-batches (`--train_batch_size` completions each, or a collect step's whole batch) in accumulation groups."""
+    rows = args.batch_size * args.num_generations
+    micro_batches = args.num_collect_steps * (math.ceil(rows / args.train_batch_size) if args.train_batch_size else 1)
+    return args.num_update_steps * math.ceil(micro_batches / args.accumulation_steps)

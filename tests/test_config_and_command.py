@@ -1,0 +1,263 @@
+"""The way in as a TRL user takes it: the `coati` command, `--config` files in TRL's names (each TRL name's meaning
+pinned), unknown keys and flags refused with the nearest names before anything heavy loads, and a run that saves its
+resolved config, from which it reruns with the same metrics."""
+import importlib
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, child_env, train_records
+from coati.cli.main import launch_options, launcher_command
+
+COATI = [sys.executable, "-m", "coati.cli.main"]
+
+
+def _parse(command: str, argv, monkeypatch, config=None, tmp_path=None):
+    """The args `coati <command>` would run with (its run function replaced by one that returns them)."""
+    from coati.cli import commands
+
+    home, runner = ("coati.cli.rl_runner", f"run_{command}") if command in ("ppo", "grpo") else (
+        "coati.cli.runner", "run_supervised")
+    seen = {}
+    monkeypatch.setattr(importlib.import_module(home), runner, lambda args, *a, **k: seen.setdefault("args", args))
+    if config is not None:
+        path = tmp_path / "recipe.yaml"
+        path.write_text(yaml.safe_dump(config))
+        argv = ["--config", str(path), *argv]
+    getattr(commands, command)(list(argv))
+    return seen["args"]
+
+
+def _refused(command: str, argv, monkeypatch, capsys, config=None, tmp_path=None) -> str:
+    with pytest.raises(SystemExit) as stop:
+        _parse(command, argv, monkeypatch, config, tmp_path)
+    assert stop.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+GRPO = ["--pretrain", "m", "--prompt_dataset", "d"]
+SFT = ["--pretrain", "m", "--dataset", "d"]
+
+
+@pytest.mark.parametrize("trl, value, setting, expected", [
+    ("model_name_or_path", "org/model", "pretrain", "org/model"),
+    ("learning_rate", 3e-6, "lr", 3e-6),
+    ("gradient_accumulation_steps", 4, "accumulation_steps", 4),
+    ("num_train_epochs", 3, "max_epochs", 3),
+    ("max_steps", 7, "max_steps", 7),
+    ("lr_scheduler_type", "linear", "lr_scheduler", "linear"),
+    ("warmup_ratio", 0.1, "warmup_ratio", 0.1),
+    ("weight_decay", 0.01, "weight_decay", 0.01),
+    ("max_grad_norm", 0.5, "grad_clip", 0.5),
+    ("seed", 7, "seed", 7),
+    ("gradient_checkpointing", True, "grad_checkpoint", True),
+    ("save_total_limit", 2, "keep_last", 2),
+    ("logging_steps", 5, "log_interval", 5),
+    ("per_device_train_batch_size", 16, "batch_size", 16),
+    ("save_steps", 50, "save_interval", 50),
+    ("max_length", 512, "max_length", 512),
+    ("output_dir", "out/x", "output_dir", "out/x"),
+    ("dataset_name", ["data/a"], "dataset", ["data/a"]),
+    ("lora_r", 8, "lora_rank", 8),
+    ("lora_alpha", 32, "lora_alpha", 32),
+    ("lora_dropout", 0.05, "lora_dropout", 0.05),
+    ("lora_target_modules", ["q_proj", "v_proj"], "lora_target_modules", ["q_proj", "v_proj"]),
+    ("bf16", False, "mixed_precision", "fp32"),
+    ("fp16", True, "mixed_precision", "fp16"),
+    ("resume_from_checkpoint", True, "checkpoint_path", "latest"),
+    ("resume_from_checkpoint", "ckpt/epoch-0_step-4", "checkpoint_path", "ckpt/epoch-0_step-4"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_a_trl_name_in_a_supervised_config_sets_coatis_setting_with_trls_meaning(trl, value, setting, expected,
+                                                                                 monkeypatch, tmp_path):
+    args = _parse("sft", [] if trl in ("model_name_or_path", "dataset_name") else SFT, monkeypatch,
+                  {trl: value, **({"dataset_name": ["d"]} if trl == "model_name_or_path" else {}),
+                   **({"model_name_or_path": "m"} if trl == "dataset_name" else {})}, tmp_path)
+    assert getattr(args, setting) == expected
+
+
+def test_use_peft_trains_lora_at_trls_rank_unless_lora_r_says(monkeypatch, tmp_path):
+    assert _parse("sft", [*SFT, "--use_peft"], monkeypatch).lora_rank == 16
+    assert _parse("sft", [*SFT, "--use_peft", "true", "--lora_r", "4"], monkeypatch).lora_rank == 4
+    assert _parse("sft", SFT, monkeypatch, {"use_peft": False}, tmp_path).lora_rank == 0
+
+
+@pytest.mark.parametrize("config, expected", [
+    ({"beta": 0.04}, {"kl_coef": 0.04}),
+    ({"max_completion_length": 256}, {"max_new_tokens": 256}),
+    ({"num_generations": 4, "temperature": 0.7}, {"num_generations": 4, "temperature": 0.7}),
+    ({"epsilon": 0.3}, {"clip_eps_low": 0.3, "clip_eps_high": 0.3}),
+    ({"epsilon": 0.2, "epsilon_high": 0.28}, {"clip_eps_low": 0.2, "clip_eps_high": 0.28}),
+    ({"loss_type": "grpo"}, {"loss_agg": "seq-mean-token-mean"}),
+    ({"loss_type": "dr_grpo"}, {"loss_agg": "seq-mean-token-sum-norm"}),
+    ({"loss_type": "dapo"}, {"loss_agg": "token-mean"}),
+    ({"scale_rewards": False}, {"no_std_normalize": True}),
+    ({"scale_rewards": "group"}, {"no_std_normalize": False}),
+    ({"scale_rewards": "none"}, {"no_std_normalize": True}),
+    ({"use_vllm": True}, {"rollout_backend": "vllm"}),
+    ({"reward_funcs": ["math_answer", "answer_format"], "reward_weights": [1.0, 0.5]},
+     {"reward_fn": ["math_answer=1", "answer_format=0.5"]}),
+    ({"max_prompt_length": 200}, {"max_length": 200}),
+    ({"report_to": ["wandb"], "output_dir": "o"}, {"use_wandb": True, "log_dir": None}),
+    ({"report_to": ["wandb", "tensorboard"], "output_dir": "o"}, {"use_wandb": True, "log_dir": "o/logs"}),
+    ({"report_to": "none", "output_dir": "o"}, {"use_wandb": False, "log_dir": None}),
+    ({"output_dir": "o"}, {"log_dir": "o/logs"}),
+])
+def test_a_trl_name_in_a_grpo_config_sets_coatis_setting_with_trls_meaning(config, expected, monkeypatch, tmp_path):
+    args = _parse("grpo", GRPO, monkeypatch, config, tmp_path)
+    assert {name: getattr(args, name) for name in expected} == expected
+
+
+@pytest.mark.parametrize("config, expected", [
+    # 8 completions per rank per micro-step, 2 micro-steps per optimizer step, groups of 4: 4 prompts per rank
+    ({"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2, "num_generations": 4},
+     {"batch_size": 4, "train_batch_size": 8, "accumulation_steps": 2}),
+    # one optimizer step per episode: steps count episodes
+    ({"per_device_train_batch_size": 8, "num_generations": 4, "max_steps": 30, "logging_steps": 5, "save_steps": 10,
+      "eval_steps": 15}, {"num_episodes": 30, "log_interval": 5, "save_interval": 10, "eval_interval": 15}),
+    # 2 prompts x 4 completions learned 2 at a time, one micro-batch a step: 4 optimizer steps per episode
+    ({"batch_size": 2, "num_generations": 4, "train_batch_size": 2, "max_steps": 40, "logging_steps": 8},
+     {"num_episodes": 10, "log_interval": 2}),
+])
+def test_grpo_counts_convert_from_trls_completions_and_optimizer_steps(config, expected, monkeypatch, tmp_path):
+    from coati.cli.trl_names import optimizer_steps_per_episode
+
+    args = _parse("grpo", GRPO, monkeypatch, config, tmp_path)
+    assert {name: getattr(args, name) for name in expected} == expected
+    if "max_steps" in config:
+        assert args.num_episodes * optimizer_steps_per_episode(args) == config["max_steps"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--per_device_train_batch_size", "6", "--num_generations", "4"],
+     r"--per_device_train_batch_size 6 x --gradient_accumulation_steps 1 = 6 completions per rank is not a whole "
+     r"number of prompts of --num_generations 4; make it a multiple"),
+    (["--per_device_train_batch_size", "8", "--batch_size", "2"],
+     r"--batch_size and --per_device_train_batch_size set the same thing; give one"),
+    (["--batch_size", "2", "--num_generations", "4", "--train_batch_size", "2", "--max_steps", "6"],
+     r"--max_steps 6 counts optimizer steps, and an episode here makes 4 of them: give a multiple of 4, or "
+     r"--num_episodes in episodes"),
+    (["--max_steps", "5", "--num_episodes", "5"], r"--num_episodes and --max_steps set the same thing"),
+    (["--reward_funcs", "math_answer", "--reward_weights", "1", "2"],
+     r"--reward_weights: 2 weights for 1 reward functions \(math_answer\)"),
+    (["--scale_rewards", "batch"], r"--scale_rewards batch: coati scales by the group's std"),
+    (["--bf16", "--fp16"], r"--bf16 and --fp16: choose one precision"),
+    (["--report_to", "none", "wandb"], r"--report_to none wandb: none means no logs; give it alone"),
+    (["--dataset_test_split", "test"], r"dataset_test_split is not taken: .* --eval_dataset"),
+    (["--num_generation", "4"], r"unknown flag --num_generation \(did you mean --num_generations"),
+    (["--nproc_per_node", "2"], r"unknown flag --nproc_per_node \(a launcher flag: give it to the `coati` command"),
+])
+def test_a_grpo_combination_coati_cannot_honour_is_one_line(argv, message, monkeypatch, capsys):
+    import re
+
+    line = _refused("grpo", [*GRPO, *argv], monkeypatch, capsys)
+    assert re.search(message, line), line
+
+
+def test_flags_override_the_file_and_launcher_keys_are_the_coati_commands(monkeypatch, tmp_path):
+    config = {"learning_rate": 1e-3, "num_processes": 2, "per_device_train_batch_size": 4}   # 4: the default
+    args = _parse("sft", [*SFT, "--learning_rate", "2e-3"], monkeypatch, config, tmp_path)
+    assert (args.lr, args.batch_size) == (2e-3, 4)
+    assert args._run_record.sources["lr"] == "flag --learning_rate" and args._run_record.sources["batch_size"] == \
+        "file (per_device_train_batch_size)"
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"learnin_rate": 1e-3}, r"unknown key 'learnin_rate' \(did you mean learning_rate\?\)"),
+    ({"accelerate_config": "fsdp.yaml"}, r"key 'accelerate_config' is not taken: coati launches with torchrun"),
+    ({"env": {"A": "1"}}, r"key 'env' is not taken: set environment variables in the shell"),
+    ({"gradient_checkpointing": "yes"}, r"gradient_checkpointing: expected true or false, got 'yes'"),
+    ({"learning_rate": [1, 2]}, r"learning_rate: expected one value, got a list of 2"),
+])
+def test_a_bad_config_key_or_value_is_one_line_naming_the_file(config, message, monkeypatch, capsys, tmp_path):
+    import re
+
+    line = _refused("sft", SFT, monkeypatch, capsys, config, tmp_path)
+    assert re.search(r"--config .*recipe\.yaml: " + message, line), line
+
+
+def _run_coati(*argv, cwd=REPO, timeout=600):
+    return subprocess.run([*COATI, *argv], capture_output=True, text=True, env=child_env(), cwd=cwd, timeout=timeout)
+
+
+def test_an_unknown_key_or_flag_is_answered_at_once_without_the_training_stack(tmp_path):
+    (tmp_path / "bad.yaml").write_text("model_name_or_path: m\ndataset_name: d\nlearnig_rate: 1.0e-5\n")
+    probe = ("import sys, runpy; sys.argv = ['coati', *sys.argv[1:]]\ntry:\n    runpy.run_module('coati.cli.main', "
+             "run_name='__main__')\nexcept SystemExit as stop:\n    print('exit', stop.code)\nprint('loaded', sorted(m "
+             "for m in ('torch', 'colossalai', 'transformers') if m in sys.modules))")
+    for argv, wanted in ((["sft", "--config", str(tmp_path / "bad.yaml")], "unknown key 'learnig_rate' (did you mean "
+                                                                            "learning_rate?)"),
+                         (["grpo", *GRPO, "--per_device_train_batchsize", "8"],
+                          "unknown flag --per_device_train_batchsize (did you mean --per_device_train_batch_size ")):
+        start = time.monotonic()
+        done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, env=child_env(),
+                              cwd=REPO, timeout=60)
+        assert time.monotonic() - start < 5
+        assert done.stdout.split("\n")[-3:-1] == ["exit 2", "loaded []"], done.stdout + done.stderr
+        assert wanted in done.stderr
+
+
+def test_the_coati_command_lists_its_commands_and_refuses_an_unknown_one():
+    listed = _run_coati("--help")
+    assert listed.returncode == 0
+    assert all(f"\n  {name} " in listed.stdout for name in ("prepare", "sft", "rm", "dpo", "ppo", "grpo"))
+    wrong = _run_coati("grop")
+    assert wrong.returncode == 2 and wrong.stderr.strip().splitlines() == [
+        "error: unknown command 'grop' (did you mean grpo?); the commands are prepare, sft, rm, dpo, kto, orpo, prm, "
+        "ppo, grpo (see coati --help)"]
+    assert (Path(sys.executable).parent / "coati").is_file()   # the console script `pip install -e .` installs
+
+
+def test_launch_flags_and_keys_become_torchrun_or_colossalai_run(tmp_path):
+    (tmp_path / "recipe.yaml").write_text("num_processes: 4\nlearning_rate: 1.0e-5\n")
+    launch, rest = launch_options(["--config", str(tmp_path / "recipe.yaml"), "--lr", "1", "--nproc_per_node=2"])
+    assert launch == {"--nproc_per_node": "2"} and rest == ["--config", str(tmp_path / "recipe.yaml"), "--lr", "1"]
+    assert launcher_command("grpo", launch, rest)[1:] == [
+        "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", "--module", "coati.cli.main", "grpo", *rest]
+    nodes = {"--nproc_per_node": "8", "--nnodes": "2", "--node_rank": "1", "--master_addr": "10.0.0.1",
+             "--master_port": "29500"}
+    assert launcher_command("sft", nodes, [])[3:8] == ["--nproc_per_node=8", "--nnodes=2", "--node_rank=1",
+                                                        "--master_addr=10.0.0.1", "--master_port=29500"]
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node1\nnode2\n")
+    command = launcher_command("sft", {"--hostfile": str(hostfile), "--nproc_per_node": "8"}, ["--lr", "1"])
+    assert command[:6] == ["colossalai", "run", "--hostfile", str(hostfile), "--nproc_per_node", "8"]
+    assert command[6].endswith("coati/cli/main.py") and command[7:] == ["sft", "--lr", "1"]
+
+
+@pytest.mark.slow
+def test_grpo_from_a_trl_recipe_saves_its_config_and_reruns_from_it_with_the_same_metrics(tiny_assets, tmp_path):
+    """`coati grpo --config recipe.yaml` launches 2 processes, saves the resolved config and where each value came
+    from; `coati grpo --config OUT/run_config.yaml --output_dir NEW` reruns it from scratch (the saved
+    `--checkpoint_path latest` is left out) and logs the same metrics."""
+    recipe = {"model_name_or_path": str(tiny_assets["model"]), "dataset_name": str(tiny_assets["prompt_train"]),
+              "output_dir": str(tmp_path / "first"), "save_dir": str(tmp_path / "first" / "ckpt"),
+              "resume_from_checkpoint": True, "learning_rate": 1e-3, "num_generations": 3,
+              "per_device_train_batch_size": 6, "max_steps": 3, "max_completion_length": 8, "logging_steps": 1,
+              "loss_type": "dr_grpo", "reward_funcs": ["math_answer"], "num_processes": 2, "seed": 3}
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    first = _run_coati("grpo", "--config", str(tmp_path / "recipe.yaml"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    saved = yaml.safe_load((tmp_path / "first" / "run_config.yaml").read_text())
+    assert (saved["pretrain"], saved["batch_size"], saved["train_batch_size"], saved["num_episodes"]) == (
+        str(tiny_assets["model"]), 2, 6, 3)
+    assert saved["log_dir"] == "{output_dir}/logs" and saved["save_dir"] == "{output_dir}/ckpt"
+    assert "checkpoint_path" not in saved and "config" not in saved
+    info = json.loads((tmp_path / "first" / "run_info.json").read_text())
+    assert info["sources"]["pretrain"] == "file" and info["sources"]["batch_size"] == "file (per_device_train_batch_size)"
+    assert info["sources"]["plugin"] == "default" and info["versions"]["torch"]
+    assert info["command"][1:] == ["--config", str(tmp_path / "recipe.yaml")]
+
+    again = _run_coati("grpo", "--config", str(tmp_path / "first" / "run_config.yaml"), "--output_dir",
+                       str(tmp_path / "second"), "--nproc_per_node", "2")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from" not in again.stdout + again.stderr
+    assert (tmp_path / "second" / "ckpt").is_dir() and (tmp_path / "second" / "model" / "config.json").is_file()
+    first_metrics, second_metrics = train_records(tmp_path / "first" / "logs"), train_records(tmp_path / "second" / "logs")
+    assert [r["step"] for r in first_metrics] == [1, 2, 3] and first_metrics == second_metrics
