@@ -126,7 +126,7 @@ def test_a_trl_name_in_a_grpo_config_sets_coatis_setting_with_trls_meaning(confi
      {"num_episodes": 10, "log_interval": 2}),
 ])
 def test_grpo_counts_convert_from_trls_completions_and_optimizer_steps(config, expected, monkeypatch, tmp_path):
-    from coati.cli.trl_names import optimizer_steps_per_episode
+    from coati.cli.arguments import optimizer_steps_per_episode
 
     args = _parse("grpo", GRPO, monkeypatch, config, tmp_path)
     assert {name: getattr(args, name) for name in expected} == expected

@@ -4,6 +4,7 @@ A script adds only its algorithm's own flags. Every numeric flag carries its ran
 by name before anything is loaded.
 """
 import argparse
+import math
 from typing import Any, Dict, Optional
 
 from coati.config import (AgentSettings, AsyncSettings, BackendSettings, CheckpointSettings, CriticSettings, DataSettings,
@@ -83,6 +84,19 @@ def add_ppo_args(parser: argparse.ArgumentParser) -> None:
     and `--reward_fn` is optional."""
     add_on_policy_args(parser, PPOConfig, defaults={"reward_fn": (), "kl_coef": 0.05})
     add_settings(parser, CriticSettings, "ppo")
+
+
+def micro_batches_per_pass(args: argparse.Namespace) -> int:
+    """Learning micro-batches of one on-policy update pass on each rank: every collect step's rows in
+    `--train_batch_size`s (a collect step's whole batch with 0)."""
+    rows = args.batch_size * args.num_generations
+    return args.num_collect_steps * (math.ceil(rows / args.train_batch_size) if args.train_batch_size else 1)
+
+
+def optimizer_steps_per_episode(args: argparse.Namespace) -> int:
+    """Optimizer steps of one on-policy episode on each rank: per update pass, its micro-batches in accumulation
+    groups."""
+    return args.num_update_steps * math.ceil(micro_batches_per_pass(args) / args.accumulation_steps)
 
 
 def log_cadence(args: argparse.Namespace) -> LogCadence:

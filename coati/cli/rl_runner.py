@@ -6,7 +6,6 @@ else is `_run`.
 import argparse
 import dataclasses
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
@@ -45,7 +44,7 @@ from coati.rollout.chat import ChatTokens, check_appending
 from coati.rollout.environment import ToolEnvironment, row_tools, tool_schemas
 from coati.rollout.multiturn import MultiTurnWorkflow, conversation
 from coati.rollout.tools import ToolRunner, configure_python_tool, resolve_tools
-from coati.cli.arguments import plugin_config
+from coati.cli.arguments import micro_batches_per_pass, optimizer_steps_per_episode, plugin_config
 from coati.cli.options import settings_from
 from coati.utils.ckpt_io import save_hf_model
 from coati.utils.errors import CoatiUsageError, fail, warn_user
@@ -69,21 +68,15 @@ def _stop_ids(args: argparse.Namespace, tokenizer: Any) -> List[int]:
     return [tokenizer.eos_token_id, *args.extra_stop_ids]
 
 
-def _micro_batches_per_pass(args: argparse.Namespace) -> int:
-    """Learning micro-batches of one update pass on each rank: every collect step's rows in `--train_batch_size`s."""
-    rows = args.batch_size * args.num_generations
-    return args.num_collect_steps * (math.ceil(rows / args.train_batch_size) if args.train_batch_size else 1)
-
-
 def _total_steps(args: argparse.Namespace) -> int:
-    """Optimizer steps of the whole run: per update pass, the collect steps' micro-batches in accumulation groups."""
-    return args.num_episodes * args.num_update_steps * math.ceil(_micro_batches_per_pass(args) / args.accumulation_steps)
+    """Optimizer steps of the whole run."""
+    return args.num_episodes * optimizer_steps_per_episode(args)
 
 
 def _one_update_per_experience(args: argparse.Namespace) -> bool:
     """Whether every experience is learned by exactly one optimizer step (its old log-probs are then the learning
     forward's own)."""
-    return args.num_update_steps == 1 and _micro_batches_per_pass(args) <= args.accumulation_steps
+    return args.num_update_steps == 1 and micro_batches_per_pass(args) <= args.accumulation_steps
 
 
 DEFAULT_REWARD = "math_answer"

@@ -15,9 +15,9 @@ differently, and are converted after parsing:
   `reward_weights` (one per reward function), `resume_from_checkpoint` (a path, or true: the latest).
 """
 import argparse
-import math
 from typing import Any, Callable, Dict, List
 
+from coati.cli.arguments import optimizer_steps_per_episode
 from coati.cli.options import add_post_parse
 from coati.utils.errors import CoatiUsageError
 
@@ -222,11 +222,3 @@ def _no_std_normalize(value: str) -> bool:
         return True
     raise CoatiUsageError(f"--scale_rewards {value}: coati scales by the group's std (true, group) or not (false, "
                           "none); batch scaling is --adv_estimator reinforce_pp")
-
-
-def optimizer_steps_per_episode(args: argparse.Namespace) -> int:
-    """Optimizer steps of one on-policy episode on each rank: per update pass, the collect steps' learning
-    micro-batches (`--train_batch_size` completions each, or a collect step's whole batch) in accumulation groups."""
-    rows = args.batch_size * args.num_generations
-    micro_batches = args.num_collect_steps * (math.ceil(rows / args.train_batch_size) if args.train_batch_size else 1)
-    return args.num_update_steps * math.ceil(micro_batches / args.accumulation_steps)
