@@ -3,6 +3,7 @@ pinned), unknown keys and flags refused with the nearest names before anything h
 resolved config, from which it reruns with the same metrics."""
 import importlib
 import json
+import re
 import subprocess
 import sys
 import time
@@ -154,8 +155,6 @@ def test_grpo_counts_convert_from_trls_completions_and_optimizer_steps(config, e
     (["--nproc_per_node", "2"], r"unknown flag --nproc_per_node \(a launcher flag: give it to the `coati` command"),
 ])
 def test_a_grpo_combination_coati_cannot_honour_is_one_line(argv, message, monkeypatch, capsys):
-    import re
-
     line = _refused("grpo", [*GRPO, *argv], monkeypatch, capsys)
     assert re.search(message, line), line
 
@@ -176,8 +175,6 @@ def test_flags_override_the_file_and_launcher_keys_are_the_coati_commands(monkey
     ({"learning_rate": [1, 2]}, r"learning_rate: expected one value, got a list of 2"),
 ])
 def test_a_bad_config_key_or_value_is_one_line_naming_the_file(config, message, monkeypatch, capsys, tmp_path):
-    import re
-
     line = _refused("sft", SFT, monkeypatch, capsys, config, tmp_path)
     assert re.search(r"--config .*recipe\.yaml: " + message, line), line
 
@@ -261,3 +258,17 @@ def test_grpo_from_a_trl_recipe_saves_its_config_and_reruns_from_it_with_the_sam
     assert (tmp_path / "second" / "ckpt").is_dir() and (tmp_path / "second" / "model" / "config.json").is_file()
     first_metrics, second_metrics = train_records(tmp_path / "first" / "logs"), train_records(tmp_path / "second" / "logs")
     assert [r["step"] for r in first_metrics] == [1, 2, 3] and first_metrics == second_metrics
+    assert re.search(r"step 3/3 \| loss \S+ \| reward \S+ ± \S+ \| kl \S+ \| lr \S+ \| \S+ s/step", first.stdout)
+
+
+def test_the_console_line_shows_a_log_steps_numbers_as_trl_users_read_them():
+    from coati.utils.metrics_logger import console_line
+
+    metrics = {"train/loss": 0.53214, "train/reward": 0.4125, "train/reward_std": 0.1234, "train/kl": 0.00312,
+               "train/learning_rate": 1e-4, "train/reward_p50": 0.5, "eval/rewards/math_answer": 0.625,
+               "eval/loss": 1.25}
+    assert console_line(metrics, 12, 300, 2.1) == ("step 12/300 | loss 0.532 | reward 0.412 ± 0.12 | kl 0.00312 | "
+                                                   "lr 1.00e-04 | eval/loss 1.25 | eval/rewards/math_answer 0.625 | "
+                                                   "2.1 s/step | ETA 0:10:04")
+    assert console_line({"train/loss": 1.0, "train/lr": 3e-5}, 4) == "step 4 | loss 1 | lr 3.00e-05"
+    assert console_line({"train/epoch": 1.0}, 4) == ""

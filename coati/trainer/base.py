@@ -116,9 +116,13 @@ class _TrainerCore:
         self._record_grad_norm(norm)
         return applied
 
-    def _open_logger(self, log_dir: Optional[str], use_wandb: bool, metrics_logger: Optional[MetricsLogger]) -> None:
+    def _open_logger(self, log_dir: Optional[str], use_wandb: bool, metrics_logger: Optional[MetricsLogger],
+                     start_step: int = 0, total_steps: Optional[int] = None) -> None:
+        """The run's metrics logger (`metrics_logger`, else one for `log_dir`), told the logged step the run starts
+        from and the last."""
         self.metrics_logger = metrics_logger or MetricsLogger(log_dir=log_dir, use_wandb=use_wandb,
                                                               run_name=type(self).__name__)
+        self.metrics_logger.start(start_step, total_steps)
         self.stats_logger = StatsLogger(self.metrics_logger)
 
     def _record(self, metrics: Dict[str, Tuple[float, float]]) -> None:
@@ -266,7 +270,10 @@ class SLTrainer(_TrainerCore, ABC):
 
     def _before_fit(self, train_dataloader, eval_dataloader, log_dir, use_wandb, metrics_logger) -> None:
         self.train_dataloader, self.eval_dataloader = train_dataloader, eval_dataloader
-        self._open_logger(log_dir, use_wandb, metrics_logger)
+        per_epoch = math.ceil(len(train_dataloader) / self.accumulation_steps)
+        total = per_epoch * self.max_epochs
+        self._open_logger(log_dir, use_wandb, metrics_logger, self.step,
+                          min(total, self.max_steps) if self.max_steps else total)
         self._set_start_index(self._resume_sample_index)
 
     def _epochs(self) -> None:

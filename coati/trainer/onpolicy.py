@@ -134,7 +134,7 @@ class OLTrainer(_TrainerCore):
             use_wandb: bool = False, metrics_logger: Optional[MetricsLogger] = None) -> None:
         """Train episodes `start_episode` .. `num_episodes` - 1 (the held-out evaluation first, on a fresh run)."""
         self.num_episodes, self.num_collect_steps, self.num_update_steps = num_episodes, num_collect_steps, num_update_steps
-        self._open_logger(log_dir, use_wandb, metrics_logger)
+        self._open_logger(log_dir, use_wandb, metrics_logger, self.start_episode, num_episodes)
         self._run_fit(self._episodes)
 
     def _episodes(self) -> None:

@@ -5,7 +5,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from coati.utils.comm import is_rank_0
 
@@ -57,8 +57,12 @@ class MetricsLogger:
         config: Optional[Dict[str, Any]] = None,
         resume_step: Optional[int] = None,
         wandb_table_rows: int = DEFAULT_WANDB_TABLE_ROWS,
+        console: bool = True,
+        total_steps: Optional[int] = None,
     ) -> None:
         self.active = is_rank_0()
+        self.console, self.total_steps = console, total_steps
+        self._window_start: Optional[Tuple[float, int]] = None
         self.log_dir = Path(log_dir) if log_dir else None
         self.wandb_table_rows = wandb_table_rows
         self._tb = None
@@ -89,6 +93,8 @@ class MetricsLogger:
     def log(self, metrics: Dict[str, float], step: int) -> None:
         if not self.active or not metrics:
             return
+        if self.console:
+            self._print_line(metrics, step)
         if self._tb is not None:
             for name, value in metrics.items():
                 self._tb.add_scalar(name, value, global_step=step)
@@ -100,6 +106,23 @@ class MetricsLogger:
             os.fsync(self._jsonl.fileno())
         if self._wandb_run is not None:
             self._wandb_run.log(dict(metrics), step=step)
+
+    def start(self, step: int, total_steps: Optional[int]) -> None:
+        """The run trains from `step` to `total_steps` (for the console line's seconds per step and ETA)."""
+        self.total_steps, self._window_start = total_steps, (time.monotonic(), step)
+
+    def _print_line(self, metrics: Dict[str, float], step: int) -> None:
+        """`console_line` on the terminal, above any progress bar."""
+        now = time.monotonic()
+        seconds_per_step = None
+        if self._window_start is not None and step > self._window_start[1] and any(k.startswith("train/") for k in metrics):
+            seconds_per_step = (now - self._window_start[0]) / (step - self._window_start[1])
+            self._window_start = (now, step)
+        line = console_line(metrics, step, self.total_steps, seconds_per_step)
+        if line:
+            from tqdm import tqdm
+
+            tqdm.write(line)
 
     def log_table(self, name: str, rows: List[Dict[str, Any]], step: int) -> Optional[Path]:
         """A table of `rows` (dicts with the same keys): always, when `log_dir` is set, a JSON sidecar
@@ -128,6 +151,36 @@ class MetricsLogger:
         if self._wandb_run is not None:
             self._wandb_run.finish()
         self._tb = self._jsonl = self._wandb_run = None
+
+
+CONSOLE_TRAIN = (("loss", ("train/loss",)), ("reward", ("train/reward",)), ("kl", ("train/kl", "train/approx_kl")),
+                 ("lr", ("train/learning_rate", "train/lr")))
+"""What the console line shows of the training metrics, by label: the first of the names logged."""
+CONSOLE_EVAL = 4
+"""Held-out metrics shown on the console line at most (the first, by name)."""
+
+
+def console_line(metrics: Dict[str, float], step: int, total_steps: Optional[int] = None,
+                 seconds_per_step: Optional[float] = None) -> str:
+    """One line of a log step's numbers for the terminal, as TRL users read them: `step 12/300 | loss 0.532 |
+    reward 0.41 ± 0.12 | kl 0.0031 | lr 1e-04 | eval rewards/math_answer 0.62 | 2.1 s/step | ETA 0:10:12`."""
+    parts = [f"step {step}/{total_steps}" if total_steps else f"step {step}"]
+    for label, names in CONSOLE_TRAIN:
+        name = next((n for n in names if n in metrics), None)
+        if name is None:
+            continue
+        value = f"{metrics[name]:.3g}" if label != "lr" else f"{metrics[name]:.2e}"
+        if label == "reward" and "train/reward_std" in metrics:
+            value += f" ± {metrics['train/reward_std']:.2g}"
+        parts.append(f"{label} {value}")
+    held_out = sorted(k for k in metrics if k.startswith("eval/") and "/p" not in k.rsplit("/", 1)[-1][:2])
+    parts += [f"{k} {metrics[k]:.4g}" for k in held_out[:CONSOLE_EVAL]]
+    if seconds_per_step is not None:
+        parts.append(f"{seconds_per_step:.3g} s/step")
+        if total_steps and total_steps > step:
+            eta = int(seconds_per_step * (total_steps - step))
+            parts.append(f"ETA {eta // 3600}:{eta // 60 % 60:02d}:{eta % 60:02d}")
+    return " | ".join(parts) if len(parts) > 1 else ""
 
 
 class StatsLogger:
