@@ -84,10 +84,18 @@ class LoraSettings:
 class DataSettings:
     """The prepared data (on-policy scripts call it `--prompt_dataset`)."""
 
-    dataset: Tuple[str, ...] = setting(nargs="+", aliases=("--dataset_name",), help="prepared dataset directories (prepare_dataset.py)")
-    eval_dataset: Optional[Tuple[str, ...]] = setting(None, nargs="*", help="prepared evaluation dataset directories")
+    dataset: Tuple[str, ...] = setting(nargs="+", aliases=("--dataset_name",),
+                                       help="the training data: JSONL files, folders of them or datasets folders, "
+                                            "prepared on the fly (cached), or folders `coati prepare` wrote")
+    eval_dataset: Optional[Tuple[str, ...]] = setting(None, nargs="*", help="held-out data, as --dataset takes it")
     max_length: int = setting(0, parse=at_least(0), help="cut longer rows from the right at batching time (0: keep the "
                                                          "length they were prepared with)")
+    eval_split: float = setting(0.0, parse=in_range(0, 1, high_open=True),
+                                help="hold out this fraction of the training rows (seeded by --seed) as the evaluation "
+                                     "set, where --eval_dataset is not given (0: none)")
+    prepared_cache_dir: Optional[str] = setting(None, help="where raw data given to --dataset (a JSONL file, a folder of "
+                                                           "them, a datasets folder) is prepared and kept for the next "
+                                                           "run (default: $COATI_CACHE, else ~/.cache/coati/prepared)")
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,13 @@ def _parser(command: Callable[..., Any], **kwargs: Any) -> argparse.ArgumentPars
     return training_parser(_summary(command), **kwargs)
 
 
+DATA_TYPES = {"sft": "sft", "rm": "preference", "dpo": "preference", "orpo": "preference", "kto": "kto",
+              "prm": "prm", "ppo": "prompt", "grpo": "prompt"}
+"""The kind of rows each training command reads (raw data given to it is prepared as that)."""
+
+
 def _finish(parser: argparse.ArgumentParser, script: str, argv: Optional[List[str]]) -> argparse.Namespace:
+    parser.set_defaults(data_type=DATA_TYPES[script])
     add_colossalchat_flags(parser, script)
     add_trl_names(parser, script)
     return parser.parse_args(argv)

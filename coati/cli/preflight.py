@@ -5,6 +5,7 @@ import argparse
 from pathlib import Path
 from typing import Dict
 
+from coati.dataset.cache import is_raw
 from coati.utils.errors import CoatiUsageError
 from coati.utils.file_checks import check_data_dirs, check_model_dir, check_writable_dir, resolve_model_dir
 
@@ -40,6 +41,7 @@ def check_run_paths(args: argparse.Namespace) -> Dict[str, dict]:
     """Resolve model ids (`resolve_model_flags`), then check every path flag `args` has; returns the model
     configs read, by flag name."""
     resolve_model_flags(args)
+    prepare_raw_data(args)
     configs = {}
     for name in MODEL_FLAGS:
         if getattr(args, name, None):
@@ -57,3 +59,36 @@ def check_run_paths(args: argparse.Namespace) -> Dict[str, dict]:
         if getattr(args, flag, 0) and not getattr(args, "save_dir", None):
             raise CoatiUsageError(f"--{flag} needs --save_dir, the directory checkpoints are written to")
     return configs
+
+
+RAW_DATA_FLAGS = {"dataset": None, "eval_dataset": None, "ptx_dataset": "sft"}
+"""The data flags that may name raw data, and the type their data is prepared as (None: the command's)."""
+PREPARE_MAX_LENGTH = 2048
+"""Tokens a row is prepared to at most when --max_length does not say (prepare's default)."""
+
+
+def prepare_raw_data(args: argparse.Namespace) -> None:
+    """Raw data among the data flags (a JSONL file, a folder of them, a local `datasets` folder) prepared on the fly
+    into the cache (`coati.dataset.cache`), the flags then naming the prepared folders; with --eval_split and no
+    --eval_dataset, that fraction of the training rows held out. Nothing is loaded when every folder is prepared."""
+    data_type = getattr(args, "data_type", None)
+    raw = {name: [p for p in getattr(args, name, None) or () if is_raw(p)] for name in RAW_DATA_FLAGS}
+    split = getattr(args, "eval_split", 0.0)
+    if data_type is None or not (any(raw.values()) or split):
+        return
+    if split and getattr(args, "eval_dataset", None):
+        raise CoatiUsageError(f"--eval_split {split:g} and --eval_dataset: hold out a fraction of the training data, "
+                              "or give held-out data; not both")
+    from coati.dataset.cache import eval_split, prepared
+    from coati.dataset.tokenization import load_tokenizer
+
+    tokenizer_dir = args.tokenizer_dir or args.pretrain
+    tokenizer = load_tokenizer(tokenizer_dir, args.trust_remote_code) if any(raw.values()) else None
+    for name, kind in RAW_DATA_FLAGS.items():
+        if raw[name]:
+            folder = prepared(raw[name], kind or data_type, tokenizer, tokenizer_dir,
+                              args.max_length or PREPARE_MAX_LENGTH, args.prepared_cache_dir)
+            setattr(args, name, [str(folder), *(p for p in getattr(args, name) if p not in raw[name])])
+    if split:
+        train, held_out = eval_split(args.dataset, data_type, split, args.seed, args.prepared_cache_dir)
+        args.dataset, args.eval_dataset = [train], [held_out]

@@ -1,0 +1,131 @@
+"""Data as it comes: raw data (a JSONL file, a folder of them, a local `datasets` folder) prepared on the fly into a
+cache, and a held-out split taken from the training data.
+
+The cache entry's name is a hash of the input's content and of everything that shapes the prepared rows (the data
+type, the tokenizer's files, the length limit), so the next run, and every other rank, reuses it; an entry is written
+under a lock into a temporary folder and renamed when complete, so a killed preparation is never mistaken for one.
+The explicit `coati prepare` step stays for large corpora.
+"""
+import fcntl
+import hashlib
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Iterable, List, Optional, Sequence
+
+from coati.utils.file_checks import prepared_folders
+
+CACHE_ENV = "COATI_CACHE"
+DEFAULT_CACHE = Path.home() / ".cache" / "coati" / "prepared"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                   "tokenizer.model", "chat_template.jinja", "chat_template.json")
+"""The files of a tokenizer folder that decide how text becomes tokens (and so a prepared dataset)."""
+COMPLETE = "coati_cache_complete"
+"""Written last into a cache entry: the entry is whole."""
+
+
+def cache_root(cache_dir: Optional[str] = None) -> Path:
+    """Where prepared data is cached: `cache_dir`, else $COATI_CACHE, else ~/.cache/coati/prepared."""
+    return Path(cache_dir or os.environ.get(CACHE_ENV) or DEFAULT_CACHE)
+
+
+def is_raw(path: str) -> bool:
+    """Whether `path` is data to prepare (a file, or a folder that is not a prepared dataset)."""
+    return Path(path).exists() and not prepared_folders(path)
+
+
+def _files(path: Path) -> List[Path]:
+    if path.is_file():
+        return [path]
+    return sorted(p for p in path.rglob("*") if p.is_file() and not any(part.startswith(".") for part in
+                                                                             p.relative_to(path).parts))
+
+
+def _digest(parts: Iterable[bytes]) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(hashlib.sha256(part).digest())
+    return digest.hexdigest()[:20]
+
+
+def cache_key(inputs: Sequence[str], data_type: str, tokenizer_dir: str, max_length: int) -> str:
+    """A name for the prepared form of `inputs`: their content, the data type, the tokenizer's files and
+    `max_length`."""
+    content = [f.relative_to(Path(i)).as_posix().encode() + f.read_bytes() if Path(i).is_dir() else f.read_bytes()
+               for i in inputs for f in _files(Path(i))]
+    tokenizer = [name.encode() + (Path(tokenizer_dir) / name).read_bytes() for name in TOKENIZER_FILES
+                 if (Path(tokenizer_dir) / name).is_file()]
+    settings = json.dumps({"type": data_type, "max_length": max_length}).encode()
+    return f"{data_type}-{_digest([*content, *tokenizer, settings])}"
+
+
+class _Locked:
+    """An exclusive lock on `path` (a file), held while the block runs: one process prepares, the others wait."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __enter__(self) -> "_Locked":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = open(self.path, "w")
+        fcntl.flock(self.file, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        fcntl.flock(self.file, fcntl.LOCK_UN)
+        self.file.close()
+
+
+def _cached(entry: Path, make) -> Path:
+    """`entry`, made by `make(folder)` into a temporary folder and renamed into place unless a complete one exists."""
+    with _Locked(entry.with_name(entry.name + ".lock")):
+        if (entry / COMPLETE).is_file():
+            return entry
+        partial = entry.with_name(f"{entry.name}.partial-{os.getpid()}")
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.rmtree(entry, ignore_errors=True)
+        make(partial)
+        (partial / COMPLETE).write_text("")
+        partial.rename(entry)
+    return entry
+
+
+def prepared(inputs: Sequence[str], data_type: str, tokenizer, tokenizer_dir: str, max_length: int,
+             cache_dir: Optional[str] = None) -> Path:
+    """The prepared dataset of the raw `inputs`, from the cache or made now (printing what was kept)."""
+    from coati.dataset.prepare import prepare_dataset
+
+    entry = cache_root(cache_dir) / cache_key(inputs, data_type, tokenizer_dir, max_length)
+
+    def make(folder: Path) -> None:
+        counts = prepare_dataset(list(inputs), data_type, tokenizer, max_length, folder)
+        print(f"prepared {data_type} data from {', '.join(inputs)} into {entry}: {counts['kept']} of {counts['rows']} "
+              f"rows kept, {counts['dropped']} dropped by truncation", flush=True)
+
+    return _cached(entry, make)
+
+
+def eval_split(paths: Sequence[str], data_type: str, fraction: float, seed: int,
+               cache_dir: Optional[str] = None) -> tuple:
+    """(training rows, held-out rows) of the prepared datasets `paths`: a seeded `fraction` of their rows held out,
+    both cached (keyed by the folders' files, their sizes and times)."""
+    from coati.dataset.prepare import PREPARED_INFO, load_prepared
+
+    files = [f for path in paths for f in _files(Path(path)) if not f.name.startswith("cache-")]   # not datasets
+    stamp = [f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}".encode() for f in files]
+    key = _digest([*stamp, f"{data_type}:{fraction!r}:{seed}".encode()])
+    info = next((f for f in files if f.name == PREPARED_INFO), None)
+    parts = {}
+    for name in ("train", "test"):
+        def make(target: Path, name: str = name) -> None:
+            rows = load_prepared(list(paths), data_type)
+            held_out = set(random.Random(seed).sample(range(len(rows)), max(1, round(fraction * len(rows)))))
+            indices = [i for i in range(len(rows)) if (i in held_out) == (name == "test")]
+            rows.select(indices, keep_in_memory=True).save_to_disk(str(target))   # no cache files beside the data
+            if info is not None:
+                shutil.copy(info, target / PREPARED_INFO)
+
+        parts[name] = str(_cached(cache_root(cache_dir) / f"{data_type}-split-{key}-{name}", make))
+    return parts["train"], parts["test"]
