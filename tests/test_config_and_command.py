@@ -258,7 +258,7 @@ def test_grpo_from_a_trl_recipe_saves_its_config_and_reruns_from_it_with_the_sam
     assert (tmp_path / "second" / "ckpt").is_dir() and (tmp_path / "second" / "model" / "config.json").is_file()
     first_metrics, second_metrics = train_records(tmp_path / "first" / "logs"), train_records(tmp_path / "second" / "logs")
     assert [r["step"] for r in first_metrics] == [1, 2, 3] and first_metrics == second_metrics
-    assert re.search(r"step 3/3 \| loss \S+ \| reward \S+ ± \S+ \| kl \S+ \| lr \S+ \| \S+ s/step", first.stdout)
+    assert re.search(r"step 3/3 \| loss \S+ \| reward \S+ ± \S+ \| lr \S+ \| \S+ s/step", first.stdout)
 
 
 def test_the_console_line_shows_a_log_steps_numbers_as_trl_users_read_them():

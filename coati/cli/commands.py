@@ -247,6 +247,21 @@ def prepare(argv: Optional[List[str]] = None) -> None:
           f"{counts['dropped']} dropped by truncation{sampled}, {counts['skipped']} invalid rows skipped")
 
 
+@exit_cleanly
+def tiny_model(argv: Optional[List[str]] = None) -> None:
+    """A tiny random Llama and its tokenizer, to try coati on without downloading a model."""
+    parser = CoatiArgumentParser(description=_summary(tiny_model))
+    parser.add_argument("out", help="the folder to write the model and tokenizer to")
+    parser.add_argument("--size", default="tiny", choices=("tiny", "small", "base", "100m"), help="the model's shape")
+    args = parser.parse_args(argv)
+    check_writable_dir(args.out, "OUT")
+    from coati.dataset.demo_data import tokenizer_corpus
+    from coati.models.tiny import write_tiny_model
+
+    print(f"wrote a {args.size} random Llama and its tokenizer (trained on arithmetic problems) to "
+          f"{write_tiny_model(args.out, tokenizer_corpus(), args.size)}")
+
+
 TRAINING: Dict[str, Callable[[Optional[List[str]]], None]] = {
     "sft": sft, "rm": rm, "dpo": dpo, "kto": kto, "orpo": orpo, "prm": prm, "ppo": ppo, "grpo": grpo}
 """The training commands by name (each launched under torchrun by `coati <name> --nproc_per_node N`)."""

@@ -19,15 +19,15 @@ LAUNCHER_ENV = ("LOCAL_RANK", "TORCHELASTIC_RUN_ID")
 
 
 def _commands() -> Dict[str, object]:
-    from coati.cli.commands import TRAINING, prepare
+    from coati.cli.commands import TRAINING, prepare, tiny_model
 
-    return {"prepare": prepare, **TRAINING}
+    return {"prepare": prepare, **TRAINING, "tiny-model": tiny_model}
 
 
 def usage() -> str:
     lines = ["usage: coati <command> [--config FILE] [flags] [--nproc_per_node N]", "", "commands:"]
     for name, command in _commands().items():
-        lines.append(f"  {name:<9} {(command.__doc__ or '').strip().splitlines()[0]}")
+        lines.append(f"  {name:<10} {(command.__doc__ or '').strip().splitlines()[0]}")
     lines += ["", "`coati <command> --help` lists a command's flags; a config file's keys are the same flags without "
                   "their dashes.", "Launch: --nproc_per_node N (one node, torchrun), --nnodes --node_rank "
                   "--master_addr --master_port (torchrun's rendezvous), or --hostfile FILE (colossalai run)."]

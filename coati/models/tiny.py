@@ -72,3 +72,4 @@ def write_tiny_model(out_dir: Union[str, Path], corpus: Iterable[str], size: str
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out
+

@@ -153,7 +153,7 @@ class MetricsLogger:
         self._tb = self._jsonl = self._wandb_run = None
 
 
-CONSOLE_TRAIN = (("loss", ("train/loss",)), ("reward", ("train/reward",)), ("kl", ("train/kl", "train/approx_kl")),
+CONSOLE_TRAIN = (("loss", ("train/loss",)), ("reward", ("train/reward",)), ("kl", ("train/kl",)),
                  ("lr", ("train/learning_rate", "train/lr")))
 """What the console line shows of the training metrics, by label: the first of the names logged."""
 CONSOLE_EVAL = 4
