@@ -207,7 +207,7 @@ def test_the_coati_command_lists_its_commands_and_refuses_an_unknown_one():
     wrong = _run_coati("grop")
     assert wrong.returncode == 2 and wrong.stderr.strip().splitlines() == [
         "error: unknown command 'grop' (did you mean grpo?); the commands are prepare, sft, rm, dpo, kto, orpo, prm, "
-        "ppo, grpo (see coati --help)"]
+        "ppo, grpo, tiny-model (see coati --help)"]
     assert (Path(sys.executable).parent / "coati").is_file()   # the console script `pip install -e .` installs
 
 
