@@ -246,6 +246,8 @@ def test_grpo_from_a_trl_recipe_saves_its_config_and_reruns_from_it_with_the_sam
         str(tiny_assets["model"]), 2, 6, 3)
     assert saved["log_dir"] == "{output_dir}/logs" and saved["save_dir"] == "{output_dir}/ckpt"
     assert "checkpoint_path" not in saved and "config" not in saved
+    checkpoints = sorted((tmp_path / "first" / "ckpt").glob("epoch-*"))
+    assert checkpoints and all((c / "modeling" / "tokenizer.json").is_file() for c in checkpoints)   # loads alone
     info = json.loads((tmp_path / "first" / "run_info.json").read_text())
     assert info["sources"]["pretrain"] == "file" and info["sources"]["batch_size"] == "file (per_device_train_batch_size)"
     assert info["sources"]["plugin"] == "default" and info["versions"]["torch"]
@@ -272,3 +274,19 @@ def test_the_console_line_shows_a_log_steps_numbers_as_trl_users_read_them():
                                                    "2.1 s/step | ETA 0:10:04")
     assert console_line({"train/loss": 1.0, "train/lr": 3e-5}, 4) == "step 4 | loss 1 | lr 3.00e-05"
     assert console_line({"train/epoch": 1.0}, 4) == ""
+
+
+def test_a_run_or_checkpoint_folder_stands_for_its_model_with_a_note(tmp_path, capsys):
+    from coati.utils.file_checks import model_in_folder
+
+    for folder in (tmp_path / "run" / "model", tmp_path / "ckpt" / "epoch-1_step-4" / "modeling", tmp_path / "plain"):
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+    assert model_in_folder(str(tmp_path / "plain"), "--pretrain") == str(tmp_path / "plain")
+    assert model_in_folder(str(tmp_path / "run"), "--pretrain") == str(tmp_path / "run" / "model")
+    assert model_in_folder(str(tmp_path / "ckpt" / "epoch-1_step-4"), "--ref_pretrain") == str(
+        tmp_path / "ckpt" / "epoch-1_step-4" / "modeling")
+    assert capsys.readouterr().err.splitlines() == [
+        f"note: --pretrain {tmp_path / 'run'} is a run or checkpoint folder: using its model {tmp_path / 'run' / 'model'}",
+        f"note: --ref_pretrain {tmp_path / 'ckpt' / 'epoch-1_step-4'} is a run or checkpoint folder: using its model "
+        f"{tmp_path / 'ckpt' / 'epoch-1_step-4' / 'modeling'}"]

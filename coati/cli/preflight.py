@@ -17,7 +17,7 @@ OUTPUT_FLAGS = ("output_dir", "save_dir", "log_dir")
 def resolve_model_flags(args: argparse.Namespace) -> None:
     """Replace Hugging Face model ids among the model and tokenizer flags by their local snapshot folders, and
     `--rm_pretrain` by the model of `--rm_checkpoint_path` when one is given."""
-    for name in (*MODEL_FLAGS, "tokenizer_dir"):
+    for name in (*MODEL_FLAGS, "tokenizer_dir", "teacher_model", "prm_pretrain"):
         if getattr(args, name, None):
             setattr(args, name, resolve_model_dir(getattr(args, name), f"--{name}"))
     if getattr(args, "rm_checkpoint_path", None):

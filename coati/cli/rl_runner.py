@@ -52,6 +52,7 @@ from coati.utils.registry import AGENTS, OBJECTIVES, TOOL_CALL_PARSERS
 
 from coati.trainer.components import DistillTerm
 from coati.trainer.callbacks.best import BestModelKeeper
+from coati.trainer.callbacks.tokenizer import TokenizerInCheckpoints
 from coati.trainer.callbacks.health import ALARM_EXIT_CODE, AlarmThresholds, HealthMonitor
 from coati.trainer.grpo import GRPOTrainer
 from coati.trainer.onpolicy import OLTrainer
@@ -282,7 +283,8 @@ def _run(args: argparse.Namespace, build: Callable[..., OLTrainer]) -> OLTrainer
     engine = HFEngine(generator, tokenizer.pad_token_id, _stop_ids(args, tokenizer), args.inference_batch_size)
     monitor = health_monitor(args)
     kwargs = dict(config=_trainer_config(args, setup), policy_loss=_policy_loss(args), eval_dataloader=held_out,
-                  coordinator=coordinator, ptx_dataloader=_ptx_loader(args, setup, tokenizer), callbacks=[monitor])
+                  coordinator=coordinator, ptx_dataloader=_ptx_loader(args, setup, tokenizer),
+                  callbacks=[monitor, TokenizerInCheckpoints(tokenizer, coordinator.is_master())])
     if args.rollout_backend == "vllm" and not settings_from(args, AsyncSettings).async_rollout:
         kwargs["rollout_engine"] = _vllm_pool(args, tokenizer)
     if args.save_best:

@@ -31,6 +31,7 @@ from coati.models.reward_model import load_reward_model
 from coati.models.prm import load_prm
 from coati.trainer.base import SLTrainer
 from coati.trainer.callbacks import Callback, PerformanceEvaluator
+from coati.trainer.callbacks.tokenizer import TokenizerInCheckpoints
 from coati.cli.arguments import log_cadence, plugin_config, saver
 from coati.cli.options import settings_from
 from coati.config import PackingSettings, ReferenceSettings
@@ -279,7 +280,8 @@ def run_supervised(
         save_interval=args.save_interval, save_dir=args.save_dir, keep_last=args.keep_last,
         output_dir=args.output_dir, grad_clip=args.grad_clip, max_steps=args.max_steps, coordinator=coordinator,
         skip_nonfinite=args.skip_nonfinite,
-        callbacks=[PerformanceEvaluator(ignore_steps=1, print_fn=coordinator.print_on_master), *callbacks],
+        callbacks=[PerformanceEvaluator(ignore_steps=1, print_fn=coordinator.print_on_master),
+                   TokenizerInCheckpoints(tokenizer, coordinator.is_master()), *callbacks],
         **(trainer_kwargs or {}), **hook_kwargs,
     )
     checkpoint = resolve_checkpoint(args)

@@ -88,6 +88,12 @@ def warn_user(message: str) -> None:
         print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
+def note_user(message: str) -> None:
+    """One `note: ...` line on stderr, once per node: what coati took a value to mean."""
+    if _is_local_rank_0():
+        print(f"note: {message}", file=sys.stderr, flush=True)
+
+
 def fail(message: str, code: int, every_rank: bool = False) -> NoReturn:
     """Print `message` (one line, the last this process prints; on one process per node unless
     `every_rank`), record it for torchrun, and exit with `code`."""

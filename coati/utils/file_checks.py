@@ -13,7 +13,7 @@ import zipfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from coati.utils.errors import CoatiUsageError, first_line
+from coati.utils.errors import CoatiUsageError, first_line, note_user
 
 CONFIG_FILE = "config.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -171,11 +171,30 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 """A Hugging Face model id (`org/name`), as opposed to a path."""
 
 
+RUN_MODEL_FOLDERS = ("model", "modeling")
+"""Where a model lies inside a folder that is not one itself: a run's output folder (OUTPUT_DIR/model) and a
+checkpoint (epoch-E_step-S/modeling)."""
+
+
+def model_in_folder(value: str, flag: str) -> str:
+    """`value` when it holds a model (config.json); else the model of the run or checkpoint folder it is, with a note."""
+    folder = Path(value)
+    if (folder / "config.json").is_file():
+        return value
+    for name in RUN_MODEL_FOLDERS:
+        if (folder / name / "config.json").is_file():
+            note_user(f"{flag} {value} is a run or checkpoint folder: using its model {folder / name}")
+            return str(folder / name)
+    return value
+
+
 def resolve_model_dir(value: str, flag: str) -> str:
     """`value` itself when it is a directory; for a Hugging Face model id (`org/name`) that is not one, its
     snapshot folder in the local HF cache (`HF_HOME`), downloaded first where the machine is online and
     `HF_HUB_OFFLINE` is unset, as every HF-based trainer resolves `from_pretrained` ids."""
-    if Path(value).is_dir() or not HUB_ID.match(value):
+    if Path(value).is_dir():
+        return model_in_folder(value, flag)
+    if not HUB_ID.match(value):
         return value
     from huggingface_hub import snapshot_download
 
