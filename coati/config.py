@@ -291,6 +291,9 @@ class RolloutConfig:
 class GRPOConfig(RolloutConfig):
     """GRPO's rollouts and advantages."""
 
+    num_generations: int = setting(8, parse=at_least(2),
+                                   help="completions per prompt: the group each completion's advantage is relative to")
+
     scale_rewards: bool = setting(True, flag="--no_std_normalize", negated=True,
                                   help="Dr. GRPO: do not divide advantages by the group std")
     drop_tied_groups: bool = setting(False, help="DAPO: mask out groups whose rewards all tie")

@@ -196,7 +196,7 @@ CASES = [
     ("agent_plain_name", lambda p: _grpo(p, "--agent", "solve"), "unknown agent 'solve'; expected package.module:function"),
     ("agent_with_tools", lambda p: _grpo(p, "--agent", "json:dumps", "--tools", "calculator"),
      "--agent runs your own agent program, which calls its own tools; leave out --tools"),
-    ("num_generations_1", lambda p: _grpo(p, "--num_generations", "1"), "GRPO needs at least 2 completions"),
+    ("num_generations_1", lambda p: _grpo(p, "--num_generations", "1"), "argument --num_generations: must be >= 2, got 1"),
     ("max_new_tokens_0", lambda p: _grpo(p, "--max_new_tokens", "0"), "--max_new_tokens: must be >= 1"),
     ("temperature_0", lambda p: _grpo(p, "--temperature", "0"), "--temperature: must be > 0"),
     ("top_p_0", lambda p: _grpo(p, "--top_p", "0"), "--top_p: must be in (0, 1]"),

@@ -21,7 +21,8 @@ class RangeHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Help with each flag's default and, for flags typed by `in_range`, its range: `(default: 4) [>= 1]`."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        text = super()._get_help_string(action)
+        own = action.help or ""
+        text = own if "(default:" in own or "default:" in own.split("(")[-1] else super()._get_help_string(action)
         wanted = getattr(action.type, "wanted", None)
         return f"{text} [{wanted}]" if wanted else text
 

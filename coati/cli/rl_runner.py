@@ -539,9 +539,6 @@ def run_grpo(args: argparse.Namespace) -> GRPOTrainer:
                               "(--teacher_model or --teacher_url)")
     _check_distillation(args)
     _check_prm(args, grpo=True)
-    if args.num_generations < 2:
-        raise CoatiUsageError(f"--num_generations {args.num_generations}: GRPO needs at least 2 completions per prompt, "
-                              "since each completion's advantage is its reward relative to the others of its group")
     _reward_fn(args, serve=False)   # an unknown or unimportable reward function is refused before anything is loaded
     _check_kl_control(args)
     _check_save_best(args)
