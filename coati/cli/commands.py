@@ -162,13 +162,19 @@ def prm(argv: Optional[List[str]] = None) -> None:
     run_supervised(args, PRMTrainer, "prm", model_loader=load_prm_from_args)
 
 
+def _on_policy_args(command: Callable[..., Any], script: str, add_args: Callable[[argparse.ArgumentParser], None],
+                    argv: Optional[List[str]]) -> argparse.Namespace:
+    """An on-policy command's flags: the shared ones, its algorithm's (`add_args`) and the reference's."""
+    parser = _parser(command, dataset_flag="--prompt_dataset", on_policy=True)
+    add_args(parser)
+    add_reference_args(parser, precompute=False)
+    return _finish(parser, script, argv)
+
+
 @exit_cleanly
 def ppo(argv: Optional[List[str]] = None) -> None:
     """PPO with a trained reward model and/or verifiable reward functions on prompts."""
-    parser = _parser(ppo, dataset_flag="--prompt_dataset", on_policy=True)
-    add_ppo_args(parser)
-    add_reference_args(parser, precompute=False)
-    args = _finish(parser, "ppo", argv)
+    args = _on_policy_args(ppo, "ppo", add_ppo_args, argv)
     from coati.cli.rl_runner import run_ppo
 
     run_ppo(args)
@@ -177,10 +183,7 @@ def ppo(argv: Optional[List[str]] = None) -> None:
 @exit_cleanly
 def grpo(argv: Optional[List[str]] = None) -> None:
     """GRPO with verifiable rewards on prompts (their ground-truth fields reach the reward)."""
-    parser = _parser(grpo, dataset_flag="--prompt_dataset", on_policy=True)
-    add_grpo_args(parser)
-    add_reference_args(parser, precompute=False)
-    args = _finish(parser, "grpo", argv)
+    args = _on_policy_args(grpo, "grpo", add_grpo_args, argv)
     from coati.cli.rl_runner import run_grpo
 
     run_grpo(args)

@@ -73,10 +73,10 @@ def split_config_flag(argv: Sequence[str]) -> tuple:
     return (paths[0] if paths else None), rest
 
 
-def nearest(name: str, known: Iterable[str], prefix: str = "") -> str:
+def nearest(name: str, known: Iterable[str]) -> str:
     """' (did you mean X or Y?)' for the known names closest to `name`, or '' when none is close."""
     close = difflib.get_close_matches(name, sorted(set(known)), n=3, cutoff=0.7)
-    return f" (did you mean {' or '.join(prefix + c for c in close)}?)" if close else ""
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 
 def config_tokens(parser: argparse.ArgumentParser, values: Mapping[str, Any], path: str) -> List[str]:
@@ -101,7 +101,7 @@ def _actions_by_key(parser: argparse.ArgumentParser) -> Dict[str, argparse.Actio
     """Every flag of `parser` by its name without dashes, and every destination by its name."""
     actions: Dict[str, argparse.Action] = {}
     for flag, action in parser._option_string_actions.items():
-        if flag.startswith("--") and action.help is not argparse.SUPPRESS or _is_refusal(action):
+        if flag.startswith("--") and (action.help is not argparse.SUPPRESS or _is_refusal(action)):
             actions[flag[2:]] = action
     for action in parser._actions:
         if action.option_strings and action.dest not in actions and action.dest != argparse.SUPPRESS:
@@ -110,7 +110,8 @@ def _actions_by_key(parser: argparse.ArgumentParser) -> Dict[str, argparse.Actio
 
 
 def _is_refusal(action: argparse.Action) -> bool:
-    return type(action).__name__ == "_Refuse"
+    """A hidden flag that stops the parse naming what to use instead (ColossalChat's flags coati does not take)."""
+    return getattr(action, "instead", None) is not None
 
 
 def _flag_for(action: argparse.Action, key: str) -> str:
@@ -125,7 +126,7 @@ def _tokens(action: argparse.Action, flag: str, value: Any, where: str) -> List[
     if action.nargs == 0:   # a switch
         if not isinstance(value, bool):
             raise CoatiUsageError(f"{where}: expected true or false, got {value!r}")
-        if value == bool(action.const if action.const is not None else True) or _is_refusal(action):
+        if value == bool(action.const if action.const is not None else True):
             return [flag]
         if value == bool(action.default):
             return []
@@ -144,9 +145,9 @@ def _tokens(action: argparse.Action, flag: str, value: Any, where: str) -> List[
 
 def _text(value: Any) -> str:
     """A YAML scalar as it would be typed on a command line."""
-    if isinstance(value, bool):
-        return str(value)
-    return value if isinstance(value, str) else json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+    if isinstance(value, str):
+        return value
+    return json.dumps(value) if isinstance(value, (dict, list)) else str(value)
 
 
 def given_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Dict[str, str]:
@@ -186,18 +187,25 @@ def resolve_reporting(args: argparse.Namespace) -> None:
 def expand_output_dir(args: argparse.Namespace) -> None:
     """Replace `OUTPUT_DIR_MARK` in string settings (a saved config's paths inside its run's folder) by this run's
     --output_dir."""
-    output_dir = getattr(args, "output_dir", None)
-    for name, value in vars(args).items():
-        if isinstance(value, str) and OUTPUT_DIR_MARK in value:
-            if not output_dir:
-                raise CoatiUsageError(f"--{name} {value}: a path inside the run's folder needs --output_dir")
-            setattr(args, name, value.replace(OUTPUT_DIR_MARK, output_dir.rstrip("/")))
+    output_dir = (getattr(args, "output_dir", None) or "").rstrip("/")
+
+    def expanded(name: str, value: Any) -> Any:
+        if isinstance(value, list):
+            return [expanded(name, v) for v in value]
+        if not isinstance(value, str) or OUTPUT_DIR_MARK not in value:
+            return value
+        if not output_dir:
+            raise CoatiUsageError(f"--{name} {value}: a path inside the run's folder needs --output_dir")
+        return value.replace(OUTPUT_DIR_MARK, output_dir)
+
+    for name, value in list(vars(args).items()):
+        setattr(args, name, expanded(name, value))
 
 
 # ---- the run's own config --------------------------------------------------------------------------
 NOT_SAVED = ("config", "config_file", "checkpoint_path", "save_path")
-"""Settings a saved config leaves out: the file it was read from, ColossalChat's JSON copy of the flags, the checkpoint this run resumed from (a
-rerun starts from scratch), and ColossalChat's --save_path (already in save_dir)."""
+"""Settings a saved config leaves out: the file it was read from, ColossalChat's JSON copy of the flags, the
+checkpoint this run resumed from (a rerun starts from scratch), and ColossalChat's --save_path (already in save_dir)."""
 
 
 def resolved_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Dict[str, Any]:
@@ -256,7 +264,7 @@ def save_run_config(folder: str, config: Dict[str, Any], sources: Dict[str, str]
     target = Path(folder)
     target.mkdir(parents=True, exist_ok=True)
     header = ("# The resolved settings of this run; rerun it from scratch with\n"
-              f"#   coati <command> --config {target / SAVED_CONFIG} --output_dir NEW_DIR\n")
+              f"#   {Path(sys.argv[0]).name} --config {target / SAVED_CONFIG} --output_dir NEW_DIR\n")
     (target / SAVED_CONFIG).write_text(header + yaml.safe_dump(config, sort_keys=False, default_flow_style=False))
     info = {"command": [Path(sys.argv[0]).name, *argv], "sources": sources, "versions": _versions()}
     (target / RUN_INFO).write_text(json.dumps(info, indent=2) + "\n")
