@@ -77,7 +77,7 @@ def test_flags_become_the_fields_they_name():
 @pytest.mark.parametrize("argv, expected", [
     (["--clip_eps_low", "1.5"], "error: argument --clip_eps_low: must be in [0, 1), got 1.5"),
     (["--max_seq_len", "0"], "error: argument --max_seq_len: must be >= 1, got 0"),    # the alias keeps the range
-    (["--logging_steps", "0"], "error: argument --log_interval/--logging_steps: must be >= 1, got 0"),
+    (["--logging_steps", "0"], "error: argument --logging_steps: must be >= 1, got 0"),
     (["--adv_option", "tau"], "error: argument --adv_option: 'tau': expected NAME=VALUE"),
 ])
 def test_a_value_out_of_the_fields_range_is_refused_by_its_flag(argv, expected, capsys):

@@ -5,6 +5,7 @@ and default; `settings_from(args, cls)` builds `cls` from the parsed flags. Erro
 (`CoatiArgumentParser`), exit status 2, before anything is loaded.
 """
 import argparse
+import re
 import sys
 from dataclasses import MISSING, Field, fields
 from typing import Any, Callable, Dict, List, NamedTuple, NoReturn, Optional, Sequence, Set, Type, TypeVar
@@ -40,9 +41,20 @@ class CoatiArgumentParser(argparse.ArgumentParser):
                           help="a YAML or JSON file of settings: keys are these flags without their dashes (coati's, "
                                "ColossalChat's or TRL's names); flags given here override it")
         self.given: Dict[str, str] = {}
+        self._typed: Set[str] = set()
 
     def error(self, message: str) -> NoReturn:
-        fail(f"error: {message} (see {self.prog} --help)", USAGE_EXIT_CODE)
+        fail(f"error: {self._named_as_given(message)} (see {self.prog} --help)", USAGE_EXIT_CODE)
+
+    def _named_as_given(self, message: str) -> str:
+        """argparse names a flag with aliases by all its spellings (`argument --lr/--learning_rate: ...`): name it
+        as the user wrote it, else by its first spelling."""
+        match = re.match(r"argument ((?:--?[\w-]+/)+--?[\w-]+): ", message)
+        if not match:
+            return message
+        names = match.group(1).split("/")
+        typed = next((name for name in names if name in self._typed), names[0])
+        return f"argument {typed}: {message[match.end():]}"
 
     def parse_args(self, args=None, namespace=None) -> argparse.Namespace:
         """Parse `--config`'s file and the command line, then run the parser's `post_parse` steps (e.g. translating
@@ -50,6 +62,7 @@ class CoatiArgumentParser(argparse.ArgumentParser):
         is only blanks (a shell line ending in `\\ \\`, as one of ColossalChat's own test commands does) is dropped
         with a warning. The parsed namespace carries the run's record (`RunRecord`) as `_run_record`."""
         argv = sys.argv[1:] if args is None else list(args)
+        self._typed = {a.partition("=")[0] for a in argv if isinstance(a, str) and a.startswith("-")}
         blank = [a for a in argv if isinstance(a, str) and a and not a.strip()]
         if blank:
             warn_user(f"ignoring {len(blank)} blank argument(s) {blank!r} (an escaped space in the command line?)")
@@ -60,6 +73,7 @@ class CoatiArgumentParser(argparse.ArgumentParser):
             from_file = config_tokens(self, read_config(path), path) if path else []
         except CoatiUsageError as exc:
             self.error(str(exc))
+        self._typed |= {token for token in from_file if token.startswith("--")}
         from_flags = given_flags(self, command_line)
         self.given = {**given_flags(self, from_file), **from_flags}
         parsed = super().parse_args(from_file + command_line, namespace)

@@ -86,8 +86,12 @@ def prepare_raw_data(args: argparse.Namespace) -> None:
     tokenizer = load_tokenizer(tokenizer_dir, args.trust_remote_code) if any(raw.values()) else None
     for name, kind in RAW_DATA_FLAGS.items():
         if raw[name]:
-            folder = prepared(raw[name], kind or data_type, tokenizer, tokenizer_dir,
-                              args.max_length or PREPARE_MAX_LENGTH, args.prepared_cache_dir)
+            flag = getattr(args, "dataset_flag", "--dataset") if name == "dataset" else f"--{name}"
+            try:
+                folder = prepared(raw[name], kind or data_type, tokenizer, tokenizer_dir,
+                                  args.max_length or PREPARE_MAX_LENGTH, args.prepared_cache_dir)
+            except CoatiUsageError as error:
+                raise CoatiUsageError(f"{flag}: {error}") from None
             setattr(args, name, [str(folder), *(p for p in getattr(args, name) if p not in raw[name])])
     if split:
         train, held_out = eval_split(args.dataset, data_type, split, args.seed, args.prepared_cache_dir)

@@ -32,8 +32,12 @@ def cache_root(cache_dir: Optional[str] = None) -> Path:
 
 
 def is_raw(path: str) -> bool:
-    """Whether `path` is data to prepare (a file, or a folder that is not a prepared dataset)."""
-    return Path(path).exists() and not prepared_folders(path)
+    """Whether `path` is data to prepare: a file, or a folder that is neither a prepared dataset nor a model (whose
+    config.json is no data)."""
+    folder = Path(path)
+    if folder.is_dir() and (folder / "config.json").is_file():
+        return False
+    return folder.exists() and not prepared_folders(path)
 
 
 def _files(path: Path) -> List[Path]:

@@ -97,7 +97,8 @@ def import_function(name: str, kind: str = "function") -> Callable:
         module = _load_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
         fn = getattr(module, attr)
     except (ImportError, AttributeError, OSError) as error:
-        raise CoatiUsageError(f"{kind} {name!r} cannot be imported from {os.getcwd()}: {error}") from None
+        raise CoatiUsageError(f"{kind} {name!r} cannot be imported: {error} (the working directory {os.getcwd()} is "
+                              "searched too)") from None
     if not callable(fn):
         raise CoatiUsageError(f"{kind} {name!r} is not callable")
     return fn
