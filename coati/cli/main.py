@@ -38,7 +38,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     """Run `coati <command>`: here, or under the launcher its launch flags ask for."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(usage())
+        try:
+            print(usage(), flush=True)
+        except BrokenPipeError:   # `coati --help | head`: the reader has what it wanted
+            sys.stdout = open(os.devnull, "w")
         sys.exit(0 if argv else USAGE_EXIT_CODE)
     name, rest = argv[0], argv[1:]
     commands = _commands()
