@@ -29,6 +29,8 @@ PLUGIN_HELP = {
 PLUGINS = tuple(PLUGIN_HELP)
 SP_MODES = ("split_gather", "ring", "all_to_all", "ring_attn")
 REPORT_TO = ("tensorboard", "wandb", "none")
+PREPARE_MAX_LENGTH = 2048
+"""Tokens a row is prepared to at most: `coati prepare`'s default, and raw data's where --max_length does not say."""
 DEFAULT_DIST_TIMEOUT_S = 600
 """How long a collective waits for a peer before a rank gives up (`--dist_timeout`; NCCL's default, gloo's is 30 min)."""
 DEFAULT_REWARD_TIMEOUT_S = 600.0

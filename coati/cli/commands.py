@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict, List, Optional
 from coati.cli.arguments import add_grpo_args, add_ppo_args, add_reference_args, training_parser
 from coati.cli.colossalchat import add_colossalchat_flags
 from coati.cli.trl_names import add_trl_names
+from coati.config import PREPARE_MAX_LENGTH
 from coati.cli.options import CoatiArgumentParser
 from coati.utils.errors import CoatiUsageError, exit_cleanly
 from coati.utils.file_checks import check_writable_dir, resolve_model_dir
@@ -212,7 +213,7 @@ def prepare(argv: Optional[List[str]] = None) -> None:
     output.add_argument("--data_output_dirs", help="where the prepared dataset is saved: one folder")
     output.add_argument("--data_arrow_output_dir", help="ColossalChat's layout: one dataset folder per part, "
                         "part-00000, part-00001, ... (train on the folder, or on the parts one by one)")
-    parser.add_argument("--max_length", type=at_least(1), default=2048, help="tokens per sequence; longer ones are cut from the right")
+    parser.add_argument("--max_length", type=at_least(1), default=PREPARE_MAX_LENGTH, help="tokens per sequence; longer ones are cut from the right")
     parser.add_argument("--conversation_template_config", default=None,
                         help='ColossalChat\'s template JSON: "chat_template" (else the tokenizer\'s own), "system_message" '
                              '(opens each conversation without a system turn) and "end_of_turn_token"')

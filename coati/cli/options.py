@@ -41,7 +41,6 @@ class CoatiArgumentParser(argparse.ArgumentParser):
                           help="a YAML or JSON file of settings: keys are these flags without their dashes (coati's, "
                                "ColossalChat's or TRL's names); flags given here override it")
         self.given: Dict[str, str] = {}
-        self._typed: Set[str] = set()
 
     def error(self, message: str) -> NoReturn:
         fail(f"error: {self._named_as_given(message)} (see {self.prog} --help)", USAGE_EXIT_CODE)
@@ -53,7 +52,7 @@ class CoatiArgumentParser(argparse.ArgumentParser):
         if not match:
             return message
         names = match.group(1).split("/")
-        typed = next((name for name in names if name in self._typed), names[0])
+        typed = next((name for name in names if name in self.given.values()), names[0])
         return f"argument {typed}: {message[match.end():]}"
 
     def parse_args(self, args=None, namespace=None) -> argparse.Namespace:
@@ -62,7 +61,6 @@ class CoatiArgumentParser(argparse.ArgumentParser):
         is only blanks (a shell line ending in `\\ \\`, as one of ColossalChat's own test commands does) is dropped
         with a warning. The parsed namespace carries the run's record (`RunRecord`) as `_run_record`."""
         argv = sys.argv[1:] if args is None else list(args)
-        self._typed = {a.partition("=")[0] for a in argv if isinstance(a, str) and a.startswith("-")}
         blank = [a for a in argv if isinstance(a, str) and a and not a.strip()]
         if blank:
             warn_user(f"ignoring {len(blank)} blank argument(s) {blank!r} (an escaped space in the command line?)")
@@ -73,9 +71,8 @@ class CoatiArgumentParser(argparse.ArgumentParser):
             from_file = config_tokens(self, read_config(path), path) if path else []
         except CoatiUsageError as exc:
             self.error(str(exc))
-        self._typed |= {token for token in from_file if token.startswith("--")}
-        from_flags = given_flags(self, command_line)
-        self.given = {**given_flags(self, from_file), **from_flags}
+        from_flags, in_file = given_flags(self, command_line), given_flags(self, from_file)
+        self.given = {**in_file, **from_flags}
         parsed = super().parse_args(from_file + command_line, namespace)
         parsed.config = path
         for step in [*getattr(self, "post_parse", []), expand_output_dir]:
@@ -83,14 +80,13 @@ class CoatiArgumentParser(argparse.ArgumentParser):
                 step(parsed)
             except CoatiUsageError as exc:
                 self.error(str(exc))
-        parsed._run_record = RunRecord(resolved_config(self, parsed), self._sources(parsed, from_file, from_flags),
-                                       argv)
+        parsed._run_record = RunRecord(resolved_config(self, parsed), self._sources(parsed, in_file, from_flags), argv)
         return parsed
 
-    def _sources(self, parsed: argparse.Namespace, from_file: List[str], from_flags: Dict[str, str]) -> Dict[str, str]:
-        """Where each setting's value came from: `flag --x`, `file` (by its name or a TRL name's, `file
-        (per_device_train_batch_size)`), `derived` (set from other settings) or `default`."""
-        in_file = given_flags(self, from_file)
+    def _sources(self, parsed: argparse.Namespace, in_file: Dict[str, str], from_flags: Dict[str, str]) -> Dict[str, str]:
+        """Where each setting's value came from (`in_file` and `from_flags`: destination -> the flag that set it):
+        `flag --x`, `file` (by its name or a TRL name's, `file (per_device_train_batch_size)`), `derived` (set from
+        other settings) or `default`."""
         sources = {}
         for action in self._actions:
             if not action.option_strings or action.default is argparse.SUPPRESS or not hasattr(parsed, action.dest) \

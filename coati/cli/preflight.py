@@ -5,6 +5,7 @@ import argparse
 from pathlib import Path
 from typing import Dict
 
+from coati.config import PREPARE_MAX_LENGTH
 from coati.dataset.cache import is_raw
 from coati.utils.errors import CoatiUsageError
 from coati.utils.file_checks import check_data_dirs, check_model_dir, check_writable_dir, resolve_model_dir
@@ -50,8 +51,7 @@ def check_run_paths(args: argparse.Namespace) -> Dict[str, dict]:
     if tokenizer and not Path(tokenizer).is_dir():
         raise CoatiUsageError(f"--tokenizer_dir {tokenizer} does not exist or is not a directory")
     for name in DATA_FLAGS:
-        flag = getattr(args, "dataset_flag", "--dataset") if name == "dataset" else f"--{name}"
-        check_data_dirs(getattr(args, name, None), flag)
+        check_data_dirs(getattr(args, name, None), _data_flag(args, name))
     for name in OUTPUT_FLAGS:
         if getattr(args, name, None):
             check_writable_dir(getattr(args, name), f"--{name}")
@@ -61,10 +61,13 @@ def check_run_paths(args: argparse.Namespace) -> Dict[str, dict]:
     return configs
 
 
+def _data_flag(args: argparse.Namespace, name: str) -> str:
+    """The flag the data setting `name` goes by in this script (on-policy scripts call `dataset` --prompt_dataset)."""
+    return getattr(args, "dataset_flag", "--dataset") if name == "dataset" else f"--{name}"
+
+
 RAW_DATA_FLAGS = {"dataset": None, "eval_dataset": None, "ptx_dataset": "sft"}
 """The data flags that may name raw data, and the type their data is prepared as (None: the command's)."""
-PREPARE_MAX_LENGTH = 2048
-"""Tokens a row is prepared to at most when --max_length does not say (prepare's default)."""
 
 
 def prepare_raw_data(args: argparse.Namespace) -> None:
@@ -86,12 +89,11 @@ def prepare_raw_data(args: argparse.Namespace) -> None:
     tokenizer = load_tokenizer(tokenizer_dir, args.trust_remote_code) if any(raw.values()) else None
     for name, kind in RAW_DATA_FLAGS.items():
         if raw[name]:
-            flag = getattr(args, "dataset_flag", "--dataset") if name == "dataset" else f"--{name}"
             try:
                 folder = prepared(raw[name], kind or data_type, tokenizer, tokenizer_dir,
                                   args.max_length or PREPARE_MAX_LENGTH, args.prepared_cache_dir)
             except CoatiUsageError as error:
-                raise CoatiUsageError(f"{flag}: {error}") from None
+                raise CoatiUsageError(f"{_data_flag(args, name)}: {error}") from None
             setattr(args, name, [str(folder), *(p for p in getattr(args, name) if p not in raw[name])])
     if split:
         train, held_out = eval_split(args.dataset, data_type, split, args.seed, args.prepared_cache_dir)
