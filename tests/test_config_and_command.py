@@ -290,3 +290,18 @@ def test_a_run_or_checkpoint_folder_stands_for_its_model_with_a_note(tmp_path, c
         f"note: --pretrain {tmp_path / 'run'} is a run or checkpoint folder: using its model {tmp_path / 'run' / 'model'}",
         f"note: --ref_pretrain {tmp_path / 'ckpt' / 'epoch-1_step-4'} is a run or checkpoint folder: using its model "
         f"{tmp_path / 'ckpt' / 'epoch-1_step-4' / 'modeling'}"]
+
+
+def test_missing_data_is_named_by_its_flag_before_any_preparation_or_split(tmp_path, capsys):
+    """A data path that is not there is refused by its flag, also with --eval_split (which would split it)."""
+    import argparse
+
+    from coati.cli.preflight import prepare_raw_data
+    from coati.utils.errors import CoatiUsageError
+
+    args = argparse.Namespace(data_type="sft", dataset=[str(tmp_path / "nope.jsonl")], eval_dataset=None,
+                              ptx_dataset=None, eval_split=0.1, dataset_flag="--dataset")
+    with pytest.raises(CoatiUsageError, match=rf"^--dataset {tmp_path / 'nope.jsonl'} does not exist \(give a JSONL "
+                                              r"file, a folder of them, a datasets folder, or a folder `coati "
+                                              r"prepare` wrote\)$"):
+        prepare_raw_data(args)

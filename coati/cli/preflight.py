@@ -8,7 +8,8 @@ from typing import Dict
 from coati.config import PREPARE_MAX_LENGTH
 from coati.dataset.cache import is_raw
 from coati.utils.errors import CoatiUsageError
-from coati.utils.file_checks import check_data_dirs, check_model_dir, check_writable_dir, resolve_model_dir
+from coati.utils.file_checks import (check_data_dirs, check_data_exist, check_model_dir, check_writable_dir,
+                                     resolve_model_dir)
 
 MODEL_FLAGS = ("pretrain", "ref_pretrain", "rm_pretrain", "critic_pretrain")
 DATA_FLAGS = ("dataset", "eval_dataset", "ptx_dataset")
@@ -75,6 +76,8 @@ def prepare_raw_data(args: argparse.Namespace) -> None:
     into the cache (`coati.dataset.cache`), the flags then naming the prepared folders; with --eval_split and no
     --eval_dataset, that fraction of the training rows held out. Nothing is loaded when every folder is prepared."""
     data_type = getattr(args, "data_type", None)
+    for name in RAW_DATA_FLAGS:
+        check_data_exist(getattr(args, name, None), _data_flag(args, name))
     raw = {name: [p for p in getattr(args, name, None) or () if is_raw(p)] for name in RAW_DATA_FLAGS}
     split = getattr(args, "eval_split", 0.0)
     if data_type is None or not (any(raw.values()) or split):

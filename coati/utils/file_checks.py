@@ -155,13 +155,21 @@ def prepared_folders(path: str) -> List[Path]:
     return [p for p in parts if any((p / marker).is_file() for marker in PREPARED_MARKERS)]
 
 
+def check_data_exist(paths: Optional[Sequence[str]], flag: str) -> None:
+    """Each path names data that is there (raw or prepared)."""
+    for path in paths or ():
+        if not Path(path).exists():
+            raise CoatiUsageError(f"{flag} {path} does not exist (give a JSONL file, a folder of them, a datasets "
+                                  "folder, or a folder `coati prepare` wrote)")
+
+
 def check_data_dirs(paths: Optional[Sequence[str]], flag: str) -> None:
     """Each path is a folder that `prepare_dataset.py` (`datasets.save_to_disk`) wrote, or one holding such
     folders as ColossalChat's `part-NNNNN` parts."""
+    check_data_exist(paths, flag)
     for path in paths or ():
         if not Path(path).is_dir():
-            raise CoatiUsageError(f"{flag} {path} does not exist or is not a directory (a folder written by "
-                                  "prepare_dataset.py)")
+            raise CoatiUsageError(f"{flag} {path} is a file, not a prepared dataset folder (prepare_dataset.py)")
         if not prepared_folders(path):
             raise CoatiUsageError(f"{flag} {path} is not a prepared dataset (no {PREPARED_MARKERS[0]}); "
                                   "write one from raw data with prepare_dataset.py")
