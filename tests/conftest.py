@@ -1,4 +1,5 @@
 """Shared fixtures: locally built tiny model and data, a world-of-one process group, a torchrun helper."""
+import importlib
 import json
 import os
 import subprocess
@@ -193,3 +194,17 @@ def kill_run(proc: subprocess.Popen) -> int:
         worker.kill()
     psutil.wait_procs(workers, timeout=60)
     return proc.wait()
+
+
+def parsed_args(command: str, argv, monkeypatch) -> Any:
+    """The args `coati <command>` (and `train_<command>.py`) would run with: its run function replaced by one that
+    returns them, and the paths, which name no files in the tests that parse only, not checked."""
+    from coati.cli import commands
+
+    home, runner = ("coati.cli.rl_runner", f"run_{command}") if command in ("ppo", "grpo") else (
+        "coati.cli.runner", "run_supervised")
+    seen = {}
+    monkeypatch.setattr(importlib.import_module(home), runner, lambda args, *a, **k: seen.setdefault("args", args))
+    monkeypatch.setattr(commands, "check_paths", lambda args: {})
+    getattr(commands, command)(list(argv))
+    return seen["args"]

@@ -12,7 +12,7 @@ from coati.dataset.collators import PreferenceCollator, SupervisedCollator
 from coati.models.tiny import END_OF_TURN
 from coati.models.loss import DPOLoss, KTOLoss
 from coati.trainer.kto import balance_kto_weights
-from conftest import REPO, SCRIPTS
+from conftest import REPO, parsed_args
 
 COLOSSALCHAT_FLAGS = {
     "sft": "--accumulation_steps --batch_size --checkpoint_path --config_file --dataset --disable_loss_mask "
@@ -73,22 +73,9 @@ PATHS = {"--pretrain", "--tokenizer_dir", "--dataset", "--eval_dataset", "--prom
 REQUIRED = {"sft": ["--pretrain", "m", "--dataset", "d"], "ppo": ["--pretrain", "m", "--prompt_dataset", "d"]}
 
 
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(f"colossalchat_check_{name}", SCRIPTS / f"train_{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _parse(name: str, argv, monkeypatch):
-    """The args `train_<name>.py` would run with (its run function is replaced by one that returns them)."""
-    module = _script(name)
-    home, runner = ("coati.cli.rl_runner", f"run_{name}") if name in ("ppo", "grpo") else (
-        "coati.cli.runner", "run_supervised")
-    seen = {}
-    monkeypatch.setattr(importlib.import_module(home), runner, lambda args, *a, **k: seen.setdefault("args", args))
-    module.main(argv)
-    return seen["args"]
+    """The args `train_<name>.py` would run with (`parsed_args`)."""
+    return parsed_args(name, argv, monkeypatch)
 
 
 def _value(flag: str, files: dict) -> list:

@@ -5,13 +5,17 @@ Each parses its flags (and `--config`'s file) before the training stack loads, s
 once; its docstring's first line is its description in `coati --help` and in its own.
 """
 import argparse
+import contextlib
+import contextvars
+import io
 from typing import Any, Callable, Dict, List, Optional
 
 from coati.cli.arguments import add_grpo_args, add_ppo_args, add_reference_args, training_parser
 from coati.cli.colossalchat import add_colossalchat_flags
+from coati.cli.preflight import check_paths
 from coati.cli.trl_names import add_trl_names
 from coati.config import PREPARE_MAX_LENGTH
-from coati.cli.options import CoatiArgumentParser
+from coati.cli.options import CoatiArgumentParser, add_post_parse
 from coati.utils.errors import CoatiUsageError, exit_cleanly
 from coati.utils.file_checks import check_writable_dir, resolve_model_dir
 from coati.utils.ranges import at_least, in_range, non_negative, positive
@@ -36,11 +40,39 @@ DATA_TYPES = {"sft": "sft", "rm": "preference", "dpo": "preference", "orpo": "pr
 """The kind of rows each training command reads (raw data given to it is prepared as that)."""
 
 
+class _FlagsChecked(BaseException):
+    """Ends a command run by `check_flags` once its flags are parsed and checked (a BaseException: `exit_cleanly`
+    lets it through)."""
+
+
+_CHECKING = contextvars.ContextVar("coati_checking_flags", default=False)
+
+
+def check_flags(name: str, argv: List[str]) -> None:
+    """Parse training command `name`'s flags and run its path checks, as its run would, printing nothing unless
+    they fail (then one line and exit 2): `coati --nproc_per_node N` does this before it starts any process, so a
+    wrong flag is answered once, not on every rank under torchrun's report."""
+    token = _CHECKING.set(True)
+    try:
+        TRAINING[name](argv)
+    except _FlagsChecked:
+        pass
+    finally:
+        _CHECKING.reset(token)
+
+
 def _finish(parser: argparse.ArgumentParser, script: str, argv: Optional[List[str]]) -> argparse.Namespace:
+    """The command's flags parsed (ColossalChat's and TRL's names added) and their paths checked."""
     parser.set_defaults(data_type=DATA_TYPES[script])
     add_colossalchat_flags(parser, script)
     add_trl_names(parser, script)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not _CHECKING.get():
+        check_paths(args)
+        return args
+    with contextlib.redirect_stderr(io.StringIO()):   # notes are printed by the run itself
+        check_paths(args)
+    raise _FlagsChecked
 
 
 @exit_cleanly
@@ -153,14 +185,18 @@ def prm(argv: Optional[List[str]] = None) -> None:
                         help="what ends each step, saved with the model for PPO/GRPO to find the steps of a completion "
                              "(prepare_dataset.py --type prm joins steps with \\n)")
     parser.set_defaults(disable_loss_mask=False)
+    add_post_parse(parser, _refuse_packing_for_prm)
     args = _finish(parser, "prm", argv)
-    if args.packing:
-        raise CoatiUsageError("--packing is not for train_prm.py: a PRM reads its labels at the steps' ends of padded "
-                              "rows")
     from coati.cli.runner import load_prm_from_args, run_supervised
     from coati.trainer.prm import PRMTrainer
 
     run_supervised(args, PRMTrainer, "prm", model_loader=load_prm_from_args)
+
+
+def _refuse_packing_for_prm(args: argparse.Namespace) -> None:
+    if args.packing:
+        raise CoatiUsageError("--packing is not for train_prm.py: a PRM reads its labels at the steps' ends of padded "
+                              "rows")
 
 
 def _on_policy_args(command: Callable[..., Any], script: str, add_args: Callable[[argparse.ArgumentParser], None],
@@ -213,7 +249,9 @@ def prepare(argv: Optional[List[str]] = None) -> None:
     output.add_argument("--data_output_dirs", help="where the prepared dataset is saved: one folder")
     output.add_argument("--data_arrow_output_dir", help="ColossalChat's layout: one dataset folder per part, "
                         "part-00000, part-00001, ... (train on the folder, or on the parts one by one)")
-    parser.add_argument("--max_length", type=at_least(1), default=PREPARE_MAX_LENGTH, help="tokens per sequence; longer ones are cut from the right")
+    parser.add_argument("--max_length", type=at_least(1), default=PREPARE_MAX_LENGTH,
+                        help="tokens per sequence; longer conversations are cut from the right, longer prompts "
+                             "(--type prompt) from the left, keeping their end")
     parser.add_argument("--conversation_template_config", default=None,
                         help='ColossalChat\'s template JSON: "chat_template" (else the tokenizer\'s own), "system_message" '
                              '(opens each conversation without a system turn) and "end_of_turn_token"')
@@ -233,7 +271,7 @@ def prepare(argv: Optional[List[str]] = None) -> None:
     if args.data_jsonl_output_dir:
         check_writable_dir(args.data_jsonl_output_dir, "--data_jsonl_output_dir")
     args.tokenizer_dir = resolve_model_dir(args.tokenizer_dir, "--tokenizer_dir")
-    from coati.dataset.prepare import OutputLayout, prepare_dataset   # tokenizers, datasets: once flags are checked
+    from coati.dataset.prepare import OutputLayout, prepare_dataset, truncation_summary   # tokenizers, datasets: once flags are checked
     from coati.dataset.tokenization import load_tokenizer, template_system_message
 
     tokenizer = load_tokenizer(args.tokenizer_dir, args.trust_remote_code, args.conversation_template_config)
@@ -248,7 +286,7 @@ def prepare(argv: Optional[List[str]] = None) -> None:
                              system_message=template_system_message(args.conversation_template_config))
     sampled = f", {counts['unsampled']} left out by --num_samples_per_datafile" if counts["unsampled"] else ""
     print(f"prepared {args.type} dataset in {out_dir}: {counts['kept']} of {counts['rows']} valid rows kept, "
-          f"{counts['dropped']} dropped by truncation{sampled}, {counts['skipped']} invalid rows skipped")
+          f"{truncation_summary(counts, args.max_length)}{sampled}, {counts['skipped']} invalid rows skipped")
 
 
 @exit_cleanly

@@ -52,9 +52,19 @@ def main(argv: Optional[List[str]] = None) -> None:
     except CoatiUsageError as error:
         _refuse(str(error))
     if launch and not any(os.environ.get(v) for v in LAUNCHER_ENV):
+        _check_before_launch(name, rest)
         sys.exit(subprocess.call(launcher_command(name, launch, rest)))
     sys.argv[0] = f"coati {name}"   # the command's --help and errors name it
     commands[name](rest)
+
+
+def _check_before_launch(name: str, argv: List[str]) -> None:
+    """A training command's flags parsed and its paths checked here, once, before any process starts."""
+    from coati.cli.commands import TRAINING, check_flags
+
+    if name in TRAINING:
+        sys.argv[0] = f"coati {name}"
+        check_flags(name, argv)
 
 
 def _refuse(message: str) -> NoReturn:

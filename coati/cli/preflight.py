@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Dict
 
 from coati.config import PREPARE_MAX_LENGTH
-from coati.dataset.cache import is_raw
 from coati.utils.errors import CoatiUsageError
 from coati.utils.file_checks import (check_data_dirs, check_data_exist, check_model_dir, check_writable_dir,
                                      resolve_model_dir)
@@ -39,11 +38,11 @@ def checkpoint_model_dir(path: str, flag: str) -> str:
                           "train_rm.py checkpoint folder (save_dir/epoch-E_step-S) or its final save_dir/modeling")
 
 
-def check_run_paths(args: argparse.Namespace) -> Dict[str, dict]:
-    """Resolve model ids (`resolve_model_flags`), then check every path flag `args` has; returns the model
-    configs read, by flag name."""
+def check_paths(args: argparse.Namespace) -> Dict[str, dict]:
+    """The path checks that need no training stack, run as soon as the flags are parsed (a wrong path is one line at
+    once, before torch loads): model ids resolved (`resolve_model_flags`), every model folder usable, the data there,
+    the output folders writable. Returns the model configs read, by flag name."""
     resolve_model_flags(args)
-    prepare_raw_data(args)
     configs = {}
     for name in MODEL_FLAGS:
         if getattr(args, name, None):
@@ -52,13 +51,23 @@ def check_run_paths(args: argparse.Namespace) -> Dict[str, dict]:
     if tokenizer and not Path(tokenizer).is_dir():
         raise CoatiUsageError(f"--tokenizer_dir {tokenizer} does not exist or is not a directory")
     for name in DATA_FLAGS:
-        check_data_dirs(getattr(args, name, None), _data_flag(args, name))
+        check_data_exist(getattr(args, name, None), _data_flag(args, name))
     for name in OUTPUT_FLAGS:
         if getattr(args, name, None):
             check_writable_dir(getattr(args, name), f"--{name}")
     for flag in ("save_interval", "save_freq_epochs", "save_freq_secs"):
         if getattr(args, flag, 0) and not getattr(args, "save_dir", None):
             raise CoatiUsageError(f"--{flag} needs --save_dir, the directory checkpoints are written to")
+    return configs
+
+
+def check_run_paths(args: argparse.Namespace) -> Dict[str, dict]:
+    """`check_paths`, then raw data prepared (`prepare_raw_data`) and every data folder checked to be a prepared
+    dataset; returns the model configs read, by flag name."""
+    configs = check_paths(args)
+    prepare_raw_data(args)
+    for name in DATA_FLAGS:
+        check_data_dirs(getattr(args, name, None), _data_flag(args, name))
     return configs
 
 
@@ -75,9 +84,9 @@ def prepare_raw_data(args: argparse.Namespace) -> None:
     """Raw data among the data flags (a JSONL file, a folder of them, a local `datasets` folder) prepared on the fly
     into the cache (`coati.dataset.cache`), the flags then naming the prepared folders; with --eval_split and no
     --eval_dataset, that fraction of the training rows held out. Nothing is loaded when every folder is prepared."""
+    from coati.dataset.cache import is_raw   # the coati.dataset package loads torch: only once paths are checked
+
     data_type = getattr(args, "data_type", None)
-    for name in RAW_DATA_FLAGS:
-        check_data_exist(getattr(args, name, None), _data_flag(args, name))
     raw = {name: [p for p in getattr(args, name, None) or () if is_raw(p)] for name in RAW_DATA_FLAGS}
     split = getattr(args, "eval_split", 0.0)
     if data_type is None or not (any(raw.values()) or split):
