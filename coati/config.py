@@ -90,8 +90,10 @@ class DataSettings:
                                        help="the training data: JSONL files, folders of them or datasets folders, "
                                             "prepared on the fly (cached), or folders `coati prepare` wrote")
     eval_dataset: Optional[Tuple[str, ...]] = setting(None, nargs="*", help="held-out data, as --dataset takes it")
-    max_length: int = setting(0, parse=at_least(0), help="cut longer rows from the right at batching time (0: keep the "
-                                                         "length they were prepared with)")
+    max_length: int = setting(0, parse=at_least(0), help="tokens per row: longer conversations are cut from the right, "
+                                                         "longer prompts from the left (their end kept), when raw data "
+                                                         "is prepared and at batching time (0: the length prepared "
+                                                         f"data has; raw data is prepared to {PREPARE_MAX_LENGTH})")
     eval_split: float = setting(0.0, parse=in_range(0, 1, high_open=True),
                                 help="hold out this fraction of the training rows (seeded by --seed) as the evaluation "
                                      "set, where --eval_dataset is not given (0: none)")

@@ -1,7 +1,6 @@
 """The way in as a TRL user takes it: the `coati` command, `--config` files in TRL's names (each TRL name's meaning
 pinned), unknown keys and flags refused with the nearest names before anything heavy loads, and a run that saves its
 resolved config, from which it reruns with the same metrics."""
-import importlib
 import json
 import re
 import subprocess
@@ -12,26 +11,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, child_env, train_records
+from conftest import REPO, child_env, parsed_args, train_records
 from coati.cli.main import launch_options, launcher_command
 
 COATI = [sys.executable, "-m", "coati.cli.main"]
 
 
 def _parse(command: str, argv, monkeypatch, config=None, tmp_path=None):
-    """The args `coati <command>` would run with (its run function replaced by one that returns them)."""
-    from coati.cli import commands
-
-    home, runner = ("coati.cli.rl_runner", f"run_{command}") if command in ("ppo", "grpo") else (
-        "coati.cli.runner", "run_supervised")
-    seen = {}
-    monkeypatch.setattr(importlib.import_module(home), runner, lambda args, *a, **k: seen.setdefault("args", args))
+    """`parsed_args`, with `config` (a dict) written as the --config file first."""
     if config is not None:
         path = tmp_path / "recipe.yaml"
         path.write_text(yaml.safe_dump(config))
         argv = ["--config", str(path), *argv]
-    getattr(commands, command)(list(argv))
-    return seen["args"]
+    return parsed_args(command, argv, monkeypatch)
 
 
 def _refused(command: str, argv, monkeypatch, capsys, config=None, tmp_path=None) -> str:
@@ -260,7 +252,7 @@ def test_grpo_from_a_trl_recipe_saves_its_config_and_reruns_from_it_with_the_sam
     assert (tmp_path / "second" / "ckpt").is_dir() and (tmp_path / "second" / "model" / "config.json").is_file()
     first_metrics, second_metrics = train_records(tmp_path / "first" / "logs"), train_records(tmp_path / "second" / "logs")
     assert [r["step"] for r in first_metrics] == [1, 2, 3] and first_metrics == second_metrics
-    assert re.search(r"step 3/3 \| loss \S+ \| reward \S+ ± \S+ \| lr \S+ \| \S+ s/step", first.stdout)
+    assert re.search(r"step 3/3 \| epoch \S+ \| loss \S+ \| reward \S+ ± \S+ \| lr \S+ \| \S+ s/step", first.stdout)
 
 
 def test_the_console_line_shows_a_log_steps_numbers_as_trl_users_read_them():
@@ -269,7 +261,8 @@ def test_the_console_line_shows_a_log_steps_numbers_as_trl_users_read_them():
     metrics = {"train/loss": 0.53214, "train/reward": 0.4125, "train/reward_std": 0.1234, "train/kl": 0.00312,
                "train/learning_rate": 1e-4, "train/reward_p50": 0.5, "eval/rewards/math_answer": 0.625,
                "eval/loss": 1.25}
-    assert console_line(metrics, 12, 300, 2.1) == ("step 12/300 | loss 0.532 | reward 0.412 ± 0.12 | kl 0.00312 | "
+    assert console_line({**metrics, "train/epoch": 0.4}, 12, 300, 2.1) == (
+        "step 12/300 | epoch 0.4 | loss 0.532 | reward 0.412 ± 0.12 | kl 0.00312 | "
                                                    "lr 1.00e-04 | eval/loss 1.25 | eval/rewards/math_answer 0.625 | "
                                                    "2.1 s/step | ETA 0:10:04")
     assert console_line({"train/loss": 1.0, "train/lr": 3e-5}, 4) == "step 4 | loss 1 | lr 3.00e-05"
@@ -296,7 +289,7 @@ def test_missing_data_is_named_by_its_flag_before_any_preparation_or_split(tmp_p
     """A data path that is not there is refused by its flag, also with --eval_split (which would split it)."""
     import argparse
 
-    from coati.cli.preflight import prepare_raw_data
+    from coati.cli.preflight import check_run_paths
     from coati.utils.errors import CoatiUsageError
 
     args = argparse.Namespace(data_type="sft", dataset=[str(tmp_path / "nope.jsonl")], eval_dataset=None,
@@ -304,4 +297,92 @@ def test_missing_data_is_named_by_its_flag_before_any_preparation_or_split(tmp_p
     with pytest.raises(CoatiUsageError, match=rf"^--dataset {tmp_path / 'nope.jsonl'} does not exist \(give a JSONL "
                                               r"file, a folder of them, a datasets folder, or a folder `coati "
                                               r"prepare` wrote\)$"):
-        prepare_raw_data(args)
+        check_run_paths(args)
+
+
+PROBE = ("import sys, runpy; sys.argv = ['coati', *sys.argv[1:]]\ntry:\n    runpy.run_module('coati.cli.main', "
+         "run_name='__main__')\nexcept SystemExit as stop:\n    print('exit', stop.code)\nprint('loaded', sorted(m "
+         "for m in ('torch', 'colossalai', 'transformers') if m in sys.modules))")
+"""Runs `coati ARGS` in a fresh interpreter, then prints its exit code and which of the heavy packages it imported."""
+
+
+def test_paths_and_flags_are_checked_before_the_training_stack_loads_and_once_before_a_launch(tiny_assets, tmp_path):
+    """A missing path is named by its flag, and a flag error is one line, before torch is imported; with
+    --nproc_per_node the launcher checks them itself, once, instead of starting processes that each fail."""
+    model, missing = str(tiny_assets["model"]), str(tmp_path / "nope.jsonl")
+    cases = [
+        (["sft", "--pretrain", model, "--dataset", missing],
+         f"error: --dataset {missing} does not exist (give a JSONL file, a folder of them, a datasets folder, or a "
+         "folder `coati prepare` wrote)"),
+        (["sft", "--pretrain", model, "--dataset", missing, "--nproc_per_node", "2"],
+         f"error: --dataset {missing} does not exist (give a JSONL file, a folder of them, a datasets folder, or a "
+         "folder `coati prepare` wrote)"),
+        (["dpo", "--pretrain", str(tmp_path / "no_model"), "--dataset", str(tiny_assets["pref_train"]),
+          "--nproc_per_node", "2"], f"error: --pretrain {tmp_path / 'no_model'} does not exist or is not a directory"),
+        (["grpo", "--pretrain", model, "--prompt_dataset", str(tiny_assets["prompt_train"]), "--num_generations", "1",
+          "--nproc_per_node", "2"], "error: argument --num_generations: must be >= 2, got 1 (see coati grpo --help)"),
+    ]
+    for argv, wanted in cases:
+        done = subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, env=child_env(),
+                              cwd=tmp_path, timeout=120)
+        assert done.stdout.split("\n")[-3:-1] == ["exit 2", "loaded []"], done.stdout + done.stderr
+        assert done.stderr.strip().splitlines() == [wanted]
+
+
+def _sft(tiny_assets, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return _run_coati("sft", "--pretrain", str(tiny_assets["model"]), "--dataset", str(tiny_assets["sft_train"]),
+                      "--batch_size", "8", "--accumulation_steps", "2", "--max_epochs", "2", "--log_interval", "3",
+                      "--save_dir", str(out / "ckpt"), "--save_interval", "3", "--output_dir", str(out), "--lr", "1e-4",
+                      *extra)
+
+
+@pytest.mark.slow
+def test_bars_logs_and_checkpoints_count_epochs_and_steps_alike_and_a_finished_run_says_so(tiny_assets, tmp_path):
+    """96 rows in micro-batches of 8, two per optimizer step: 6 steps an epoch, 12 in two. The bar counts the steps
+    the log lines count (from the resumed step on a resume), `train/epoch` is Hugging Face's epochs done (1.5: half
+    of the second), and a checkpoint folder is named by the whole epochs done; resuming a finished run says so and
+    exits 0, training and exporting nothing."""
+    first = _sft(tiny_assets, tmp_path, "--max_steps", "6")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "train: 100%" in first.stderr and "| 6/6 [" in first.stderr
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["epoch-0_step-3", "epoch-1_step-6"]
+    resumed = _sft(tiny_assets, tmp_path, "--checkpoint_path", "latest")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert re.search(r"train:  50%\|\S* *\| 6/12 \[", resumed.stderr)   # the bar starts where the run resumed
+    assert "| 12/12 [" in resumed.stderr
+    assert [(r["step"], r["train/epoch"]) for r in train_records(tmp_path / "logs")] == [
+        (3, 0.5), (6, 1.0), (9, 1.5), (12, 2.0)]
+    assert re.search(r"^step 9/12 \| epoch 1\.5 \| loss ", resumed.stdout, re.M)
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+        "epoch-0_step-3", "epoch-1_step-6", "epoch-1_step-9", "epoch-2_step-12"]
+    exported = {f.name: f.stat().st_mtime_ns for f in (tmp_path / "model").iterdir()}
+    logged = (tmp_path / "logs" / "metrics.jsonl").read_text()
+    again = _sft(tiny_assets, tmp_path, "--checkpoint_path", "latest")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.strip().splitlines()[-1] == (
+        f"the run is finished: {tmp_path / 'ckpt' / 'epoch-2_step-12'} has done 12 of 12 optimizer steps, nothing is "
+        f"left to train (raise --max_steps or --max_epochs to train further); its model is in {tmp_path / 'model'}")
+    assert {f.name: f.stat().st_mtime_ns for f in (tmp_path / "model").iterdir()} == exported
+    assert (tmp_path / "logs" / "metrics.jsonl").read_text() == logged and "train:" not in again.stderr
+
+
+def test_prompts_longer_than_max_length_keep_their_end_and_are_counted(tiny_assets, tmp_path):
+    """A prompt cut to --max_length keeps its last tokens (the question and the generation prompt, as TRL cuts
+    prompts), and the preparation's line counts the prompts cut."""
+    from transformers import AutoTokenizer
+
+    from coati.dataset.prepare import load_prepared
+
+    rows = [{"prompt": [{"role": "user", "content": "What is " + " + ".join(["1"] * n) + "?"}], "gt_answer": str(n)}
+            for n in (1, 30, 40)]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    done = _run_coati("prepare", "--type", "prompt", "--data_input_dirs", str(tmp_path / "prompts.jsonl"),
+                      "--tokenizer_dir", str(tiny_assets["model"]), "--data_output_dirs", str(tmp_path / "out"),
+                      "--max_length", "40")
+    assert done.returncode == 0, done.stderr
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
+    full = [tokenizer.apply_chat_template(r["prompt"], tokenize=True, add_generation_prompt=True) for r in rows]
+    assert len(full[0]) <= 40 < len(full[1]) < len(full[2])
+    assert load_prepared([str(tmp_path / "out")], "prompt")["input_ids"] == [ids[-40:] for ids in full]
+    assert ("3 of 3 valid rows kept, 0 dropped by truncation, 2 prompts longer than 40 tokens cut from the left (their "
+            "end kept), 0 invalid rows skipped") in done.stdout

@@ -33,7 +33,7 @@ def test_workers_exit_when_torchrun_itself_is_killed(tiny_assets, tmp_path):
     workers = []
     try:
         deadline = time.monotonic() + 300
-        while "Epoch 0" not in (tmp_path / "log.txt").read_text():
+        while "train:" not in (tmp_path / "log.txt").read_text():
             assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "log.txt").read_text()[-3000:]
             time.sleep(1)
         workers = psutil.Process(proc.pid).children(recursive=True)

@@ -33,8 +33,8 @@ def test_the_readme_quickstart_runs_sft_then_grpo_from_trl_style_configs(tmp_pat
         assert (out / "run_info.json").is_file() and list((out / "logs" / "tensorboard").iterdir())
         assert (out / "logs" / "metrics.jsonl").read_text().count("\n") >= 2
     screen = done.stdout
-    assert re.search(r"step \d+/\d+ \| loss \S+ \| lr \S+ \| \S+ s/step", screen)   # SFT's lines
-    assert re.search(r"step 10/10 \| loss \S+ \| reward \S+ ± \S+ \| lr \S+ \| \S+ s/step", screen)   # GRPO's
+    assert re.search(r"step \d+/\d+ \| epoch \S+ \| loss \S+ \| lr \S+ \| \S+ s/step", screen)   # SFT's lines
+    assert re.search(r"step 10/10 \| epoch \S+ \| loss \S+ \| reward \S+ ± \S+ \| lr \S+ \| \S+ s/step", screen)   # GRPO's
     assert re.search(r"step 10/10 \| eval/reward \S+ \| eval/rewards/accuracy \S+", screen)
     assert screen.rstrip().splitlines()[-1] == "saved HF model to out/grpo/model"
     assert (tmp_path / ".cache" / "coati" / "prepared").is_dir()   # raw JSONL prepared into the user's cache

@@ -400,7 +400,7 @@ def test_an_engine_that_dies_ends_the_run_with_one_line(tiny_assets, own_model, 
     proc = start_torchrun(SCRIPTS / "train_grpo.py", 1, *_rl_args(tiny_assets, own_model, tmp_path, 500, eager=False),
                           "--reward_fn", "answer_format", "--vllm_max_restarts", "0", log=log)
     try:
-        _wait_for(lambda: "Episodes:" in log.read_text(errors="replace"), 300, "the first episode")
+        _wait_for(lambda: "episodes:" in log.read_text(errors="replace"), 300, "the first episode")
         for server in _server_processes(str(own_model)):
             server.kill()
         assert proc.wait(timeout=120) != 0

@@ -14,6 +14,7 @@ import torch
 
 from coati.dataset.collators import PromptCollator, SupervisedCollator
 from coati.dataset.prepare import load_prepared
+from coati.dataset.sampler import row_tokens
 from coati.dataset.tokenization import load_tokenizer
 from coati.experience.controllers import KLController, TemperatureController
 from coati.experience.distillation import (DistillConfig, ModelTeacher, ServedTeacher, Teacher,
@@ -47,7 +48,7 @@ from coati.rollout.tools import ToolRunner, configure_python_tool, resolve_tools
 from coati.cli.arguments import micro_batches_per_pass, optimizer_steps_per_episode, plugin_config
 from coati.cli.options import settings_from
 from coati.utils.ckpt_io import save_hf_model
-from coati.utils.errors import CoatiUsageError, fail, warn_user
+from coati.utils.errors import CoatiUsageError, fail, note_user, warn_user
 from coati.utils.registry import AGENTS, OBJECTIVES, TOOL_CALL_PARSERS
 
 from coati.trainer.components import DistillTerm
@@ -60,8 +61,8 @@ from coati.trainer.ppo import PPOTrainer
 from coati.trainer.sources import AsyncRollouts
 
 from .runner import (_require_dir, build_dataloader, build_optimizer, build_scheduler, export_dir, export_model,
-                     frozen_dtype, frozen_model, frozen_reference, load_causal_lm, open_logger, prepare_model,
-                     resolve_checkpoint, resumed_line, run_device, start_run)
+                     finished_run, frozen_dtype, frozen_model, frozen_reference, load_causal_lm, open_logger,
+                     prepare_model, resolve_checkpoint, resumed_line, run_device, start_run)
 
 
 def _stop_ids(args: argparse.Namespace, tokenizer: Any) -> List[int]:
@@ -265,13 +266,18 @@ def _trainer_config(args: argparse.Namespace, setup: Any) -> OnPolicyConfig:
     return settings_from(args, OnPolicyConfig, grad_clip=setup.grad_clip if setup.trainer_clips_grad else 0.0)
 
 
-def _run(args: argparse.Namespace, build: Callable[..., OLTrainer]) -> OLTrainer:
+def _run(args: argparse.Namespace, build: Callable[..., OLTrainer]) -> Optional[OLTrainer]:
     """Prompts, actor, reference and engine; `build(args, setup, ...)` makes the trainer; then resume,
-    fit, the held-out results and the export."""
+    fit, the held-out results and the export (None: the run resumed is finished, `finished_run`)."""
     setup, coordinator, tokenizer = start_run(args, _check_run)
+    checkpoint = resolve_checkpoint(args)
+    if finished_run(args, checkpoint, args.num_episodes, "episodes"):
+        return None
     tokenizer = with_template(args, tokenizer)
     collator = PromptCollator(tokenizer.pad_token_id, args.max_length)
-    prompts = build_dataloader(setup.plugin, load_prepared(args.dataset, "prompt"), args.batch_size, collator, True, args.seed)
+    rows = load_prepared(args.dataset, "prompt")
+    _note_cut_prompts(rows, args.max_length)
+    prompts = build_dataloader(setup.plugin, rows, args.batch_size, collator, True, args.seed)
     held_out = (build_dataloader(setup.plugin, load_prepared(args.eval_dataset, "prompt"), args.batch_size, collator,
                                  False, args.seed) if args.eval_dataset else None)
     actor = prepare_model(load_causal_lm(args, tokenizer), args, setup)
@@ -292,7 +298,6 @@ def _run(args: argparse.Namespace, build: Callable[..., OLTrainer]) -> OLTrainer
             args.save_best, export_dir(args).parent / "best",
             lambda folder: save_hf_model(folder, setup.booster, actor, tokenizer, coordinator), coordinator.is_master()))
     trainer = build(args, setup, tokenizer, actor, optimizer, scheduler, engine, reference, prompts, kwargs)
-    checkpoint = resolve_checkpoint(args)
     if checkpoint:
         trainer.load_checkpoint(checkpoint)
         coordinator.print_on_master(resumed_line(checkpoint, f"episode {trainer.start_episode}"))
@@ -309,6 +314,14 @@ def _run(args: argparse.Namespace, build: Callable[..., OLTrainer]) -> OLTrainer
         fail(f"error: stopped by alarm {monitor.stopped_by} (--stop_on_alarm); {where}", ALARM_EXIT_CODE)
     export_model(args, setup, actor, tokenizer, coordinator)
     return trainer
+
+
+def _note_cut_prompts(rows: Any, max_length: int) -> None:
+    """A note of the prompts that `--max_length` cuts at batching time (from the left, their end kept)."""
+    longer = sum(n > max_length for n in row_tokens(rows)) if max_length else 0
+    if longer:
+        note_user(f"{longer} of {len(rows)} prompts are longer than --max_length {max_length} tokens: they are cut from "
+                  "the left, their end kept")
 
 
 def _ptx_loader(args: argparse.Namespace, setup: Any, tokenizer: Any) -> Optional[Any]:
@@ -531,7 +544,7 @@ def _check_backend(args: argparse.Namespace) -> None:
     adapter_sync_blocker(args)   # --vllm_lora_sync adapter where vLLM cannot serve adapters is refused here
 
 
-def run_grpo(args: argparse.Namespace) -> GRPOTrainer:
+def run_grpo(args: argparse.Namespace) -> Optional[GRPOTrainer]:
     """GRPO as the flags say: held-out reward before and after (with `--eval_dataset`), then the export."""
     if not _reward_specs(args) and not (args.rm_pretrain or _has_teacher(args) or args.prm_pretrain):
         raise CoatiUsageError("GRPO needs a reward: --reward_fn (at least one function), --rm_pretrain (a trained "
@@ -587,7 +600,7 @@ def _build_ppo(args, setup, tokenizer, actor, optimizer, scheduler, engine, refe
                       critic_settings=settings_from(args, CriticSettings), **kwargs)
 
 
-def run_ppo(args: argparse.Namespace) -> PPOTrainer:
+def run_ppo(args: argparse.Namespace) -> Optional[PPOTrainer]:
     """PPO as the flags say: rewards from `--rm_pretrain` and/or `--reward_fn`, a critic from
     `--critic_pretrain` (default: the reward model), KL-penalised to the reference; then the export."""
     if not args.rm_pretrain and not args.prm_pretrain and not _has_teacher(args) and not _reward_specs(args):

@@ -21,7 +21,7 @@ from coati.dataset.collators import COLLATORS
 from coati.dataset.prepare import load_prepared
 from coati.dataset.sampler import StatefulDistributedSampler, TokenBudgetBatchSampler, row_tokens
 from coati.dataset.tokenization import load_tokenizer
-from coati.utils.comm import rank, world_size
+from coati.utils.comm import is_rank_0, rank, world_size
 from coati.distributed.launch import init_distributed
 from coati.distributed.plugins import BoostSetup, build_booster, check_first_forward, check_plugin_available
 from coati.models.lora import enable_lora, export_adapter_and_merge
@@ -150,6 +150,24 @@ def resolve_checkpoint(args: argparse.Namespace) -> Optional[str]:
     return str(found) if found else None
 
 
+def finished_run(args: argparse.Namespace, checkpoint: Optional[str], total: int, unit: str) -> bool:
+    """Whether resuming from `checkpoint` has nothing left to do: it has done all `total` `unit`s and the model is
+    exported already. Says so either way (a finished run whose model was not exported goes on to export it)."""
+    if not checkpoint:
+        return False
+    done = read_running_state(checkpoint)["step"]
+    if done < total:
+        return False
+    target = export_dir(args)
+    exported = target is None or (target / "config.json").is_file()
+    further = "--max_steps or --max_epochs" if unit == "optimizer steps" else "--num_episodes (TRL's max_steps)"
+    where = f"; its model is in {target}" if target is not None and exported else ""
+    if is_rank_0():
+        print(f"the run is finished: {checkpoint} has done {done} of {total} {unit}, nothing is left to train (raise "
+              f"{further} to train further){where}" + ("" if exported else "; exporting its model"), flush=True)
+    return exported
+
+
 @dataclass
 class RunContext:
     """What a script's `setup_hook` sees before data is loaded; it may replace `load_data`
@@ -252,8 +270,9 @@ def run_supervised(
     trainer_kwargs: Optional[Dict[str, Any]] = None,
     callbacks: Sequence[Callback] = (),
     setup_hook: Optional[Callable[[RunContext], Dict[str, Any]]] = None,
-) -> SLTrainer:
-    """Train `trainer_cls` on prepared `data_type` data as the flags say, then export the model.
+) -> Optional[SLTrainer]:
+    """Train `trainer_cls` on prepared `data_type` data as the flags say, then export the model (None: the run
+    resumed is finished, `finished_run`).
     `callbacks` run after the built-in performance report. `setup_hook(context)` runs once the process
     group, plugin and tokenizer exist, and returns extra trainer arguments (a reference model)."""
     setup, coordinator, tokenizer = start_run(args, lambda a: check_first_forward(a.plugin, trainer_cls.no_grad_forward_first))
@@ -266,11 +285,14 @@ def run_supervised(
                                     args.seed, **budget)
     eval_loader = (build_dataloader(setup.plugin, context.load_data(args.eval_dataset), args.batch_size, collator, False,
                                     args.seed, **budget) if args.eval_dataset else None)
-    model = prepare_model((model_loader or load_causal_lm)(args, tokenizer), args, setup)
-    optimizer = build_optimizer(model, args)
     total_steps = math.ceil(len(train_loader) / args.accumulation_steps) * args.max_epochs
     if args.max_steps:
         total_steps = min(total_steps, args.max_steps)
+    checkpoint = resolve_checkpoint(args)
+    if finished_run(args, checkpoint, total_steps, "optimizer steps"):
+        return None
+    model = prepare_model((model_loader or load_causal_lm)(args, tokenizer), args, setup)
+    optimizer = build_optimizer(model, args)
     scheduler = build_scheduler(optimizer, args, total_steps)
     model, optimizer, scheduler, _ = setup.boost(model, optimizer, scheduler)
     trainer = trainer_cls(
@@ -284,7 +306,6 @@ def run_supervised(
                    TokenizerInCheckpoints(tokenizer, coordinator.is_master()), *callbacks],
         **(trainer_kwargs or {}), **hook_kwargs,
     )
-    checkpoint = resolve_checkpoint(args)
     if checkpoint:
         trainer.load_checkpoint(checkpoint)
         coordinator.print_on_master(resumed_line(checkpoint, f"epoch {trainer.start_epoch}, step {trainer.step}"))

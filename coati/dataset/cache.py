@@ -99,14 +99,14 @@ def _cached(entry: Path, make) -> Path:
 def prepared(inputs: Sequence[str], data_type: str, tokenizer, tokenizer_dir: str, max_length: int,
              cache_dir: Optional[str] = None) -> Path:
     """The prepared dataset of the raw `inputs`, from the cache or made now (printing what was kept)."""
-    from coati.dataset.prepare import prepare_dataset
+    from coati.dataset.prepare import prepare_dataset, truncation_summary
 
     entry = cache_root(cache_dir) / cache_key(inputs, data_type, tokenizer_dir, max_length)
 
     def make(folder: Path) -> None:
         counts = prepare_dataset(list(inputs), data_type, tokenizer, max_length, folder)
         print(f"prepared {data_type} data from {', '.join(inputs)} into {entry}: {counts['kept']} of {counts['rows']} "
-              f"rows kept, {counts['dropped']} dropped by truncation", flush=True)
+              f"rows kept, {truncation_summary(counts, max_length)}", flush=True)
 
     return _cached(entry, make)
 

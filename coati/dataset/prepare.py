@@ -3,7 +3,8 @@
 Inputs are JSONL files, folders of them, or any local dataset folder `datasets.load_dataset` reads
 (parquet, csv, arrow...). Rows are validated first (`coati.dataset.validation`). Conversations longer
 than `max_length` tokens are cut from the right; a row whose response would be cut away entirely is
-dropped and counted.
+dropped and counted. Prompts are cut from the left (their end, the question and the generation prompt, kept, as
+TRL cuts them), and counted.
 """
 import functools
 import json
@@ -139,15 +140,16 @@ def part_name(index: int) -> str:
 def _prepare(rows: List[Dict], encode: Callable[[Dict], Optional[Dict]], out_dir: PathLike,
              layout: OutputLayout = OutputLayout(), readable: Callable[[Dict], Dict] = dict) -> Dict[str, int]:
     """Split and sample `rows` as `layout` says, encode each, drop those `encode` returns None for (cut away by
-    truncation), save; returns counts."""
+    truncation), save; returns counts (`cut`: rows kept that `encode` marked shortened)."""
     if not rows:
         raise CoatiUsageError("no usable rows in the input data")
     parts = layout.split(rows)
     sampled = sum(len(part) for _, part in parts)
     progress = tqdm(total=sampled, desc="tokenizing")
-    encoded = []
+    encoded, cut = [], 0
     for index, part in parts:
         rows_kept = [e for e in (encode(row) for row in part) if e is not None]
+        cut += sum(bool(e.pop(CUT, False)) for e in rows_kept)
         progress.update(len(part))
         if rows_kept:
             encoded.append((index, rows_kept))
@@ -157,7 +159,15 @@ def _prepare(rows: List[Dict], encode: Callable[[Dict], Optional[Dict]], out_dir
         raise CoatiUsageError(f"all {sampled} rows were dropped by truncation (each response would be cut away "
                               "entirely at this --max_length); raise --max_length. Nothing was written")
     layout.write(encoded, out_dir, readable)
-    return {"rows": len(rows), "kept": kept, "dropped": sampled - kept, "unsampled": len(rows) - sampled}
+    return {"rows": len(rows), "kept": kept, "dropped": sampled - kept, "cut": cut, "unsampled": len(rows) - sampled}
+
+
+def truncation_summary(counts: Dict[str, int], max_length: int) -> str:
+    """What truncation did to the rows prepared, for the line that reports a preparation."""
+    line = f"{counts['dropped']} dropped by truncation"
+    if counts.get("cut"):
+        line += f", {counts['cut']} prompts longer than {max_length} tokens cut from the left (their end kept)"
+    return line
 
 
 def _write_info(out_dir: PathLike, data_type: str, max_length: int, counts: Dict[str, int]) -> None:
@@ -207,6 +217,8 @@ def encoder(data_type: str, tokenizer: PreTrainedTokenizerBase, max_length: int)
     return encoders.get(data_type, lambda row: encode_prompt(tokenizer, row, max_length))
 
 
+CUT = "coati_cut"
+"""Set by an encoder on a row it kept but shortened to `max_length`: counted by `_prepare`, then removed."""
 PROMPT_COLUMN = "prompt"
 """The prompt as the data gave it, JSON-encoded (text, or a message list), for reward functions (TRL passes them
 the prompts in the dataset's own format)."""
@@ -220,7 +232,8 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, row: Dict, max_length: int
     else:
         ids, prompt = tokenizer.apply_chat_template(row["messages"], tokenize=True, add_generation_prompt=True), row["messages"]
     extra = {k: v for k, v in row.items() if k not in ("messages", "prompt_text")}
-    return {"input_ids": ids[-max_length:], **extra, PROMPT_COLUMN: json.dumps(prompt)}
+    encoded = {"input_ids": ids[-max_length:], **extra, PROMPT_COLUMN: json.dumps(prompt)}
+    return {**encoded, CUT: True} if len(ids) > max_length else encoded
 
 
 def prepare_dataset(inputs: Sequence[PathLike], data_type: str, tokenizer: PreTrainedTokenizerBase, max_length: int,

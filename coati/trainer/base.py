@@ -238,6 +238,7 @@ class SLTrainer(_TrainerCore, ABC):
         self.device = get_accelerator().get_current_device()
         self.step = 0
         self.epoch = start_epoch
+        self.epochs_done = float(start_epoch)
         self._resume_sample_index = 0
         self._last_saved_step: Optional[int] = None
         self.train_dataloader: Optional[DataLoader] = None
@@ -270,13 +271,15 @@ class SLTrainer(_TrainerCore, ABC):
 
     def _before_fit(self, train_dataloader, eval_dataloader, log_dir, use_wandb, metrics_logger) -> None:
         self.train_dataloader, self.eval_dataloader = train_dataloader, eval_dataloader
-        per_epoch = math.ceil(len(train_dataloader) / self.accumulation_steps)
-        total = per_epoch * self.max_epochs
-        self._open_logger(log_dir, use_wandb, metrics_logger, self.step,
-                          min(total, self.max_steps) if self.max_steps else total)
+        self._steps_per_epoch = math.ceil(len(train_dataloader) / self.accumulation_steps)
+        total = self._steps_per_epoch * self.max_epochs
+        self._total_steps = min(total, self.max_steps) if self.max_steps else total
+        self._open_logger(log_dir, use_wandb, metrics_logger, self.step, self._total_steps)
         self._set_start_index(self._resume_sample_index)
 
     def _epochs(self) -> None:
+        self._bar = tqdm(total=self._total_steps, initial=self.step, desc="train", unit="step",
+                         disable=not is_rank_0(), dynamic_ncols=True)
         for epoch in range(self.start_epoch, self.max_epochs):
             if self._reached_max_steps():
                 break
@@ -284,6 +287,7 @@ class SLTrainer(_TrainerCore, ABC):
             self._eval(epoch)
             if self._should_stop():
                 break
+        self._bar.close()
         if self.save_dir and self._last_saved_step != self.step:
             self._save(epoch=self.max_epochs, sample_index=0)
 
@@ -300,7 +304,8 @@ class SLTrainer(_TrainerCore, ABC):
             raise CoatiUsageError("resuming mid-epoch needs a StatefulDistributedSampler in the train dataloader")
 
     def _position(self) -> Tuple[float, int]:
-        return float(self.epoch), self.step
+        """(epochs done, as Hugging Face's Trainer counts them: 1.5 is half-way through the second; steps)."""
+        return self.epochs_done, self.step
 
     def _train(self, epoch: int) -> None:
         self.epoch = epoch
@@ -311,24 +316,24 @@ class SLTrainer(_TrainerCore, ABC):
         num_steps = math.ceil(len(self.train_dataloader) / self.accumulation_steps)
         self.model.train()
         fire(self.callbacks, "on_learn_epoch_start", epoch)
-        bar_total = min(num_steps, self.max_steps - self.step) if self.max_steps else num_steps
-        bar = tqdm(total=bar_total, desc=f"Epoch {epoch}", disable=not is_rank_0(), dynamic_ncols=True)
+        done_before = self._steps_per_epoch - num_steps   # steps of this epoch done before a resume
         for index, batches in enumerate(self._groups(self.train_dataloader), start=1):
             fire(self.callbacks, "on_optimizer_step_start")
             self._optimizer_step(batches)
             samples_seen += sum(self._rows(b) for b in batches)
+            self.epochs_done = epoch + (done_before + index) / self._steps_per_epoch
             fire(self.callbacks, "on_optimizer_step_end", batches)
-            bar.update()
+            self._bar.update()
             if self.logging.due(self.step):
                 logged = self._flush_metrics(self.step, extra={"train/lr": self._current_lr()})
-                bar.set_postfix({k.split("/", 1)[1]: f"{v:.4g}" for k, v in logged.items() if k.endswith("loss")})
+                self._bar.set_postfix({"epoch": f"{self.epochs_done:.2f}", **{
+                    k.split("/", 1)[1]: f"{v:.4g}" for k, v in logged.items() if k.endswith("loss")}})
             if self.save_dir:
                 finished = index == num_steps
                 self.saver.save(lambda: self._save(epoch + 1 if finished else epoch, 0 if finished else samples_seen),
                                 epoch + finished, self.step, epoch_ended=finished, last=self._reached_max_steps())
             if self._should_stop() or self._reached_max_steps():
                 break
-        bar.close()
         if not self.logging.enabled:
             self.stats = StatsTracker()
         elif not self.stats.is_empty():

@@ -142,7 +142,9 @@ class OLTrainer(_TrainerCore):
         self.source.start(self.start_episode)
         if self.eval_dataloader is not None and self.start_episode == 0:
             self.evaluate(step=0)
-        for episode in tqdm(range(self.start_episode, self.num_episodes), desc="Episodes", disable=not is_rank_0()):
+        bar = tqdm(range(self.start_episode, self.num_episodes), desc="episodes", initial=self.start_episode,
+                   total=self.num_episodes, disable=not is_rank_0(), dynamic_ncols=True)   # the logs count episodes
+        for episode in bar:
             self._episode(episode)
             if self._should_stop():
                 break

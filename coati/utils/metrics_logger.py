@@ -162,9 +162,9 @@ CONSOLE_EVAL = 4
 
 def console_line(metrics: Dict[str, float], step: int, total_steps: Optional[int] = None,
                  seconds_per_step: Optional[float] = None) -> str:
-    """One line of a log step's numbers for the terminal, as TRL users read them: `step 12/300 | loss 0.532 |
+    """One line of a log step's numbers for the terminal, as TRL users read them: `step 12/300 | epoch 0.4 | loss 0.532 |
     reward 0.41 ± 0.12 | kl 0.0031 | lr 1e-04 | eval rewards/math_answer 0.62 | 2.1 s/step | ETA 0:10:12`."""
-    parts = [f"step {step}/{total_steps}" if total_steps else f"step {step}"]
+    numbers = []
     for label, names in CONSOLE_TRAIN:
         name = next((n for n in names if n in metrics), None)
         if name is None:
@@ -172,15 +172,21 @@ def console_line(metrics: Dict[str, float], step: int, total_steps: Optional[int
         value = f"{metrics[name]:.3g}" if label != "lr" else f"{metrics[name]:.2e}"
         if label == "reward" and "train/reward_std" in metrics:
             value += f" ± {metrics['train/reward_std']:.2g}"
-        parts.append(f"{label} {value}")
+        numbers.append(f"{label} {value}")
     held_out = sorted(k for k in metrics if k.startswith("eval/") and "/p" not in k.rsplit("/", 1)[-1][:2])
-    parts += [f"{k} {metrics[k]:.4g}" for k in held_out[:CONSOLE_EVAL]]
+    numbers += [f"{k} {metrics[k]:.4g}" for k in held_out[:CONSOLE_EVAL]]
+    if not numbers:
+        return ""
+    parts = [f"step {step}/{total_steps}" if total_steps else f"step {step}"]
+    if "train/epoch" in metrics:
+        parts.append(f"epoch {metrics['train/epoch']:.3g}")
+    parts += numbers
     if seconds_per_step is not None:
         parts.append(f"{seconds_per_step:.3g} s/step")
         if total_steps and total_steps > step:
             eta = int(seconds_per_step * (total_steps - step))
             parts.append(f"ETA {eta // 3600}:{eta // 60 % 60:02d}:{eta % 60:02d}")
-    return " | ".join(parts) if len(parts) > 1 else ""
+    return " | ".join(parts)
 
 
 class StatsLogger:
