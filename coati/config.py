@@ -94,6 +94,11 @@ class DataSettings:
                                                          "longer prompts from the left (their end kept), when raw data "
                                                          "is prepared and at batching time (0: the length prepared "
                                                          f"data has; raw data is prepared to {PREPARE_MAX_LENGTH})")
+    dataset_train_split: str = setting("train", help="the split trained on where --dataset is a datasets folder or a "
+                                                     "folder of files named by split (train.jsonl, test.jsonl), as "
+                                                     "datasets.load_dataset reads them")
+    dataset_test_split: Optional[str] = setting(None, help="held-out data: this split of --dataset's folders (e.g. test), "
+                                                           "where --eval_dataset and --eval_split are not given")
     eval_split: float = setting(0.0, parse=in_range(0, 1, high_open=True),
                                 help="hold out this fraction of the training rows (seeded by --seed) as the evaluation "
                                      "set, where --eval_dataset is not given (0: none)")
@@ -137,6 +142,9 @@ class OptimSettings:
     """The optimizer and its schedule."""
 
     batch_size: int = setting(4, parse=at_least(1), help="micro-batch size per rank")
+    eval_batch_size: int = setting(0, parse=at_least(0), aliases=("--per_device_eval_batch_size",),
+                                   help="rows per rank in an evaluation batch; on-policy, held-out prompts, each "
+                                        "completed once (0: --batch_size)")
     lr: float = setting(5e-5, parse=positive(), aliases=("--learning_rate",), help="peak learning rate")
     weight_decay: float = setting(0.0, parse=non_negative(), help="AdamW weight decay")
     lr_scheduler: str = setting("cosine", choices=("cosine", "linear", "constant_with_warmup"),

@@ -58,6 +58,9 @@ SFT = ["--pretrain", "m", "--dataset", "d"]
     ("max_length", 512, "max_length", 512),
     ("output_dir", "out/x", "output_dir", "out/x"),
     ("dataset_name", ["data/a"], "dataset", ["data/a"]),
+    ("dataset_train_split", "training", "dataset_train_split", "training"),
+    ("dataset_test_split", "validation", "dataset_test_split", "validation"),
+    ("per_device_eval_batch_size", 16, "eval_batch_size", 16),
     ("lora_r", 8, "lora_rank", 8),
     ("lora_alpha", 32, "lora_alpha", 32),
     ("lora_dropout", 0.05, "lora_dropout", 0.05),
@@ -97,6 +100,8 @@ def test_use_peft_trains_lora_at_trls_rank_unless_lora_r_says(monkeypatch, tmp_p
     ({"reward_funcs": ["math_answer", "answer_format"], "reward_weights": [1.0, 0.5]},
      {"reward_fn": ["math_answer=1", "answer_format=0.5"]}),
     ({"max_prompt_length": 200}, {"max_length": 200}),
+    ({"per_device_eval_batch_size": 32, "dataset_test_split": "test"}, {"eval_batch_size": 32,
+                                                                       "dataset_test_split": "test"}),
     ({"report_to": ["wandb"], "output_dir": "o"}, {"use_wandb": True, "log_dir": None}),
     ({"report_to": ["wandb", "tensorboard"], "output_dir": "o"}, {"use_wandb": True, "log_dir": "o/logs"}),
     ({"report_to": "none", "output_dir": "o"}, {"use_wandb": False, "log_dir": None}),
@@ -142,7 +147,6 @@ def test_grpo_counts_convert_from_trls_completions_and_optimizer_steps(config, e
     (["--scale_rewards", "batch"], r"--scale_rewards batch: coati scales by the group's std"),
     (["--bf16", "--fp16"], r"--bf16 and --fp16: choose one precision"),
     (["--report_to", "none", "wandb"], r"--report_to none wandb: none means no logs; give it alone"),
-    (["--dataset_test_split", "test"], r"dataset_test_split is not taken: .* --eval_dataset"),
     (["--num_generation", "4"], r"unknown flag --num_generation \(did you mean --num_generations"),
     (["--nproc_per_node", "2"], r"unknown flag --nproc_per_node \(a launcher flag: give it to the `coati` command"),
 ])
@@ -386,3 +390,48 @@ def test_prompts_longer_than_max_length_keep_their_end_and_are_counted(tiny_asse
     assert load_prepared([str(tmp_path / "out")], "prompt")["input_ids"] == [ids[-40:] for ids in full]
     assert ("3 of 3 valid rows kept, 0 dropped by truncation, 2 prompts longer than 40 tokens cut from the left (their "
             "end kept), 0 invalid rows skipped") in done.stdout
+
+
+def _split_args(tiny_assets, tmp_path, data, **settings):
+    import argparse
+
+    return argparse.Namespace(**{
+        "data_type": "sft", "dataset": [str(data)], "eval_dataset": None, "ptx_dataset": None, "eval_split": 0.0,
+        "dataset_train_split": "train", "dataset_test_split": None, "dataset_flag": "--dataset", "tokenizer_dir": None,
+        "pretrain": str(tiny_assets["model"]), "trust_remote_code": False, "max_length": 64, "seed": 42,
+        "prepared_cache_dir": str(tmp_path / "cache"), **settings})
+
+
+def test_a_folder_named_by_split_trains_on_one_split_and_evaluates_on_another_as_trl_reads_it(tiny_assets, tmp_path):
+    """`train.jsonl` and `test.jsonl` in one folder, or a saved `datasets` DatasetDict: --dataset_train_split (TRL's
+    default, train) is trained on, --dataset_test_split is the held-out data; a split the folder lacks, or a second
+    source of held-out data, is one line."""
+    from datasets import Dataset, DatasetDict
+
+    from coati.cli.preflight import check_held_out, prepare_raw_data
+    from coati.dataset.demo_data import generate_problems, sft_records, write_jsonl
+    from coati.dataset.prepare import load_prepared
+    from coati.utils.errors import CoatiUsageError
+
+    folder = tmp_path / "jsonl"
+    write_jsonl(sft_records(generate_problems(12, "train")), folder / "train.jsonl")
+    write_jsonl(sft_records(generate_problems(4, "eval")), folder / "test.jsonl")
+    args = _split_args(tiny_assets, tmp_path, folder, dataset_test_split="test")
+    prepare_raw_data(args)
+    assert (len(load_prepared(args.dataset, "sft")), len(load_prepared(args.eval_dataset, "sft"))) == (12, 4)
+
+    saved = tmp_path / "saved"
+    DatasetDict({"train": Dataset.from_list(sft_records(generate_problems(10, "train"))),
+                 "validation": Dataset.from_list(sft_records(generate_problems(3, "eval")))}).save_to_disk(str(saved))
+    args = _split_args(tiny_assets, tmp_path, saved, dataset_test_split="validation")
+    prepare_raw_data(args)
+    assert (len(load_prepared(args.dataset, "sft")), len(load_prepared(args.eval_dataset, "sft"))) == (10, 3)
+
+    with pytest.raises(CoatiUsageError, match=rf"^--dataset: {folder} has no split 'validation': its files make the "
+                                              r"splits test, train$"):
+        prepare_raw_data(_split_args(tiny_assets, tmp_path, folder, dataset_test_split="validation"))
+    with pytest.raises(CoatiUsageError, match=r"^--eval_split and --dataset_test_split: give the held-out data one way"):
+        check_held_out(_split_args(tiny_assets, tmp_path, folder, dataset_test_split="test", eval_split=0.1))
+    with pytest.raises(CoatiUsageError, match=rf"^--dataset_test_split test names a split of raw data; --dataset "
+                                              rf"{tiny_assets['sft_train']} is prepared already"):
+        prepare_raw_data(_split_args(tiny_assets, tmp_path, tiny_assets["sft_train"], dataset_test_split="test"))

@@ -3,7 +3,7 @@ every path a flag names (models, tokenizer, data, output folders, the checkpoint
 the run stops with one line naming the flag. Every rank runs them, so all ranks stop together."""
 import argparse
 from pathlib import Path
-from typing import Dict
+from typing import Dict, List, Optional
 
 from coati.config import PREPARE_MAX_LENGTH
 from coati.utils.errors import CoatiUsageError
@@ -58,6 +58,7 @@ def check_paths(args: argparse.Namespace) -> Dict[str, dict]:
     for flag in ("save_interval", "save_freq_epochs", "save_freq_secs"):
         if getattr(args, flag, 0) and not getattr(args, "save_dir", None):
             raise CoatiUsageError(f"--{flag} needs --save_dir, the directory checkpoints are written to")
+    check_held_out(args)
     return configs
 
 
@@ -80,33 +81,52 @@ RAW_DATA_FLAGS = {"dataset": None, "eval_dataset": None, "ptx_dataset": "sft"}
 """The data flags that may name raw data, and the type their data is prepared as (None: the command's)."""
 
 
+def check_held_out(args: argparse.Namespace) -> None:
+    """At most one source of held-out data: --eval_dataset, --eval_split or --dataset_test_split."""
+    given = [flag for flag, value in (("--eval_dataset", getattr(args, "eval_dataset", None)),
+                                      ("--eval_split", getattr(args, "eval_split", 0.0)),
+                                      ("--dataset_test_split", getattr(args, "dataset_test_split", None))) if value]
+    if len(given) > 1:
+        raise CoatiUsageError(f"{' and '.join(given)}: give the held-out data one way (held-out data, a fraction of "
+                              "the training rows, or a split of the training data's folder)")
+
+
 def prepare_raw_data(args: argparse.Namespace) -> None:
     """Raw data among the data flags (a JSONL file, a folder of them, a local `datasets` folder) prepared on the fly
-    into the cache (`coati.dataset.cache`), the flags then naming the prepared folders; with --eval_split and no
-    --eval_dataset, that fraction of the training rows held out. Nothing is loaded when every folder is prepared."""
+    into the cache (`coati.dataset.cache`), the flags then naming the prepared folders: --dataset's
+    --dataset_train_split, and with --dataset_test_split that split as the held-out data; with --eval_split, that
+    fraction of the training rows held out. Nothing is loaded when every folder is prepared."""
     from coati.dataset.cache import is_raw   # the coati.dataset package loads torch: only once paths are checked
 
     data_type = getattr(args, "data_type", None)
     raw = {name: [p for p in getattr(args, name, None) or () if is_raw(p)] for name in RAW_DATA_FLAGS}
-    split = getattr(args, "eval_split", 0.0)
-    if data_type is None or not (any(raw.values()) or split):
+    split, test_split = getattr(args, "eval_split", 0.0), getattr(args, "dataset_test_split", None)
+    if data_type is None or not (any(raw.values()) or split or test_split):
         return
-    if split and getattr(args, "eval_dataset", None):
-        raise CoatiUsageError(f"--eval_split {split:g} and --eval_dataset: hold out a fraction of the training data, "
-                              "or give held-out data; not both")
+    if test_split and len(raw["dataset"]) < len(args.dataset):
+        prepared_folder = next(p for p in args.dataset if p not in raw["dataset"])
+        raise CoatiUsageError(f"--dataset_test_split {test_split} names a split of raw data; {_data_flag(args, 'dataset')} "
+                              f"{prepared_folder} is prepared already: give its held-out data with --eval_dataset")
     from coati.dataset.cache import eval_split, prepared
     from coati.dataset.tokenization import load_tokenizer
 
     tokenizer_dir = args.tokenizer_dir or args.pretrain
     tokenizer = load_tokenizer(tokenizer_dir, args.trust_remote_code) if any(raw.values()) else None
-    for name, kind in RAW_DATA_FLAGS.items():
+
+    def prepare(name: str, inputs: List[str], split_name: Optional[str]) -> str:
+        try:
+            return str(prepared(inputs, RAW_DATA_FLAGS[name] or data_type, tokenizer, tokenizer_dir,
+                                args.max_length or PREPARE_MAX_LENGTH, args.prepared_cache_dir, split_name))
+        except CoatiUsageError as error:
+            raise CoatiUsageError(f"{_data_flag(args, name)}: {error}") from None
+
+    if test_split:
+        args.eval_dataset = [prepare("dataset", raw["dataset"], test_split)]
+        raw["eval_dataset"] = []
+    for name in RAW_DATA_FLAGS:
         if raw[name]:
-            try:
-                folder = prepared(raw[name], kind or data_type, tokenizer, tokenizer_dir,
-                                  args.max_length or PREPARE_MAX_LENGTH, args.prepared_cache_dir)
-            except CoatiUsageError as error:
-                raise CoatiUsageError(f"{_data_flag(args, name)}: {error}") from None
-            setattr(args, name, [str(folder), *(p for p in getattr(args, name) if p not in raw[name])])
+            folder = prepare(name, raw[name], args.dataset_train_split if name == "dataset" else None)
+            setattr(args, name, [folder, *(p for p in getattr(args, name) if p not in raw[name])])
     if split:
         train, held_out = eval_split(args.dataset, data_type, split, args.seed, args.prepared_cache_dir)
         args.dataset, args.eval_dataset = [train], [held_out]

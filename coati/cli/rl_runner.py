@@ -60,8 +60,8 @@ from coati.trainer.onpolicy import OLTrainer
 from coati.trainer.ppo import PPOTrainer
 from coati.trainer.sources import AsyncRollouts
 
-from .runner import (_require_dir, build_dataloader, build_optimizer, build_scheduler, export_dir, export_model,
-                     finished_run, frozen_dtype, frozen_model, frozen_reference, load_causal_lm, open_logger,
+from .runner import (_require_dir, build_dataloader, build_optimizer, build_scheduler, eval_batch_size, export_dir,
+                     export_model, finished_run, frozen_dtype, frozen_model, frozen_reference, load_causal_lm, open_logger,
                      prepare_model, resolve_checkpoint, resumed_line, run_device, start_run)
 
 
@@ -278,7 +278,7 @@ def _run(args: argparse.Namespace, build: Callable[..., OLTrainer]) -> Optional[
     rows = load_prepared(args.dataset, "prompt")
     _note_cut_prompts(rows, args.max_length)
     prompts = build_dataloader(setup.plugin, rows, args.batch_size, collator, True, args.seed)
-    held_out = (build_dataloader(setup.plugin, load_prepared(args.eval_dataset, "prompt"), args.batch_size, collator,
+    held_out = (build_dataloader(setup.plugin, load_prepared(args.eval_dataset, "prompt"), eval_batch_size(args), collator,
                                  False, args.seed) if args.eval_dataset else None)
     actor = prepare_model(load_causal_lm(args, tokenizer), args, setup)
     optimizer = build_optimizer(actor, args)

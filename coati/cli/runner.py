@@ -130,6 +130,11 @@ def export_model(args: argparse.Namespace, setup: BoostSetup, model: torch.nn.Mo
     coordinator.print_on_master(f"saved HF model to {path}")
 
 
+def eval_batch_size(args: argparse.Namespace) -> int:
+    """Rows per rank in an evaluation batch: `--eval_batch_size`, else `--batch_size`."""
+    return args.eval_batch_size or args.batch_size
+
+
 def resumed_line(checkpoint: str, position: str) -> str:
     """The line a resumed run prints; it says so when the checkpoint was written by another number of ranks."""
     saved = read_running_state(checkpoint)["world_size"]
@@ -283,7 +288,7 @@ def run_supervised(
     budget = {"max_tokens": args.max_tokens_per_batch, "max_length": args.max_length}
     train_loader = build_dataloader(setup.plugin, context.load_data(args.dataset), args.batch_size, collator, True,
                                     args.seed, **budget)
-    eval_loader = (build_dataloader(setup.plugin, context.load_data(args.eval_dataset), args.batch_size, collator, False,
+    eval_loader = (build_dataloader(setup.plugin, context.load_data(args.eval_dataset), eval_batch_size(args), collator, False,
                                     args.seed, **budget) if args.eval_dataset else None)
     total_steps = math.ceil(len(train_loader) / args.accumulation_steps) * args.max_epochs
     if args.max_steps:

@@ -30,16 +30,6 @@ TRL_LORA_RANK = 16
 STEP_COUNTS = {"max_steps": "num_episodes", "logging_steps": "log_interval", "save_steps": "save_interval",
                "eval_steps": "eval_interval"}
 """On-policy: TRL's counts of optimizer steps -> coati's settings that count episodes."""
-NOT_YET = {
-    "dataset_train_split": "coati trains on prepared dataset folders: pass the training data's folder as "
-                           "--dataset (--prompt_dataset)",
-    "dataset_test_split": "coati trains on prepared dataset folders: pass the held-out data's folder as --eval_dataset",
-    "per_device_eval_batch_size": "coati evaluates in batches of --batch_size (supervised) or generates the held-out "
-                                  "prompts at once (on-policy)",
-}
-"""TRL names coati does not take yet -> what to use."""
-
-
 def truthy(value: str) -> bool:
     """An argparse `type` for TRL's boolean flags: true/false, yes/no, 1/0."""
     lowered = value.lower()
@@ -72,8 +62,6 @@ def add_trl_names(parser: argparse.ArgumentParser, script: str) -> None:
     add("--use_peft", f"LoRA adapters (rank --lora_r, {TRL_LORA_RANK} unless given)", **switch)
     add("--resume_from_checkpoint", "a checkpoint folder, or true: the newest complete one in --save_dir "
                                     "(--checkpoint_path)")
-    for name, instead in NOT_YET.items():
-        add(f"--{name}", f"not taken: {instead}", type=_not_yet(name, instead))
     if script in ON_POLICY:
         add("--per_device_train_batch_size", "completions per rank in a learning micro-batch (TRL's count): sets "
             "--train_batch_size, and --batch_size (prompts per rank) to it x --gradient_accumulation_steps / "

@@ -33,10 +33,12 @@ def cache_root(cache_dir: Optional[str] = None) -> Path:
 
 def is_raw(path: str) -> bool:
     """Whether `path` is data to prepare: a file, or a folder that is neither a prepared dataset nor a model (whose
-    config.json is no data)."""
+    config.json is no data). A saved `DatasetDict` (splits) is raw: prepared data is one dataset."""
     folder = Path(path)
     if folder.is_dir() and (folder / "config.json").is_file():
         return False
+    if (folder / "dataset_dict.json").is_file():
+        return True
     return folder.exists() and not prepared_folders(path)
 
 
@@ -54,14 +56,15 @@ def _digest(parts: Iterable[bytes]) -> str:
     return digest.hexdigest()[:20]
 
 
-def cache_key(inputs: Sequence[str], data_type: str, tokenizer_dir: str, max_length: int) -> str:
-    """A name for the prepared form of `inputs`: their content, the data type, the tokenizer's files and
+def cache_key(inputs: Sequence[str], data_type: str, tokenizer_dir: str, max_length: int,
+              split: Optional[str] = None) -> str:
+    """A name for the prepared form of `inputs`' `split`: their content, the data type, the tokenizer's files and
     `max_length`."""
     content = [f.relative_to(Path(i)).as_posix().encode() + f.read_bytes() if Path(i).is_dir() else f.read_bytes()
                for i in inputs for f in _files(Path(i))]
     tokenizer = [name.encode() + (Path(tokenizer_dir) / name).read_bytes() for name in TOKENIZER_FILES
                  if (Path(tokenizer_dir) / name).is_file()]
-    settings = json.dumps({"type": data_type, "max_length": max_length}).encode()
+    settings = json.dumps({"type": data_type, "max_length": max_length, "split": split}).encode()
     return f"{data_type}-{_digest([*content, *tokenizer, settings])}"
 
 
@@ -97,16 +100,18 @@ def _cached(entry: Path, make) -> Path:
 
 
 def prepared(inputs: Sequence[str], data_type: str, tokenizer, tokenizer_dir: str, max_length: int,
-             cache_dir: Optional[str] = None) -> Path:
-    """The prepared dataset of the raw `inputs`, from the cache or made now (printing what was kept)."""
+             cache_dir: Optional[str] = None, split: Optional[str] = None) -> Path:
+    """The prepared dataset of the raw `inputs`' `split` (`coati.dataset.prepare.load_rows`), from the cache or made
+    now (printing what was kept)."""
     from coati.dataset.prepare import prepare_dataset, truncation_summary
 
-    entry = cache_root(cache_dir) / cache_key(inputs, data_type, tokenizer_dir, max_length)
+    entry = cache_root(cache_dir) / cache_key(inputs, data_type, tokenizer_dir, max_length, split)
 
     def make(folder: Path) -> None:
-        counts = prepare_dataset(list(inputs), data_type, tokenizer, max_length, folder)
-        print(f"prepared {data_type} data from {', '.join(inputs)} into {entry}: {counts['kept']} of {counts['rows']} "
-              f"rows kept, {truncation_summary(counts, max_length)}", flush=True)
+        counts = prepare_dataset(list(inputs), data_type, tokenizer, max_length, folder, split=split)
+        which = f" ({split} split)" if split not in (None, "train") else ""
+        print(f"prepared {data_type} data{which} from {', '.join(inputs)} into {entry}: {counts['kept']} of "
+              f"{counts['rows']} rows kept, {truncation_summary(counts, max_length)}", flush=True)
 
     return _cached(entry, make)
 

@@ -32,18 +32,48 @@ COLOSSALCHAT_COLUMNS = ("loss_mask", "inputs_decode", "labels_decode", "label_de
 """Column-name endings that ColossalChat's prepare_dataset.py writes and coati's never does."""
 
 
-def _jsonl_files(path: Path) -> List[Path]:
+def _jsonl_files(path: Path, split: Optional[str] = None) -> List[Path]:
+    """The JSONL files of `path` (itself, or those in the folder); of `split` only, where the folder's files are
+    named by split as `datasets.load_dataset` reads them (`train.jsonl`, `test.jsonl`)."""
     if path.is_file():
         return [path]
-    return sorted(p for p in path.iterdir() if p.suffix in JSONL_SUFFIXES) if path.is_dir() else []
+    files = sorted(p for p in path.iterdir() if p.suffix in JSONL_SUFFIXES) if path.is_dir() else []
+    if files and split is not None:
+        named = named_splits(path)
+        if named:
+            if split not in named:
+                raise CoatiUsageError(f"{path} has no split {split!r}: its files make the splits "
+                                      f"{', '.join(sorted(named))}")
+            files = [f for f in files if str(f.resolve()) in named[split]]
+    return files
 
 
-def _dataset_entries(path: Path, cache_dir: Optional[PathLike] = None) -> Iterator[Tuple[str, Callable[[], Dict]]]:
-    """(`folder row N`, reader) for every row of a local dataset folder read by `datasets.load_dataset`."""
+def named_splits(folder: Path) -> Dict[str, List[str]]:
+    """The files of each split of `folder`, where its files are named by split (as `datasets.load_dataset` names
+    them: `train*.jsonl`, `test.jsonl`, `data/validation-*.parquet`); {} where they are not."""
+    from datasets.data_files import DataFilesDict, get_data_patterns
+
+    try:
+        patterns = get_data_patterns(str(folder))
+    except Exception:   # no files datasets reads
+        return {}
+    if list(patterns) == ["train"] and patterns["train"] == ["**"]:
+        return {}
+    return {str(name): [str(Path(f).resolve()) for f in files]
+            for name, files in DataFilesDict.from_patterns(patterns, base_path=str(folder)).items()}
+
+
+def _dataset_entries(path: Path, cache_dir: Optional[PathLike] = None,
+                     split: str = "train") -> Iterator[Tuple[str, Callable[[], Dict]]]:
+    """(`folder row N`, reader) for every row of `split` of a local dataset folder read by `datasets.load_dataset`."""
     if path.is_dir() and not any(path.iterdir()):
         raise CoatiUsageError(f"{path}: the data input folder is empty (expected JSONL files or a dataset folder)")
     try:
-        dataset = load_dataset(str(path), split="train", cache_dir=None if cache_dir is None else str(cache_dir))
+        dataset = load_dataset(str(path), split=split, cache_dir=None if cache_dir is None else str(cache_dir))
+    except ValueError as error:
+        if "Unknown split" not in str(error):
+            raise
+        raise CoatiUsageError(f"{path} has no split {split!r} ({first_line(error)})") from None
     except Exception as error:   # datasets raises many types for unreadable folders
         raise CoatiUsageError(f"{path}: neither JSONL files nor a dataset folder that datasets.load_dataset reads "
                               f"({type(error).__name__}: {first_line(error)})") from None
@@ -52,16 +82,17 @@ def _dataset_entries(path: Path, cache_dir: Optional[PathLike] = None) -> Iterat
 
 
 def load_rows(inputs: Sequence[PathLike], data_type: str, skip_invalid: bool = False,
-              cache_dir: Optional[PathLike] = None) -> Tuple[List[Dict], int]:
+              cache_dir: Optional[PathLike] = None, split: Optional[str] = None) -> Tuple[List[Dict], int]:
     """Validated, normalised rows of every input (dataset folders read through `datasets`' cache in `cache_dir`,
-    its default when None); returns (rows, number skipped)."""
+    its default when None); returns (rows, number skipped). With `split`, a folder whose files are named by split,
+    or a dataset folder, gives that split's rows; without, every JSONL file of a folder, and a dataset's train split."""
     rows, skipped = [], 0
     for raw in inputs:
         path = Path(raw)
         if not path.exists():
             raise CoatiUsageError(f"data input not found: {path}")
-        files = _jsonl_files(path)
-        entries = jsonl_entries(files) if files else _dataset_entries(path, cache_dir)
+        files = _jsonl_files(path, split)
+        entries = jsonl_entries(files) if files else _dataset_entries(path, cache_dir, split or "train")
         found, bad = validate_rows(entries, data_type, skip_invalid)
         rows += found
         skipped += bad
@@ -238,13 +269,14 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, row: Dict, max_length: int
 
 def prepare_dataset(inputs: Sequence[PathLike], data_type: str, tokenizer: PreTrainedTokenizerBase, max_length: int,
                     out_dir: PathLike, skip_invalid: bool = False, layout: OutputLayout = OutputLayout(),
-                    cache_dir: Optional[PathLike] = None, system_message: Optional[str] = None) -> Dict[str, int]:
+                    cache_dir: Optional[PathLike] = None, system_message: Optional[str] = None,
+                    split: Optional[str] = None) -> Dict[str, int]:
     """Validate, tokenize and save (as `layout` says); returns rows read, kept, dropped by truncation, left out by
     sampling, and skipped as invalid. `cache_dir` is `datasets`' cache for input dataset folders;
     `system_message` opens every conversation that has no system turn of its own (ColossalChat's template
-    config field)."""
+    config field); `split` as `load_rows` takes it."""
     layout.check_free(out_dir)
-    rows, skipped = load_rows(inputs, data_type, skip_invalid, cache_dir)
+    rows, skipped = load_rows(inputs, data_type, skip_invalid, cache_dir, split)
     if system_message is not None:
         rows = [with_system_message(row, data_type, system_message) for row in rows]
     encode = encoder(data_type, tokenizer, max_length)
