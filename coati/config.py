@@ -124,7 +124,8 @@ class EpochSettings:
     """How long a supervised run lasts."""
 
     max_epochs: int = setting(1, parse=at_least(1), aliases=("--num_train_epochs",), help="passes over the training data")
-    max_steps: int = setting(0, parse=at_least(0), help="stop after this many optimizer steps (0: no limit)")
+    max_steps: int = setting(0, parse=at_least(-1), help="stop after this many optimizer steps (0, or TRL's -1: no "
+                                                        "limit)")
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,7 @@ SFT = ["--pretrain", "m", "--dataset", "d"]
     ("dataset_train_split", "training", "dataset_train_split", "training"),
     ("dataset_test_split", "validation", "dataset_test_split", "validation"),
     ("per_device_eval_batch_size", 16, "eval_batch_size", 16),
+    ("eval_steps", 25, "eval_interval", 25),
     ("lora_r", 8, "lora_rank", 8),
     ("lora_alpha", 32, "lora_alpha", 32),
     ("lora_dropout", 0.05, "lora_dropout", 0.05),
@@ -76,6 +77,23 @@ def test_a_trl_name_in_a_supervised_config_sets_coatis_setting_with_trls_meaning
                   {trl: value, **({"dataset_name": ["d"]} if trl == "model_name_or_path" else {}),
                    **({"model_name_or_path": "m"} if trl == "dataset_name" else {})}, tmp_path)
     assert getattr(args, setting) == expected
+
+
+@pytest.mark.parametrize("config, expected", [
+    ({"eval_strategy": "steps", "logging_steps": 5}, {"eval_interval": 5}),
+    ({"eval_strategy": "steps", "eval_steps": 7, "logging_steps": 5}, {"eval_interval": 7}),
+    ({"eval_strategy": "no", "eval_split": 0.1, "eval_steps": 7}, {"eval_split": 0.0, "eval_interval": 0,
+                                                                   "eval_dataset": None}),
+    ({"eval_strategy": "epoch"}, {"eval_interval": 0}),
+    ({"save_strategy": "steps", "output_dir": "o"}, {"save_interval": 500, "save_dir": "o/checkpoints"}),
+    ({"save_steps": 20, "output_dir": "o"}, {"save_interval": 20, "save_dir": "o/checkpoints"}),
+    ({"save_strategy": "epoch", "output_dir": "o", "save_dir": "ckpt"}, {"save_freq_epochs": 1, "save_dir": "ckpt"}),
+    ({"save_strategy": "no", "save_dir": "ckpt", "save_steps": 20}, {"save_dir": None, "save_interval": 0}),
+], ids=str)
+def test_trls_eval_and_save_strategies_set_when_a_supervised_run_evaluates_and_saves(config, expected, monkeypatch,
+                                                                                      tmp_path):
+    args = _parse("sft", SFT, monkeypatch, config, tmp_path)
+    assert {name: getattr(args, name) for name in expected} == expected
 
 
 def test_use_peft_trains_lora_at_trls_rank_unless_lora_r_says(monkeypatch, tmp_path):
@@ -106,6 +124,10 @@ def test_use_peft_trains_lora_at_trls_rank_unless_lora_r_says(monkeypatch, tmp_p
     ({"report_to": ["wandb", "tensorboard"], "output_dir": "o"}, {"use_wandb": True, "log_dir": "o/logs"}),
     ({"report_to": "none", "output_dir": "o"}, {"use_wandb": False, "log_dir": None}),
     ({"output_dir": "o"}, {"log_dir": "o/logs"}),
+    ({"eval_strategy": "epoch"}, {"eval_freq_epochs": 1}),
+    ({"max_steps": -1, "num_episodes": 7}, {"num_episodes": 7}),
+    ({"eval_strategy": "steps", "logging_steps": 3}, {"eval_interval": 3}),
+    ({"save_strategy": "steps", "output_dir": "o"}, {"save_interval": 500, "save_dir": "o/checkpoints"}),
 ])
 def test_a_trl_name_in_a_grpo_config_sets_coatis_setting_with_trls_meaning(config, expected, monkeypatch, tmp_path):
     args = _parse("grpo", GRPO, monkeypatch, config, tmp_path)
@@ -346,8 +368,11 @@ def test_bars_logs_and_checkpoints_count_epochs_and_steps_alike_and_a_finished_r
     the log lines count (from the resumed step on a resume), `train/epoch` is Hugging Face's epochs done (1.5: half
     of the second), and a checkpoint folder is named by the whole epochs done; resuming a finished run says so and
     exits 0, training and exporting nothing."""
-    first = _sft(tiny_assets, tmp_path, "--max_steps", "6")
+    first = _sft(tiny_assets, tmp_path, "--max_steps", "6", "--eval_dataset", str(tiny_assets["sft_eval"]),
+                 "--eval_steps", "2")
     assert first.returncode == 0, first.stderr[-3000:]
+    evaluated = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in evaluated if "eval/loss" in r] == [2, 4, 6]   # every 2 steps; 6 ends the run
     assert "train: 100%" in first.stderr and "| 6/6 [" in first.stderr
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["epoch-0_step-3", "epoch-1_step-6"]
     resumed = _sft(tiny_assets, tmp_path, "--checkpoint_path", "latest")
@@ -435,3 +460,64 @@ def test_a_folder_named_by_split_trains_on_one_split_and_evaluates_on_another_as
     with pytest.raises(CoatiUsageError, match=rf"^--dataset_test_split test names a split of raw data; --dataset "
                                               rf"{tiny_assets['sft_train']} is prepared already"):
         prepare_raw_data(_split_args(tiny_assets, tmp_path, tiny_assets["sft_train"], dataset_test_split="test"))
+
+
+OPEN_R1_SFT = """
+# an SFT recipe as TRL's and open-r1's are written
+model_name_or_path: {model}
+model_revision: main
+torch_dtype: bfloat16
+attn_implementation: sdpa
+dataset_name: {data}
+dataset_num_proc: 4
+bf16: true
+do_eval: false
+eval_strategy: 'no'
+gradient_accumulation_steps: 2
+gradient_checkpointing: true
+gradient_checkpointing_kwargs:
+  use_reentrant: false
+learning_rate: 4.0e-05
+log_level: info
+logging_steps: 5
+logging_strategy: steps
+lr_scheduler_type: cosine
+packing: true
+max_length: 512
+max_steps: -1
+num_train_epochs: 3
+output_dir: {out}
+overwrite_output_dir: true
+per_device_eval_batch_size: 8
+per_device_train_batch_size: 4
+push_to_hub: false
+report_to:
+- tensorboard
+save_strategy: epoch
+save_total_limit: 1
+seed: 42
+use_liger_kernel: false
+warmup_ratio: 0.05
+"""
+
+
+def test_a_trl_sft_recipe_as_written_is_taken_with_one_note_for_the_keys_that_change_nothing(monkeypatch, capsys,
+                                                                                           tmp_path):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(OPEN_R1_SFT.format(model="m", data="d", out=tmp_path / "out"))
+    args = parsed_args("sft", ["--config", str(path)], monkeypatch)
+    assert {k: getattr(args, k) for k in ("lr", "accumulation_steps", "max_epochs", "max_steps", "packing", "keep_last",
+                                          "save_freq_epochs", "save_dir", "eval_batch_size", "grad_checkpoint",
+                                          "warmup_ratio", "mixed_precision")} == {
+        "lr": 4e-5, "accumulation_steps": 2, "max_epochs": 3, "max_steps": 0, "packing": True, "keep_last": 1,
+        "save_freq_epochs": 1, "save_dir": str(tmp_path / "out" / "checkpoints"), "eval_batch_size": 8,
+        "grad_checkpoint": True, "warmup_ratio": 0.05, "mixed_precision": "bf16"}
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"note: --config {path}: not used: model_revision (the model folder (or a model id's local snapshot) is loaded "
+        "as it is); torch_dtype (coati loads in fp32 and trains in --mixed_precision (bf16 by default on GPU)); "
+        "attn_implementation (coati picks SDPA, or FlashAttention with --use_flash_attn); dataset_num_proc (data is "
+        "tokenized once and cached); do_eval (evaluation follows the held-out data and eval_strategy); "
+        "gradient_checkpointing_kwargs (coati's checkpointing is non-reentrant (use_reentrant: false)); log_level "
+        "(coati prints what a run does); overwrite_output_dir (coati writes into the output folder as it is); "
+        "push_to_hub (coati does not upload: push OUTPUT_DIR/model with huggingface-cli upload); use_liger_kernel "
+        "(coati has no Liger kernels)"]

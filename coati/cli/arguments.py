@@ -24,7 +24,10 @@ ON_POLICY_HELP = {
     "save_interval": "save every N episodes (0: only at the end)",
     "save_freq_epochs": "also save when every N-th pass over the prompts ends (0: off)",
 }
-SUPERVISED_HELP = {"steps": "log the mean of the metrics every N optimizer steps"}
+SUPERVISED_HELP = {"steps": "log the mean of the metrics every N optimizer steps",
+                   "eval_interval": "also evaluate --eval_dataset every N optimizer steps (always after each epoch)"}
+ON_POLICY_EVAL = ("eval_freq_epochs", "eval_freq_secs", "eval_n_samples", "eval_temperature", "save_best")
+"""Held-out evaluation settings of the on-policy trainers only (supervised runs take `eval_interval`)."""
 DERIVED = {"extra_stop_ids": [], "disable_loss_mask": False}
 """Values ColossalChat's flags set (`--conversation_template_config`'s stop ids, `--disable_loss_mask`), at their
 defaults for a script without that layer."""
@@ -42,6 +45,7 @@ def training_parser(description: str, dataset_flag: str = "--dataset", on_policy
     if not on_policy:
         add_settings(parser, PackingSettings, "packing")
         add_settings(parser, EpochSettings, "optimisation")
+        add_settings(parser, EvalSettings, "held-out evaluation", skip=ON_POLICY_EVAL, helps=SUPERVISED_HELP)
     add_settings(parser, OptimSettings, "optimisation", helps=helps)
     add_settings(parser, CheckpointSettings, "checkpoints", helps=helps)
     add_settings(parser, LogSettings, "logging", helps=helps, defaults={} if on_policy else {"steps": 10})

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
-from coati.utils.errors import CoatiUsageError
+from coati.utils.errors import CoatiUsageError, note_user
 
 CONFIG_FLAG = "--config"
 LAUNCH_KEYS = {"num_processes": "--nproc_per_node", "nproc_per_node": "--nproc_per_node", "nnodes": "--nnodes",
@@ -26,6 +26,22 @@ REFUSED_KEYS = {
     "env": "set environment variables in the shell that runs coati; a config file holds settings only",
 }
 """Keys of TRL recipes that coati does not take -> what to do instead."""
+IGNORED_KEYS = {
+    "overwrite_output_dir": "coati writes into the output folder as it is",
+    "push_to_hub": "coati does not upload: push OUTPUT_DIR/model with huggingface-cli upload",
+    "hub_model_id": "coati does not upload", "hub_strategy": "coati does not upload",
+    "hub_private_repo": "coati does not upload",
+    "log_level": "coati prints what a run does", "log_level_replica": "coati prints on the first rank",
+    "do_train": "the command trains", "do_eval": "evaluation follows the held-out data and eval_strategy",
+    "dataset_num_proc": "data is tokenized once and cached", "dataloader_num_workers": "batches are collated in place",
+    "remove_unused_columns": "columns are kept for the reward functions",
+    "gradient_checkpointing_kwargs": "coati's checkpointing is non-reentrant (use_reentrant: false)",
+    "torch_dtype": "coati loads in fp32 and trains in --mixed_precision (bf16 by default on GPU)",
+    "attn_implementation": "coati picks SDPA, or FlashAttention with --use_flash_attn",
+    "use_liger_kernel": "coati has no Liger kernels",
+    "model_revision": "the model folder (or a model id's local snapshot) is loaded as it is",
+}
+"""Keys of TRL recipes that do not change what coati trains -> why they are not needed: accepted, named in one note."""
 OUTPUT_DIR_MARK = "{output_dir}"
 """In a saved config, paths inside the run's output folder start with this, so a rerun with another --output_dir
 writes inside its own."""
@@ -83,9 +99,12 @@ def config_tokens(parser: argparse.ArgumentParser, values: Mapping[str, Any], pa
     """The command-line arguments the file's `values` stand for, in the file's order."""
     actions = _actions_by_key(parser)
     tokens: List[str] = []
+    ignored = [str(key) for key in values if str(key) in IGNORED_KEYS and str(key) not in actions]
+    if ignored:
+        note_user(f"{CONFIG_FLAG} {path}: not used: " + "; ".join(f"{key} ({IGNORED_KEYS[key]})" for key in ignored))
     for key, value in values.items():
         key = str(key)
-        if key in LAUNCH_KEYS:
+        if key in LAUNCH_KEYS or key in ignored:
             continue
         if key in REFUSED_KEYS:
             raise CoatiUsageError(f"{CONFIG_FLAG} {path}: key {key!r} is not taken: {REFUSED_KEYS[key]}")

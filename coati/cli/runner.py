@@ -303,6 +303,7 @@ def run_supervised(
     trainer = trainer_cls(
         booster=setup.booster, max_epochs=args.max_epochs, model=model, optimizer=optimizer, plugin=setup.plugin,
         lr_scheduler=scheduler, accumulation_steps=args.accumulation_steps, log_interval=args.log_interval,
+        eval_interval=args.eval_interval,
         logging=log_cadence(args), saver=saver(args),
         save_interval=args.save_interval, save_dir=args.save_dir, keep_last=args.keep_last,
         output_dir=args.output_dir, grad_clip=args.grad_clip, max_steps=args.max_steps, coordinator=coordinator,

@@ -15,7 +15,8 @@ differently, and are converted after parsing:
   `reward_weights` (one per reward function), `resume_from_checkpoint` (a path, or true: the latest).
 """
 import argparse
-from typing import Any, Callable, Dict, List
+from pathlib import Path
+from typing import Any, Dict, List
 
 from coati.cli.arguments import optimizer_steps_per_episode
 from coati.cli.options import add_post_parse
@@ -27,6 +28,12 @@ GRPO_LOSS_TYPES = {"grpo": "seq-mean-token-mean", "bnpo": "token-mean", "dr_grpo
 """TRL's GRPO `loss_type` -> coati's `--loss_agg` (bnpo and dapo both average over the batch's tokens)."""
 TRL_LORA_RANK = 16
 """TRL's `lora_r` default, the rank `use_peft` trains with when no rank is given."""
+STRATEGIES = ("no", "steps", "epoch")
+"""TRL's `eval_strategy` and `save_strategy` values coati takes."""
+TRL_SAVE_STEPS = 500
+"""TRL's `save_steps` default, what `save_strategy: steps` saves at when `save_steps` is not given."""
+CHECKPOINTS_FOLDER = "checkpoints"
+"""Where TRL's save names put checkpoints without --save_dir: OUTPUT_DIR/checkpoints."""
 STEP_COUNTS = {"max_steps": "num_episodes", "logging_steps": "log_interval", "save_steps": "save_interval",
                "eval_steps": "eval_interval"}
 """On-policy: TRL's counts of optimizer steps -> coati's settings that count episodes."""
@@ -45,6 +52,11 @@ def _positive_int(value: str) -> int:
     if number < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
     return number
+
+
+def _steps_or_unlimited(value: str) -> int:
+    """TRL's `max_steps`: a count >= 1, or -1 for no limit of its own."""
+    return -1 if value.strip() == "-1" else _positive_int(value)
 
 
 def add_trl_names(parser: argparse.ArgumentParser, script: str) -> None:
@@ -66,7 +78,8 @@ def add_trl_names(parser: argparse.ArgumentParser, script: str) -> None:
         add("--per_device_train_batch_size", "completions per rank in a learning micro-batch (TRL's count): sets "
             "--train_batch_size, and --batch_size (prompts per rank) to it x --gradient_accumulation_steps / "
             "--num_generations", type=_positive_int)
-        add("--max_steps", "optimizer steps of the run (sets --num_episodes)", type=_positive_int)
+        add("--max_steps", "optimizer steps of the run (sets --num_episodes; TRL's -1: --num_episodes as it is)",
+            type=_steps_or_unlimited)
         add("--save_steps", "save every N optimizer steps (sets --save_interval)", type=_positive_int)
         add("--eval_steps", "evaluate every N optimizer steps (sets --eval_interval)", type=_positive_int)
         add("--use_vllm", "--rollout_backend vllm", **switch)
@@ -81,16 +94,13 @@ def add_trl_names(parser: argparse.ArgumentParser, script: str) -> None:
     else:
         add("--per_device_train_batch_size", "rows per rank in a micro-batch (--batch_size)", type=_positive_int)
         add("--save_steps", "save every N optimizer steps (--save_interval)", type=_positive_int)
-        add("--eval_steps", "not taken: supervised runs evaluate --eval_dataset after each epoch",
-            type=_not_yet("eval_steps", "supervised runs evaluate --eval_dataset after each epoch"))
+        add("--eval_steps", "evaluate every N optimizer steps as well as after each epoch (--eval_interval)",
+            type=_positive_int)
+    add("--eval_strategy", "no: no held-out evaluation; steps: every --eval_steps optimizer steps (default: "
+        "--logging_steps); epoch: as each pass over the data ends", choices=STRATEGIES)
+    add("--save_strategy", "no: no checkpoints; steps: every --save_steps optimizer steps (default 500, TRL's); epoch: as "
+        "each pass over the data ends. Checkpoints go to --save_dir, default OUTPUT_DIR/checkpoints", choices=STRATEGIES)
     add_post_parse(parser, lambda args: convert(args, parser, script))
-
-
-def _not_yet(name: str, instead: str) -> Callable[[str], Any]:
-    def refuse(value: str) -> Any:
-        raise argparse.ArgumentTypeError(f"{name} is not taken: {instead}")
-
-    return refuse
 
 
 def convert(args: argparse.Namespace, parser: argparse.ArgumentParser, script: str) -> None:
@@ -99,6 +109,12 @@ def convert(args: argparse.Namespace, parser: argparse.ArgumentParser, script: s
     trl = {name[4:]: value for name, value in vars(args).items() if name.startswith("trl_")}
     for name in trl:
         delattr(args, f"trl_{name}")
+    if trl.get("save_strategy") == "steps":
+        trl.setdefault("save_steps", TRL_SAVE_STEPS)
+    if trl.get("max_steps") == -1:   # TRL's "no limit": the run's length is coati's setting
+        del trl["max_steps"]
+    if getattr(args, "max_steps", 0) == -1:
+        args.max_steps = 0
     run = _Conversion(args, getattr(parser, "given", {}), trl)
     run.precision()
     if trl.get("use_peft") and not args.lora_rank:
@@ -109,9 +125,11 @@ def convert(args: argparse.Namespace, parser: argparse.ArgumentParser, script: s
     if script in ON_POLICY:
         run.on_policy(script)
     else:
-        for name, dest in (("per_device_train_batch_size", "batch_size"), ("save_steps", "save_interval")):
+        for name, dest in (("per_device_train_batch_size", "batch_size"), ("save_steps", "save_interval"),
+                           ("eval_steps", "eval_interval")):
             if name in trl:
                 run.set(dest, trl[name], name, exclusive=True)
+    run.strategies(script)
     parser.derived = run.derived
 
 
@@ -189,6 +207,31 @@ class _Conversion:
                                       f"{per_episode} of them: give a multiple of {per_episode}, or --{dest} in "
                                       "episodes")
             self.set(dest, steps // per_episode, name, exclusive=name != "logging_steps")
+
+
+    def strategies(self, script: str) -> None:
+        """TRL's `eval_strategy` and `save_strategy` (after the step counts are converted), and a checkpoint folder
+        in the output folder where TRL's save names ask for checkpoints and --save_dir is not given."""
+        trl, args = self.trl, self.args
+        evaluation = trl.get("eval_strategy")
+        if evaluation == "no":
+            for dest, off in (("eval_dataset", None), ("eval_split", 0.0), ("dataset_test_split", None),
+                              ("eval_interval", 0)):
+                self.set(dest, off, "eval_strategy")
+        elif evaluation == "steps" and "eval_steps" not in trl:
+            self.set("eval_interval", args.log_interval, "eval_strategy")
+        elif evaluation == "epoch" and script in ON_POLICY:
+            self.set("eval_freq_epochs", 1, "eval_strategy")
+        saving = trl.get("save_strategy")
+        if saving == "no":
+            for dest, off in (("save_dir", None), ("save_interval", 0), ("save_freq_epochs", 0)):
+                self.set(dest, off, "save_strategy")
+            return
+        if saving == "epoch":
+            self.set("save_freq_epochs", 1, "save_strategy", exclusive=True)
+        if (saving or "save_steps" in trl) and not args.save_dir and args.output_dir:
+            self.set("save_dir", str(Path(args.output_dir) / CHECKPOINTS_FOLDER), "save_strategy" if saving else
+                     "save_steps")
 
 
 def _weighted(specs: Any, weights: List[float]) -> List[str]:

@@ -206,6 +206,7 @@ class SLTrainer(_TrainerCore, ABC):
         lr_scheduler: Optional[Any] = None,
         accumulation_steps: int = 1,
         log_interval: int = 10,
+        eval_interval: int = 0,
         save_interval: int = 0,
         save_dir: Optional[str] = None,
         keep_last: int = 0,
@@ -229,7 +230,7 @@ class SLTrainer(_TrainerCore, ABC):
         self.booster, self.plugin, self.model, self.optimizer = booster, plugin, model, optimizer
         self.lr_scheduler = lr_scheduler
         self.max_epochs, self.start_epoch = max_epochs, start_epoch
-        self.accumulation_steps, self.log_interval = accumulation_steps, log_interval
+        self.accumulation_steps, self.log_interval, self.eval_interval = accumulation_steps, log_interval, eval_interval
         self.save_dir, self.keep_last = save_dir, keep_last
         self.saver = saver or Saver(freq_steps=save_interval)
         self.output_dir = Path(output_dir) if output_dir else None
@@ -328,6 +329,8 @@ class SLTrainer(_TrainerCore, ABC):
                 logged = self._flush_metrics(self.step, extra={"train/lr": self._current_lr()})
                 self._bar.set_postfix({"epoch": f"{self.epochs_done:.2f}", **{
                     k.split("/", 1)[1]: f"{v:.4g}" for k, v in logged.items() if k.endswith("loss")}})
+            if self._eval_due(index == num_steps):
+                self._eval(epoch)
             if self.save_dir:
                 finished = index == num_steps
                 self.saver.save(lambda: self._save(epoch + 1 if finished else epoch, 0 if finished else samples_seen),
@@ -341,6 +344,12 @@ class SLTrainer(_TrainerCore, ABC):
         self._resume_sample_index = 0
         self._set_start_index(0)
         fire(self.callbacks, "on_learn_epoch_end", epoch)
+
+    def _eval_due(self, epoch_ends: bool) -> bool:
+        """Whether `eval_interval` asks for an evaluation now; not at a step that ends the epoch or the run, which
+        is evaluated then."""
+        return bool(self.eval_interval) and self.step % self.eval_interval == 0 and not (
+            epoch_ends or self._reached_max_steps())
 
     def _reached_max_steps(self) -> bool:
         return 0 < self.max_steps <= self.step
