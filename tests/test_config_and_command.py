@@ -43,7 +43,8 @@ def _refused(command: str, argv, monkeypatch, capsys, config=None, tmp_path=None
     return lines[0]
 
 
-GRPO = ["--pretrain", "m", "--prompt_dataset", "d"]
+MODEL_AND_DATA = ["--pretrain", "m", "--prompt_dataset", "d"]
+GRPO = [*MODEL_AND_DATA, "--reward_fn", "math_answer"]
 SFT = ["--pretrain", "m", "--dataset", "d"]
 
 
@@ -111,7 +112,7 @@ def test_use_peft_trains_lora_at_trls_rank_unless_lora_r_says(monkeypatch, tmp_p
     ({"output_dir": "o"}, {"log_dir": "o/logs"}),
 ])
 def test_a_trl_name_in_a_grpo_config_sets_coatis_setting_with_trls_meaning(config, expected, monkeypatch, tmp_path):
-    args = _parse("grpo", GRPO, monkeypatch, config, tmp_path)
+    args = _parse("grpo", MODEL_AND_DATA, monkeypatch, {"reward_funcs": ["math_answer"], **config}, tmp_path)
     assert {name: getattr(args, name) for name in expected} == expected
 
 
