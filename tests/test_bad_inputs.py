@@ -285,6 +285,8 @@ CASES = [
      "--behaviour_correction_option: behaviour correction 'icepop' takes no option 'cap'; its options: low, high"),
     ("ppo_without_reward", lambda p: ("train_ppo", ["--pretrain", p["model"], "--prompt_dataset", p["prompt_train"]]),
      "PPO needs a reward"),
+    ("grpo_without_reward", lambda p: ("train_grpo", ["--pretrain", p["model"], "--prompt_dataset", p["prompt_train"]]),
+     "GRPO needs a reward"),
     ("ppo_rm_missing", lambda p: _ppo(p, "--rm_pretrain", p["empty"] + "/nope"), "--rm_pretrain"),
     ("dpo_beta_0", lambda p: _pref("train_dpo", p, "--beta", "0"), "--beta: must be > 0"),
     ("dpo_label_smoothing", lambda p: _pref("train_dpo", p, "--label_smoothing", "0.7"), "--label_smoothing: must be in [0, 0.5)"),

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, child_env, train_records
+from conftest import REPO, SCRIPTS, child_env, train_records
 from coati.cli.main import launch_options, launcher_command
 
 COATI = [sys.executable, "-m", "coati.cli.main"]
@@ -184,21 +184,44 @@ def _run_coati(*argv, cwd=REPO, timeout=600):
     return subprocess.run([*COATI, *argv], capture_output=True, text=True, env=child_env(), cwd=cwd, timeout=timeout)
 
 
+PROBE = ("import sys, runpy; target, sys.argv = sys.argv[1], ['coati', *sys.argv[2:]]\ntry:\n    "
+         "runpy.run_path(target, run_name='__main__') if target.endswith('.py') else runpy.run_module(target, "
+         "run_name='__main__')\nexcept SystemExit as stop:\n    print('exit', stop.code)\nprint('loaded', sorted(m "
+         "for m in ('torch', 'colossalai', 'transformers') if m in sys.modules))")
+"""Runs a module or a script's path with the arguments that follow, then prints its exit status and which of the
+training stack's packages it loaded."""
+
+
+def _probe(target: str, argv) -> subprocess.CompletedProcess:
+    """`target` (`coati.cli.main`, or a script's path) run on `argv` in a fresh interpreter, as `PROBE` reports it."""
+    return subprocess.run([sys.executable, "-c", PROBE, target, *argv], capture_output=True, text=True,
+                          env=child_env(), cwd=REPO, timeout=60)
+
+
 def test_an_unknown_key_or_flag_is_answered_at_once_without_the_training_stack(tmp_path):
     (tmp_path / "bad.yaml").write_text("model_name_or_path: m\ndataset_name: d\nlearnig_rate: 1.0e-5\n")
-    probe = ("import sys, runpy; sys.argv = ['coati', *sys.argv[1:]]\ntry:\n    runpy.run_module('coati.cli.main', "
-             "run_name='__main__')\nexcept SystemExit as stop:\n    print('exit', stop.code)\nprint('loaded', sorted(m "
-             "for m in ('torch', 'colossalai', 'transformers') if m in sys.modules))")
     for argv, wanted in ((["sft", "--config", str(tmp_path / "bad.yaml")], "unknown key 'learnig_rate' (did you mean "
                                                                             "learning_rate?)"),
                          (["grpo", *GRPO, "--per_device_train_batchsize", "8"],
                           "unknown flag --per_device_train_batchsize (did you mean --per_device_train_batch_size ")):
         start = time.monotonic()
-        done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, env=child_env(),
-                              cwd=REPO, timeout=60)
+        done = _probe("coati.cli.main", argv)
         assert time.monotonic() - start < 5
         assert done.stdout.split("\n")[-3:-1] == ["exit 2", "loaded []"], done.stdout + done.stderr
         assert wanted in done.stderr
+
+
+@pytest.mark.parametrize("script", ["coati grpo", "train_grpo.py"])
+def test_grpo_without_a_reward_is_refused_in_one_line_before_the_training_stack_loads(script, tiny_assets):
+    """No reward function, reward model, process reward model or teacher: there is no default reward (one that needs a
+    `gt_answer` column would fail mid-run on data without it), so the parse refuses the run, naming each source."""
+    data = ["--pretrain", str(tiny_assets["model"]), "--prompt_dataset", str(tiny_assets["prompt_train"])]
+    target, argv = ("coati.cli.main", ["grpo", *data]) if script == "coati grpo" else (str(SCRIPTS / script), data)
+    done = _probe(target, argv)
+    assert done.stdout.split("\n")[-3:-1] == ["exit 2", "loaded []"], done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: GRPO needs a reward: --reward_fn"), lines
+    assert all(flag in lines[0] for flag in ("--rm_pretrain", "--prm_pretrain", "--teacher_model", "--teacher_url"))
 
 
 def test_the_coati_command_lists_its_commands_and_refuses_an_unknown_one():
