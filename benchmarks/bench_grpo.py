@@ -55,7 +55,7 @@ def run(args: argparse.Namespace, model: str, prompts: str) -> Path:
            "--plugin", "ddp", "--batch_size", str(args.batch_size), "--num_generations", str(args.num_generations),
            "--max_new_tokens", str(args.max_new_tokens), "--num_episodes", str(args.episodes), "--kl_coef", str(args.kl_coef),
            "--lr", str(args.lr), "--warmup_steps", str(args.warmup_steps), "--sample_log_interval", "0",
-           "--log_dir", str(log_dir), "--seed", str(args.seed)]
+           "--reward_fn", "math_answer", "--log_dir", str(log_dir), "--seed", str(args.seed)]
     if args.async_rollout:
         cmd += ["--async_rollout", "--max_staleness", str(args.max_staleness)]
     cmd += ["--rollout_backend", args.rollout_backend, "--vllm_threads", str(args.vllm_threads)]

@@ -218,7 +218,7 @@ def _coati_command(task: str, variant: str, inputs: Dict[str, Any], log_dir: Pat
         return common + ["--prompt_dataset", inputs["grpo"], "--batch_size", str(GRPO_FLAGS["prompts"]),
                          "--num_generations", str(GRPO_FLAGS["num_generations"]), "--max_new_tokens",
                          str(GRPO_FLAGS["max_new_tokens"]), "--num_episodes", str(args.episodes), "--sample_log_interval", "0",
-                         *(["--packing"] if "--packing" in variant else [])]
+                         "--reward_fn", "math_answer", *(["--packing"] if "--packing" in variant else [])]
     flags = common + ["--dataset", inputs[task], "--batch_size", str(args.batch_size), "--max_epochs", "1",
                       "--lr_scheduler", "constant_with_warmup"]
     if "--packing" in variant:

@@ -457,7 +457,8 @@ class RewardSettings:
     reward_fn: Optional[Tuple[str, ...]] = setting(
         None, nargs="+", aliases=("--reward_funcs",), help="reward functions, by built-in name (math_answer, answer_format, code_tests, judge: an "
                               "LLM judge, see --judge_url), a reward server's http(s):// URL or package.module:function, "
-                              "each optionally =weight (default: math_answer, or none beside --rm_pretrain)")
+                              "each optionally =weight (default: none; a run needs a reward: these, --rm_pretrain, "
+                              "--prm_pretrain or a distillation teacher)")
     rm_pretrain: Optional[str] = setting(None, help="a trained reward model (train_rm.py's exported model): its score is "
                                                     "added to the rewards")
     rm_checkpoint_path: Optional[str] = setting(

@@ -129,7 +129,8 @@ def _sft(p, *extra):
 
 
 def _grpo(p, *extra):
-    return ("train_grpo", ["--pretrain", p["model"], "--prompt_dataset", p["prompt_train"], *extra])
+    return ("train_grpo", ["--pretrain", p["model"], "--prompt_dataset", p["prompt_train"],
+                           "--reward_fn", "math_answer", *extra])
 
 
 def _ppo(p, *extra):
@@ -180,7 +181,8 @@ CASES = [
     ("tools_unknown", lambda p: _grpo(p, "--tools", "search"), "unknown tool 'search'; expected one of calculator, python"),
     ("max_turns_0", lambda p: _grpo(p, "--tools", "calculator", "--max_turns", "0"), "--max_turns: must be >= 1"),
     ("tools_template_cannot_show_them", lambda p: ("train_grpo", ["--pretrain", p["no_tools_template_model"],
-                                                                  "--prompt_dataset", p["prompt_train"], "--tools", "calculator"]),
+                                                                  "--prompt_dataset", p["prompt_train"], "--tools",
+                                                                  "calculator", "--reward_fn", "math_answer"]),
      "does not render tools (the prompt does not name 'calculator')"),
     ("tools_template_rewrites_history", lambda p: ("train_grpo", ["--pretrain", p["history_rewriting_template_model"],
                                                                   "--prompt_dataset", p["prompt_train"], "--tools", "calculator",
@@ -283,6 +285,8 @@ CASES = [
      "--behaviour_correction_option: behaviour correction 'icepop' takes no option 'cap'; its options: low, high"),
     ("ppo_without_reward", lambda p: ("train_ppo", ["--pretrain", p["model"], "--prompt_dataset", p["prompt_train"]]),
      "PPO needs a reward"),
+    ("grpo_without_reward", lambda p: ("train_grpo", ["--pretrain", p["model"], "--prompt_dataset", p["prompt_train"]]),
+     "GRPO needs a reward"),
     ("ppo_rm_missing", lambda p: _ppo(p, "--rm_pretrain", p["empty"] + "/nope"), "--rm_pretrain"),
     ("dpo_beta_0", lambda p: _pref("train_dpo", p, "--beta", "0"), "--beta: must be > 0"),
     ("dpo_label_smoothing", lambda p: _pref("train_dpo", p, "--label_smoothing", "0.7"), "--label_smoothing: must be in [0, 0.5)"),
@@ -305,8 +309,8 @@ CASES = [
     ("tokenizer_dir_missing", lambda p: _sft(p, "--tokenizer_dir", p["empty"] + "/nope"), "--tokenizer_dir"),
     ("dataset_missing", lambda p: ("train_sft", ["--pretrain", p["model"], "--dataset", p["empty"] + "/nope"]),
      "--dataset"),
-    ("prompt_dataset_missing", lambda p: ("train_grpo", ["--pretrain", p["model"], "--prompt_dataset", p["file"]]),
-     "--prompt_dataset"),
+    ("prompt_dataset_missing", lambda p: ("train_grpo", ["--pretrain", p["model"], "--prompt_dataset", p["file"],
+                                                         "--reward_fn", "math_answer"]), "--prompt_dataset"),
     ("eval_dataset_missing", lambda p: _sft(p, "--eval_dataset", p["empty"] + "/nope"), "--eval_dataset"),
     ("output_dir_under_file", lambda p: _sft(p, "--output_dir", p["file"] + "/out"), "is a file"),
     ("save_dir_under_file", lambda p: _sft(p, "--save_dir", p["file"] + "/ckpt"), "is a file"),

@@ -70,7 +70,9 @@ VALUES = {"--loss_fn": "log_sig", "--loss_type": "sigmoid", "--mixed_precision":
 PATHS = {"--pretrain", "--tokenizer_dir", "--dataset", "--eval_dataset", "--prompt_dataset", "--ptx_dataset",
          "--checkpoint_path", "--critic_checkpoint_path", "--rm_checkpoint_path", "--rm_pretrain", "--log_dir",
          "--save_dir", "--save_path", "--config_file", "--model_type"}
-REQUIRED = {"sft": ["--pretrain", "m", "--dataset", "d"], "ppo": ["--pretrain", "m", "--prompt_dataset", "d"]}
+REQUIRED = {"sft": ["--pretrain", "m", "--dataset", "d"], "ppo": ["--pretrain", "m", "--prompt_dataset", "d"],
+            "grpo": ["--pretrain", "m", "--prompt_dataset", "d", "--reward_functions", "gsm8k_reward_fn"]}
+"""Each script's required flags (the supervised ones share sft's); ColossalChat's GRPO, like coati's, needs a reward."""
 
 
 def _parse(name: str, argv, monkeypatch):
@@ -99,7 +101,7 @@ def files(tmp_path):
 
 @pytest.mark.parametrize("name", sorted(COLOSSALCHAT_FLAGS))
 def test_every_colossalchat_flag_is_accepted_or_refused_naming_what_to_use(name, files, monkeypatch, capsys):
-    base = REQUIRED["ppo" if name in ("ppo", "grpo") else "sft"]
+    base = REQUIRED.get(name, REQUIRED["sft"])
     accepted, refused = [], []
     for flag in COLOSSALCHAT_FLAGS[name].split():
         argv = [*base, *_value(flag, files)]
@@ -222,7 +224,7 @@ def test_one_row_lands_in_the_part_colossalchat_puts_it_in():
     ("ppo", ["--max_seq_len", "0"], "argument --max_seq_len: must be >= 1"),
 ])
 def test_colossalchat_aliases_keep_our_ranges(name, argv, message, monkeypatch, capsys):
-    base = REQUIRED["ppo" if name in ("ppo", "grpo") else "sft"]
+    base = REQUIRED.get(name, REQUIRED["sft"])
     with pytest.raises(SystemExit) as exit_:
         _parse(name, [*base, *argv], monkeypatch)
     assert exit_.value.code == 2 and message in capsys.readouterr().err
@@ -264,8 +266,8 @@ def test_colossalchat_loss_type_names(argv, normalised, margin, reference_free, 
 
 def test_a_blank_argument_is_dropped_with_a_warning(monkeypatch, capsys):
     """ColossalChat's GRPO test command ends a line with `\\ \\`: a lone blank argument under a direct launch."""
-    args = _parse("grpo", ["--pretrain", "m", "--prompt_dataset", "d", "--max_len", "200", " ", "--max_seq_len", "10"],
-                  monkeypatch)
+    args = _parse("grpo", ["--pretrain", "m", "--prompt_dataset", "d", "--max_len", "200", " ", "--max_seq_len", "10",
+                           "--reward_functions", "gsm8k_reward_fn"], monkeypatch)
     assert args.max_length == 200 and args.max_new_tokens == 10
     assert "warning: ignoring 1 blank argument(s) [' ']" in capsys.readouterr().err
 

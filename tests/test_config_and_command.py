@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, child_env, parsed_args, train_records
+from conftest import REPO, SCRIPTS, child_env, parsed_args, train_records
 from coati.cli.main import launch_options, launcher_command
 
 COATI = [sys.executable, "-m", "coati.cli.main"]
@@ -35,7 +35,8 @@ def _refused(command: str, argv, monkeypatch, capsys, config=None, tmp_path=None
     return lines[0]
 
 
-GRPO = ["--pretrain", "m", "--prompt_dataset", "d"]
+MODEL_AND_DATA = ["--pretrain", "m", "--prompt_dataset", "d"]
+GRPO = [*MODEL_AND_DATA, "--reward_fn", "math_answer"]
 SFT = ["--pretrain", "m", "--dataset", "d"]
 
 
@@ -130,7 +131,7 @@ def test_use_peft_trains_lora_at_trls_rank_unless_lora_r_says(monkeypatch, tmp_p
     ({"save_strategy": "steps", "output_dir": "o"}, {"save_interval": 500, "save_dir": "o/checkpoints"}),
 ])
 def test_a_trl_name_in_a_grpo_config_sets_coatis_setting_with_trls_meaning(config, expected, monkeypatch, tmp_path):
-    args = _parse("grpo", GRPO, monkeypatch, config, tmp_path)
+    args = _parse("grpo", MODEL_AND_DATA, monkeypatch, {"reward_funcs": ["math_answer"], **config}, tmp_path)
     assert {name: getattr(args, name) for name in expected} == expected
 
 
@@ -201,21 +202,44 @@ def _run_coati(*argv, cwd=REPO, timeout=600):
     return subprocess.run([*COATI, *argv], capture_output=True, text=True, env=child_env(), cwd=cwd, timeout=timeout)
 
 
+PROBE = ("import sys, runpy; target, sys.argv = sys.argv[1], ['coati', *sys.argv[2:]]\ntry:\n    "
+         "runpy.run_path(target, run_name='__main__') if target.endswith('.py') else runpy.run_module(target, "
+         "run_name='__main__')\nexcept SystemExit as stop:\n    print('exit', stop.code)\nprint('loaded', sorted(m "
+         "for m in ('torch', 'colossalai', 'transformers') if m in sys.modules))")
+"""Runs a module or a script's path with the arguments that follow, then prints its exit status and which of the
+training stack's packages it loaded."""
+
+
+def _probe(target: str, argv) -> subprocess.CompletedProcess:
+    """`target` (`coati.cli.main`, or a script's path) run on `argv` in a fresh interpreter, as `PROBE` reports it."""
+    return subprocess.run([sys.executable, "-c", PROBE, target, *argv], capture_output=True, text=True,
+                          env=child_env(), cwd=REPO, timeout=60)
+
+
 def test_an_unknown_key_or_flag_is_answered_at_once_without_the_training_stack(tmp_path):
     (tmp_path / "bad.yaml").write_text("model_name_or_path: m\ndataset_name: d\nlearnig_rate: 1.0e-5\n")
-    probe = ("import sys, runpy; sys.argv = ['coati', *sys.argv[1:]]\ntry:\n    runpy.run_module('coati.cli.main', "
-             "run_name='__main__')\nexcept SystemExit as stop:\n    print('exit', stop.code)\nprint('loaded', sorted(m "
-             "for m in ('torch', 'colossalai', 'transformers') if m in sys.modules))")
     for argv, wanted in ((["sft", "--config", str(tmp_path / "bad.yaml")], "unknown key 'learnig_rate' (did you mean "
                                                                             "learning_rate?)"),
                          (["grpo", *GRPO, "--per_device_train_batchsize", "8"],
                           "unknown flag --per_device_train_batchsize (did you mean --per_device_train_batch_size ")):
         start = time.monotonic()
-        done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, env=child_env(),
-                              cwd=REPO, timeout=60)
+        done = _probe("coati.cli.main", argv)
         assert time.monotonic() - start < 5
         assert done.stdout.split("\n")[-3:-1] == ["exit 2", "loaded []"], done.stdout + done.stderr
         assert wanted in done.stderr
+
+
+@pytest.mark.parametrize("script", ["coati grpo", "train_grpo.py"])
+def test_grpo_without_a_reward_is_refused_in_one_line_before_the_training_stack_loads(script, tiny_assets):
+    """No reward function, reward model, process reward model or teacher: there is no default reward (one that needs a
+    `gt_answer` column would fail mid-run on data without it), so the parse refuses the run, naming each source."""
+    data = ["--pretrain", str(tiny_assets["model"]), "--prompt_dataset", str(tiny_assets["prompt_train"])]
+    target, argv = ("coati.cli.main", ["grpo", *data]) if script == "coati grpo" else (str(SCRIPTS / script), data)
+    done = _probe(target, argv)
+    assert done.stdout.split("\n")[-3:-1] == ["exit 2", "loaded []"], done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: GRPO needs a reward: --reward_fn"), lines
+    assert all(flag in lines[0] for flag in ("--rm_pretrain", "--prm_pretrain", "--teacher_model", "--teacher_url"))
 
 
 def test_the_coati_command_lists_its_commands_and_refuses_an_unknown_one():
@@ -326,12 +350,6 @@ def test_missing_data_is_named_by_its_flag_before_any_preparation_or_split(tmp_p
         check_run_paths(args)
 
 
-PROBE = ("import sys, runpy; sys.argv = ['coati', *sys.argv[1:]]\ntry:\n    runpy.run_module('coati.cli.main', "
-         "run_name='__main__')\nexcept SystemExit as stop:\n    print('exit', stop.code)\nprint('loaded', sorted(m "
-         "for m in ('torch', 'colossalai', 'transformers') if m in sys.modules))")
-"""Runs `coati ARGS` in a fresh interpreter, then prints its exit code and which of the heavy packages it imported."""
-
-
 def test_paths_and_flags_are_checked_before_the_training_stack_loads_and_once_before_a_launch(tiny_assets, tmp_path):
     """A missing path is named by its flag, and a flag error is one line, before torch is imported; with
     --nproc_per_node the launcher checks them itself, once, instead of starting processes that each fail."""
@@ -345,12 +363,12 @@ def test_paths_and_flags_are_checked_before_the_training_stack_loads_and_once_be
          "folder `coati prepare` wrote)"),
         (["dpo", "--pretrain", str(tmp_path / "no_model"), "--dataset", str(tiny_assets["pref_train"]),
           "--nproc_per_node", "2"], f"error: --pretrain {tmp_path / 'no_model'} does not exist or is not a directory"),
-        (["grpo", "--pretrain", model, "--prompt_dataset", str(tiny_assets["prompt_train"]), "--num_generations", "1",
-          "--nproc_per_node", "2"], "error: argument --num_generations: must be >= 2, got 1 (see coati grpo --help)"),
+        (["grpo", "--pretrain", model, "--prompt_dataset", str(tiny_assets["prompt_train"]), "--reward_fn",
+          "math_answer", "--num_generations", "1", "--nproc_per_node", "2"],
+         "error: argument --num_generations: must be >= 2, got 1 (see coati grpo --help)"),
     ]
     for argv, wanted in cases:
-        done = subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, env=child_env(),
-                              cwd=tmp_path, timeout=120)
+        done = _probe("coati.cli.main", argv)
         assert done.stdout.split("\n")[-3:-1] == ["exit 2", "loaded []"], done.stdout + done.stderr
         assert done.stderr.strip().splitlines() == [wanted]
 

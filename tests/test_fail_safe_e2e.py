@@ -14,10 +14,10 @@ import pytest
 from conftest import REPO, SCRIPTS, checkpoint_names, child_env, start_torchrun, torchrun_cmd
 
 
-def _grpo_args(assets, *extra):
+def _grpo_args(assets, *extra, reward="math_answer"):
     return ["--pretrain", str(assets["model"]), "--prompt_dataset", str(assets["prompt_train"]), "--plugin", "ddp",
             "--batch_size", "2", "--num_generations", "2", "--max_new_tokens", "8", "--sample_log_interval", "0",
-            *extra]
+            "--reward_fn", reward, *extra]
 
 
 def _python(script, *args, env=None, timeout=600):
@@ -56,8 +56,8 @@ def test_a_reward_function_that_never_returns_ends_the_run_with_one_line(tiny_as
                                              "    time.sleep(3600)\n")
     start = time.monotonic()
     result = subprocess.run(
-        torchrun_cmd(SCRIPTS / "train_grpo.py", 2, *_grpo_args(tiny_assets, "--reward_fn", "stuck_reward:reward",
-                                                               "--reward_timeout", "3", "--num_episodes", "2")),
+        torchrun_cmd(SCRIPTS / "train_grpo.py", 2, *_grpo_args(tiny_assets, "--reward_timeout", "3",
+                                                               "--num_episodes", "2", reward="stuck_reward:reward")),
         capture_output=True, text=True, timeout=600, cwd=REPO,
         env=child_env(PYTHONPATH=f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"))
     assert time.monotonic() - start < 300

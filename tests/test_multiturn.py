@@ -319,7 +319,8 @@ def test_multi_turn_grpo_under_torchrun_logs_the_episodes_and_evaluates_through_
                       str(tiny_assets["prompt_train"]), "--eval_dataset", str(tiny_assets["prompt_eval"]),
                       "--batch_size", "2", "--num_generations", "2", "--max_new_tokens", "12", "--num_episodes", "2",
                       "--tools", "calculator", "python", "--max_turns", "3", "--max_total_tokens", "48",
-                      "--eval_n_samples", "2", "--sample_log_interval", "1", "--log_dir", str(tmp_path / "logs"))
+                      "--reward_fn", "math_answer", "--eval_n_samples", "2", "--sample_log_interval", "1", "--log_dir",
+                      str(tmp_path / "logs"))
     assert result.returncode == 0, result.stderr[-3000:]
     records, train = _episode_records(tmp_path / "logs", 2)
     for record in train:

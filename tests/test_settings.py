@@ -16,6 +16,8 @@ from coati.utils.ranges import in_range
 from coati.utils.settings import flag_name, setting
 
 REQUIRED = ["--pretrain", "m", "--prompt_dataset", "d"]
+GRPO_REQUIRED = [*REQUIRED, "--reward_fn", "math_answer"]
+"""GRPO also needs its reward named: it has no default one."""
 
 
 def _grpo_parser(colossalchat: bool = True) -> argparse.ArgumentParser:
@@ -35,7 +37,7 @@ def _ppo_parser() -> argparse.ArgumentParser:
 
 @pytest.mark.parametrize("cls", [GRPOConfig, OnPolicyConfig, PluginConfig, LogSettings])
 def test_the_flags_defaults_are_the_dataclass_defaults(cls):
-    args = _grpo_parser().parse_args(REQUIRED)
+    args = _grpo_parser().parse_args(GRPO_REQUIRED)
     assert settings_from(args, cls) == cls()
 
 
@@ -61,7 +63,7 @@ def _flags(cls):
 
 
 def test_flags_become_the_fields_they_name():
-    args = _grpo_parser().parse_args(REQUIRED + [
+    args = _grpo_parser().parse_args(GRPO_REQUIRED + [
         "--no_std_normalize", "--adv_estimator", "maxent", "--adv_option", "tau=0.5", "--reward_shaping", "overlong",
         "--overlong_buffer_len", "4", "--max_new_tokens", "16", "--logits_forward_batch_size", "2",
         "--accumulation_steps", "3", "--save_dir", "ckpt", "--eval_n_samples", "4", "--log_interval", "5"])
@@ -82,13 +84,13 @@ def test_flags_become_the_fields_they_name():
 ])
 def test_a_value_out_of_the_fields_range_is_refused_by_its_flag(argv, expected, capsys):
     with pytest.raises(SystemExit) as exited:
-        _grpo_parser().parse_args(REQUIRED + argv)
+        _grpo_parser().parse_args(GRPO_REQUIRED + argv)
     assert exited.value.code == 2
     assert capsys.readouterr().err.startswith(expected)
 
 
 def test_colossalchat_aliases_land_in_the_fields():
-    args = _grpo_parser().parse_args(REQUIRED + ["--max_seq_len", "12", "--experience_batch_size", "3"])
+    args = _grpo_parser().parse_args(GRPO_REQUIRED + ["--max_seq_len", "12", "--experience_batch_size", "3"])
     assert (settings_from(args, SamplingConfig).max_new_tokens, args.batch_size) == (12, 3)
     sft = training_parser("sft")
     add_colossalchat_flags(sft, "sft")
@@ -96,7 +98,7 @@ def test_colossalchat_aliases_land_in_the_fields():
 
 
 def test_a_script_without_the_colossalchat_layer_has_every_value_the_run_reads():
-    args = _grpo_parser(colossalchat=False).parse_args(REQUIRED)
+    args = _grpo_parser(colossalchat=False).parse_args(GRPO_REQUIRED)
     assert (args.extra_stop_ids, args.disable_loss_mask, args.use_flash_attn) == ([], False, False)
 
 

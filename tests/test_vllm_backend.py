@@ -413,7 +413,7 @@ def test_an_engine_that_dies_ends_the_run_with_one_line(tiny_assets, own_model, 
 
 def test_a_missing_vllm_environment_is_one_line(tiny_assets, tmp_path):
     result = torchrun(SCRIPTS / "train_grpo.py", 1, *_rl_args(tiny_assets, tiny_assets["model"], tmp_path, 1),
-                      "--vllm_python", str(tmp_path / "nowhere" / "python"))
+                      "--reward_fn", "answer_format", "--vllm_python", str(tmp_path / "nowhere" / "python"))
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert errors == [f"error: --rollout_backend vllm: no Python interpreter at {tmp_path / 'nowhere' / 'python'}; "

@@ -14,6 +14,7 @@ from coati.config import (AgentSettings, AsyncSettings, BackendSettings, Checkpo
                           RewardSettings, SandboxSettings, JudgeSettings, DistillSettings,
                           ProcessRewardSettings)
 from coati.utils.cadence import LogCadence, Saver
+from coati.utils.errors import CoatiUsageError
 
 from .config_file import resolve_reporting
 from .options import CoatiArgumentParser, add_post_parse, add_settings, settings_from
@@ -77,10 +78,21 @@ def add_on_policy_args(parser: argparse.ArgumentParser, maker: type, defaults: O
 
 
 def add_grpo_args(parser: argparse.ArgumentParser) -> None:
-    """GRPO's flags: its rollouts and advantages, the maxent temperature, asynchronous rollouts."""
+    """GRPO's flags: its rollouts and advantages, the maxent temperature, asynchronous rollouts; a run with no reward
+    source is refused once they are parsed."""
     add_on_policy_args(parser, GRPOConfig)
     add_settings(parser, MaxEntSettings, "maxent advantages")
     add_settings(parser, AsyncSettings, "asynchronous rollouts")
+    add_post_parse(parser, require_grpo_reward)
+
+
+def require_grpo_reward(args: argparse.Namespace) -> None:
+    """GRPO learns from rewards alone and has no default one: a run naming no reward source is refused before
+    anything loads (not halfway through, on data the reward cannot read)."""
+    if not (args.reward_fn or args.rm_pretrain or args.prm_pretrain or args.teacher_model or args.teacher_url):
+        raise CoatiUsageError("GRPO needs a reward: --reward_fn (at least one function), --rm_pretrain (a trained "
+                              "reward model) and/or --prm_pretrain (a process reward model), or a distillation teacher "
+                              "(--teacher_model or --teacher_url)")
 
 
 def add_ppo_args(parser: argparse.ArgumentParser) -> None:

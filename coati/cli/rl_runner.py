@@ -81,19 +81,14 @@ def _one_update_per_experience(args: argparse.Namespace) -> bool:
     return args.num_update_steps == 1 and micro_batches_per_pass(args) <= args.accumulation_steps
 
 
-DEFAULT_REWARD = "math_answer"
-
-
 def _objective_needs_reference(args: argparse.Namespace) -> bool:
     """Whether `--objective` asks for the reference model's log-probs (online DPO's, say) whatever `--kl_coef` is."""
     return bool(getattr(OBJECTIVES.get(args.objective), "needs_reference", False))
 
 
 def _reward_specs(args: argparse.Namespace) -> List[str]:
-    """`--reward_fn`; when it is not given, `DEFAULT_REWARD`, or nothing beside a reward model."""
-    if args.reward_fn is not None:
-        return list(args.reward_fn)
-    return [] if args.rm_pretrain or args.prm_pretrain or _has_teacher(args) else [DEFAULT_REWARD]
+    """`--reward_fn`'s functions; none when it is not given (GRPO's parser refuses a run with no reward at all)."""
+    return list(args.reward_fn or [])
 
 
 def _has_teacher(args: argparse.Namespace) -> bool:
@@ -545,11 +540,8 @@ def _check_backend(args: argparse.Namespace) -> None:
 
 
 def run_grpo(args: argparse.Namespace) -> Optional[GRPOTrainer]:
-    """GRPO as the flags say: held-out reward before and after (with `--eval_dataset`), then the export."""
-    if not _reward_specs(args) and not (args.rm_pretrain or _has_teacher(args) or args.prm_pretrain):
-        raise CoatiUsageError("GRPO needs a reward: --reward_fn (at least one function), --rm_pretrain (a trained "
-                              "reward model) and/or --prm_pretrain (a process reward model), or a distillation teacher "
-                              "(--teacher_model or --teacher_url)")
+    """GRPO as the flags say (a reward source among them, `require_grpo_reward`): held-out reward before and after
+    (with `--eval_dataset`), then the export."""
     _check_distillation(args)
     _check_prm(args, grpo=True)
     _reward_fn(args, serve=False)   # an unknown or unimportable reward function is refused before anything is loaded
