@@ -274,8 +274,7 @@ class RolloutConfig:
     sampling: SamplingConfig = nested(SamplingConfig)
     num_generations: int = setting(8, parse=at_least(1), help="completions per prompt (GRPO's group: at least 2)")
     kl_estimator: str = setting("k3", parse=KL_ESTIMATORS.choice(),
-                                help=f"{' | '.join(KL_ESTIMATORS.names())} | package.module:function: estimator of the "
-                                     "KL to the reference")
+                                help=KL_ESTIMATORS.describe("estimator of the KL to the reference"))
     dynamic_sampling: bool = setting(False, help="DAPO: replace groups whose rewards all tie by groups of newly drawn "
                                                  "prompts until the batch is full (logged as "
                                                  "dynamic_sampling/extra_rollouts)")
@@ -312,17 +311,13 @@ class GRPOConfig(RolloutConfig):
     drop_tied_groups: bool = setting(False, help="DAPO: mask out groups whose rewards all tie")
     advantage_estimator: str = setting(
         "grpo", parse=ADVANTAGE_ESTIMATORS.choice(), flag="--adv_estimator",
-        help=f"{' | '.join(ADVANTAGE_ESTIMATORS.names())} | package.module:function. grpo: group mean/std; rloo: "
-             "leave-one-out group baseline; reinforce_pp: REINFORCE++, global batch mean/std (--no_std_normalize drops "
-             "the std where one is used); maxent: n * softmax(rewards / tau) - 1 within the group; process: a process "
-             "reward model's step scores (--prm_pretrain; --adv_option aggregation=min|sum) beside grpo's")
+        help=ADVANTAGE_ESTIMATORS.describe("how a completion's advantage comes from the rewards"))
     advantage_options: Dict[str, Any] = _option_list(
         flag="--adv_option", help="the estimator's own hyperparameters, in its AdvantageConfig.options (an estimator of "
                                   "your own reads them)")
     reward_shaping: Tuple[str, ...] = setting(
         (), nargs="+", parse=REWARD_SHAPERS.choice(),
-        help=f"reward shapers added to each completion's reward: {' | '.join(REWARD_SHAPERS.names())}. overlong: DAPO's "
-             "soft penalty over the last --overlong_buffer_len tokens before --max_new_tokens, from 0 down to -1")
+        help=REWARD_SHAPERS.describe("reward shapers added to each completion's reward"))
     shaping: ShapingConfig = nested(ShapingConfig)
 
 
@@ -334,8 +329,8 @@ class PPOConfig(RolloutConfig):
     dynamic_sampling: bool = setting(False, flag=NOT_A_FLAG, help="off: PPO's advantages do not come from groups")
     max_sampling_rounds: int = setting(0, flag=NOT_A_FLAG, help="none: no dynamic sampling")
     kl_estimator: str = setting("k1", parse=KL_ESTIMATORS.choice(),
-                                help=f"{' | '.join(KL_ESTIMATORS.names())} | package.module:function: estimator of the "
-                                     "per-token KL to the reference in the reward")
+                                help=KL_ESTIMATORS.describe("estimator of the per-token KL to the reference in the "
+                                                            "reward"))
     kl_coef: float = setting(0.05, flag=NOT_A_FLAG, help="starting weight of the per-token KL penalty in the reward, "
                                                         "when no KLController is given")
     gamma: float = setting(1.0, parse=in_range(0, 1), help="GAE discount")
@@ -363,28 +358,20 @@ class PolicyLossSettings:
     """The actor's per-token policy loss, its clip, aggregation and off-policy weight cap."""
 
     policy_loss: str = setting(
-        "ppo", parse=POLICY_LOSSES.choice(),
-        help=f"{' | '.join(POLICY_LOSSES.names())} | package.module:function. ppo: token-level clipped ratio; gspo: "
-             "sequence-level ratio (GSPO; use --clip_eps_low/high ~3e-4/4e-4 and --loss_agg seq-mean-token-mean); cispo: "
-             "truncated, stop-gradient importance weight on every token (cap 1 + --clip_eps_high; ScaleRL uses 4); "
-             "sapo: soft sigmoid gate instead of the clip (temperature_pos/temperature_neg options)")
+        "ppo", parse=POLICY_LOSSES.choice(), help=POLICY_LOSSES.describe("the per-token policy loss"))
     policy_loss_options: Dict[str, Any] = _option_list(
         flag="--policy_loss_option", help="the policy loss's own hyperparameters, e.g. temperature_neg=1.05 for sapo")
     clip_eps_low: float = setting(0.2, parse=in_range(0, 1, high_open=True), help="the ratio is clipped below at 1 - this")
     clip_eps_high: float = setting(0.2, parse=non_negative(), aliases=("--epsilon_high",), help="DAPO's clip-higher uses 0.28")
     loss_agg: str = setting("token-mean", parse=AGGREGATIONS.choice(),
-                            help="token-mean (DAPO), seq-mean-token-mean (GRPO), seq-mean-token-sum-norm (Dr. GRPO), or "
-                                 "package.module:function")
+                            help=AGGREGATIONS.describe("how the per-token losses become one"))
     behaviour_cap: float = setting(5.0, parse=in_range(1),
                                    help="cap on each token's weight pi_old / pi_behaviour where the samples' own "
                                         "log-probs differ from the trainer's: vLLM's (truncated importance sampling) or "
                                         "older weights' (--async_rollout, decoupled PPO)")
     behaviour_correction: str = setting(
         "truncated", parse=BEHAVIOUR_CORRECTIONS.choice(),
-        help=f"{' | '.join(BEHAVIOUR_CORRECTIONS.names())} | package.module:function: how that ratio r weights each "
-             "token. truncated: min(r, --behaviour_cap); masked: r, or 0 above high (2); icepop: r inside [low, high] "
-             "([0.5, 5]), else 0; sequence: min(prod r, --behaviour_cap) on every token of a sample; sequence_masked: "
-             "prod r, or 0 for the whole sample outside [low, high] ([0.5, 2])")
+        help=BEHAVIOUR_CORRECTIONS.describe("how that ratio r weights each token"))
     behaviour_correction_options: Dict[str, Any] = _option_list(
         flag="--behaviour_correction_option", help="the correction's own hyperparameters, e.g. low=0.5 high=5 for icepop")
 
@@ -428,9 +415,8 @@ class OnPolicyConfig:
 
     objective: str = setting(
         "policy_gradient", parse=OBJECTIVES.choice(),
-        help=f"{' | '.join(OBJECTIVES.names())} | package.module:factory: the actor's loss on each micro-batch "
-             "(policy_gradient: --policy_loss with the entropy bonus and the KL/ptx terms; your own, e.g. online DPO, "
-             "is a factory taking an ObjectiveConfig, see the README's Adding an algorithm)")
+        help=OBJECTIVES.describe("the actor's loss on each micro-batch (your own, e.g. online DPO, is a factory taking "
+                                 "an ObjectiveConfig, see the README's Adding an algorithm)"))
     objective_options: Dict[str, Any] = _option_list(
         flag="--objective_option", help="the objective's own hyperparameters, in its ObjectiveConfig.options")
     entropy_coef: float = setting(0.0, parse=non_negative(), help="weight of the entropy bonus")
@@ -505,8 +491,7 @@ class DistillSettings:
                                        "per-token reverse KL) in its advantage; 0: off")
     distill_loss: Optional[str] = setting(
         None, parse=DISTILL_LOSSES.choice(),
-        help=f"a loss on the teacher's top-k tokens added to the actor's: {' | '.join(DISTILL_LOSSES.names())} | "
-             "package.module:function (default: none)")
+        help=DISTILL_LOSSES.describe("a loss on the teacher's top-k tokens added to the actor's (default: none)"))
     distill_loss_coef: float = setting(1.0, parse=non_negative(), help="weight of --distill_loss")
     distill_top_k: int = setting(16, parse=at_least(1), help="teacher tokens per position --distill_loss reads")
     gkd_beta: float = setting(0.5, parse=in_range(0.0, 1.0), help="--distill_loss gkd's beta: 0 forward KL, 1 reverse "
@@ -658,12 +643,11 @@ class AgentSettings:
 
     tools: Tuple[str, ...] = setting(
         (), nargs="+", parse=TOOLS.choice(),
-        help=f"tools the model may call: {' | '.join(TOOLS.names())} | package.module:function (typed arguments and a "
-             "Google-style docstring give its schema); turns each rollout into a multi-turn episode (the prompt data "
-             "must be conversational; a row's own `tools` column limits what it offers)")
+        help=TOOLS.describe("tools the model may call (typed arguments and a Google-style docstring give a tool's "
+                            "schema); turns each rollout into a multi-turn episode (the prompt data must be "
+                            "conversational; a row's own `tools` column limits what it offers)"))
     tool_parser: str = setting("hermes", parse=TOOL_CALL_PARSERS.choice(),
-                               help=f"{' | '.join(TOOL_CALL_PARSERS.names())} | package.module:function: how tool calls "
-                                    "are written in a model turn (hermes: <tool_call>{json}</tool_call>)")
+                               help=TOOL_CALL_PARSERS.describe("how tool calls are written in a model turn"))
     max_turns: int = setting(4, parse=at_least(1), help="model turns per episode at most (with --tools)")
     max_total_tokens: int = setting(0, parse=at_least(0),
                                     help="tokens after the prompt per episode at most, the model's and the tools' (0: no "

@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from coati.experience.advantages import ADVANTAGE_ESTIMATORS, AdvantageConfig
+from coati.experience.advantages import AdvantageConfig
+from coati.utils.registry import ADVANTAGE_ESTIMATORS, Entry
 from coati.models.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, PolicyLoss, PolicyLossConfig
 from coati.trainer.callbacks import Callback
 from coati.utils.errors import CoatiUsageError
@@ -116,7 +117,7 @@ def test_an_estimator_with_its_own_hyperparameter_from_outside_the_package_train
                                                                                    monkeypatch):
     from test_grpo import _grpo_trainer
 
-    monkeypatch.setitem(ADVANTAGE_ESTIMATORS._entries, "margin_sign", margin_sign_advantages)   # gone after the test
+    monkeypatch.setitem(ADVANTAGE_ESTIMATORS._entries, "margin_sign", Entry(margin_sign_advantages, options=("margin",)))
     trainer = _grpo_trainer(tiny_assets)
     trainer.maker.config = replace(trainer.maker.config, advantage_estimator="margin_sign",
                                    advantage_options={"margin": 0.3})
@@ -301,12 +302,32 @@ def test_adaptive_coefficients_are_logged_and_resume_from_checkpoints(world_of_o
     assert resumed.maker.temperature.value == first.maker.temperature.value
 
 
-def test_each_registry_declares_exactly_the_built_ins_its_module_registers():
-    """The command line lists a registry's built-ins without importing their module: the two must agree."""
+def test_every_built_in_is_declared_once_with_its_registry_and_imports_to_a_callable():
+    """A registry declares each built-in's function, help and options; the first `get` imports the function."""
     from coati.utils import registry
 
-    for table in (registry.ADVANTAGE_ESTIMATORS, registry.AGGREGATIONS, registry.KL_ESTIMATORS,
-                  registry.POLICY_LOSSES, registry.REWARD_SHAPERS):
-        table.get(table.builtins[0])
-        from_home = [name for name in table.names() if table.get(name).__module__ == table.home]
-        assert sorted(from_home) == sorted(table.builtins), table.kind
+    tables = [value for value in vars(registry).values() if isinstance(value, registry.Registry)]
+    assert len(tables) == 12
+    for table in tables:
+        for name in table.names():
+            assert callable(table.get(name)), (table.kind, name)
+
+
+def test_a_part_registered_before_the_parser_is_built_is_listed_in_help_and_its_options_are_checked(monkeypatch,
+                                                                                                    capsys):
+    """`--help`'s choices and descriptions come from the registry, so a part of one's own shows there with what it
+    does; its declared options are checked like the built-ins'."""
+    from coati.cli.commands import grpo
+    from coati.utils.errors import CoatiUsageError
+
+    monkeypatch.setitem(ADVANTAGE_ESTIMATORS._entries, "margin_sign", Entry(
+        margin_sign_advantages, "+1 or -1 beyond a margin around the group mean", ("margin",)))
+    with pytest.raises(SystemExit):
+        grpo(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "grpo | rloo | reinforce_pp | maxent | process | margin_sign | package.module:function" in help_text
+    assert "margin_sign: +1 or -1 beyond a margin around the group mean" in help_text
+    ADVANTAGE_ESTIMATORS.check_options("margin_sign", {"margin": 0.3}, "--adv_option")
+    with pytest.raises(CoatiUsageError, match=r"^--adv_option: advantage estimator 'margin_sign' takes no option "
+                                              r"'margn'; its options: margin$"):
+        ADVANTAGE_ESTIMATORS.check_options("margin_sign", {"margn": 0.3}, "--adv_option")

@@ -539,3 +539,20 @@ def test_a_trl_sft_recipe_as_written_is_taken_with_one_note_for_the_keys_that_ch
         "(coati prints what a run does); overwrite_output_dir (coati writes into the output folder as it is); "
         "push_to_hub (coati does not upload: push OUTPUT_DIR/model with huggingface-cli upload); use_liger_kernel "
         "(coati has no Liger kernels)"]
+
+
+@pytest.mark.parametrize("argv, wanted", [
+    (["--adv_option", "typo=3"], "error: --adv_option: advantage estimator 'grpo' takes no option 'typo'; its "
+                                 "options: none (see coati grpo --help)"),
+    (["--adv_estimator", "maxent", "--adv_option", "tua=0.5"], "error: --adv_option: advantage estimator 'maxent' takes "
+                                                               "no option 'tua'; its options: tau (see coati grpo --help)"),
+    (["--objective_option", "typo=1"], "error: --objective_option: objective 'policy_gradient' takes no option 'typo'; "
+                                       "its options: none (see coati grpo --help)"),
+    (["--policy_loss", "sapo", "--policy_loss_option", "temperature=1"],
+     "error: --policy_loss_option: policy loss 'sapo' takes no option 'temperature'; its options: temperature_pos, "
+     "temperature_neg (see coati grpo --help)"),
+], ids=["adv", "maxent", "objective", "sapo"])
+def test_an_option_a_registered_part_does_not_take_is_one_line_before_the_training_stack_loads(argv, wanted):
+    done = _probe("coati.cli.main", ["grpo", *GRPO, *argv])
+    assert done.stdout.split("\n")[-3:-1] == ["exit 2", "loaded []"], done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [wanted]

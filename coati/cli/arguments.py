@@ -14,6 +14,7 @@ from coati.config import (AgentSettings, AsyncSettings, BackendSettings, Checkpo
                           RewardSettings, SandboxSettings, JudgeSettings, DistillSettings,
                           ProcessRewardSettings)
 from coati.utils.cadence import LogCadence, Saver
+from coati.utils.registry import ADVANTAGE_ESTIMATORS, BEHAVIOUR_CORRECTIONS, OBJECTIVES, POLICY_LOSSES
 from coati.utils.errors import CoatiUsageError
 
 from .config_file import resolve_reporting
@@ -75,6 +76,21 @@ def add_on_policy_args(parser: argparse.ArgumentParser, maker: type, defaults: O
                 (OnPolicyConfig, "on-policy")]
     for cls, title in sections:
         add_settings(parser, cls, title, defaults=defaults)
+    add_post_parse(parser, check_part_options)
+
+
+PART_OPTIONS = (("adv_estimator", "adv_option", ADVANTAGE_ESTIMATORS), ("policy_loss", "policy_loss_option", POLICY_LOSSES),
+                ("behaviour_correction", "behaviour_correction_option", BEHAVIOUR_CORRECTIONS),
+                ("objective", "objective_option", OBJECTIVES))
+"""(the flag choosing a registered part, the flag of its options, the registry), by the flags' destinations."""
+
+
+def check_part_options(args: argparse.Namespace) -> None:
+    """Each `--*_option NAME=VALUE` names an option its part takes, as its registry declares them: a typo is one line
+    before anything loads."""
+    for choice, options, registry in PART_OPTIONS:
+        if getattr(args, options, None) and hasattr(args, choice):
+            registry.check_options(getattr(args, choice), dict(getattr(args, options)), f"--{options}")
 
 
 def add_grpo_args(parser: argparse.ArgumentParser) -> None:

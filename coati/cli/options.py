@@ -171,7 +171,8 @@ def _add_fields(parser: argparse.ArgumentParser, group: Any, cls: type, changes:
             continue
         meta = f.metadata["setting"]
         default = changes.defaults.get(f.name, _default(f))
-        kwargs: Dict[str, Any] = dict(dest=dest(f), help=changes.helps.get(f.name, meta["help"]))
+        help = changes.helps.get(f.name, meta["help"])
+        kwargs: Dict[str, Any] = dict(dest=dest(f), help=help() if callable(help) else help)   # a registry's: built now
         if meta["negated"]:
             kwargs.update(action="store_true", default=not default)
         elif isinstance(default, bool) and meta["parse"] is None:

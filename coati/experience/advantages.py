@@ -8,7 +8,6 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from coati.utils.comm import all_reduce_sums
-from coati.utils.registry import ADVANTAGE_ESTIMATORS
 
 
 def compute_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
@@ -46,7 +45,6 @@ class AdvantageConfig:
 STD_EPS = 1e-6
 
 
-@ADVANTAGE_ESTIMATORS.register("grpo")
 def group_advantages(rewards: torch.Tensor, config: AdvantageConfig) -> torch.Tensor:
     """GRPO (Shao et al. 2024): A_i = (r_i - mean(r_group)) / std(r_group), without the division when
     `scale_by_std` is off (Dr. GRPO). `rewards` holds consecutive groups of `group_size`."""
@@ -57,7 +55,6 @@ def group_advantages(rewards: torch.Tensor, config: AdvantageConfig) -> torch.Te
     return centred.reshape(-1)
 
 
-@ADVANTAGE_ESTIMATORS.register("rloo")
 def leave_one_out_advantages(rewards: torch.Tensor, config: AdvantageConfig) -> torch.Tensor:
     """RLOO (Ahmadian et al. 2024): A_i = r_i - (1/(n-1)) sum_{j != i} r_j, the mean of the group's other
     rewards as the baseline (unscaled; `scale_by_std` does not apply)."""
@@ -69,7 +66,6 @@ def leave_one_out_advantages(rewards: torch.Tensor, config: AdvantageConfig) -> 
     return (groups - others).reshape(-1)
 
 
-@ADVANTAGE_ESTIMATORS.register("reinforce_pp")
 def global_normalised_advantages(rewards: torch.Tensor, config: AdvantageConfig) -> torch.Tensor:
     """REINFORCE++ (Hu 2025), outcome rewards: A_i = (r_i - mean(r)) / std(r) over the global batch (every
     rank's completions), not per group; without the division when `scale_by_std` is off."""
@@ -88,7 +84,6 @@ def maxent_weights(rewards: torch.Tensor, group_size: int, tau: float) -> torch.
     return torch.softmax(rewards.view(-1, group_size).double() / tau, dim=-1).to(rewards.dtype).reshape(-1)
 
 
-@ADVANTAGE_ESTIMATORS.register("maxent")
 def maxent_advantages(rewards: torch.Tensor, config: AdvantageConfig) -> torch.Tensor:
     """MaxEnt weighting: A_i = n * softmax(r_group / tau)_i - 1, the completion's weight against the uniform 1/n (sums to 0
     over a group; tau -> 0 is best-of-n, large tau is a scaled mean baseline). `options["tau"]` comes from
@@ -107,7 +102,6 @@ def tied_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
 PROCESS_AGGREGATIONS = ("min", "sum")
 
 
-@ADVANTAGE_ESTIMATORS.register("process")
 def process_advantages(rewards: torch.Tensor, config: AdvantageConfig) -> torch.Tensor:
     """A process reward model's step scores as advantages, plus the outcome rewards' group advantage (`grpo`; 0 where
     every reward of a group ties, e.g. with a PRM alone). `--adv_option aggregation=`:

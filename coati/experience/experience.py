@@ -14,8 +14,9 @@ from coati.models.logprobs import action_logps, in_row_chunks
 from coati.models.loss import kl_penalty, masked_mean, masked_var
 from coati.rewards import WeightedReward
 from coati.rewards.registry import table_columns
+from coati.utils.registry import ADVANTAGE_ESTIMATORS
 
-from .advantages import ADVANTAGE_ESTIMATORS, AdvantageConfig, compute_gae, tied_groups
+from .advantages import AdvantageConfig, compute_gae, tied_groups
 from .controllers import KLController, TemperatureController
 from .scorer import Scorer
 from .shaping import shape_rewards

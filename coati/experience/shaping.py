@@ -8,7 +8,6 @@ from coati.config import ShapingConfig
 from coati.utils.registry import REWARD_SHAPERS
 
 
-@REWARD_SHAPERS.register("overlong")
 def overlong_penalty(lengths: torch.Tensor, config: ShapingConfig) -> torch.Tensor:
     """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), L_max = `max_length`, L_cache the buffer:
     R(y) = 0 if |y| <= L_max - L_cache, ((L_max - L_cache) - |y|) / L_cache up to L_max, -1 beyond; times the factor."""

@@ -7,7 +7,8 @@ from typing import Any, Dict, Iterator, NamedTuple, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from coati.utils.registry import AGGREGATIONS, BEHAVIOUR_CORRECTIONS, DISTILL_LOSSES, KL_ESTIMATORS, POLICY_LOSSES
+from coati.utils.errors import CoatiUsageError
+from coati.utils.registry import AGGREGATIONS, BEHAVIOUR_CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES
 
 from .logprobs import over_chunks
 
@@ -198,19 +199,16 @@ def masked_var(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 
-@AGGREGATIONS.register("token-mean")
 def token_mean(token_losses: torch.Tensor, mask: torch.Tensor, norm_length: int) -> torch.Tensor:
     """Mean over all tokens of the batch (DAPO, Yu et al. 2025): sum_i,t l_it / sum_i |y_i|."""
     return masked_mean(token_losses, mask)
 
 
-@AGGREGATIONS.register("seq-mean-token-mean")
 def seq_mean_token_mean(token_losses: torch.Tensor, mask: torch.Tensor, norm_length: int) -> torch.Tensor:
     """Per-sequence means, then their mean (GRPO, Shao et al. 2024): (1/B) sum_i (1/|y_i|) sum_t l_it."""
     return masked_mean(token_losses, mask, dim=-1).mean()
 
 
-@AGGREGATIONS.register("seq-mean-token-sum-norm")
 def seq_mean_token_sum_norm(token_losses: torch.Tensor, mask: torch.Tensor, norm_length: int) -> torch.Tensor:
     """Token sums over batch x a constant length, so no length bias (Dr. GRPO, Liu et al. 2025):
     sum_i,t l_it / (B * L), L = `norm_length` (the completion limit) or the padded width."""
@@ -223,19 +221,16 @@ def aggregate(token_losses: torch.Tensor, mask: torch.Tensor, mode: str = "token
 
 
 
-@KL_ESTIMATORS.register("k1")
 def kl_k1(log_ratio: torch.Tensor) -> torch.Tensor:
     """k1 = log r: unbiased, high variance, can be negative."""
     return log_ratio
 
 
-@KL_ESTIMATORS.register("k2")
 def kl_k2(log_ratio: torch.Tensor) -> torch.Tensor:
     """k2 = (log r)^2 / 2: biased, low variance, never negative."""
     return 0.5 * log_ratio ** 2
 
 
-@KL_ESTIMATORS.register("k3")
 def kl_k3(log_ratio: torch.Tensor) -> torch.Tensor:
     """k3 = e^{-log r} - 1 + log r: unbiased for samples from pi, never negative."""
     return torch.exp(-log_ratio) - 1 + log_ratio
@@ -252,7 +247,6 @@ def _on_support(logps: torch.Tensor) -> torch.Tensor:
     return logps - torch.logsumexp(logps, dim=-1, keepdim=True)
 
 
-@DISTILL_LOSSES.register("forward_kl_topk")
 def forward_kl_topk(student_logps: torch.Tensor, teacher_logps: torch.Tensor, beta: float = 0.5) -> torch.Tensor:
     """KL(teacher || student) per position, both renormalised over the teacher's top-k tokens: mode-covering (the
     student spreads over what the teacher considers), the supervised KD loss of Hinton et al. 2015 on the student's
@@ -261,7 +255,6 @@ def forward_kl_topk(student_logps: torch.Tensor, teacher_logps: torch.Tensor, be
     return (teacher.exp() * (teacher - student)).sum(-1)
 
 
-@DISTILL_LOSSES.register("gkd")
 def generalized_jsd(student_logps: torch.Tensor, teacher_logps: torch.Tensor, beta: float = 0.5) -> torch.Tensor:
     """GKD's generalised Jensen-Shannon divergence (Agarwal et al. 2024) per position, over the teacher's top-k tokens
     renormalised: beta KL(T || M) + (1 - beta) KL(S || M), M = beta T + (1 - beta) S, a bounded divergence; as in
@@ -303,7 +296,6 @@ def _clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, config: Po
     return PolicyTerms(token_losses, ratio, (ratio < low) & (advantages < 0), (ratio > high) & (advantages > 0))
 
 
-@POLICY_LOSSES.register("ppo")
 def ppo_clip(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
              config: PolicyLossConfig) -> PolicyTerms:
     """PPO (Schulman et al. 2017): r_t = pi(y_t) / pi_old(y_t), clipped token by token (DAPO's clip-higher when the
@@ -311,10 +303,8 @@ def ppo_clip(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Ten
     return _clipped_surrogate(torch.exp(logps - old_logps), advantages, config)
 
 
-ppo_clip.options = ()
 
 
-@POLICY_LOSSES.register("gspo")
 def gspo_clip(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
               config: PolicyLossConfig) -> PolicyTerms:
     """GSPO (Zheng et al. 2025): s_i = exp((1/|y_i|) sum_t log(pi(y_it) / pi_old(y_it))), one ratio per sequence,
@@ -323,10 +313,8 @@ def gspo_clip(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Te
     return _clipped_surrogate(ratio, advantages, config)
 
 
-gspo_clip.options = ()
 
 
-@POLICY_LOSSES.register("cispo")
 def cispo(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
           config: PolicyLossConfig) -> PolicyTerms:
     """CISPO (MiniMax-M1, 2025): l_t = -sg(min(r_t, 1 + eps_high)) A_t log pi(y_t). The importance weight is
@@ -339,10 +327,8 @@ def cispo(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor
     return PolicyTerms(-weight * advantages * logps, ratio, torch.zeros_like(ratio, dtype=torch.bool), ratio > cap)
 
 
-cispo.options = ()
 
 
-@POLICY_LOSSES.register("sapo")
 def sapo(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
          config: PolicyLossConfig) -> PolicyTerms:
     """SAPO (Gao et al. 2025): l_t = -f(r_t) A_t, f(r) = (4 / tau) sigmoid(tau (r - 1)), a soft gate in place of the
@@ -357,7 +343,6 @@ def sapo(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor,
     return PolicyTerms(-gate * advantages, ratio, nothing, nothing)
 
 
-sapo.options = ("temperature_pos", "temperature_neg")
 
 
 @dataclass(frozen=True)
@@ -372,17 +357,14 @@ class BehaviourConfig:
         return self.options.get("low", low), self.options.get("high", high)
 
 
-@BEHAVIOUR_CORRECTIONS.register("truncated")
 def truncated_is(log_ratio: torch.Tensor, mask: torch.Tensor, config: BehaviourConfig) -> torch.Tensor:
     """Token-level truncated importance sampling: min(r_t, cap) (decoupled PPO's weight, Fu et al. 2025; TIS for the
     engine/trainer mismatch, Yao et al. 2025)."""
     return torch.exp(log_ratio).clamp(max=config.cap)
 
 
-truncated_is.options = ()
 
 
-@BEHAVIOUR_CORRECTIONS.register("masked")
 def masked_is(log_ratio: torch.Tensor, mask: torch.Tensor, config: BehaviourConfig) -> torch.Tensor:
     """Token-level masked importance sampling (MIS, Liu et al. 2025): r_t where r_t <= `high` (default 2), else 0:
     a token the engine sampled far more readily than the trainer would is dropped instead of capped."""
@@ -391,10 +373,9 @@ def masked_is(log_ratio: torch.Tensor, mask: torch.Tensor, config: BehaviourConf
     return torch.where(ratio <= high, ratio, torch.zeros_like(ratio))
 
 
-masked_is.options, masked_is.band = ("high",), (0.0, 2.0)
+masked_is.band = (0.0, 2.0)
 
 
-@BEHAVIOUR_CORRECTIONS.register("icepop")
 def icepop(log_ratio: torch.Tensor, mask: torch.Tensor, config: BehaviourConfig) -> torch.Tensor:
     """IcePop (Ling team, Ring-1T, 2025): r_t inside the band [`low`, `high`] (default [0.5, 5]), 0 outside: masking on
     both sides, so tokens the trainer finds far likelier than the engine did are dropped too."""
@@ -403,7 +384,7 @@ def icepop(log_ratio: torch.Tensor, mask: torch.Tensor, config: BehaviourConfig)
     return torch.where((ratio >= low) & (ratio <= high), ratio, torch.zeros_like(ratio))
 
 
-icepop.options, icepop.band = ("low", "high"), (0.5, 5.0)
+icepop.band = (0.5, 5.0)
 
 
 def _sequence_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -411,7 +392,6 @@ def _sequence_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Te
     return (log_ratio * mask).sum(dim=-1, keepdim=True)
 
 
-@BEHAVIOUR_CORRECTIONS.register("sequence")
 def sequence_is(log_ratio: torch.Tensor, mask: torch.Tensor, config: BehaviourConfig) -> torch.Tensor:
     """Sequence-level truncated importance sampling: every token of a sample weighted by min(prod_t r_t, cap), the
     sample's own likelihood ratio (unbiased for sequence-level rewards up to the cap)."""
@@ -419,10 +399,8 @@ def sequence_is(log_ratio: torch.Tensor, mask: torch.Tensor, config: BehaviourCo
     return torch.exp(capped).expand_as(log_ratio)
 
 
-sequence_is.options = ()
 
 
-@BEHAVIOUR_CORRECTIONS.register("sequence_masked")
 def sequence_masked_is(log_ratio: torch.Tensor, mask: torch.Tensor, config: BehaviourConfig) -> torch.Tensor:
     """Sequence-level masked importance sampling (Liu et al. 2025): prod_t r_t for a sample whose ratio is inside
     [`low`, `high`] (default [0.5, 2]), 0 for the whole sample otherwise."""
@@ -432,21 +410,19 @@ def sequence_masked_is(log_ratio: torch.Tensor, mask: torch.Tensor, config: Beha
     return torch.where(inside, torch.exp(sequence.clamp(max=math.log(high))), torch.zeros_like(sequence)).expand_as(log_ratio)
 
 
-sequence_masked_is.options, sequence_masked_is.band = ("low", "high"), (0.5, 2.0)
+sequence_masked_is.band = (0.5, 2.0)
 
 
-def check_options(what: str, flag: str, fn: Any, options: Dict[str, Any]) -> None:
-    """Refuse, before training, options a built-in part (`what`: "policy loss 'sapo'") does not take (`fn.options`
-    names the ones it does, each a number above 0) or takes with a value that is not such a number, naming `flag`;
-    a part of your own checks its own."""
-    known = getattr(fn, "options", None)
-    if known is None:
+def check_options(registry: Any, name: str, flag: str, options: Dict[str, Any]) -> None:
+    """Refuse, before training, options the part `name` of `registry` does not take, and, where it declares its
+    options, a value that is not a number above 0 (what every built-in policy loss's and correction's option is)."""
+    registry.check_options(name, options, flag)
+    if registry.options_of(name) is None:
         return
-    for name, value in options.items():
-        if name not in known:
-            raise ValueError(f"{flag}: {what} takes no option {name!r}; its options: {', '.join(known) or 'none'}")
+    for option, value in options.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise ValueError(f"{flag}: {what}: option {name}={value!r} must be a number above 0")
+            raise CoatiUsageError(f"{flag}: {registry.kind} {name!r}: option {option}={value!r} must be a number "
+                                  "above 0")
 
 
 class PolicyLoss(torch.nn.Module):
@@ -465,10 +441,10 @@ class PolicyLoss(torch.nn.Module):
                  behaviour_correction: str = "truncated", behaviour_options: Optional[Dict[str, Any]] = None) -> None:
         super().__init__()
         self.loss = POLICY_LOSSES.get(loss)
-        check_options(f"policy loss {loss!r}", "--policy_loss_option", self.loss, dict(options or {}))
+        check_options(POLICY_LOSSES, loss, "--policy_loss_option", dict(options or {}))
         self.correction = BEHAVIOUR_CORRECTIONS.get(behaviour_correction)
-        check_options(f"behaviour correction {behaviour_correction!r}", "--behaviour_correction_option",
-                      self.correction, dict(behaviour_options or {}))
+        check_options(BEHAVIOUR_CORRECTIONS, behaviour_correction, "--behaviour_correction_option",
+                      dict(behaviour_options or {}))
         self.behaviour = BehaviourConfig(behaviour_cap, dict(behaviour_options or {}))
         low, high = self.behaviour.band(*getattr(self.correction, "band", (0.0, math.inf)))   # a masking one's band
         if low >= high:

@@ -60,10 +60,6 @@ def user_frames(error: BaseException) -> str:
     return f"Traceback (the reward function's frames):\n{text}{''.join(traceback.format_exception_only(error))}"
 
 
-for _name, _fn in BUILTIN.items():
-    REWARD_FUNCTIONS.register(_name)(_fn)
-
-
 def resolve(name: str, builtins: Optional[Dict[str, RewardFn]] = None) -> RewardFn:
     """A built-in by name (from `builtins`, default `BUILTIN`), a reward server's `http(s)://` URL (`RemoteReward`;
     `builtins` may hold one configured for it), or `package.module:function` (REWARD_FUNCTIONS)."""

@@ -9,7 +9,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from coati.utils.registry import TOOL_CALL_PARSERS
 
 
 @dataclass(frozen=True)
@@ -31,7 +30,6 @@ class ParsedTurn:
 HERMES_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 
 
-@TOOL_CALL_PARSERS.register("hermes")
 def hermes(text: str) -> ParsedTurn:
     """`<tool_call>{json}</tool_call>` blocks; an unclosed last block (the turn hit its token limit) counts too."""
     parsed = ParsedTurn(prose=HERMES_BLOCK.sub("", text).strip())

@@ -91,7 +91,6 @@ def _text(value: Fraction) -> str:
     return f"{exact} (= {decimal})"
 
 
-@TOOLS.register("calculator")
 def calculator(expression: str) -> str:
     """Evaluate an arithmetic expression exactly (whole numbers of any size, and fractions).
 
@@ -121,7 +120,6 @@ def configure_python_tool(limits: Any, backend: str) -> None:
     _SANDBOX["sandbox"] = Sandbox(limits, 1, backend)
 
 
-@TOOLS.register("python")
 def python(code: str) -> str:
     """Run a Python program in a sandbox and return what it prints.
 

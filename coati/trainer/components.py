@@ -15,7 +15,7 @@ from coati.models.critic import action_values
 from coati.models.logprobs import action_logps, logps_at, model_label_logps
 from coati.models.loss import PolicyLoss, ValueLoss, kl_penalty, masked_mean, masked_var, token_entropy
 from coati.utils.ckpt_io import ModelState
-from coati.utils.registry import DISTILL_LOSSES, OBJECTIVES
+from coati.utils.registry import DISTILL_LOSSES
 
 from .base import apply_gradients
 from .nonfinite import NonFiniteGuard
@@ -163,7 +163,6 @@ objective`; a factory with `needs_reference = True` gets a frozen reference mode
 (`ref_log_probs`) even without `--kl_coef`."""
 
 
-@OBJECTIVES.register("policy_gradient")
 class PolicyGradient:
     """The actor's loss of PPO and GRPO: `policy_loss` (against the experience's log-probs, or this forward's own,
     detached, where it has none, and its advantages, over its loss mask), minus `entropy_coef` times the entropy,

@@ -5,13 +5,13 @@ the fields and the dataclass from the parsed flags, as TRL's `HfArgumentParser` 
 Light: no torch, so `--help` stays fast.
 """
 from dataclasses import MISSING, Field, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
 NOT_A_FLAG = None
 """`setting(flag=NOT_A_FLAG)`: a field the run sets itself (derived from other options), never from the command line."""
 
 
-def setting(default: Any = MISSING, *, help: str, parse: Optional[Callable[[str], Any]] = None, flag: Any = "",
+def setting(default: Any = MISSING, *, help: Union[str, Callable[[], str]], parse: Optional[Callable[[str], Any]] = None, flag: Any = "",
             aliases: Sequence[str] = (), choices: Optional[Sequence[Any]] = None, nargs: Optional[str] = None,
             metavar: Optional[str] = None, factory: Any = MISSING, negated: bool = False,
             convert: Optional[Callable[[Any], Any]] = None) -> Any:
@@ -20,7 +20,8 @@ def setting(default: Any = MISSING, *, help: str, parse: Optional[Callable[[str]
     `flag` is its primary flag (default `--<field name>`; the parsed value's name is the flag without dashes) and
     `aliases` more flags; `parse` an argparse `type` (`coati.utils.ranges.in_range`, a registry's `choice()`), whose range
     `--help` shows. A bool field is a switch: `--flag` sets it, or clears it where `negated` (`--no_x`). `convert`
-    turns the parsed value into the field's (a NAME=VALUE list into a dict)."""
+    turns the parsed value into the field's (a NAME=VALUE list into a dict). `help` may be a function giving the text
+    when a parser is built (a registry's `describe`, which lists what is registered by then)."""
     meta = dict(help=help, parse=parse, flag=flag, aliases=tuple(aliases), choices=choices, nargs=nargs,
                 metavar=metavar, negated=negated, convert=convert)
     return field(default=default, default_factory=factory, metadata={"setting": meta})

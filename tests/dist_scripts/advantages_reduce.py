@@ -8,7 +8,8 @@ import torch
 from coati.distributed import rank
 from coati.utils.comm import gather_lists
 from coati.distributed.launch import init_distributed
-from coati.experience.advantages import ADVANTAGE_ESTIMATORS, AdvantageConfig
+from coati.experience.advantages import AdvantageConfig
+from coati.utils.registry import ADVANTAGE_ESTIMATORS
 from coati.experience.controllers import KLController
 
 from leave import leave_together
