@@ -156,7 +156,7 @@ CASES = [
     ("lr_nan", lambda p: _sft(p, "--lr", "nan"), "--lr: expected a finite number"),
     ("accumulation_0", lambda p: _sft(p, "--accumulation_steps", "0"), "--accumulation_steps: must be >= 1"),
     ("max_length_negative", lambda p: _sft(p, "--max_length", "-5"), "--max_length: must be >= 0"),
-    ("max_steps_negative", lambda p: _sft(p, "--max_steps", "-1"), "--max_steps: must be >= 0"),
+    ("max_steps_negative", lambda p: _sft(p, "--max_steps", "-2"), "--max_steps: must be >= -1"),
     ("max_tokens_negative", lambda p: _sft(p, "--packing", "--max_tokens_per_batch", "-1"),
      "--max_tokens_per_batch: must be >= 0"),
     ("max_tokens_without_packing", lambda p: _sft(p, "--max_tokens_per_batch", "512"),
