@@ -1,5 +1,9 @@
 """ColossalChat's `from coati... import ...` names, each with its documented signature, doing its job on coati's
-parts (its scripts and tests import them; `tests/colossalchat/test_lora.py` covers the LoRA ones)."""
+parts (its scripts and tests import them; `tests/colossalchat/test_lora.py` covers the LoRA ones); every import of
+ColossalChat's own training scripts (its main branch, hpcaitech/ColossalAI 4f9953be) resolves, and what only those
+scripts use (`coati.compat`: `coati.utils.reward_score`, `lora_manager`, `RawConversationDataset`) does what it does
+there."""
+import importlib
 import json
 
 import pytest
@@ -127,3 +131,112 @@ def test_generate_streaming_yields_each_step_and_ends_as_greedy_generation(tiny_
     assert steps[-1][0].tolist() == greedy.sequences[0, :steps[-1].size(1)].tolist()
     with pytest.raises(ValueError, match="beam search does not stream"):
         next(generate_streaming(model, ids, tokenizer, max_length=20, num_beams=2))
+
+
+SCRIPT_IMPORTS = {
+    "train_ppo.py": {"coati.dataset": ["DataCollatorForPromptDataset", "DataCollatorForSupervisedDataset",
+                                       "StatefulDistributedSampler", "load_tokenized_dataset",
+                                       "setup_conversation_template"],
+                     "coati.models": ["Critic", "LoraConfig", "RewardModel", "RLVRRewardModel", "convert_to_lora_module",
+                                      "disable_dropout", "lora_manager"],
+                     "coati.trainer": ["PPOTrainer"], "coati.utils": ["load_checkpoint"],
+                     "coati.utils.reward_score": ["gsm8k_reward_fn", "math_competition_reward_fn", "extract_solution",
+                                                  "validate_response_structure"]},
+    "train_grpo.py": {"coati.models": ["LoraConfig", "RewardModel", "RLVRRewardModel", "convert_to_lora_module",
+                                       "disable_dropout", "lora_manager"], "coati.trainer": ["GRPOTrainer"],
+                      "coati.utils.reward_score": ["gsm8k_reward_fn", "math_competition_reward_fn"]},
+    "lora_finetune.py": {"coati.dataset.loader": ["RawConversationDataset"]},
+    "train_sft.py": {"coati.models": ["LoraConfig", "convert_to_lora_module"], "coati.trainer": ["SFTTrainer"]},
+    "train_rm.py": {"coati.models": ["LogExpLoss", "LogSigLoss", "LoraConfig", "RewardModel", "convert_to_lora_module"],
+                    "coati.trainer": ["RewardModelTrainer"]},
+    "train_dpo.py": {"coati.dataset": ["DataCollatorForPreferenceDataset"], "coati.trainer": ["DPOTrainer"]},
+    "train_kto.py": {"coati.dataset": ["DataCollatorForKTODataset"], "coati.trainer": ["KTOTrainer"]},
+    "train_orpo.py": {"coati.trainer": ["ORPOTrainer"]},
+}
+"""The `from coati... import ...` lines of ColossalChat's examples/training_scripts, as they are written there."""
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPT_IMPORTS))
+def test_every_name_a_colossalchat_training_script_imports_resolves(script):
+    for module, names in SCRIPT_IMPORTS[script].items():
+        imported = importlib.import_module(module)
+        assert all(getattr(imported, name, None) is not None for name in names), (module, names)
+    star = {}
+    exec("from coati.utils.reward_score import *", star)
+    assert {"gsm8k_reward_fn", "math_competition_reward_fn", "extract_solution", "validate_response_structure"} <= set(star)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_assets):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_assets["model"])
+
+
+def _reward(fn, tokenizer, response: str, gt_answer, inclusive_end: bool = False) -> float:
+    """`fn` called as ColossalChat's RLVRRewardModel calls it, on a prompt then `response`."""
+    prompt = tokenizer("What is 6 x 7?", add_special_tokens=False)["input_ids"]
+    answer = tokenizer(response, add_special_tokens=False)["input_ids"]
+    ids = torch.tensor(prompt + answer)
+    end = len(ids) - 1 if inclusive_end else len(ids)
+    return float(fn(ids, torch.ones_like(ids), tokenizer=tokenizer, response_start=len(prompt), response_end=end,
+                    gt_answer=gt_answer, tags=None))
+
+
+def test_colossalchats_verifiable_rewards_give_one_for_the_format_and_nine_more_for_the_answer(tokenizer):
+    from coati.utils.reward_score import (extract_solution, gsm8k_reward_fn, math_competition_reward_fn,
+                                          validate_response_structure)
+
+    good = "<think>six sevens</think><answer>42</answer>"
+    assert _reward(gsm8k_reward_fn, tokenizer, good, "42") == 10.0
+    assert _reward(gsm8k_reward_fn, tokenizer, good, "41") == 1.0
+    assert _reward(gsm8k_reward_fn, tokenizer, "<think>x</think><answer>forty two</answer>", "forty two") == 0.0
+    assert _reward(gsm8k_reward_fn, tokenizer, "<answer>42</answer>", "42") == 0.0          # no think block
+    assert _reward(gsm8k_reward_fn, tokenizer, good + " more", "42") == 0.0                 # text after the answer
+    assert _reward(gsm8k_reward_fn, tokenizer, good, None) == 0.0
+    assert _reward(math_competition_reward_fn, tokenizer, "<think>x</think><answer>\\frac{1}{2}</answer>",
+                   "\\frac{1}{2}", inclusive_end=True) == 10.0                          # any answer text; end included
+    assert _reward(math_competition_reward_fn, tokenizer, "<think>x</think><answer>A B</answer>", "ab",
+                   inclusive_end=True) == 10.0                                           # spaces and case ignored
+    assert extract_solution("<answer>1</answer> and <answer> 2 </answer>") == ("2", "<answer>1</answer> and <answer> "
+                                                                                    "2 </answer>")
+    assert extract_solution("no tags") == (None, "no tags")
+    assert not validate_response_structure("<answer>1</answer><think>x</think>")              # out of order
+    assert validate_response_structure("[t]x[/t][a]1[/a]", {
+        "think_start": {"text": "[t]", "num_occur": 1}, "think_end": {"text": "[/t]", "num_occur": 1},
+        "answer_start": {"text": "[a]", "num_occur": 1}, "answer_end": {"text": "[/a]", "num_occur": 1}})
+
+
+def test_the_lora_manager_switch_is_there_to_set():
+    from coati.models import lora_manager
+
+    assert lora_manager.able_to_merge is True
+    lora_manager.able_to_merge = False
+    try:
+        assert importlib.import_module("coati.models").lora_manager.able_to_merge is False   # one shared switch
+    finally:
+        lora_manager.able_to_merge = True
+
+
+def test_raw_conversations_are_left_padded_with_the_assistants_tokens_as_labels(tokenizer, tmp_path):
+    from coati.dataset.loader import RawConversationDataset
+
+    conversation = [{"role": "user", "content": "What is 6 x 7?"}, {"role": "assistant", "content": "42"}]
+    rl_row = {"messages": {"role": "user", "content": "What is 2 + 2?"}, "gt_answer": "4"}
+    path = tmp_path / "chats.jsonl"
+    path.write_text(json.dumps(conversation) + "\n" + json.dumps(rl_row) + "\n")
+    dataset = RawConversationDataset(tokenizer, str(path), 256, "Answer briefly.")
+    assert len(dataset) == 2
+    row = dataset[0]
+    system = {"role": "system", "content": "Answer briefly."}
+    user, assistant = (tokenizer.apply_chat_template([system, m], tokenize=True, add_generation_prompt=True)
+                       for m in conversation)
+    assistant = assistant[1:] if assistant[0] == tokenizer.bos_token_id else assistant
+    padding = 256 - len(user) - len(assistant)
+    assert row["input_ids"].tolist() == [tokenizer.pad_token_id] * padding + user + assistant
+    assert row["attention_mask"].tolist() == [0] * padding + [1] * (len(user) + len(assistant))
+    assert row["labels"].tolist() == [-100] * (padding + len(user)) + assistant
+    assert dataset[1]["gt_answer"] == "4" and (dataset[1]["labels"] == -100).all()
+    assert dataset[0] is row                                                            # tokenized once
+    cut = RawConversationDataset(tokenizer, str(path), 8)
+    assert cut[0]["input_ids"].tolist() == user[:8]                                     # cut from the right

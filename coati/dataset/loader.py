@@ -1,6 +1,7 @@
 """ColossalChat's data loading names (`coati.dataset.loader`): its collators' constructors and batch keys, as thin
 adapters onto coati's collators (which pad to the longest row of a batch, not to `max_length`, and cut rows longer
-than `max_length`), and `load_tokenized_dataset` onto `load_prepared`.
+than `max_length`), and `load_tokenized_dataset` onto `load_prepared`. `RawConversationDataset`, which only
+ColossalChat's `lora_finetune.py` reads, is `coati.compat`'s.
 
 Rows are coati's prepared rows (`labels` with -100 outside the response); ColossalChat's loss masks are read off
 them: a token is in the loss where its label is.
@@ -12,6 +13,8 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import torch
 from datasets import Dataset
 from transformers import PreTrainedTokenizerBase
+
+from coati.compat.raw_conversation import RawConversationDataset, apply_chat_template_and_mask
 
 from .collators import KTOCollator, PreferenceCollator, PromptCollator, SupervisedCollator
 from .prepare import load_prepared
@@ -95,4 +98,5 @@ class DataCollatorForKTODataset:
 
 
 __all__ = ["DataCollatorForKTODataset", "DataCollatorForPreferenceDataset", "DataCollatorForPromptDataset",
-           "DataCollatorForSupervisedDataset", "StatefulDistributedSampler", "load_tokenized_dataset"]
+           "DataCollatorForSupervisedDataset", "StatefulDistributedSampler", "load_tokenized_dataset",
+           "RawConversationDataset", "apply_chat_template_and_mask"]

@@ -2,10 +2,12 @@ from .loss import (DPOLoss, DpoLoss, KTOLoss, LogExpLoss, LogSigLoss, OddsRatioL
                    ValueLoss)
 from .tiny import CHAT_TEMPLATE, END_OF_TURN, MODEL_SIZES, build_tiny_llama, train_tokenizer, write_tiny_model
 
-LAZY = {"RewardModel": "reward_model", "RLVRRewardModel": "reward_model", "Critic": "critic", "LoraConfig": "lora",
-        "convert_to_lora_module": "lora", "disable_dropout": "utils", "generate_streaming": "generation"}
-"""ColossalChat's names, imported on first use: LoRA's pulls in colossalai's booster and peft, which a plain
-`import coati.models` should not pay for."""
+LAZY = {"RewardModel": ".reward_model", "RLVRRewardModel": ".reward_model", "Critic": ".critic", "LoraConfig": ".lora",
+        "convert_to_lora_module": ".lora", "disable_dropout": ".utils", "generate_streaming": ".generation",
+        "lora_manager": "coati.compat.lora"}
+"""ColossalChat's names, imported on first use (from a module of this package, or of `coati.compat` for what only
+ColossalChat's scripts use): LoRA's pulls in colossalai's booster and peft, which a plain `import coati.models`
+should not pay for."""
 
 
 def __getattr__(name: str):
@@ -13,8 +15,7 @@ def __getattr__(name: str):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
-    module = importlib.import_module(f"{__name__}.{LAZY[name]}")
-    return module if name == LAZY[name] else getattr(module, name)
+    return getattr(importlib.import_module(LAZY[name], __name__), name)
 
 
 __all__ = [*LAZY, "DPOLoss", "DpoLoss", "KTOLoss", "LogExpLoss", "LogSigLoss", "OddsRatioLoss", "ORPOLoss", "PolicyLoss",
