@@ -35,6 +35,11 @@ def same_random_state():
 @pytest.fixture(scope="session")
 def tiny_assets(tmp_path_factory):
     """A tiny model directory and prepared SFT, preference and prompt train/eval datasets, built once per session."""
+    return build_tiny_assets(tmp_path_factory.mktemp("assets"))
+
+
+def build_tiny_assets(root: Path) -> dict:
+    """`tiny_assets` in the folder `root`: the same files on every machine (seeded)."""
     from transformers import AutoTokenizer
 
     from coati.dataset.demo_data import (generate_problems, preference_records, prompt_records, sft_records,
@@ -42,7 +47,7 @@ def tiny_assets(tmp_path_factory):
     from coati.dataset.prepare import prepare_dataset, prepare_preference, prepare_sft
     from coati.models.tiny import write_tiny_model
 
-    root = tmp_path_factory.mktemp("assets")
+    root.mkdir(parents=True, exist_ok=True)
     model_dir = write_tiny_model(root / "model", tokenizer_corpus(400))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     paths = {"model": model_dir}
@@ -74,9 +79,13 @@ def end_turns_early(model: Any) -> Any:
 @pytest.fixture(scope="session")
 def turn_ender(tiny_assets, tmp_path_factory):
     """The tiny model with `end_turns_early`, saved with its tokenizer."""
+    return build_turn_ender(tiny_assets, tmp_path_factory.mktemp("turn_ender"))
+
+
+def build_turn_ender(tiny_assets: dict, path: Path) -> Path:
+    """`turn_ender` in the folder `path`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = tmp_path_factory.mktemp("turn_ender")
     end_turns_early(AutoModelForCausalLM.from_pretrained(tiny_assets["model"])).save_pretrained(path)
     AutoTokenizer.from_pretrained(tiny_assets["model"]).save_pretrained(path)
     return path

@@ -8,6 +8,7 @@ import argparse
 import contextlib
 import contextvars
 import io
+import sys
 from typing import Any, Callable, Dict, List, Optional
 
 from coati.cli.arguments import add_grpo_args, add_ppo_args, add_reference_args, training_parser
@@ -52,11 +53,15 @@ def check_flags(name: str, argv: List[str]) -> None:
     """Parse training command `name`'s flags and run its path checks, as its run would, printing nothing unless
     they fail (then one line and exit 2): `coati --nproc_per_node N` does this before it starts any process, so a
     wrong flag is answered once, not on every rank under torchrun's report."""
-    token = _CHECKING.set(True)
+    token, said = _CHECKING.set(True), io.StringIO()
     try:
-        TRAINING[name](argv)
+        with contextlib.redirect_stderr(said):
+            TRAINING[name](argv)
     except _FlagsChecked:
-        pass
+        pass   # the notes and warnings of a good parse are the run's to print
+    except BaseException:
+        sys.stderr.write(said.getvalue())
+        raise
     finally:
         _CHECKING.reset(token)
 
@@ -67,12 +72,10 @@ def _finish(parser: argparse.ArgumentParser, script: str, argv: Optional[List[st
     add_colossalchat_flags(parser, script)
     add_trl_names(parser, script)
     args = parser.parse_args(argv)
-    if not _CHECKING.get():
-        check_paths(args)
-        return args
-    with contextlib.redirect_stderr(io.StringIO()):   # notes are printed by the run itself
-        check_paths(args)
-    raise _FlagsChecked
+    check_paths(args)
+    if _CHECKING.get():
+        raise _FlagsChecked
+    return args
 
 
 @exit_cleanly
