@@ -36,11 +36,10 @@ def test_cuda_only_plugins_are_refused_on_cpu(name):
 
 
 @needs_no_cuda
-def test_gemini_on_cpu_exits_2_with_one_line_before_loading_anything(tmp_path):
-    missing = tmp_path / "no_such_model"           # never looked at: the plugin is refused first
+def test_gemini_on_cpu_exits_2_with_one_line_before_loading_anything(tiny_assets):
     result = subprocess.run(
-        [sys.executable, str(SCRIPTS / "train_sft.py"), "--pretrain", str(missing), "--dataset", str(tmp_path),
-         "--plugin", "gemini"],
+        [sys.executable, str(SCRIPTS / "train_sft.py"), "--pretrain", str(tiny_assets["model"]), "--dataset",
+         str(tiny_assets["sft_train"]), "--plugin", "gemini"],
         capture_output=True, text=True, cwd=REPO, env={"PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore"},
     )
     assert result.returncode == 2
@@ -60,11 +59,11 @@ def test_ddp_booster_clips_in_the_trainer_and_uses_fp32_on_cpu(world_of_one):
     assert setup.precision == "fp32"
 
 
-def test_a_refused_plugin_is_the_only_line_printed_even_with_python_warnings_on(tmp_path):
+def test_a_refused_plugin_is_the_only_line_printed_even_with_python_warnings_on(tiny_assets):
     """What a user sees, with Python's default warning filters: no third-party import notes before our line."""
     env = {k: v for k, v in child_env().items() if k != "PYTHONWARNINGS"}
-    result = subprocess.run([sys.executable, str(SCRIPTS / "train_rm.py"), "--pretrain", str(tmp_path / "m"),
-                             "--dataset", str(tmp_path), "--plugin", "gemini"],
+    result = subprocess.run([sys.executable, str(SCRIPTS / "train_rm.py"), "--pretrain", str(tiny_assets["model"]),
+                             "--dataset", str(tiny_assets["pref_train"]), "--plugin", "gemini"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env)
     assert result.returncode == 2
     assert result.stdout.splitlines() == [
