@@ -58,3 +58,31 @@ def test_subpackages_import_each_other_in_one_direction_only():
     assert graph["compat"] == set()                                 # ColossalChat's names: a leaf any layer re-exports
     assert graph["utils"] <= {"compat"}                             # the bottom layer (`utils.reward_score` re-exports)
     assert not [source for source, targets in graph.items() if "cli" in targets]
+
+
+MAX_ARGUMENTS = 10
+PUBLISHED_SIGNATURES = {"save_checkpoint", "load_checkpoint", "RewardModelTrainer", "__init__", "HybridParallelPlugin"}
+"""Calls that may pass more: the checkpoint functions and trainers ColossalChat's users call with theirs (a
+`RewardModelTrainer` subclass's `super().__init__` among them), and colossalai's plugin."""
+NOT_YET_SPLIT = {("coati/cli/rl_runner.py", "PPOExperienceMaker"), ("coati/cli/runner.py", "trainer_cls"),
+                 ("coati/experience/experience.py", "Experience"), ("coati/rollout/multiturn.py", "Trajectory")}
+"""The calls the run-config refactor (issue 48) has still to give sections of their own: this list only shrinks."""
+
+
+def _long_calls() -> Set[tuple]:
+    """(file, callee) of every call in coati/ passing more than MAX_ARGUMENTS positional and named arguments."""
+    found = set()
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and len(node.args) + sum(k.arg is not None for k in node.keywords) > MAX_ARGUMENTS:
+                callee = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "?")
+                found.add((path.relative_to(REPO).as_posix(), callee))
+    return found
+
+
+def test_no_call_of_ours_passes_a_dozen_loose_arguments():
+    """A part takes its settings section (`LLMJudge.from_settings`, `VLLMConfig.from_settings`, PPO's `CriticParts`),
+    not a dozen scalars read off the flags."""
+    long_calls = {(path, callee) for path, callee in _long_calls() if callee not in PUBLISHED_SIGNATURES}
+    assert long_calls <= NOT_YET_SPLIT, sorted(long_calls - NOT_YET_SPLIT)
+    assert long_calls == NOT_YET_SPLIT, f"split now, drop from NOT_YET_SPLIT: {sorted(NOT_YET_SPLIT - long_calls)}"

@@ -21,7 +21,7 @@ from coati.models.reward_model import load_reward_model, sequence_rewards
 from coati.models.tiny import build_tiny_llama
 from coati.rewards import WeightedReward
 from coati.trainer.components import explained_variance
-from coati.trainer.ppo import PPOTrainer
+from coati.trainer.ppo import CriticParts, PPOTrainer
 from coati.trainer.sources import CyclingLoader, LocalRollouts
 from coati.utils.stats_tracker import StatsTracker
 from coati.cli.runner import build_dataloader
@@ -110,8 +110,8 @@ def test_ppo_trainer_fires_hooks_logs_metrics_and_checkpoints_the_critic(ppo_par
 
     def trainer():
         return PPOTrainer(parts["actor"], parts["actor_optim"], parts["actor_booster"], _maker(parts), parts["loader"],
-                          critic=parts["critic"], critic_optim=parts["critic_optim"],
-                          critic_booster=parts["critic_booster"], callbacks=[recorder],
+                          critic=CriticParts(parts["critic"], parts["critic_optim"], parts["critic_booster"]),
+                          callbacks=[recorder],
                           config=OnPolicyConfig(checkpoints=CheckpointSettings(save_interval=2, save_dir=str(tmp_path / "ckpt")),
                                                 sample_log_interval=2))
 
@@ -155,9 +155,8 @@ def test_during_the_critic_warmup_only_the_critic_learns(ppo_parts):
     actor_before = {k: v.clone() for k, v in parts["actor"].unwrap().state_dict().items()}
     critic_before = {k: v.clone() for k, v in parts["critic"].unwrap().state_dict().items()}
     trainer = PPOTrainer(parts["actor"], parts["actor_optim"], parts["actor_booster"], _maker(parts), parts["loader"],
-                         critic=parts["critic"], critic_optim=parts["critic_optim"],
-                         critic_booster=parts["critic_booster"],
-                         critic_settings=CriticSettings(critic_warmup_episodes=2))
+                         critic=CriticParts(parts["critic"], parts["critic_optim"], parts["critic_booster"],
+                                            settings=CriticSettings(critic_warmup_episodes=2)))
     trainer.fit(num_episodes=2, num_collect_steps=1, num_update_steps=1, metrics_logger=MetricsLogger(None))
     assert all(torch.equal(v, actor_before[k]) for k, v in parts["actor"].unwrap().state_dict().items())
     assert not all(torch.equal(v, critic_before[k]) for k, v in parts["critic"].unwrap().state_dict().items())

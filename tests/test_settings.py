@@ -118,3 +118,34 @@ def test_a_settings_class_of_ones_own_becomes_flags_with_ranges_and_help(capsys)
     parser.print_help()
     text = " ".join(capsys.readouterr().out.split())
     assert "My algorithm's settings:" in text and "the margin (default: 0.5) [in [0, 1]]" in text
+
+
+CHANGED_SETTINGS = {
+    "judge": {"judge_model_name": "grader", "judge_parser": "verdict", "judge_max_score": 5.0, "judge_api": "completions",
+              "judge_batch_size": 3, "judge_concurrency": 2, "judge_max_tokens": 9, "judge_timeout": 7.0,
+              "judge_retries": 1, "judge_cache": 5},
+    "vllm": {"vllm_threads": 2, "vllm_kv_cache_gib": 3, "vllm_gpu_memory_utilization": 0.5, "vllm_start_timeout": 9.0,
+             "vllm_timeout": 8.0, "vllm_max_restarts": 4, "vllm_enforce_eager": True},
+}
+"""A value other than the default for each setting a part is built from."""
+
+
+@pytest.mark.parametrize("part", sorted(CHANGED_SETTINGS))
+def test_a_part_built_from_its_settings_section_takes_each_value_from_its_setting(part):
+    """`LLMJudge.from_settings` and `VLLMConfig.from_settings`: every field they map comes from a setting of the
+    section, and the value set there reaches the part."""
+    from coati.config import BackendSettings, JudgeSettings
+    from coati.inference import vllm
+    from coati.rewards import judge
+
+    module, cls, section = {"judge": (judge, judge.LLMJudge, JudgeSettings),
+                            "vllm": (vllm, vllm.VLLMConfig, BackendSettings)}[part]
+    changed = CHANGED_SETTINGS[part]
+    assert set(module.FROM_SETTINGS) <= {f.name for f in dataclasses.fields(cls)}
+    assert set(module.FROM_SETTINGS.values()) == set(changed)
+    settings = dataclasses.replace(section(), **changed)
+    assert all(getattr(section(), name) != value for name, value in changed.items())
+    built = (cls.from_settings(settings, "http://127.0.0.1/v1", judge.DEFAULT_RUBRIC, None) if part == "judge" else
+             cls.from_settings(settings, "model", "python", None, "log", "float32", 0, 0))
+    assert {name: getattr(built, name) for name in module.FROM_SETTINGS} == {
+        name: changed[setting] for name, setting in module.FROM_SETTINGS.items()}

@@ -20,7 +20,8 @@ from coati.experience.controllers import KLController, TemperatureController
 from coati.experience.distillation import (DistillConfig, ModelTeacher, ServedTeacher, Teacher,
                                            check_served_vocabulary, check_vocabulary, served_model_name)
 from coati.experience.experience import GRPOExperienceMaker, PPOExperienceMaker
-from coati.config import AsyncSettings, CriticSettings, GRPOConfig, OnPolicyConfig, PPOConfig
+from coati.config import (AsyncSettings, BackendSettings, CriticSettings, GRPOConfig, JudgeSettings,
+                          OnPolicyConfig, PPOConfig)
 from coati.inference.local_judge import JudgeServerConfig, LocalJudge
 from coati.inference.vllm import VLLMConfig, VLLMPool, default_vllm_python
 from coati.inference.vllm_server import VLLM_LORA_RANKS
@@ -57,7 +58,7 @@ from coati.trainer.callbacks.tokenizer import TokenizerInCheckpoints
 from coati.trainer.callbacks.health import ALARM_EXIT_CODE, AlarmThresholds, HealthMonitor
 from coati.trainer.grpo import GRPOTrainer
 from coati.trainer.onpolicy import OLTrainer
-from coati.trainer.ppo import PPOTrainer
+from coati.trainer.ppo import CriticParts, PPOTrainer
 from coati.trainer.sources import AsyncRollouts
 
 from .runner import (_require_dir, build_dataloader, build_optimizer, build_scheduler, eval_batch_size, export_dir,
@@ -144,9 +145,7 @@ def _judge(args: argparse.Namespace, serve: bool) -> LLMJudge:
         url, token = local.url, local.token
         if rank() == 0:
             print(f"judge {args.judge_model} serving on {url} (log: {local.log_path})", flush=True)
-    return LLMJudge(url or "http://127.0.0.1/v1", args.judge_model_name, rubric, args.judge_parser, args.judge_max_score,
-                    args.judge_api, args.judge_batch_size, args.judge_concurrency, args.judge_max_tokens,
-                    args.judge_timeout, args.judge_retries, cache_size=args.judge_cache, token=token)
+    return LLMJudge.from_settings(settings_from(args, JudgeSettings), url or "http://127.0.0.1/v1", rubric, token)
 
 
 def _judge_server_config(args: argparse.Namespace) -> JudgeServerConfig:
@@ -187,14 +186,12 @@ def _vllm_config(args: argparse.Namespace) -> VLLMConfig:
     """How the flags run vLLM servers: on `--pretrain`, in the trainer's compute precision, logging under the run's
     log folder (else its output or checkpoint folder)."""
     precision = args.mixed_precision if torch.cuda.is_available() else "fp32"
-    return VLLMConfig(model=args.pretrain, python=args.vllm_python or default_vllm_python(),
-                      log_dir=args.log_dir or args.output_dir or args.save_dir, log_name=f"vllm_rank{rank()}",
-                      dtype={"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[precision],
-                      seed=args.seed + 1000 * rank(), threads=args.vllm_threads, kv_cache_gib=args.vllm_kv_cache_gib,
-                      gpu_memory_utilization=args.vllm_gpu_memory_utilization, start_timeout_s=args.vllm_start_timeout,
-                      timeout_s=args.vllm_timeout, max_restarts=args.vllm_max_restarts,
-                      enforce_eager=args.vllm_enforce_eager,
-                      max_lora_rank=args.lora_rank if adapter_sync_blocker(args) is None else 0)
+    return VLLMConfig.from_settings(settings_from(args, BackendSettings), args.pretrain,
+                                    args.vllm_python or default_vllm_python(),
+                                    args.log_dir or args.output_dir or args.save_dir, f"vllm_rank{rank()}",
+                                    {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[precision],
+                                    args.seed + 1000 * rank(),
+                                    args.lora_rank if adapter_sync_blocker(args) is None else 0)
 
 
 def adapter_sync_blocker(args: argparse.Namespace) -> Optional[str]:
@@ -587,9 +584,9 @@ def _build_ppo(args, setup, tokenizer, actor, optimizer, scheduler, engine, refe
                                step_scorer=_step_scorer(args, setup, tokenizer),
                                teacher=_distillation(args, setup, tokenizer, kwargs))
     kwargs["workflow"] = _workflow(args, maker)
-    return PPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler, critic=critic,
-                      critic_optim=critic_optim, critic_booster=critic_setup.booster, critic_lr_scheduler=critic_scheduler,
-                      critic_settings=settings_from(args, CriticSettings), **kwargs)
+    return PPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler, **kwargs,
+                      critic=CriticParts(critic, critic_optim, critic_setup.booster, critic_scheduler,
+                                         settings_from(args, CriticSettings)))
 
 
 def run_ppo(args: argparse.Namespace) -> Optional[PPOTrainer]:

@@ -90,6 +90,21 @@ class VLLMConfig:
     enforce_eager: bool = False
     max_lora_rank: int = 0
 
+    @classmethod
+    def from_settings(cls, settings: Any, model: str, python: str, log_dir: Optional[str], log_name: str, dtype: str,
+                      seed: int, max_lora_rank: int) -> "VLLMConfig":
+        """The servers its settings section (`coati.config.BackendSettings`) describes, for this run's model, log
+        folder, precision, seed and adapters."""
+        return cls(model=model, python=python, log_dir=log_dir, log_name=log_name, dtype=dtype, seed=seed,
+                   max_lora_rank=max_lora_rank, **{name: getattr(settings, setting)
+                                                   for name, setting in FROM_SETTINGS.items()})
+
+
+FROM_SETTINGS = {"threads": "vllm_threads", "kv_cache_gib": "vllm_kv_cache_gib",
+                 "gpu_memory_utilization": "vllm_gpu_memory_utilization", "start_timeout_s": "vllm_start_timeout",
+                 "timeout_s": "vllm_timeout", "max_restarts": "vllm_max_restarts", "enforce_eager": "vllm_enforce_eager"}
+"""`VLLMConfig`'s fields -> the `BackendSettings` setting each comes from."""
+
 
 def last_log_line(path: Path) -> str:
     """The last non-empty line of a log, to quote in an error."""

@@ -111,6 +111,13 @@ def judge_token() -> Optional[str]:
     return token_from_env(JUDGE_TOKEN_ENVS)
 
 
+FROM_SETTINGS = {"model": "judge_model_name", "parser": "judge_parser", "max_score": "judge_max_score",
+                 "api": "judge_api", "batch_size": "judge_batch_size", "concurrency": "judge_concurrency",
+                 "max_tokens": "judge_max_tokens", "timeout_s": "judge_timeout", "retries": "judge_retries",
+                 "cache_size": "judge_cache"}
+"""`LLMJudge`'s fields -> the `JudgeSettings` setting each comes from."""
+
+
 @dataclass
 class LLMJudge:
     """The judge reward (see the module's notes); `url` is the API's base, `model` the name requests carry."""
@@ -131,6 +138,12 @@ class LLMJudge:
     token: Optional[str] = field(default_factory=judge_token, repr=False)
     _cache: "OrderedDict[str, str]" = field(default_factory=OrderedDict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @classmethod
+    def from_settings(cls, settings: Any, url: str, rubric: str, token: Optional[str]) -> "LLMJudge":
+        """The judge its settings section (`coati.config.JudgeSettings`) describes, asking `url` with `token`."""
+        return cls(url, rubric=rubric, token=token, **{name: getattr(settings, setting)
+                                                       for name, setting in FROM_SETTINGS.items()})
 
     def __post_init__(self) -> None:
         self.url = self.url.rstrip("/")
