@@ -331,8 +331,6 @@ class PPOConfig(RolloutConfig):
     kl_estimator: str = setting("k1", parse=KL_ESTIMATORS.choice(),
                                 help=KL_ESTIMATORS.describe("estimator of the per-token KL to the reference in the "
                                                             "reward"))
-    kl_coef: float = setting(0.05, flag=NOT_A_FLAG, help="starting weight of the per-token KL penalty in the reward, "
-                                                        "when no KLController is given")
     gamma: float = setting(1.0, parse=in_range(0, 1), help="GAE discount")
     lam: float = setting(0.95, parse=in_range(0, 1), help="GAE lambda")
     whiten_advantages: bool = setting(True, flag="--no_whiten_advantages", negated=True, help="keep raw GAE advantages")

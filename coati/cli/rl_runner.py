@@ -20,7 +20,7 @@ from coati.experience.controllers import KLController, TemperatureController
 from coati.experience.distillation import (DistillConfig, ModelTeacher, ServedTeacher, Teacher,
                                            check_served_vocabulary, check_vocabulary, served_model_name)
 from coati.experience.experience import GRPOExperienceMaker, PPOExperienceMaker
-from coati.config import (AsyncSettings, BackendSettings, CriticSettings, GRPOConfig, JudgeSettings,
+from coati.config import (AsyncSettings, BackendSettings, CriticSettings, GRPOConfig, JudgeSettings, KLSettings,
                           OnPolicyConfig, PPOConfig)
 from coati.inference.local_judge import JudgeServerConfig, LocalJudge
 from coati.inference.vllm import VLLMConfig, VLLMPool, default_vllm_python
@@ -328,7 +328,7 @@ def _ptx_loader(args: argparse.Namespace, setup: Any, tokenizer: Any) -> Optiona
 
 def _kl_controller(args: argparse.Namespace) -> KLController:
     """`--kl_coef`, adapted towards `--kl_target` when one is given."""
-    return KLController(args.kl_coef, args.kl_target, args.kl_horizon, args.kl_max_step)
+    return KLController.from_settings(settings_from(args, KLSettings))
 
 
 def _build_grpo(args, setup, tokenizer, actor, optimizer, scheduler, engine, reference, prompts, kwargs) -> GRPOTrainer:
@@ -577,8 +577,7 @@ def _build_ppo(args, setup, tokenizer, actor, optimizer, scheduler, engine, refe
     critic_scheduler = build_scheduler(critic_optim, args, _total_steps(args))
     critic_setup = build_booster(plugin_config(args))
     critic, critic_optim, critic_scheduler, _ = critic_setup.boost(critic, critic_optim, critic_scheduler)
-    config = settings_from(args, PPOConfig, kl_coef=args.kl_coef,
-                           old_log_probs_at_collection=not _one_update_per_experience(args))
+    config = settings_from(args, PPOConfig, old_log_probs_at_collection=not _one_update_per_experience(args))
     maker = PPOExperienceMaker(actor, critic, engine, tokenizer, _reward_fn(args), config, reference,
                                _frozen_reward_model(args, tokenizer), kl_controller=_kl_controller(args),
                                step_scorer=_step_scorer(args, setup, tokenizer),

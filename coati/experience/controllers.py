@@ -5,9 +5,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Sequence
 
+from coati.config import KLSettings
 from coati.utils.comm import all_reduce_sums
 
 from .advantages import maxent_weights
+
+KL_DEFAULTS = KLSettings()
+"""The KL settings' defaults, which a controller built without them takes (declared once, in `coati.config`)."""
 
 
 @dataclass
@@ -19,10 +23,16 @@ class KLController:
     over the episode's n completions (every rank's) of their summed per-token KL."""
 
     value: float
-    target: float = 0.0
-    horizon: int = 10000
-    max_step: float = 0.2
+    target: float = KL_DEFAULTS.kl_target
+    horizon: int = KL_DEFAULTS.kl_horizon
+    max_step: float = KL_DEFAULTS.kl_max_step
     error: float = 0.0
+
+    @classmethod
+    def from_settings(cls, settings: KLSettings) -> "KLController":
+        """The KL coefficient its settings section describes: `kl_coef`, adapted towards `kl_target` when one is
+        given."""
+        return cls(settings.kl_coef, settings.kl_target, settings.kl_horizon, settings.kl_max_step)
 
     def __post_init__(self) -> None:
         if self.target < 0 or self.horizon < 1 or self.max_step <= 0:

@@ -17,7 +17,7 @@ from coati.rewards.registry import table_columns
 from coati.utils.registry import ADVANTAGE_ESTIMATORS
 
 from .advantages import AdvantageConfig, compute_gae, tied_groups
-from .controllers import KLController, TemperatureController
+from .controllers import KL_DEFAULTS, KLController, TemperatureController
 from .scorer import Scorer
 from .shaping import shape_rewards
 
@@ -292,7 +292,7 @@ class PPOExperienceMaker(ExperienceMaker):
     reward model's step scores on the tokens that end the steps (where `step_scorer` is given), plus a distillation
     teacher's per-token reverse-KL term (where `teacher` is given); the
     critic's values turn them into GAE advantages and returns (Ouyang et al. 2022). beta is `kl_controller`'s value
-    (default: `config.kl_coef`, fixed)."""
+    (default: none, 0)."""
 
     config: PPOConfig
 
@@ -304,7 +304,7 @@ class PPOExperienceMaker(ExperienceMaker):
         super().__init__(actor, engine, tokenizer, reward_fn, config, ref_model, reward_model, teacher=teacher,
                          step_scorer=step_scorer)
         self.critic = critic
-        self.kl_controller = kl_controller or KLController(config.kl_coef)
+        self.kl_controller = kl_controller or KLController.from_settings(KL_DEFAULTS)
 
     @property
     def completions_per_prompt(self) -> int:

@@ -1,7 +1,7 @@
 """GRPO: group-relative policy optimisation with verifiable rewards, no critic (Shao et al. 2024)."""
 from typing import Any, Optional
 
-from coati.experience.controllers import KLController
+from coati.experience.controllers import KL_DEFAULTS, KLController
 from coati.experience.experience import GRPOExperienceMaker
 
 from .components import KLTerm
@@ -11,16 +11,15 @@ from .onpolicy import OLTrainer
 class GRPOTrainer(OLTrainer):
     """`OLTrainer` with GRPO's experience (groups of `num_generations` completions per prompt, advantages from
     each group's rewards) and, with a KL weight beta > 0, beta times the KL to the reference (the maker's k1/k2/k3
-    estimator) added to the loss. beta is `kl_controller`'s (default: `kl_coef`, fixed); it and the maker's MaxEnt
+    estimator) added to the loss. beta is `kl_controller`'s (default: none, 0); it and the maker's MaxEnt
     temperature, when they adapt, move after every episode. Asynchronous GRPO is this trainer with an
     `AsyncRollouts` source. Takes `OLTrainer`'s arguments."""
 
     maker: GRPOExperienceMaker
 
-    def __init__(self, *args: Any, kl_coef: float = 0.0, kl_controller: Optional[KLController] = None,
-                 **kwargs: Any) -> None:
+    def __init__(self, *args: Any, kl_controller: Optional[KLController] = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.kl_controller = kl_controller or KLController(kl_coef)
+        self.kl_controller = kl_controller or KLController.from_settings(KL_DEFAULTS)
         self.loss_terms.insert(0, KLTerm(self.kl_controller, self.maker.config.kl_estimator))
         if self.kl_controller.target > 0:
             self._adapt("kl_ctl", self.kl_controller)
