@@ -29,7 +29,7 @@ def test_reinforce_pp_normalises_over_the_whole_batch_not_the_group():
     rewards = T([1.0, 0.0, 3.0, 4.0])                       # mean 2, population std sqrt(2.5)
     advantages = ADVANTAGE_ESTIMATORS.get("reinforce_pp")(rewards, AdvantageConfig(2))
     assert advantages.tolist() == pytest.approx([(r - 2) / math.sqrt(2.5) for r in (1, 0, 3, 4)], rel=1e-5)
-    assert ADVANTAGE_ESTIMATORS.get("reinforce_pp")(rewards, AdvantageConfig(2, scale_by_std=False)).tolist() == [-1.0, -2.0, 1.0, 2.0]
+    assert ADVANTAGE_ESTIMATORS.get("reinforce_pp")(rewards, AdvantageConfig(2, scale_rewards=False)).tolist() == [-1.0, -2.0, 1.0, 2.0]
 
 
 def test_reinforce_pp_statistics_span_every_rank():

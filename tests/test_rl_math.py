@@ -4,6 +4,7 @@ import math
 import pytest
 import torch
 
+from coati.utils.errors import CoatiUsageError
 from coati.experience.advantages import AdvantageConfig, compute_gae, group_advantages, tied_groups
 from coati.models.loss import PolicyLoss, ValueLoss, aggregate, kl_penalty, token_entropy
 
@@ -29,7 +30,7 @@ def test_group_advantages_and_tied_groups():
     std = math.sqrt(1 / 3)                                   # unbiased std of (1, 0, 0, 1)
     expected = [0.5 / std, -0.5 / std, -0.5 / std, 0.5 / std, 0.0, 0.0, 0.0, 0.0]
     assert group_advantages(rewards, AdvantageConfig(4)).tolist() == pytest.approx(expected, rel=1e-5)
-    assert group_advantages(rewards, AdvantageConfig(4, scale_by_std=False)).tolist() == pytest.approx([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0])
+    assert group_advantages(rewards, AdvantageConfig(4, scale_rewards=False)).tolist() == pytest.approx([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0])
     assert tied_groups(rewards, 4).tolist() == [False] * 4 + [True] * 4
 
 
@@ -119,8 +120,8 @@ def test_sequence_correction_caps_the_product_and_bad_options_are_refused():
     _, stats = PolicyLoss(0.2, behaviour_cap=5.0, behaviour_correction="sequence")(prox, prox, torch.ones(1), mask,
                                                                                    behaviour)
     assert stats["behaviour_weight"].item() == pytest.approx(5.0) and stats["behaviour_capped"].item() == 1.0
-    with pytest.raises(ValueError, match="--behaviour_correction_option: behaviour correction 'masked' takes no "
-                                         "option 'low'; its options: high"):
+    with pytest.raises(CoatiUsageError, match="--behaviour_correction_option: behaviour correction 'masked' takes no "
+                                              "option 'low'; its options: high"):
         PolicyLoss(behaviour_correction="masked", behaviour_options={"low": 0.5})
     with pytest.raises(ValueError, match="low 0.5 is not below high 0.3: every token would be masked out"):
         PolicyLoss(behaviour_correction="icepop", behaviour_options={"high": 0.3})

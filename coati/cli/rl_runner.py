@@ -455,15 +455,15 @@ def _workflow(args: argparse.Namespace, maker: Any) -> RolloutWorkflow:
     sampling, parser = maker.config.sampling, TOOL_CALL_PARSERS.get(args.tool_parser)
     if args.agent:
         return AgentWorkflow(maker.scorer, _chat_tokens(args, maker.tokenizer), AGENTS.get(args.agent), sampling,
-                             args.num_generations, args.agent_timeout, parser)
+                             maker.num_generations, args.agent_timeout, parser)
     if not args.tools:
-        return RLVRWorkflow(maker.scorer, sampling, args.num_generations)
+        return RLVRWorkflow(maker.scorer, sampling, maker.num_generations)
     runner = ToolRunner(resolve_tools(args.tools), args.tool_timeout)
     if "python" in args.tools:
         configure_python_tool(_sandbox_limits(args), args.sandbox)
     return MultiTurnWorkflow(maker.scorer, _chat_tokens(args, maker.tokenizer),
                              lambda: ToolEnvironment(runner, parser, args.malformed_tool_penalty), sampling,
-                             args.num_generations, args.max_turns, args.max_total_tokens)
+                             maker.num_generations, args.max_turns, args.max_total_tokens)
 
 
 def _rollout_side(args: argparse.Namespace, maker: GRPOExperienceMaker, workflow: RolloutWorkflow) -> Dict[str, Any]:

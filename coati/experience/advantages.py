@@ -30,11 +30,11 @@ def compute_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
 @dataclass(frozen=True)
 class AdvantageConfig:
     """What an outcome-reward estimator is given besides the rewards: `group_size` (consecutive completions of one
-    prompt), `scale_by_std` (off with `--no_std_normalize`, Dr. GRPO) and `options`, the estimator's own
+    prompt), `scale_rewards` (off with `--no_std_normalize`, Dr. GRPO) and `options`, the estimator's own
     hyperparameters (`--adv_option NAME=VALUE ...`; MaxEnt's `tau` comes from its controller)."""
 
     group_size: int
-    scale_by_std: bool = True
+    scale_rewards: bool = True
     options: Dict[str, Any] = field(default_factory=dict)
     step_rewards: Optional[torch.Tensor] = None
     """A process reward model's score of each step on the token that ends it (N, T), 0 elsewhere; `step_mask` marks
@@ -47,17 +47,17 @@ STD_EPS = 1e-6
 
 def group_advantages(rewards: torch.Tensor, config: AdvantageConfig) -> torch.Tensor:
     """GRPO (Shao et al. 2024): A_i = (r_i - mean(r_group)) / std(r_group), without the division when
-    `scale_by_std` is off (Dr. GRPO). `rewards` holds consecutive groups of `group_size`."""
+    `scale_rewards` is off (Dr. GRPO). `rewards` holds consecutive groups of `group_size`."""
     groups = rewards.view(-1, config.group_size)
     centred = groups - groups.mean(-1, keepdim=True)
-    if config.scale_by_std:
+    if config.scale_rewards:
         centred = centred / (groups.std(-1, keepdim=True) + STD_EPS)
     return centred.reshape(-1)
 
 
 def leave_one_out_advantages(rewards: torch.Tensor, config: AdvantageConfig) -> torch.Tensor:
     """RLOO (Ahmadian et al. 2024): A_i = r_i - (1/(n-1)) sum_{j != i} r_j, the mean of the group's other
-    rewards as the baseline (unscaled; `scale_by_std` does not apply)."""
+    rewards as the baseline (unscaled; `scale_rewards` does not apply)."""
     n = config.group_size
     if n < 2:
         raise ValueError("RLOO needs groups of at least 2 completions")
@@ -68,12 +68,12 @@ def leave_one_out_advantages(rewards: torch.Tensor, config: AdvantageConfig) -> 
 
 def global_normalised_advantages(rewards: torch.Tensor, config: AdvantageConfig) -> torch.Tensor:
     """REINFORCE++ (Hu 2025), outcome rewards: A_i = (r_i - mean(r)) / std(r) over the global batch (every
-    rank's completions), not per group; without the division when `scale_by_std` is off."""
+    rank's completions), not per group; without the division when `scale_rewards` is off."""
     local = rewards.double()
     total, squares, count = all_reduce_sums([local.sum().item(), (local ** 2).sum().item(), local.numel()])
     mean = total / count
     centred = rewards - mean
-    if config.scale_by_std:
+    if config.scale_rewards:
         std = max(squares / count - mean ** 2, 0.0) ** 0.5
         centred = centred / (std + STD_EPS)
     return centred
@@ -87,7 +87,7 @@ def maxent_weights(rewards: torch.Tensor, group_size: int, tau: float) -> torch.
 def maxent_advantages(rewards: torch.Tensor, config: AdvantageConfig) -> torch.Tensor:
     """MaxEnt weighting: A_i = n * softmax(r_group / tau)_i - 1, the completion's weight against the uniform 1/n (sums to 0
     over a group; tau -> 0 is best-of-n, large tau is a scaled mean baseline). `options["tau"]` comes from
-    `--maxent_tau` and its controller (default 1); `scale_by_std` does not apply."""
+    `--maxent_tau` and its controller (default 1); `scale_rewards` does not apply."""
     n = config.group_size
     return n * maxent_weights(rewards, n, float(config.options.get("tau", 1.0))) - 1.0
 
@@ -131,7 +131,7 @@ def process_advantages(rewards: torch.Tensor, config: AdvantageConfig) -> torch.
     count = groups.sum((1, 2), keepdim=True).clamp(min=1)
     mean = (scores * groups).sum((1, 2), keepdim=True) / count
     centred = (scores - mean) * groups
-    if config.scale_by_std:
+    if config.scale_rewards:
         std = ((centred ** 2).sum((1, 2), keepdim=True) / (count - 1).clamp(min=1)).sqrt()
         centred = centred / (std + STD_EPS)
     to_go = centred.flip(-1).cumsum(-1).flip(-1).view(-1, mask.size(1)).to(rewards.dtype)

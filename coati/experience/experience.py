@@ -113,18 +113,19 @@ class ExperienceMaker:
 
     @property
     def group_size(self) -> int:
-        """Consecutive completions of one prompt that form a group in the metrics (GRPO's num_generations)."""
+        """Consecutive completions of one prompt whose advantages are relative to one another, a group in the metrics
+        (GRPO's: all `num_generations`; 1 where advantages stand alone, as PPO's)."""
         return 1
 
     @property
-    def completions_per_prompt(self) -> int:
-        """How many completions a rollout makes of each prompt."""
-        return self.group_size
+    def num_generations(self) -> int:
+        """How many completions a rollout makes of each prompt (the config's, the one setting of it)."""
+        return self.config.num_generations
 
     @torch.no_grad()
     def from_trajectories(self, trajectories: Sequence[Any], device: torch.device,
                           timing: Optional[Dict[str, float]] = None, extra_rollouts: int = 0) -> Experience:
-        """Experience from finished rollouts (`coati.rollout.Trajectory`s of `completions_per_prompt` samples each):
+        """Experience from finished rollouts (`coati.rollout.Trajectory`s of `num_generations` samples each):
         the actor's log-probs now are the proximal policy's; the generators' log-probs, where the engine reported
         them (asynchronous rollouts), are its `behaviour_log_probs` for the off-policy correction. `timing` holds the
         seconds the rollouts took, by phase; `extra_rollouts` counts completions drawn beyond the batch."""
@@ -305,10 +306,6 @@ class PPOExperienceMaker(ExperienceMaker):
                          step_scorer=step_scorer)
         self.critic = critic
         self.kl_controller = kl_controller or KLController.from_settings(KL_DEFAULTS)
-
-    @property
-    def completions_per_prompt(self) -> int:
-        return self.config.num_generations
 
     def _add_advantages(self, experience: Experience) -> None:
         """The critic's values, then GAE advantages and returns of the KL-penalised token rewards."""

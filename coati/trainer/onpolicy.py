@@ -94,7 +94,7 @@ class OLTrainer(_TrainerCore):
         self.device = next(actor.parameters()).device
         self.prompts = CyclingLoader(prompt_dataloader, self.device)
         self.workflow = workflow or RLVRWorkflow(experience_maker.scorer, experience_maker.config.sampling,
-                                                 experience_maker.completions_per_prompt)
+                                                 experience_maker.num_generations)
         self.source = source or LocalRollouts(experience_maker, self.prompts, self.workflow, rollout_engine)
         self.loss_terms = list(loss_terms)
         if ptx_dataloader is not None and config.ptx.ptx_coef > 0:

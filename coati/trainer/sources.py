@@ -135,7 +135,7 @@ class LocalRollouts(RolloutSource):
     def __init__(self, maker: ExperienceMaker, prompts: CyclingLoader, workflow: Optional[RolloutWorkflow] = None,
                  engine: Optional[RolloutEngine] = None) -> None:
         self.maker, self.prompts = maker, prompts
-        self.workflow = workflow or RLVRWorkflow(maker.scorer, maker.config.sampling, maker.completions_per_prompt)
+        self.workflow = workflow or RLVRWorkflow(maker.scorer, maker.config.sampling, maker.num_generations)
         self.engine = engine or LocalEngine(maker.engine)
         self._sync_seconds: Optional[float] = None
         self._probe: Dict[str, float] = {}
