@@ -14,6 +14,7 @@ from coati.models.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, Policy
 from coati.trainer.callbacks import Callback
 from coati.utils.errors import CoatiUsageError
 from conftest import dist_script_result
+from support import grpo_trainer
 
 T = torch.tensor
 
@@ -115,10 +116,9 @@ def margin_sign_advantages(rewards: torch.Tensor, config: AdvantageConfig) -> to
 
 def test_an_estimator_with_its_own_hyperparameter_from_outside_the_package_trains(world_of_one, tiny_assets,
                                                                                    monkeypatch):
-    from test_grpo import _grpo_trainer
 
     monkeypatch.setitem(ADVANTAGE_ESTIMATORS._entries, "margin_sign", Entry(margin_sign_advantages, options=("margin",)))
-    trainer = _grpo_trainer(tiny_assets)
+    trainer = grpo_trainer(tiny_assets)
     trainer.maker.config = replace(trainer.maker.config, advantage_estimator="margin_sign",
                                    advantage_options={"margin": 0.3})
     seen = []
@@ -238,9 +238,8 @@ def _group(rewards, first_token):
 
 
 def test_dynamic_sampling_replaces_tied_groups_with_new_prompts(world_of_one, tiny_assets):
-    from test_grpo import _grpo_trainer
 
-    trainer = _grpo_trainer(tiny_assets)
+    trainer = grpo_trainer(tiny_assets)
     source = trainer.source
     trainer.maker.config = replace(trainer.maker.config, num_generations=2, max_sampling_rounds=2)
     batch = [_group([1.0, 1.0], 10), _group([0.0, 1.0], 12)]                       # tied, informative
@@ -256,11 +255,10 @@ def test_dynamic_sampling_replaces_tied_groups_with_new_prompts(world_of_one, ti
 
 
 def test_dynamic_sampling_in_training_logs_its_extra_rollouts(world_of_one, tiny_assets, tmp_path):
-    from test_grpo import _grpo_trainer
     from coati.rewards import WeightedReward
     from coati.utils.metrics_logger import MetricsLogger
 
-    trainer = _grpo_trainer(tiny_assets)
+    trainer = grpo_trainer(tiny_assets)
     trainer.maker.scorer.reward_fn = WeightedReward.from_specs(["test_algorithms:constant_reward"])
     trainer.maker.config = replace(trainer.maker.config, dynamic_sampling=True, max_sampling_rounds=2)
     logged = LogRecorder()
@@ -273,14 +271,13 @@ def test_dynamic_sampling_in_training_logs_its_extra_rollouts(world_of_one, tiny
 
 
 def test_adaptive_coefficients_are_logged_and_resume_from_checkpoints(world_of_one, tiny_assets, tmp_path):
-    from test_grpo import _grpo_trainer
     from coati.config import CheckpointSettings, OnPolicyConfig
     from coati.experience.controllers import KLController, TemperatureController
     from coati.models.reference import load_reference_model
     from coati.utils.metrics_logger import MetricsLogger
 
     def trainer():
-        made = _grpo_trainer(tiny_assets, config=OnPolicyConfig(checkpoints=CheckpointSettings(save_dir=str(tmp_path / "ckpt"))),
+        made = grpo_trainer(tiny_assets, config=OnPolicyConfig(checkpoints=CheckpointSettings(save_dir=str(tmp_path / "ckpt"))),
                              kl_controller=KLController(0.1, target=0.001, horizon=8))
         made.maker.ref_model = load_reference_model(tiny_assets["model"], torch.device("cpu"))
         made.maker.config = replace(made.maker.config, advantage_estimator="maxent")

@@ -18,14 +18,14 @@ from coati.trainer.nonfinite import NonFiniteError
 from coati.utils import MetricsLogger, save_checkpoint, save_hf_model
 from coati.utils.ckpt_io import NonFiniteWeightsError, list_checkpoints
 from coati.utils.metrics_logger import PREVIOUS_RUNS_DIR, public_config
-from test_trainer_base import _linear_trainer, _rows
+from support import linear_trainer, regression_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "applications" / "demo"))
 from report import alarm_lines, reward_vs_accuracy  # noqa: E402
 
 
 def _rows_with_nan_at(n, bad_rows):
-    rows, x, y = _rows(n)
+    rows, x, y = regression_rows(n)
     for i in bad_rows:
         rows[i] = {"x": rows[i]["x"], "y": torch.tensor(float("nan"))}
     return rows
@@ -33,7 +33,7 @@ def _rows_with_nan_at(n, bad_rows):
 
 def test_a_nan_loss_stops_the_run_naming_the_step_and_nothing_is_saved_after_it(world_of_one, tmp_path):
     rows = _rows_with_nan_at(8, [4])      # batches of 2: the third optimizer step sees the NaN
-    trainer, loader, _ = _linear_trainer(rows, batch_size=2, accumulation_steps=1, lr=0.1, save_interval=1,
+    trainer, loader, _ = linear_trainer(rows, batch_size=2, accumulation_steps=1, lr=0.1, save_interval=1,
                                          save_dir=str(tmp_path))
     with pytest.raises(NonFiniteError, match=r"^step 3: the loss is NaN or infinite; .*--skip_nonfinite"):
         trainer.fit(loader)
@@ -43,7 +43,7 @@ def test_a_nan_loss_stops_the_run_naming_the_step_and_nothing_is_saved_after_it(
 
 def test_skip_nonfinite_skips_and_counts_at_most_n_steps(world_of_one, tmp_path):
     rows = _rows_with_nan_at(12, [2, 6])
-    trainer, loader, w0 = _linear_trainer(rows, batch_size=2, accumulation_steps=1, lr=0.1, skip_nonfinite=2)
+    trainer, loader, w0 = linear_trainer(rows, batch_size=2, accumulation_steps=1, lr=0.1, skip_nonfinite=2)
     trainer.fit(loader, log_dir=str(tmp_path))
     logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert trainer.step == 6 and trainer.nonfinite.skipped == 2
@@ -52,14 +52,14 @@ def test_skip_nonfinite_skips_and_counts_at_most_n_steps(world_of_one, tmp_path)
     assert torch.isfinite(trainer.model.unwrap().weight).all()
 
     rows = _rows_with_nan_at(12, [2, 6])
-    trainer, loader, _ = _linear_trainer(rows, batch_size=2, accumulation_steps=1, lr=0.1, skip_nonfinite=1)
+    trainer, loader, _ = linear_trainer(rows, batch_size=2, accumulation_steps=1, lr=0.1, skip_nonfinite=1)
     with pytest.raises(NonFiniteError, match=r"^step 4: .*after skipping 1 such steps \(--skip_nonfinite 1\)"):
         trainer.fit(loader)
 
 
 def test_a_nan_gradient_with_a_finite_loss_is_caught_too(world_of_one):
-    rows, _, _ = _rows(4)
-    trainer, loader, _ = _linear_trainer(rows, batch_size=2, accumulation_steps=1, lr=0.1, grad_clip=1.0)
+    rows, _, _ = regression_rows(4)
+    trainer, loader, _ = linear_trainer(rows, batch_size=2, accumulation_steps=1, lr=0.1, grad_clip=1.0)
     trainer.model.unwrap().weight.register_hook(lambda grad: grad * float("nan"))
     with pytest.raises(NonFiniteError, match=r"^step 1: the gradient norm is NaN or infinite"):
         trainer.fit(loader)

@@ -3,54 +3,17 @@ import argparse
 
 import pytest
 import torch
-from colossalai.booster import Booster
-from colossalai.booster.plugin import TorchDDPPlugin
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from coati.dataset import PromptCollator
-from coati.dataset.demo_data import generate_problems, prompt_records
-from coati.dataset.prepare import encode_prompt
-from coati.experience.experience import Experience, GRPOExperienceMaker
-from coati.config import CheckpointSettings, EvalSettings, GRPOConfig, OnPolicyConfig, SamplingConfig, StepSettings
-from coati.models.generation import HFEngine
-from coati.rewards import WeightedReward
-from coati.trainer.callbacks import Callback
-from coati.trainer.grpo import GRPOTrainer
-from coati.cli.runner import build_dataloader
+from coati.experience.experience import Experience
+from coati.config import CheckpointSettings, EvalSettings, OnPolicyConfig, StepSettings
 from coati.models.loss import PolicyLoss
 from coati.utils.metrics_logger import MetricsLogger
-
-
-class Recorder(Callback):
-    def __init__(self):
-        self.events = []
-
-    def __getattribute__(self, name):
-        if name.startswith("on_"):
-            return lambda *args: self.events.append((name, args))
-        return super().__getattribute__(name)
-
-
-def _grpo_trainer(assets, optimizer_cls=torch.optim.AdamW, old_log_probs_at_collection=True, **kwargs) -> GRPOTrainer:
-    """A GRPOTrainer on 8 prompts, 2 per batch (an epoch of prompts every 4 batches), with `kwargs`."""
-    tokenizer = AutoTokenizer.from_pretrained(assets["model"])
-    rows = [encode_prompt(tokenizer, r, 64) for r in prompt_records(generate_problems(8, "train"))]
-    plugin = TorchDDPPlugin()
-    booster = Booster(plugin=plugin)
-    loader = build_dataloader(plugin, rows, 2, PromptCollator(tokenizer.pad_token_id), True, 0)
-    model = AutoModelForCausalLM.from_pretrained(assets["model"])
-    optimizer = optimizer_cls(model.parameters(), lr=1e-3)
-    actor, optimizer, *_ = booster.boost(model, optimizer)
-    engine = HFEngine(actor.unwrap(), tokenizer.pad_token_id, [tokenizer.eos_token_id])
-    config = GRPOConfig(num_generations=4, sampling=SamplingConfig(max_new_tokens=8),
-                        old_log_probs_at_collection=old_log_probs_at_collection)
-    maker = GRPOExperienceMaker(actor, engine, tokenizer, WeightedReward.from_specs(["math_answer", "answer_format"]), config)
-    return GRPOTrainer(actor, optimizer, booster, maker, loader, **kwargs)
+from support import Recorder, grpo_trainer
 
 
 def test_hooks_fire_in_order_with_real_experiences(world_of_one, tiny_assets, tmp_path):
     recorder = Recorder()
-    trainer = _grpo_trainer(tiny_assets, callbacks=[recorder])
+    trainer = grpo_trainer(tiny_assets, callbacks=[recorder])
     trainer.fit(num_episodes=2, num_collect_steps=2, num_update_steps=1,
                 metrics_logger=MetricsLogger(str(tmp_path / "logs")))
     names = [name for name, _ in recorder.events]
@@ -71,7 +34,7 @@ def test_hooks_fire_in_order_with_real_experiences(world_of_one, tiny_assets, tm
 
 def test_on_episode_end_and_on_fit_end_fire_when_an_episode_raises(world_of_one, tiny_assets, monkeypatch):
     recorder = Recorder()
-    trainer = _grpo_trainer(tiny_assets, callbacks=[recorder])
+    trainer = grpo_trainer(tiny_assets, callbacks=[recorder])
     next_batch = trainer.source.next
 
     def fail_at_second_episode(episode, stats):
@@ -88,10 +51,10 @@ def test_on_episode_end_and_on_fit_end_fire_when_an_episode_raises(world_of_one,
 
 
 def test_saver_and_evaluator_decide_by_steps_epochs_and_the_last_episode(world_of_one, tiny_assets, tmp_path):
-    held_out = _grpo_trainer(tiny_assets).prompts.dataloader
+    held_out = grpo_trainer(tiny_assets).prompts.dataloader
     config = OnPolicyConfig(checkpoints=CheckpointSettings(save_dir=str(tmp_path / "ckpt"), save_interval=4),
                             evaluation=EvalSettings(eval_freq_epochs=1))
-    trainer = _grpo_trainer(tiny_assets, config=config, eval_dataloader=held_out)
+    trainer = grpo_trainer(tiny_assets, config=config, eval_dataloader=held_out)
     trainer.fit(num_episodes=7, num_collect_steps=1, num_update_steps=1, metrics_logger=MetricsLogger(str(tmp_path / "logs")))
     assert sorted(trainer.eval_history) == [0, 4, 7]         # before training, when the 8 prompts are done, last
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["epoch-0_step-4", "epoch-1_step-7"]
@@ -101,8 +64,8 @@ def test_micro_batches_with_accumulation_take_the_whole_batch_step(world_of_one,
     """8 completions learned whole, or as 2 micro-batches of 4 accumulated into one step: the same update
     (with per-sequence loss aggregation the mean over the batch is the mean of the micro-batch means)."""
     policy_loss = lambda: PolicyLoss(aggregation="seq-mean-token-mean")
-    whole = _grpo_trainer(tiny_assets, torch.optim.SGD, policy_loss=policy_loss())
-    parts = _grpo_trainer(tiny_assets, torch.optim.SGD, policy_loss=policy_loss(),
+    whole = grpo_trainer(tiny_assets, torch.optim.SGD, policy_loss=policy_loss())
+    parts = grpo_trainer(tiny_assets, torch.optim.SGD, policy_loss=policy_loss(),
                           config=OnPolicyConfig(train_batch_size=4, steps=StepSettings(accumulation_steps=2)))
     torch.manual_seed(0)
     experience = whole.source.next(0, whole.stats)
@@ -116,7 +79,7 @@ def test_micro_batches_with_accumulation_take_the_whole_batch_step(world_of_one,
     for (name, a), b in zip(whole.actor.named_parameters(), parts.actor.parameters()):
         assert torch.allclose(a, b, atol=1e-6), name
     moved = any(not torch.equal(a, b) for a, b in zip(whole.actor.parameters(),
-                                                      _grpo_trainer(tiny_assets).actor.parameters()))
+                                                      grpo_trainer(tiny_assets).actor.parameters()))
     assert moved
 
 
@@ -126,7 +89,7 @@ def test_one_update_per_experience_takes_the_old_log_probs_from_the_learning_for
     forwards, params = {}, {}
     for at_collection in (True, False):
         recorder = Recorder()
-        trainer = _grpo_trainer(tiny_assets, torch.optim.SGD, old_log_probs_at_collection=at_collection,
+        trainer = grpo_trainer(tiny_assets, torch.optim.SGD, old_log_probs_at_collection=at_collection,
                                 callbacks=[recorder])
         calls = []
         trainer.actor.unwrap().register_forward_hook(lambda *_: calls.append(1))

@@ -86,3 +86,14 @@ def test_no_call_of_ours_passes_a_dozen_loose_arguments():
     long_calls = {(path, callee) for path, callee in _long_calls() if callee not in PUBLISHED_SIGNATURES}
     assert long_calls <= NOT_YET_SPLIT, sorted(long_calls - NOT_YET_SPLIT)
     assert long_calls == NOT_YET_SPLIT, f"split now, drop from NOT_YET_SPLIT: {sorted(NOT_YET_SPLIT - long_calls)}"
+
+
+def test_no_test_file_imports_another():
+    """Helpers several test files use live in `tests/support.py` (or `conftest.py`), never in a test file."""
+    offenders = []
+    for path in (REPO / "tests").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.relative_to(REPO)} imports {name}" for name in names if name.startswith("test_")]
+    assert not offenders, offenders

@@ -27,7 +27,7 @@ from coati.trainer.sources import CyclingLoader, LocalRollouts
 from coati.utils.stats_tracker import StatsTracker
 from coati.cli.runner import build_dataloader
 from coati.utils.metrics_logger import MetricsLogger
-from test_grpo import Recorder
+from support import Recorder
 
 T = torch.tensor
 

@@ -8,41 +8,12 @@ import sys
 import textwrap
 import threading
 
-import psutil
 import pytest
 
 from coati.rewards import CodeTests, RewardFunctionError, WeightedReward, code_tests, extract_code
-from coati.rewards.sandbox import (BWRAP, CPU_TIME, FILE_SIZE, LIMIT, MEMORY, NAMESPACES, OK, OWN_USER, PROCESSES,
-                                   UID_RANGE, WALL_TIME, Sandbox, SandboxLimits, bwrap_problem)
-
-LIMITS = SandboxLimits(cpu_s=2, wall_s=3, memory_mb=256, processes=16, file_size_mb=4)
-
-
-def backends_here():
-    """The backends that contain programs on this machine: bubblewrap where it works, coati's own namespaces as root
-    with CAP_SYS_ADMIN."""
-    found = [BWRAP] if bwrap_problem() is None else []
-    if os.geteuid() == 0 and NAMESPACES in Sandbox(LIMITS, 1, NAMESPACES).run("pass").isolation:
-        found.append(NAMESPACES)
-    return found
-
-
-BACKENDS_HERE = backends_here()
-
-
-def sandbox_processes():
-    """Live processes of the sandbox's user ids, or started by a sandboxed program (its marker in the command)."""
-    found = []
-    for process in psutil.process_iter(["uids", "cmdline", "status"]):
-        try:
-            uid = process.info["uids"].real
-            marked = "coati-sandbox-test" in " ".join(process.info["cmdline"] or [])
-        except (psutil.Error, TypeError):
-            continue
-        if process.info["status"] != psutil.STATUS_ZOMBIE and (UID_RANGE[0] <= uid <= UID_RANGE[1] or marked):
-            found.append(process.pid)
-    return found
-
+from coati.rewards.sandbox import (CPU_TIME, FILE_SIZE, LIMIT, MEMORY, OK, OWN_USER, PROCESSES, WALL_TIME, Sandbox,
+                                   SandboxLimits)
+from support import BACKENDS_HERE, LIMITS, sandbox_processes
 
 @pytest.fixture(scope="module", params=BACKENDS_HERE or [pytest.param(None, marks=pytest.mark.skip(
     reason="nothing contains programs here: no bubblewrap, not root"))])

@@ -16,7 +16,7 @@ import pytest
 from coati.rewards import CodeTests
 from coati.rewards.code import _HARNESS
 from coati.rewards.sandbox import BWRAP, MEMORY, MEMORY_CGROUP, SandboxError, SandboxLimits, shared_sandbox
-from test_sandbox import BACKENDS_HERE, LIMITS, sandbox_processes
+from support import BACKENDS_HERE, LIMITS, sandbox_processes
 
 REPO = Path(__file__).resolve().parents[1]
 DOUBLE = "def f(x):\n    return 2 * x\n"

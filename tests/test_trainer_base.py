@@ -1,10 +1,8 @@
 """SLTrainer's loop (accumulation, step counting, hooks), in one process (OLTrainer's hooks: test_grpo.py)."""
 import torch
-from colossalai.booster import Booster
-from colossalai.booster.plugin import TorchDDPPlugin
 
-from coati.trainer import BatchResult, Callback, SLTrainer
-from coati.cli.runner import build_dataloader
+from coati.trainer import Callback
+from support import linear_trainer, regression_rows
 
 
 class Recorder(Callback):
@@ -19,36 +17,6 @@ class Recorder(Callback):
         return super().__getattribute__(name)
 
 
-class SquaredError(SLTrainer):
-    """loss_i = (w . x_i - y_i)^2, summed; one item per row."""
-
-    def _compute_batch(self, batch):
-        err = self.model(batch["x"]).squeeze(-1) - batch["y"]
-        loss = (err ** 2).sum()
-        return BatchResult(loss, {"loss": (loss.item(), len(err))})
-
-
-def _linear_trainer(rows, batch_size, accumulation_steps, lr, callbacks=(), **kwargs):
-    torch.manual_seed(0)
-    model = torch.nn.Linear(2, 1, bias=False)
-    w0 = model.weight.detach().clone()
-    plugin = TorchDDPPlugin()
-    booster = Booster(plugin=plugin)
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    model, optimizer, *_ = booster.boost(model, optimizer)
-    loader = build_dataloader(plugin, rows, batch_size, torch.utils.data.default_collate, shuffle=False, seed=0)
-    trainer = SquaredError(booster, 1, model, optimizer, plugin, accumulation_steps=accumulation_steps,
-                           log_interval=1, callbacks=callbacks, **kwargs)
-    return trainer, loader, w0
-
-
-def _rows(n):
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(n, 2, generator=g)
-    y = torch.randn(n, generator=g)
-    return [{"x": x[i], "y": y[i]} for i in range(n)], x, y
-
-
 def _sgd_on_mean(w, x, y, lr):
     """One SGD step on the mean squared error over the rows given."""
     err = x @ w.T - y[:, None]
@@ -57,9 +25,9 @@ def _sgd_on_mean(w, x, y, lr):
 
 
 def test_accumulation_counts_steps_and_keeps_partial_last_group(world_of_one):
-    rows, x, y = _rows(5)              # micro-batches of 2: [0,1] [2,3] [4]; accumulation 2 -> steps {0..3}, {4}
+    rows, x, y = regression_rows(5)              # micro-batches of 2: [0,1] [2,3] [4]; accumulation 2 -> steps {0..3}, {4}
     recorder = Recorder()
-    trainer, loader, w0 = _linear_trainer(rows, batch_size=2, accumulation_steps=2, lr=0.1, callbacks=[recorder])
+    trainer, loader, w0 = linear_trainer(rows, batch_size=2, accumulation_steps=2, lr=0.1, callbacks=[recorder])
     trainer.fit(loader)
     assert trainer.step == 2
     expected = _sgd_on_mean(_sgd_on_mean(w0, x[:4], y[:4], 0.1), x[4:], y[4:], 0.1)
@@ -70,9 +38,9 @@ def test_accumulation_counts_steps_and_keeps_partial_last_group(world_of_one):
 
 
 def test_sl_hooks_fire_in_documented_order(world_of_one):
-    rows, _, _ = _rows(4)
+    rows, _, _ = regression_rows(4)
     recorder = Recorder()
-    trainer, loader, _ = _linear_trainer(rows, batch_size=2, accumulation_steps=1, lr=0.1, callbacks=[recorder])
+    trainer, loader, _ = linear_trainer(rows, batch_size=2, accumulation_steps=1, lr=0.1, callbacks=[recorder])
     trainer.fit(loader)
     names = [c[0] for c in recorder.calls]
     step = ["on_optimizer_step_start", "on_learn_batch_start", "on_optimizer_step_end", "on_learn_batch_end", "on_log"]
@@ -94,8 +62,8 @@ def test_a_callback_overriding_either_name_of_a_hook_is_called_once_per_step(wor
         def on_learn_batch_end(self, batches):
             self.steps.append(len(batches))
 
-    rows, _, _ = _rows(4)
-    trainer, loader, _ = _linear_trainer(rows, batch_size=2, accumulation_steps=1, lr=0.1, callbacks=[New(), Published()])
+    rows, _, _ = regression_rows(4)
+    trainer, loader, _ = linear_trainer(rows, batch_size=2, accumulation_steps=1, lr=0.1, callbacks=[New(), Published()])
     trainer.fit(loader)
     assert New.steps == [1, 1] and Published.steps == [1, 1]
 
@@ -105,16 +73,16 @@ def test_callback_can_stop_training(world_of_one):
         def on_learn_batch_end(self, batches):
             self.stop_training = True
 
-    rows, _, _ = _rows(8)
-    trainer, loader, _ = _linear_trainer(rows, batch_size=2, accumulation_steps=1, lr=0.1,
+    rows, _, _ = regression_rows(8)
+    trainer, loader, _ = linear_trainer(rows, batch_size=2, accumulation_steps=1, lr=0.1,
                                          callbacks=[StopAfterFirstStep()])
     trainer.fit(loader)
     assert trainer.step == 1
 
 
 def test_max_steps_stops_at_that_optimizer_step_and_checkpoints_the_position(world_of_one, tmp_path):
-    rows, _, _ = _rows(12)               # 6 micro-batches of 2 per epoch, 2 epochs
-    trainer, loader, _ = _linear_trainer(rows, batch_size=2, accumulation_steps=1, lr=0.1,
+    rows, _, _ = regression_rows(12)               # 6 micro-batches of 2 per epoch, 2 epochs
+    trainer, loader, _ = linear_trainer(rows, batch_size=2, accumulation_steps=1, lr=0.1,
                                          max_steps=4, save_dir=str(tmp_path))
     trainer.max_epochs = 2
     trainer.fit(loader)

@@ -1,0 +1,109 @@
+"""What several test files use: a GRPO trainer on the tiny model, a supervised trainer on a linear regression, a
+hook recorder, and the sandbox's limits and process census. Test files import from here, never from one another."""
+import os
+
+import psutil
+import torch
+from colossalai.booster import Booster
+from colossalai.booster.plugin import TorchDDPPlugin
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from coati.cli.runner import build_dataloader
+from coati.config import GRPOConfig, SamplingConfig
+from coati.dataset import PromptCollator
+from coati.dataset.demo_data import generate_problems, prompt_records
+from coati.dataset.prepare import encode_prompt
+from coati.experience.experience import GRPOExperienceMaker
+from coati.models.generation import HFEngine
+from coati.rewards import WeightedReward
+from coati.rewards.sandbox import BWRAP, NAMESPACES, UID_RANGE, Sandbox, SandboxLimits, bwrap_problem
+from coati.trainer import BatchResult, Callback, SLTrainer
+from coati.trainer.grpo import GRPOTrainer
+
+
+class Recorder(Callback):
+    """Records every hook call as (name, arguments) in `events`."""
+
+    def __init__(self):
+        self.events = []
+
+    def __getattribute__(self, name):
+        if name.startswith("on_"):
+            return lambda *args: self.events.append((name, args))
+        return super().__getattribute__(name)
+
+
+def grpo_trainer(assets, optimizer_cls=torch.optim.AdamW, old_log_probs_at_collection=True, **kwargs) -> GRPOTrainer:
+    """A GRPOTrainer on 8 prompts, 2 per batch (an epoch of prompts every 4 batches), with `kwargs`."""
+    tokenizer = AutoTokenizer.from_pretrained(assets["model"])
+    rows = [encode_prompt(tokenizer, r, 64) for r in prompt_records(generate_problems(8, "train"))]
+    plugin = TorchDDPPlugin()
+    booster = Booster(plugin=plugin)
+    loader = build_dataloader(plugin, rows, 2, PromptCollator(tokenizer.pad_token_id), True, 0)
+    model = AutoModelForCausalLM.from_pretrained(assets["model"])
+    optimizer = optimizer_cls(model.parameters(), lr=1e-3)
+    actor, optimizer, *_ = booster.boost(model, optimizer)
+    engine = HFEngine(actor.unwrap(), tokenizer.pad_token_id, [tokenizer.eos_token_id])
+    config = GRPOConfig(num_generations=4, sampling=SamplingConfig(max_new_tokens=8),
+                        old_log_probs_at_collection=old_log_probs_at_collection)
+    maker = GRPOExperienceMaker(actor, engine, tokenizer, WeightedReward.from_specs(["math_answer", "answer_format"]), config)
+    return GRPOTrainer(actor, optimizer, booster, maker, loader, **kwargs)
+
+
+class SquaredError(SLTrainer):
+    """loss_i = (w . x_i - y_i)^2, summed; one item per row."""
+
+    def _compute_batch(self, batch):
+        err = self.model(batch["x"]).squeeze(-1) - batch["y"]
+        loss = (err ** 2).sum()
+        return BatchResult(loss, {"loss": (loss.item(), len(err))})
+
+
+def linear_trainer(rows, batch_size, accumulation_steps, lr, callbacks=(), **kwargs):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1, bias=False)
+    w0 = model.weight.detach().clone()
+    plugin = TorchDDPPlugin()
+    booster = Booster(plugin=plugin)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    model, optimizer, *_ = booster.boost(model, optimizer)
+    loader = build_dataloader(plugin, rows, batch_size, torch.utils.data.default_collate, shuffle=False, seed=0)
+    trainer = SquaredError(booster, 1, model, optimizer, plugin, accumulation_steps=accumulation_steps,
+                           log_interval=1, callbacks=callbacks, **kwargs)
+    return trainer, loader, w0
+
+
+def regression_rows(n):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(n, 2, generator=g)
+    y = torch.randn(n, generator=g)
+    return [{"x": x[i], "y": y[i]} for i in range(n)], x, y
+
+
+LIMITS = SandboxLimits(cpu_s=2, wall_s=3, memory_mb=256, processes=16, file_size_mb=4)
+
+
+def backends_here():
+    """The backends that contain programs on this machine: bubblewrap where it works, coati's own namespaces as root
+    with CAP_SYS_ADMIN."""
+    found = [BWRAP] if bwrap_problem() is None else []
+    if os.geteuid() == 0 and NAMESPACES in Sandbox(LIMITS, 1, NAMESPACES).run("pass").isolation:
+        found.append(NAMESPACES)
+    return found
+
+
+BACKENDS_HERE = backends_here()
+
+
+def sandbox_processes():
+    """Live processes of the sandbox's user ids, or started by a sandboxed program (its marker in the command)."""
+    found = []
+    for process in psutil.process_iter(["uids", "cmdline", "status"]):
+        try:
+            uid = process.info["uids"].real
+            marked = "coati-sandbox-test" in " ".join(process.info["cmdline"] or [])
+        except (psutil.Error, TypeError):
+            continue
+        if process.info["status"] != psutil.STATUS_ZOMBIE and (UID_RANGE[0] <= uid <= UID_RANGE[1] or marked):
+            found.append(process.pid)
+    return found
