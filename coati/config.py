@@ -414,7 +414,7 @@ class OnPolicyConfig:
     objective: str = setting(
         "policy_gradient", parse=OBJECTIVES.choice(),
         help=OBJECTIVES.describe("the actor's loss on each micro-batch (your own, e.g. online DPO, is a factory taking "
-                                 "an ObjectiveConfig, see the README's Adding an algorithm)"))
+                                 "an ObjectiveConfig, see docs/concepts/algorithms.md)"))
     objective_options: Dict[str, Any] = _option_list(
         flag="--objective_option", help="the objective's own hyperparameters, in its ObjectiveConfig.options")
     entropy_coef: float = setting(0.0, parse=non_negative(), help="weight of the entropy bonus")

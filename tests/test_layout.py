@@ -1,4 +1,4 @@
-"""The package layout the README's code map describes: coati's subpackages import one another in one direction only
+"""The package layout the code map (docs/concepts/algorithms.md) describes: coati's subpackages import one another in one direction only
 (no cycle), the scripts' set-up (`coati.cli`) is imported by nothing else in coati, and ColossalChat's own names
 (`coati.compat`) import nothing of coati's."""
 import ast

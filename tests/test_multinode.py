@@ -1,5 +1,5 @@
 """Multi-node runs across two hosts made on this machine (network namespaces joined by a veth pair, see
-netns_hosts.py), started the two ways the README gives: `multinode_torchrun.sh` on each host (static
+netns_hosts.py), started the two ways docs/guides/multi-node.md gives: `multinode_torchrun.sh` on each host (static
 rendezvous at node 0) and `multinode_colossalai.sh` (`colossalai run --hostfile` over SSH). Gloo runs over the
 veth link; the checkpoints and logs sit on the filesystem both hosts share, as NFS would be."""
 import json

@@ -561,7 +561,7 @@ def test_the_recorded_tokens_are_what_a_real_engine_produced(tiny_assets):
 
 @pytest.mark.slow
 def test_grpo_trains_an_openai_client_agent_under_torchrun(tiny_assets, tmp_path):
-    """The README's command: the example agent, unchanged, as every rollout and every held-out episode."""
+    """The multi-turn guide's command (docs/guides/multi-turn.md): the example agent, unchanged, as every rollout and every held-out episode."""
     import subprocess
 
     from conftest import REPO, SCRIPTS, child_env, torchrun_cmd

@@ -202,7 +202,7 @@ def test_host_folders_and_sockets_are_out_of_reach(backend, shared_folder):
             server.close()
             path.unlink()
     assert not [t for t in targets if os.path.exists(os.path.join(t, "coati-escape"))]
-    if backend == BWRAP:   # coati's own namespaces keep host sockets outside /run and /tmp reachable (README)
+    if backend == BWRAP:   # coati's own namespaces keep host sockets outside /run and /tmp reachable (docs/guides/rewards.md)
         assert reached == [] and "connected" not in result.stdout
     else:
         assert Path("/run") / f"coati-attack-{os.getpid()}.sock" not in reached

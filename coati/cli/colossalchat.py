@@ -3,7 +3,7 @@
 `add_colossalchat_flags(parser, script)` registers every flag of ColossalChat's script of that name that
 coati does not define itself: each is accepted with ColossalChat's meaning (an alias of ours, or translated
 after parsing by `CoatiArgumentParser`'s post-parse step) or refused with one line naming what to use
-instead. The README's table lists them all.
+instead. docs/migration/colossalchat.md lists them all.
 """
 import argparse
 import json
@@ -47,7 +47,7 @@ class _Refuse(argparse.Action):
 
 def add_colossalchat_flags(parser: argparse.ArgumentParser, script: str) -> None:
     """Register ColossalChat's flags of `script` (sft, rm, dpo, kto, orpo, ppo, grpo) on `parser`."""
-    group = parser.add_argument_group("ColossalChat's flags (see the README's table)")
+    group = parser.add_argument_group("ColossalChat's flags (see docs/migration/colossalchat.md)")
     group.add_argument("--config_file", default=None, help="also write the run's flags to this JSON file")
     group.add_argument("--enable_sequence_parallelism", action="store_true",
                        help="3d: sequence parallelism (--sp_mode, default split_gather)")
