@@ -36,7 +36,9 @@ $(TRL_STAMP): requirements-trl.txt
 	touch $(TRL_STAMP)
 
 # The documentation site (docs/, mkdocs.yml) built into site/ in strict mode: a broken link or anchor fails it.
-docs: $(DOCS_STAMP)
+# The reference pages are generated from the code first (coati.cli.reference).
+docs: install $(DOCS_STAMP)
+	$(PY) -m coati.cli.reference docs/reference
 	$(DOCS_VENV)/bin/mkdocs build --strict
 
 $(DOCS_STAMP): requirements-docs.txt

@@ -44,3 +44,16 @@ def test_the_readme_is_short_and_every_link_in_it_leads_somewhere():
     links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme)
     local = [link for link in links if not link.startswith("http")]
     assert local and all((REPO / link).is_file() for link in local), [l for l in local if not (REPO / l).is_file()]
+
+
+def test_the_reference_pages_are_the_codes():
+    """docs/reference is what `python -m coati.cli.reference` generates now: a flag, default, range or registered
+    part changed in the code and not in the docs fails here (regenerate them)."""
+    from coati.cli.reference import pages
+
+    folder = REPO / "docs" / "reference"
+    assert sorted(p.name for p in folder.glob("*.md")) == sorted(pages())
+    stale = [name for name, text in pages().items() if (folder / name).read_text() != text]
+    assert not stale, f"stale: {stale}; run `python -m coati.cli.reference docs/reference`"
+    grpo = (folder / "grpo.md").read_text()
+    assert "| `--learning_rate` " in grpo or "(`--learning_rate`)" in grpo   # TRL's names are listed with coati's

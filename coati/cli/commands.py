@@ -46,14 +46,23 @@ class _FlagsChecked(BaseException):
     lets it through)."""
 
 
-_CHECKING = contextvars.ContextVar("coati_checking_flags", default=False)
+class _ParserBuilt(BaseException):
+    """Ends a command run by `command_parser` once its parser is built, carrying it."""
+
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        super().__init__()
+        self.parser = parser
+
+
+_MODE = contextvars.ContextVar("coati_command_mode", default="run")
+"""How far a command goes: `run`; `check` (`check_flags`: parse and check the paths); `parser` (`command_parser`)."""
 
 
 def check_flags(name: str, argv: List[str]) -> None:
     """Parse training command `name`'s flags and run its path checks, as its run would, printing nothing unless
     they fail (then one line and exit 2): `coati --nproc_per_node N` does this before it starts any process, so a
     wrong flag is answered once, not on every rank under torchrun's report."""
-    token, said = _CHECKING.set(True), io.StringIO()
+    token, said = _MODE.set("check"), io.StringIO()
     try:
         with contextlib.redirect_stderr(said):
             TRAINING[name](argv)
@@ -63,7 +72,26 @@ def check_flags(name: str, argv: List[str]) -> None:
         sys.stderr.write(said.getvalue())
         raise
     finally:
-        _CHECKING.reset(token)
+        _MODE.reset(token)
+
+
+def command_parser(name: str) -> argparse.ArgumentParser:
+    """The parser of command `name` as its run builds it (with ColossalChat's and TRL's names), for the reference."""
+    token = _MODE.set("parser")
+    try:
+        COMMANDS[name]([])
+    except _ParserBuilt as built:
+        return built.parser
+    finally:
+        _MODE.reset(token)
+    raise RuntimeError(f"coati {name} built no parser")
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Optional[List[str]]) -> argparse.Namespace:
+    """`parser.parse_args(argv)`, unless `command_parser` only wants the parser."""
+    if _MODE.get() == "parser":
+        raise _ParserBuilt(parser)
+    return parser.parse_args(argv)
 
 
 def _finish(parser: argparse.ArgumentParser, script: str, argv: Optional[List[str]]) -> argparse.Namespace:
@@ -71,9 +99,9 @@ def _finish(parser: argparse.ArgumentParser, script: str, argv: Optional[List[st
     parser.set_defaults(data_type=DATA_TYPES[script])
     add_colossalchat_flags(parser, script)
     add_trl_names(parser, script)
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     check_paths(args)
-    if _CHECKING.get():
+    if _MODE.get() == "check":
         raise _FlagsChecked
     return args
 
@@ -268,7 +296,7 @@ def prepare(argv: Optional[List[str]] = None) -> None:
                         help="also write each part as part-NNNNN.jsonl here, with its text decoded (ColossalChat's check)")
     parser.add_argument("--num_samples_per_datafile", type=at_least(-1), default=-1,
                         help="keep at most this many rows of each part, sampled with a fixed seed (-1 or 0: all)")
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     out_dir = args.data_output_dirs or args.data_arrow_output_dir
     check_writable_dir(out_dir, "--data_arrow_output_dir" if args.data_arrow_output_dir else "--data_output_dirs")
     if args.data_jsonl_output_dir:
@@ -298,7 +326,7 @@ def tiny_model(argv: Optional[List[str]] = None) -> None:
     parser = CoatiArgumentParser(description=_summary(tiny_model))
     parser.add_argument("out", help="the folder to write the model and tokenizer to")
     parser.add_argument("--size", default="tiny", choices=("tiny", "small", "base", "100m"), help="the model's shape")
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     check_writable_dir(args.out, "OUT")
     from coati.dataset.demo_data import tokenizer_corpus
     from coati.models.tiny import write_tiny_model
@@ -310,3 +338,5 @@ def tiny_model(argv: Optional[List[str]] = None) -> None:
 TRAINING: Dict[str, Callable[[Optional[List[str]]], None]] = {
     "sft": sft, "rm": rm, "dpo": dpo, "kto": kto, "orpo": orpo, "prm": prm, "ppo": ppo, "grpo": grpo}
 """The training commands by name (each launched under torchrun by `coati <name> --nproc_per_node N`)."""
+COMMANDS: Dict[str, Callable[[Optional[List[str]]], None]] = {"prepare": prepare, **TRAINING, "tiny-model": tiny_model}
+"""Every command of `coati`, in the order `coati --help` lists them."""

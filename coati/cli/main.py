@@ -19,9 +19,9 @@ LAUNCHER_ENV = ("LOCAL_RANK", "TORCHELASTIC_RUN_ID")
 
 
 def _commands() -> Dict[str, object]:
-    from coati.cli.commands import TRAINING, prepare, tiny_model
+    from coati.cli.commands import COMMANDS
 
-    return {"prepare": prepare, **TRAINING, "tiny-model": tiny_model}
+    return COMMANDS
 
 
 def usage() -> str:
