@@ -217,3 +217,10 @@ def parsed_args(command: str, argv, monkeypatch) -> Any:
     monkeypatch.setattr(commands, "check_paths", lambda args: {})
     getattr(commands, command)(list(argv))
     return seen["args"]
+
+
+def unknown_metrics(records: list) -> list:
+    """The logged names in `records` that the metric catalogue (`coati.trainer.metric_names`) does not describe."""
+    from coati.trainer.metric_names import describe
+
+    return sorted({name for record in records for name in record if name != "time" and describe(name) is None})

@@ -57,3 +57,12 @@ def test_the_reference_pages_are_the_codes():
     assert not stale, f"stale: {stale}; run `python -m coati.cli.reference docs/reference`"
     grpo = (folder / "grpo.md").read_text()
     assert "| `--learning_rate` " in grpo or "(`--learning_rate`)" in grpo   # TRL's names are listed with coati's
+
+
+def test_the_metric_catalogue_describes_the_published_names_and_no_made_up_one():
+    from coati.trainer.metric_names import PUBLISHED_GRPO, describe
+
+    assert all(describe(name) for name in PUBLISHED_GRPO), [name for name in PUBLISHED_GRPO if not describe(name)]
+    assert describe("train/rewards/math_answer/p95").pattern == "train/rewards/<component>/<stat>"
+    assert describe("train/reward_p50").pattern == "train/reward_p<q>"
+    assert describe("train/made_up") is None and describe("train/loss") and describe("val/loss") is None

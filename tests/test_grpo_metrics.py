@@ -7,19 +7,8 @@ import pytest
 import torch
 
 from coati.experience.metrics import group_diversity, kl_stats, length_stats, reward_stats
+from coati.trainer.metric_names import PUBLISHED_GRPO as PUBLISHED
 from conftest import SCRIPTS, torchrun
-
-PUBLISHED = ["train/loss", "train/loss/policy", "train/loss/kl", "train/learning_rate", "train/epoch",
-             "train/global_step", "train/num_tokens", "train/avg_completion_tokens", "train/grad_norm",
-             "train/policy_entropy", "train/reward", "train/reward_std",
-             *[f"train/reward_p{q}" for q in ("00", "05", "25", "50", "75", "95", "100")],
-             "train/frac_reward_zero_std",
-             *[f"train/completions/{s}_length_{k}" for s in ("mean", "min", "max") for k in ("sampled", "terminated")],
-             "train/completions/clipped_frac",
-             *[f"train/completions/diversity/{k}" for k in ("distinct_1", "distinct_2", "jaccard")],
-             "train/kl", "train/kl_per_completion_token", "train/loss_per_completion_token", "train/clip_ratio",
-             *[f"train/clip_ratio/{k}" for k in ("low_mean", "low_min", "high_mean", "high_max", "region_mean")],
-             "train/beta", "train/kl_coeff"]
 
 
 def test_reward_quantiles_and_population_std_match_a_hand_computation():

@@ -1,6 +1,7 @@
 """The recipes users start from (examples/recipes/*.yaml): each one's keys and values are taken by its command as
 written, and the ones a CPU can run (all but vLLM's and the 2-node one) train two steps on the tiny model with only
 the model, data, plugin and lengths overridden, then resume as the recipes page says (and find nothing left)."""
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, child_env, parsed_args
+from conftest import REPO, child_env, parsed_args, unknown_metrics
 
 RECIPES = REPO / "examples" / "recipes"
 GPU_OR_CLUSTER = ("grpo_vllm.yaml", "grpo_2nodes.yaml")
@@ -49,6 +50,8 @@ def test_a_recipe_trains_on_a_cpu_with_the_model_and_data_overridden(recipe, tin
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert (tmp_path / "out" / "model" / "config.json").is_file()
     assert "step 2/2" in done.stdout
+    logged = [json.loads(line) for line in (tmp_path / "out" / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert logged and not unknown_metrics(logged)   # every name it logs is in the catalogue (docs/reference/metrics.md)
     again = subprocess.run([*run, "--resume_from_checkpoint", "true"], capture_output=True, text=True,
                            env=child_env(), cwd=tmp_path, timeout=600)   # the recipes' resume: nothing left to do
     assert again.returncode == 0 and "the run is finished: " in again.stdout, again.stdout[-2000:] + again.stderr[-2000:]

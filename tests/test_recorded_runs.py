@@ -14,7 +14,7 @@ from typing import Any, Dict, List
 import pytest
 
 from conftest import (REPO, SCRIPTS, assert_same_records, build_tiny_assets, build_turn_ender, torchrun,
-                      train_records)
+                      train_records, unknown_metrics)
 
 RECORD = REPO / "tests" / "recorded" / "runs.json"
 KERNEL_CAP = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
@@ -72,6 +72,7 @@ def test_the_fixed_runs_sample_and_log_what_was_recorded_before_the_refactor(alg
     assert now["samples"] and any(row["completion"] for row in now["samples"])
     assert_same_samples(now["samples"], recorded["samples"])
     assert_same_records(now["metrics"], recorded["metrics"])
+    assert not unknown_metrics(now["metrics"])
 
 
 def record() -> None:

@@ -1,5 +1,6 @@
 """The settings reference, generated from the code: every flag of every `coati` command (its aliases, default, range
-or choices, help and section) and every registry's parts (what each does, its options), as the Markdown pages of
+or choices, help and section), every registry's parts (what each does, its options) and every logged metric, as the
+Markdown pages of
 `docs/reference/`. `python -m coati.cli.reference docs/reference` writes them; a test fails when they are stale.
 """
 import argparse
@@ -75,9 +76,21 @@ def registries_page() -> str:
     return "\n".join(lines)
 
 
+def metrics_page() -> str:
+    """Every logged metric of the catalogue (`coati.trainer.metric_names`)."""
+    from coati.trainer.metric_names import CATALOGUE
+
+    lines = ["# Logged metrics", "", "What the trainers log to TensorBoard, W&B and `metrics.jsonl` (`<...>` stands for one "
+             "part of the name). The tests check the names real runs log against this catalogue.", "", INTRO, "",
+             "| name | meaning | logged by |", "|---|---|---|"]
+    lines += [f"| `{metric.pattern}` | {_cell(metric.meaning)} | {_cell(metric.logged_by)} |" for metric in CATALOGUE]
+    return "\n".join(lines) + "\n"
+
+
 def pages() -> Dict[str, str]:
     """File name -> content of every reference page."""
-    return {**{f"{name}.md": command_page(name) for name in COMMANDS}, "registries.md": registries_page()}
+    return {**{f"{name}.md": command_page(name) for name in COMMANDS}, "registries.md": registries_page(),
+            "metrics.md": metrics_page()}
 
 
 def write(folder: str) -> None:
