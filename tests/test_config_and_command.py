@@ -473,6 +473,13 @@ def test_a_folder_named_by_split_trains_on_one_split_and_evaluates_on_another_as
     with pytest.raises(CoatiUsageError, match=rf"^--dataset: {folder} has no split 'validation': its files make the "
                                               r"splits test, train$"):
         prepare_raw_data(_split_args(tiny_assets, tmp_path, folder, dataset_test_split="validation"))
+    with pytest.raises(CoatiUsageError, match=rf"^--dataset: {folder / 'train.jsonl'} is one file, with no 'test' split: "
+                                              r"hold part of it out with --eval_split FRACTION, or give --eval_dataset$"):
+        prepare_raw_data(_split_args(tiny_assets, tmp_path, folder / "train.jsonl", dataset_test_split="test"))
+    plain = tmp_path / "plain"
+    write_jsonl(sft_records(generate_problems(6, "train")), plain / "rows.jsonl")
+    with pytest.raises(CoatiUsageError, match=rf"^--dataset: {plain}: its files are not named by split"):
+        prepare_raw_data(_split_args(tiny_assets, tmp_path, plain, dataset_test_split="test"))
     with pytest.raises(CoatiUsageError, match=r"^--eval_split and --dataset_test_split: give the held-out data one way"):
         check_held_out(_split_args(tiny_assets, tmp_path, folder, dataset_test_split="test", eval_split=0.1))
     with pytest.raises(CoatiUsageError, match=rf"^--dataset_test_split test names a split of raw data; --dataset "

@@ -35,11 +35,17 @@ COLOSSALCHAT_COLUMNS = ("loss_mask", "inputs_decode", "labels_decode", "label_de
 def _jsonl_files(path: Path, split: Optional[str] = None) -> List[Path]:
     """The JSONL files of `path` (itself, or those in the folder); of `split` only, where the folder's files are
     named by split as `datasets.load_dataset` reads them (`train.jsonl`, `test.jsonl`)."""
+    instead = "hold part of it out with --eval_split FRACTION, or give --eval_dataset"
     if path.is_file():
+        if split not in (None, "train"):
+            raise CoatiUsageError(f"{path} is one file, with no {split!r} split: {instead}")
         return [path]
     files = sorted(p for p in path.iterdir() if p.suffix in JSONL_SUFFIXES) if path.is_dir() else []
     if files and split is not None:
         named = named_splits(path)
+        if not named and split != "train":
+            raise CoatiUsageError(f"{path}: its files are not named by split (train.jsonl, test.jsonl), so it has no "
+                                  f"{split!r} split: {instead}")
         if named:
             if split not in named:
                 raise CoatiUsageError(f"{path} has no split {split!r}: its files make the splits "
