@@ -563,3 +563,17 @@ def test_an_option_a_registered_part_does_not_take_is_one_line_before_the_traini
     done = _probe("coati.cli.main", ["grpo", *GRPO, *argv])
     assert done.stdout.split("\n")[-3:-1] == ["exit 2", "loaded []"], done.stdout + done.stderr
     assert done.stderr.strip().splitlines() == [wanted]
+
+
+def test_prepared_prompts_that_max_length_cuts_at_batching_time_are_noted(capsys):
+    """Prompts prepared longer than --max_length are cut (from the left) by the collator: the run says how many."""
+    from datasets import Dataset
+
+    from coati.cli.rl_runner import _note_cut_prompts
+
+    rows = Dataset.from_dict({"input_ids": [[1] * 3, [1] * 10, [1] * 12]})
+    _note_cut_prompts(rows, 8)
+    _note_cut_prompts(rows, 0)    # no limit: nothing is cut
+    _note_cut_prompts(rows, 12)
+    assert capsys.readouterr().err.splitlines() == [
+        "note: 2 of 3 prompts are longer than --max_length 8 tokens: they are cut from the left, their end kept"]
