@@ -127,6 +127,8 @@ def test_use_peft_trains_lora_at_trls_rank_unless_lora_r_says(monkeypatch, tmp_p
     ({"output_dir": "o"}, {"log_dir": "o/logs"}),
     ({"eval_strategy": "epoch"}, {"eval_freq_epochs": 1}),
     ({"max_steps": -1, "num_episodes": 7}, {"num_episodes": 7}),
+    ({"log_completions": True, "logging_steps": 3}, {"sample_log_interval": 3}),
+    ({"log_completions": False}, {"sample_log_interval": 0}),
     ({"eval_strategy": "steps", "logging_steps": 3}, {"eval_interval": 3}),
     ({"save_strategy": "steps", "output_dir": "o"}, {"save_interval": 500, "save_dir": "o/checkpoints"}),
 ])
@@ -165,6 +167,7 @@ def test_grpo_counts_convert_from_trls_completions_and_optimizer_steps(config, e
      r"--max_steps 6 counts optimizer steps, and an episode here makes 4 of them: give a multiple of 4, or "
      r"--num_episodes in episodes"),
     (["--max_steps", "5", "--num_episodes", "5"], r"--num_episodes and --max_steps set the same thing"),
+    (["--num_train_epochs", "1"], r"num_train_epochs is not taken: GRPO and PPO count episodes; give max_steps"),
     (["--reward_funcs", "math_answer", "--reward_weights", "1", "2"],
      r"--reward_weights: 2 weights for 1 reward functions \(math_answer\)"),
     (["--scale_rewards", "batch"], r"--scale_rewards batch: coati scales by the group's std"),
@@ -190,6 +193,8 @@ def test_flags_override_the_file_and_launcher_keys_are_the_coati_commands(monkey
     ({"learnin_rate": 1e-3}, r"unknown key 'learnin_rate' \(did you mean learning_rate\?\)"),
     ({"accelerate_config": "fsdp.yaml"}, r"key 'accelerate_config' is not taken: coati launches with torchrun"),
     ({"env": {"A": "1"}}, r"key 'env' is not taken: set environment variables in the shell"),
+    ({"system_prompt": "Be brief."}, r"key 'system_prompt' is not taken: put the system turn in the data"),
+    ({"dataset_prompt_column": "problem"}, r"key 'dataset_prompt_column' is not taken: name the data's prompt column"),
     ({"gradient_checkpointing": "yes"}, r"gradient_checkpointing: expected true or false, got 'yes'"),
     ({"learning_rate": [1, 2]}, r"learning_rate: expected one value, got a list of 2"),
 ])

@@ -24,6 +24,8 @@ REFUSED_KEYS = {
     "accelerate_config": "coati launches with torchrun or colossalai run: give num_processes (--nproc_per_node), "
                          "--nnodes and --hostfile instead, and the plugin with --plugin",
     "env": "set environment variables in the shell that runs coati; a config file holds settings only",
+    "system_prompt": "put the system turn in the data: a `prompt` (or `messages`) list that opens with a system message",
+    "dataset_prompt_column": "name the data's prompt column `prompt` (TRL's standard) or give `messages`",
 }
 """Keys of TRL recipes that coati does not take -> what to do instead."""
 IGNORED_KEYS = {

@@ -54,6 +54,14 @@ def _positive_int(value: str) -> int:
     return number
 
 
+def _refusal(name: str, instead: str) -> Any:
+    """An argparse `type` that refuses TRL's `name`, saying what to give instead."""
+    def refuse(value: str) -> Any:
+        raise argparse.ArgumentTypeError(f"{name} is not taken: {instead}")
+
+    return refuse
+
+
 def _steps_or_unlimited(value: str) -> int:
     """TRL's `max_steps`: a count >= 1, or -1 for no limit of its own."""
     return -1 if value.strip() == "-1" else _positive_int(value)
@@ -86,6 +94,11 @@ def add_trl_names(parser: argparse.ArgumentParser, script: str) -> None:
         add("--epsilon", "both clip bounds, --clip_eps_low and (unless --epsilon_high) --clip_eps_high", type=float)
         add("--reward_weights", "one weight per --reward_funcs entry", nargs="+", type=float)
         add("--max_prompt_length", "longest prompt in tokens; longer ones are cut (--max_length)", type=_positive_int)
+        add("--log_completions", "true: a table of prompts and completions every logging step (--sample_log_interval "
+                                 "--logging_steps); false: none", **switch)
+        add("--num_train_epochs", "not taken: GRPO and PPO count episodes; give max_steps (optimizer steps, TRL's) or "
+                                  "--num_episodes", type=_refusal("num_train_epochs", "GRPO and PPO count episodes; give "
+                                                                  "max_steps (optimizer steps, TRL's) or --num_episodes"))
         if script == "grpo":
             add("--loss_type", f"GRPO's aggregation: {', '.join(GRPO_LOSS_TYPES)} (--loss_agg)",
                 choices=tuple(GRPO_LOSS_TYPES))
@@ -177,6 +190,9 @@ class _Conversion:
             self.completions_per_device(trl["per_device_train_batch_size"])
         if self.given.get("log_interval") == "--logging_steps" or any(name in trl for name in STEP_COUNTS):
             self.step_counts()
+        if "log_completions" in trl:
+            self.set("sample_log_interval", self.args.log_interval if trl["log_completions"] else 0, "log_completions",
+                     exclusive=True)
 
     def completions_per_device(self, completions: int) -> None:
         """TRL's completions per device per micro-step -> coati's prompts per rank (`--batch_size`) and learning
