@@ -10,7 +10,7 @@ import time
 import pytest
 
 from coati.utils.ckpt_io import latest_checkpoint
-from conftest import SCRIPTS, kill_run, start_torchrun, torchrun
+from conftest import SCRIPTS, kill_run, start_torchrun, torchrun, unknown_metrics
 
 PROMPTS, PER_STEP = 12, 4   # 2 ranks x batch 2: three steps a pass
 
@@ -72,6 +72,7 @@ def test_async_grpo_killed_at_a_random_moment_trains_every_prompt_of_a_pass_once
     assert f"resumed from {killed_at}" in result.stdout + result.stderr
     records = [r for r in _records(tmp_path) if "train/loss" in r]
     assert [r["step"] for r in records] == list(range(1, episodes + 1))
+    assert not unknown_metrics(_records(tmp_path))   # asynchronous, multi-turn, partial: all in the catalogue
     for r in records:
         assert 0 <= r["train/rollout/staleness@trained/min"] <= r["train/rollout/staleness@trained/max"] <= 1
         assert 0 <= r["train/rollout/staleness@token/min"] <= r["train/rollout/staleness@token/max"] <= 1   # partial

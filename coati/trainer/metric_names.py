@@ -68,13 +68,18 @@ CATALOGUE = (
     Metric("train/values", "mean critic value of the completion tokens", "PPO"),
     Metric("train/explained_variance", "how much of the returns' variance the critic's values explain", "PPO"),
     Metric("train/grad_norm/critic", "the critic's gradient norm", "PPO"),
-    Metric("train/behaviour_ratio", "mean weight pi_old / pi_behaviour where samples came from another engine or "
+    Metric("train/behaviour_ratio", "mean ratio pi_old / pi_behaviour where samples came from another engine or "
                                     "older weights", "vLLM, asynchronous rollouts"),
     Metric("train/behaviour_ratio/<stat>", "its min and max", "vLLM, asynchronous rollouts"),
+    Metric("train/behaviour_weight", "mean weight each token's loss got from that ratio (--behaviour_correction)",
+           "vLLM, asynchronous rollouts"),
+    Metric("train/behaviour_capped", "share of tokens whose weight is not the ratio itself (capped or masked)",
+           "vLLM, asynchronous rollouts"),
     Metric("train/dynamic_sampling/extra_rollouts", "prompt batches drawn again to replace tied groups",
            "--dynamic_sampling"),
     Metric("train/rollout/<count>", "multi-turn and agent episodes: turns, tool_calls, sampled_tokens, "
-                                    "environment_tokens", "--tools, --agent"),
+                                    "environment_tokens; asynchronous rollouts: dropped_stale", "--tools, --agent, "
+                                                                                               "--async_rollout"),
     Metric("train/rollout/ended/<how>", "share of episodes that ended with an answer, or at max_turns, "
                                         "max_total_tokens, truncated", "--tools, --agent"),
     Metric("train/rollout/tool_errors/<kind>", "tool calls that failed: malformed, unknown_tool, bad_arguments, "
@@ -82,9 +87,9 @@ CATALOGUE = (
     Metric("train/time/<phase>", "seconds spent per phase: generation, reward, learning, weight_sync, "
                                  "actor_forward, reference_forward, critic_forward, critic_learning, engine_probe",
            ON_POLICY),
-    Metric("train/staleness@<denominator>/<stat>", "asynchronous rollouts: how many versions behind the trainer each "
-                                                   "trained sample's weights were (@trained, @token): avg, min, max",
-           "--async_rollout"),
+    Metric("train/rollout/staleness@<denominator>/<stat>", "how many versions behind the trainer each trained "
+                                                           "sample's weights were (@trained) and each token's "
+                                                           "(@token): avg, min, max", "--async_rollout"),
     Metric("alarm/<name>", "1 when a health alarm fired this step (zero_std_groups, length_collapse, "
                            "entropy_collapse, kl_runaway, grad_spike, engine_ratio_drift, ...)", ON_POLICY),
     Metric("eval/loss", "held-out loss", SUPERVISED),
