@@ -125,3 +125,15 @@ def test_the_gpu_check_prints_every_case_in_one_table(tmp_path):
     assert "| grpo, LoRA | skip 41s | skip 41s | skip 41s | skip 41s |  | pass 41s |" in table
     assert "| grpo, packed | skip 41s | skip 41s | skip 41s | skip 41s |  | skip 41s |" in table
     assert table[-1] == f"1 pass, 1 FAIL, {len(names) - 2} skip"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="refused only where there is no GPU")
+def test_a_launch_refuses_a_cuda_plugin_once_before_starting_any_process(tiny_assets):
+    """`coati ... --nproc_per_node 2 --plugin zero2` on a CPU: one line and status 2 from the launcher itself, not the
+    line on every rank under torchrun's failure report (and its status 1)."""
+    result = subprocess.run([sys.executable, "-m", "coati.cli.main", "sft", "--pretrain", str(tiny_assets["model"]),
+                             "--dataset", str(tiny_assets["sft_train"]), "--plugin", "zero2", "--nproc_per_node", "2"],
+                            capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=120)
+    assert result.returncode == 2
+    assert (result.stdout + result.stderr).strip().splitlines() == [
+        "error: --plugin zero2 needs CUDA GPUs and this machine has none; use --plugin ddp to train on the CPU"]

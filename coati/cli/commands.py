@@ -102,8 +102,17 @@ def _finish(parser: argparse.ArgumentParser, script: str, argv: Optional[List[st
     args = _parse(parser, argv)
     check_paths(args)
     if _MODE.get() == "check":
+        _check_plugin(args.plugin)
         raise _FlagsChecked
     return args
+
+
+def _check_plugin(plugin: str) -> None:
+    """Before a launch, the plugin can run on this machine (asks torch for CUDA): refused once here, not on each rank
+    under torchrun's failure report."""
+    from coati.distributed.plugins import check_plugin_available
+
+    check_plugin_available(plugin)
 
 
 @exit_cleanly
