@@ -51,9 +51,9 @@ def test_the_reference_pages_are_the_codes():
     part changed in the code and not in the docs fails here (regenerate them)."""
     from coati.cli.reference import pages
 
-    folder = REPO / "docs" / "reference"
-    assert sorted(p.name for p in folder.glob("*.md")) == sorted(pages())
-    stale = [name for name, text in pages().items() if (folder / name).read_text() != text]
+    folder, generated = REPO / "docs" / "reference", pages()
+    assert sorted(p.name for p in folder.glob("*.md")) == sorted(generated)
+    stale = [name for name, text in generated.items() if (folder / name).read_text() != text]
     assert not stale, f"stale: {stale}; run `python -m coati.cli.reference docs/reference`"
     grpo = (folder / "grpo.md").read_text()
     assert "| `--learning_rate` " in grpo or "(`--learning_rate`)" in grpo   # TRL's names are listed with coati's

@@ -99,9 +99,10 @@ def write(folder: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.md"):
         stale.unlink()
-    for name, text in pages().items():
+    written = pages()
+    for name, text in written.items():
         (out / name).write_text(text)
-    print(f"wrote {len(pages())} reference pages to {out}")
+    print(f"wrote {len(written)} reference pages to {out}")
 
 
 if __name__ == "__main__":
