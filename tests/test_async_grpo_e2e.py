@@ -39,6 +39,19 @@ def _trained_prompts(out) -> dict:
     return steps
 
 
+def _wait_randomly_before_the_last_step(ckpt, episodes: int, seconds: float) -> None:
+    """Sleep up to `seconds`, returning early once the checkpoint before the last is written, so that the kill
+    lands at a random moment while a step is still left to train (a step takes far longer than one poll)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and _last_saved_step(ckpt) < episodes - 1:
+        time.sleep(0.02)
+
+
+def _last_saved_step(ckpt) -> int:
+    latest = latest_checkpoint(ckpt)
+    return int(latest.name.rsplit("step-", 1)[1]) if latest else 0
+
+
 @pytest.fixture(scope="module")
 def few_prompts(tiny_assets, tmp_path_factory):
     """A prompt set of PROMPTS rows, so that a short run makes two passes over it."""
@@ -60,9 +73,10 @@ def test_async_grpo_killed_at_a_random_moment_trains_every_prompt_of_a_pass_once
     deadline = time.monotonic() + 300
     while latest_checkpoint(tmp_path / "ckpt") is None and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    time.sleep(random.uniform(0, 3))
+    _wait_randomly_before_the_last_step(tmp_path / "ckpt", episodes, random.uniform(0, 3))
     assert kill_run(proc) != 0, "the run finished before it could be killed: " + first.read_text()[-2000:]
     killed_at = latest_checkpoint(tmp_path / "ckpt")
+    assert _last_saved_step(tmp_path / "ckpt") < episodes, "killed after the last checkpoint: nothing to resume"
     state = json.loads((killed_at / "running_states.json").read_text())
     assert state["pending_prompts"], "nothing was in flight at the checkpoint: the test checks nothing"
 
