@@ -435,6 +435,18 @@ class OnPolicyConfig:
 
 
 @dataclass(frozen=True)
+class SupervisedConfig:
+    """What `SLTrainer` needs besides its parts: how long it runs, how micro-batches become optimizer steps, and when
+    it logs, evaluates (`evaluation.eval_interval`, in optimizer steps) and saves."""
+
+    epochs: EpochSettings = nested(EpochSettings)
+    steps: StepSettings = nested(StepSettings)
+    checkpoints: CheckpointSettings = nested(CheckpointSettings)
+    logging: LogCadence = nested(LogCadence)
+    evaluation: EvalSettings = nested(EvalSettings)
+
+
+@dataclass(frozen=True)
 class RewardSettings:
     """Where rewards come from: functions, servers, a trained reward model."""
 

@@ -14,6 +14,7 @@ from coati.dataset import PromptCollator
 from coati.dataset.demo_data import generate_problems, prompt_records
 from coati.dataset.prepare import encode_prompt
 from coati.experience.experience import GRPOExperienceMaker
+from coati.experience.scorer import Scorer
 from coati.models.generation import HFEngine
 from coati.rewards import WeightedReward
 from coati.rewards.sandbox import BWRAP, NAMESPACES, UID_RANGE, Sandbox, SandboxLimits, bwrap_problem
@@ -46,7 +47,8 @@ def grpo_trainer(assets, optimizer_cls=torch.optim.AdamW, old_log_probs_at_colle
     engine = HFEngine(actor.unwrap(), tokenizer.pad_token_id, [tokenizer.eos_token_id])
     config = GRPOConfig(num_generations=4, sampling=SamplingConfig(max_new_tokens=8),
                         old_log_probs_at_collection=old_log_probs_at_collection)
-    maker = GRPOExperienceMaker(actor, engine, tokenizer, WeightedReward.from_specs(["math_answer", "answer_format"]), config)
+    scorer = Scorer(tokenizer, WeightedReward.from_specs(["math_answer", "answer_format"]))
+    maker = GRPOExperienceMaker(actor, engine, scorer, config)
     return GRPOTrainer(actor, optimizer, booster, maker, loader, **kwargs)
 
 

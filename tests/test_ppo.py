@@ -14,6 +14,7 @@ from coati.experience.advantages import compute_gae
 from coati.experience.distillation import DistillConfig, ModelTeacher
 from coati.experience.controllers import KLController
 from coati.experience.experience import PPOExperienceMaker, last_token_rewards, whiten
+from coati.experience.scorer import Scorer
 from coati.config import CheckpointSettings, CriticSettings, OnPolicyConfig, PPOConfig, SamplingConfig
 from coati.models.critic import action_values, load_critic
 from coati.models.generation import HFEngine
@@ -72,10 +73,11 @@ def ppo_parts(world_of_one, tiny_assets):
 
 def _maker(parts, whiten_advantages=True, rm_weight=1.0, teacher=None):
     config = PPOConfig(sampling=SamplingConfig(max_new_tokens=8), kl_estimator="k1", gamma=0.9,
-                           lam=0.8, whiten_advantages=whiten_advantages, reward_model_weight=rm_weight)
-    return PPOExperienceMaker(parts["actor"], parts["critic"], parts["engine"], parts["tokenizer"],
-                              WeightedReward.from_specs(["math_answer"]), config, parts["reference"],
-                              parts["reward_model"], kl_controller=KLController(0.1), teacher=teacher)
+                           lam=0.8, whiten_advantages=whiten_advantages)
+    scorer = Scorer(parts["tokenizer"], WeightedReward.from_specs(["math_answer"]), parts["reward_model"],
+                    reward_model_weight=rm_weight)
+    return PPOExperienceMaker(parts["actor"], parts["critic"], parts["engine"], scorer, config, parts["reference"],
+                              kl_controller=KLController(0.1), teacher=teacher)
 
 
 def test_ppo_experience_from_real_models(ppo_parts):

@@ -90,3 +90,21 @@ def test_max_steps_stops_at_that_optimizer_step_and_checkpoints_the_position(wor
     assert [p.name for p in sorted(tmp_path.iterdir())] == ["epoch-0_step-4"]
     state = (tmp_path / "epoch-0_step-4" / "running_states.json").read_text()
     assert '"sample_start_index": 8' in state
+
+
+def test_a_supervised_config_sets_the_length_steps_and_checkpoints_that_keywords_cannot(world_of_one, tmp_path):
+    """`config=SupervisedConfig(...)` (what the scripts pass) replaces the keywords: two epochs of two accumulated
+    steps, and a checkpoint as each epoch ends (`save_freq_epochs`, which no keyword sets)."""
+    from coati.config import CheckpointSettings, EpochSettings, StepSettings, SupervisedConfig
+
+    rows, x, y = regression_rows(5)              # micro-batches [0,1] [2,3] [4]; accumulation 2 -> 2 steps an epoch
+    config = SupervisedConfig(epochs=EpochSettings(max_epochs=2), steps=StepSettings(accumulation_steps=2),
+                              checkpoints=CheckpointSettings(save_dir=str(tmp_path), save_freq_epochs=1))
+    trainer, loader, w0 = linear_trainer(rows, batch_size=2, accumulation_steps=1, lr=0.1, config=config)
+    trainer.fit(loader)
+    assert trainer.step == 4
+    w = w0
+    for _ in range(2):
+        w = _sgd_on_mean(_sgd_on_mean(w, x[:4], y[:4], 0.1), x[4:], y[4:], 0.1)
+    assert torch.allclose(trainer.model.unwrap().weight.detach(), w, atol=1e-6)
+    assert [p.name for p in sorted(tmp_path.iterdir())] == ["epoch-1_step-2", "epoch-2_step-4"]

@@ -13,7 +13,6 @@ from coati.config import (AgentSettings, AsyncSettings, BackendSettings, Checkpo
                           PackingSettings, PluginConfig, PolicyLossSettings, PPOConfig, PtxSettings, ReferenceSettings,
                           RewardSettings, SandboxSettings, JudgeSettings, DistillSettings,
                           ProcessRewardSettings)
-from coati.utils.cadence import LogCadence, Saver
 from coati.utils.registry import ADVANTAGE_ESTIMATORS, BEHAVIOUR_CORRECTIONS, OBJECTIVES, POLICY_LOSSES
 from coati.utils.errors import CoatiUsageError
 
@@ -129,16 +128,6 @@ def optimizer_steps_per_episode(args: argparse.Namespace) -> int:
     """Optimizer steps of one on-policy episode on each rank: per update pass, its micro-batches in accumulation
     groups."""
     return args.num_update_steps * math.ceil(micro_batches_per_pass(args) / args.accumulation_steps)
-
-
-def log_cadence(args: argparse.Namespace) -> LogCadence:
-    """The logging flags as the trainers take them."""
-    return settings_from(args, LogCadence)
-
-
-def saver(args: argparse.Namespace) -> Saver:
-    """When checkpoints are due, from `--save_interval`, `--save_freq_epochs` and `--save_freq_secs`."""
-    return Saver(args.save_freq_epochs, args.save_interval, args.save_freq_secs)
 
 
 def plugin_config(args: argparse.Namespace) -> PluginConfig:

@@ -20,8 +20,9 @@ from coati.experience.controllers import KLController, TemperatureController
 from coati.experience.distillation import (DistillConfig, ModelTeacher, ServedTeacher, Teacher,
                                            check_served_vocabulary, check_vocabulary, served_model_name)
 from coati.experience.experience import GRPOExperienceMaker, PPOExperienceMaker
+from coati.experience.scorer import Scorer
 from coati.config import (AsyncSettings, BackendSettings, CriticSettings, GRPOConfig, JudgeSettings, KLSettings,
-                          OnPolicyConfig, PPOConfig)
+                          OnPolicyConfig, PPOConfig, RolloutConfig)
 from coati.inference.local_judge import JudgeServerConfig, LocalJudge
 from coati.inference.vllm import VLLMConfig, VLLMPool, default_vllm_python
 from coati.inference.vllm_server import VLLM_LORA_RANKS
@@ -335,9 +336,8 @@ def _build_grpo(args, setup, tokenizer, actor, optimizer, scheduler, engine, ref
     config = settings_from(args, GRPOConfig, old_log_probs_at_collection=not _one_update_per_experience(args))
     temperature = (TemperatureController(args.maxent_tau, args.maxent_target_entropy, args.maxent_tau_lr)
                    if args.adv_estimator == "maxent" else None)
-    maker = GRPOExperienceMaker(actor, engine, tokenizer, _reward_fn(args), config, reference,
-                                _frozen_reward_model(args, tokenizer), temperature=temperature,
-                                teacher=_distillation(args, setup, tokenizer, kwargs),
+    maker = GRPOExperienceMaker(actor, engine, _scorer(args, tokenizer, config), config, reference,
+                                temperature=temperature, teacher=_distillation(args, setup, tokenizer, kwargs),
                                 step_scorer=_step_scorer(args, setup, tokenizer))
     kwargs["workflow"] = _workflow(args, maker)
     if args.async_rollout:
@@ -558,6 +558,12 @@ def run_grpo(args: argparse.Namespace) -> Optional[GRPOTrainer]:
     return _run(args, _build_grpo)
 
 
+def _scorer(args: argparse.Namespace, tokenizer: Any, config: RolloutConfig) -> Scorer:
+    """What scores a rollout: the flags' reward functions and the frozen `--rm_pretrain` reward model."""
+    return Scorer(tokenizer, _reward_fn(args), _frozen_reward_model(args, tokenizer), config.forward_batch_size,
+                  config.reward_model_weight)
+
+
 def _frozen_reward_model(args: argparse.Namespace, tokenizer: Any) -> Optional[torch.nn.Module]:
     if not args.rm_pretrain:
         return None
@@ -578,9 +584,8 @@ def _build_ppo(args, setup, tokenizer, actor, optimizer, scheduler, engine, refe
     critic_setup = build_booster(plugin_config(args))
     critic, critic_optim, critic_scheduler, _ = critic_setup.boost(critic, critic_optim, critic_scheduler)
     config = settings_from(args, PPOConfig, old_log_probs_at_collection=not _one_update_per_experience(args))
-    maker = PPOExperienceMaker(actor, critic, engine, tokenizer, _reward_fn(args), config, reference,
-                               _frozen_reward_model(args, tokenizer), kl_controller=_kl_controller(args),
-                               step_scorer=_step_scorer(args, setup, tokenizer),
+    maker = PPOExperienceMaker(actor, critic, engine, _scorer(args, tokenizer, config), config, reference,
+                               kl_controller=_kl_controller(args), step_scorer=_step_scorer(args, setup, tokenizer),
                                teacher=_distillation(args, setup, tokenizer, kwargs))
     kwargs["workflow"] = _workflow(args, maker)
     return PPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler, **kwargs,

@@ -32,9 +32,9 @@ from coati.models.prm import load_prm
 from coati.trainer.base import SLTrainer
 from coati.trainer.callbacks import Callback, PerformanceEvaluator
 from coati.trainer.callbacks.tokenizer import TokenizerInCheckpoints
-from coati.cli.arguments import log_cadence, plugin_config, saver
+from coati.cli.arguments import plugin_config
 from coati.cli.options import settings_from
-from coati.config import PackingSettings, ReferenceSettings
+from coati.config import PackingSettings, ReferenceSettings, SupervisedConfig
 from coati.utils.ckpt_io import latest_checkpoint, read_running_state, save_hf_model, verify_checkpoint
 from coati.cli.colossalchat import attention_implementation, write_config_file
 from coati.cli.config_file import save_run_record
@@ -300,14 +300,10 @@ def run_supervised(
     optimizer = build_optimizer(model, args)
     scheduler = build_scheduler(optimizer, args, total_steps)
     model, optimizer, scheduler, _ = setup.boost(model, optimizer, scheduler)
+    config = settings_from(args, SupervisedConfig)
     trainer = trainer_cls(
-        booster=setup.booster, max_epochs=args.max_epochs, model=model, optimizer=optimizer, plugin=setup.plugin,
-        lr_scheduler=scheduler, accumulation_steps=args.accumulation_steps, log_interval=args.log_interval,
-        eval_interval=args.eval_interval,
-        logging=log_cadence(args), saver=saver(args),
-        save_interval=args.save_interval, save_dir=args.save_dir, keep_last=args.keep_last,
-        output_dir=args.output_dir, grad_clip=args.grad_clip, max_steps=args.max_steps, coordinator=coordinator,
-        skip_nonfinite=args.skip_nonfinite,
+        booster=setup.booster, max_epochs=config.epochs.max_epochs, model=model, optimizer=optimizer,
+        plugin=setup.plugin, lr_scheduler=scheduler, config=config, grad_clip=args.grad_clip, coordinator=coordinator,
         callbacks=[PerformanceEvaluator(ignore_steps=1, print_fn=coordinator.print_on_master),
                    TokenizerInCheckpoints(tokenizer, coordinator.is_master()), *callbacks],
         **(trainer_kwargs or {}), **hook_kwargs,

@@ -12,7 +12,6 @@ from coati.models.critic import action_values
 from coati.models.generation import InferenceEngine, through_last
 from coati.models.logprobs import action_logps, in_row_chunks
 from coati.models.loss import kl_penalty, masked_mean, masked_var
-from coati.rewards import WeightedReward
 from coati.rewards.registry import table_columns
 from coati.utils.registry import ADVANTAGE_ESTIMATORS
 
@@ -103,12 +102,10 @@ class ExperienceMaker:
     and the frozen reference's log-probs of finished rollouts and lets each maker compute its advantages
     (`_add_advantages`)."""
 
-    def __init__(self, actor: torch.nn.Module, engine: InferenceEngine, tokenizer: Any,
-                 reward_fn: Optional[WeightedReward], config: RolloutConfig,
-                 ref_model: Optional[torch.nn.Module] = None, reward_model: Optional[torch.nn.Module] = None,
-                 teacher: Optional[Any] = None, step_scorer: Optional[Any] = None) -> None:
-        self.scorer = Scorer(tokenizer, reward_fn, reward_model, config.forward_batch_size, config.reward_model_weight)
-        self.actor, self.engine, self.tokenizer = actor, engine, tokenizer
+    def __init__(self, actor: torch.nn.Module, engine: InferenceEngine, scorer: Scorer, config: RolloutConfig,
+                 ref_model: Optional[torch.nn.Module] = None, teacher: Optional[Any] = None,
+                 step_scorer: Optional[Any] = None) -> None:
+        self.actor, self.engine, self.scorer, self.tokenizer = actor, engine, scorer, scorer.tokenizer
         self.config, self.ref_model, self.teacher, self.step_scorer = config, ref_model, teacher, step_scorer
 
     @property
@@ -297,13 +294,11 @@ class PPOExperienceMaker(ExperienceMaker):
 
     config: PPOConfig
 
-    def __init__(self, actor: torch.nn.Module, critic: torch.nn.Module, engine: InferenceEngine, tokenizer: Any,
-                 reward_fn: Optional[WeightedReward], config: PPOConfig,
-                 ref_model: Optional[torch.nn.Module] = None, reward_model: Optional[torch.nn.Module] = None,
+    def __init__(self, actor: torch.nn.Module, critic: torch.nn.Module, engine: InferenceEngine, scorer: Scorer,
+                 config: PPOConfig, ref_model: Optional[torch.nn.Module] = None,
                  kl_controller: Optional[KLController] = None, step_scorer: Optional[Any] = None,
                  teacher: Optional[Any] = None) -> None:
-        super().__init__(actor, engine, tokenizer, reward_fn, config, ref_model, reward_model, teacher=teacher,
-                         step_scorer=step_scorer)
+        super().__init__(actor, engine, scorer, config, ref_model, teacher=teacher, step_scorer=step_scorer)
         self.critic = critic
         self.kl_controller = kl_controller or KLController.from_settings(KL_DEFAULTS)
 

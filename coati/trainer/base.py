@@ -23,6 +23,7 @@ from colossalai.interface import OptimizerWrapper
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from coati.config import CheckpointSettings, EpochSettings, EvalSettings, StepSettings, SupervisedConfig
 from coati.dataset.collators import batch_rows
 from coati.utils.comm import is_distributed, is_rank_0
 from coati.distributed.plugins import trainer_clips_gradients
@@ -180,8 +181,10 @@ class SLTrainer(_TrainerCore, ABC):
     - The last group of an epoch may be partial; it still makes an optimizer step, and losses are
       normalised by the item count of the step's own micro-batches over all ranks (`_count_items`),
       so a partial group weighs each item the same as a full one.
-    - `log_interval` and `save_interval` count optimizer steps (`logging` and `saver`, when given, decide
-      instead: a `LogCadence`, and a `Saver` that may also count epochs or seconds). Metrics are reduced across ranks
+    - Its settings are one `SupervisedConfig` (`config`); the keyword arguments ColossalChat's trainers take
+      (`accumulation_steps`, `log_interval`, `save_interval`, `save_dir`, ...) build one where none is given.
+    - `log_interval` and `save_interval` count optimizer steps (the config's `logging` and `checkpoints` may instead
+      log by TRL's strategies and save every N epochs or seconds as well). Metrics are reduced across ranks
       once per logged step. A final checkpoint is written at the end when `save_dir` is set.
     - `max_steps` > 0 ends training after that many optimizer steps (counted from the start of the
       run, resumed runs included); the checkpoint written there can be resumed with a larger limit.
@@ -216,26 +219,31 @@ class SLTrainer(_TrainerCore, ABC):
         coordinator: Optional[DistCoordinator] = None,
         callbacks: Sequence[Callback] = (),
         skip_nonfinite: int = 0,
-        logging: Optional[LogCadence] = None,
-        saver: Optional[Saver] = None,
+        config: Optional[SupervisedConfig] = None,
     ) -> None:
-        super().__init__(callbacks, coordinator, skip_nonfinite, logging or LogCadence(steps=log_interval))
-        if accumulation_steps < 1 or log_interval < 1 or save_interval < 0:
+        config = config or SupervisedConfig(
+            epochs=EpochSettings(max_epochs, max_steps), steps=StepSettings(accumulation_steps, skip_nonfinite),
+            checkpoints=CheckpointSettings(save_dir=save_dir, save_interval=save_interval, keep_last=keep_last,
+                                           output_dir=output_dir),
+            logging=LogCadence(steps=log_interval), evaluation=EvalSettings(eval_interval=eval_interval))
+        super().__init__(callbacks, coordinator, config.steps.skip_nonfinite, config.logging)
+        checkpoints = config.checkpoints
+        if config.steps.accumulation_steps < 1 or config.logging.steps < 1 or checkpoints.save_interval < 0:
             raise CoatiUsageError("accumulation_steps and log_interval must be >= 1, save_interval >= 0")
-        if save_interval and not save_dir:
+        if checkpoints.save_interval and not checkpoints.save_dir:
             raise CoatiUsageError("--save_interval needs --save_dir, the directory checkpoints are written to")
         if isinstance(plugin, HybridParallelPlugin) and plugin.pp_size > 1:
             raise CoatiUsageError("--pp > 1 (pipeline parallelism) is not supported by supervised trainers yet; "
                                   "use --tp/--sp with --zero_stage for the 3d plugin")
         self.booster, self.plugin, self.model, self.optimizer = booster, plugin, model, optimizer
         self.lr_scheduler = lr_scheduler
-        self.max_epochs, self.start_epoch = max_epochs, start_epoch
-        self.accumulation_steps, self.log_interval, self.eval_interval = accumulation_steps, log_interval, eval_interval
-        self.save_dir, self.keep_last = save_dir, keep_last
-        self.saver = saver or Saver(freq_steps=save_interval)
-        self.output_dir = Path(output_dir) if output_dir else None
+        self.config, self.start_epoch = config, start_epoch
+        self.max_epochs, self.max_steps = config.epochs.max_epochs, config.epochs.max_steps
+        self.accumulation_steps, self.eval_interval = config.steps.accumulation_steps, config.evaluation.eval_interval
+        self.save_dir, self.keep_last = checkpoints.save_dir, checkpoints.keep_last
+        self.saver = Saver(checkpoints.save_freq_epochs, checkpoints.save_interval, checkpoints.save_freq_secs)
+        self.output_dir = Path(checkpoints.output_dir) if checkpoints.output_dir else None
         self.grad_clip = grad_clip if trainer_clips_gradients(plugin) else 0.0
-        self.max_steps = max_steps
         self.device = get_accelerator().get_current_device()
         self.step = 0
         self.epoch = start_epoch
