@@ -37,8 +37,11 @@ def test_demo_runs_every_stage_and_writes_the_report(tmp_path):
         assert f"| {name} | {value:.3f} | 256 |" in markdown
     assert "## Did RL help?" in markdown and f"held-out accuracy {accuracy['sft']:.3f} -> {accuracy['ppo']:.3f}" in markdown
     images = sorted((out / "plots").glob("*.png"))
-    assert [p.name for p in images] == ["heldout_accuracy.png", "rl_kl_length.png", "rl_reward.png", "rm_accuracy.png",
-                                        "sft_loss.png"]
+    assert [p.name for p in images] == ["heldout_accuracy.png", "ppo_critic.png", "rl_kl_length.png", "rl_reward.png",
+                                        "rm_accuracy.png", "sft_loss.png"]
+    ppo = [json.loads(line) for line in (out / "ppo" / "logs" / "metrics.jsonl").read_text().splitlines()]
+    sampled = [r["train/num_completions"] for r in ppo if "train/num_completions" in r]
+    assert sampled == sorted(sampled) and sampled[-1] > 0   # the RL plots' x axis: completions sampled so far
     for image in images:
         assert f"](plots/{image.name})" in markdown
         with Image.open(image) as png:
@@ -52,6 +55,15 @@ def _demo(name: str):
     if folder not in sys.path:
         sys.path.insert(0, folder)
     return __import__(name)
+
+
+def test_a_plot_against_completions_sampled_places_each_evaluation_at_its_steps_count():
+    records = [{"step": 0, "eval/acc": 0.5}, {"step": 1, "train/num_completions": 32.0, "train/reward": 1.0},
+               {"step": 2, "train/num_completions": 64.0, "train/reward": 2.0, "eval/acc": 0.7}]
+    report = _demo("report")
+    assert report.series(records, "eval/acc", "train/num_completions") == ([0.0, 64.0], [0.5, 0.7])
+    assert report.series(records, "train/reward", "train/num_completions") == ([32.0, 64.0], [1.0, 2.0])
+    assert report.series(records, "train/reward") == ([1, 2], [1.0, 2.0])
 
 
 @pytest.mark.parametrize("demo, stages, missing", [("run_demo", ["ppo"], "sft"), ("run_demo", ["sft", "ppo"], "rm"),

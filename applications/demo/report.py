@@ -21,24 +21,33 @@ def read_metrics(path: Path) -> List[Dict[str, float]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def series(records: List[Dict[str, float]], name: str) -> Tuple[List[int], List[float]]:
-    """(steps, values) of one metric."""
+def series(records: List[Dict[str, float]], name: str, x: Optional[str] = None) -> Tuple[List[float], List[float]]:
+    """(steps, values) of one metric; with `x`, the value of that counter at each point's step instead of the step
+    (a record without it, such as an evaluation, takes the counter of its step's training record; step 0 is 0)."""
     points = [(r["step"], r[name]) for r in records if isinstance(r.get(name), (int, float))]
+    if x is not None:
+        at_step = {0: 0.0, **{r["step"]: r[x] for r in records if isinstance(r.get(x), (int, float))}}
+        points = [(at_step[s], v) for s, v in points if s in at_step]
     return [s for s, _ in points], [v for _, v in points]
 
 
-def plot(path: Path, title: str, panels: Sequence[Tuple[str, Sequence[Tuple[str, List[Dict[str, float]], str]]]]) -> Optional[Path]:
-    """One PNG with a panel per (y label, [(legend, records, metric), ...]); None when nothing is plotted."""
-    drawn = [(ylabel, lines) for ylabel, lines in panels if any(series(recs, m)[0] for _, recs, m in lines)]
+X_LABELS = {None: "step", "train/num_completions": "completions sampled"}
+
+
+def plot(path: Path, title: str, panels: Sequence[Tuple[str, Sequence[Tuple[str, List[Dict[str, float]], str]]]],
+         x: Optional[str] = None) -> Optional[Path]:
+    """One PNG with a panel per (y label, [(legend, records, metric), ...]), against the step or the counter `x`
+    (`X_LABELS`); None when nothing is plotted."""
+    drawn = [(ylabel, lines) for ylabel, lines in panels if any(series(recs, m, x)[0] for _, recs, m in lines)]
     if not drawn:
         return None
     fig, axes = plt.subplots(1, len(drawn), figsize=(4.2 * len(drawn), 3.2), squeeze=False)
     for ax, (ylabel, lines) in zip(axes[0], drawn):
         for legend, records, metric in lines:
-            steps, values = series(records, metric)
+            steps, values = series(records, metric, x)
             if steps:
                 ax.plot(steps, values, marker="o" if len(steps) < 12 else None, markersize=3, label=legend)
-        ax.set_xlabel("step")
+        ax.set_xlabel(X_LABELS[x])
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

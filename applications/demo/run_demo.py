@@ -122,6 +122,12 @@ def common_flags(out: Path, name: str, seed: int) -> List[str]:
             "--save_dir", str(out / name / "checkpoints"), "--keep_last", "1", "--seed", str(seed)]
 
 
+def grpo_sampling(steps: int) -> List[str]:
+    """GRPO's rollout size: prompts per rank, completions per prompt and episodes (the learning benchmark gives PPO
+    the same, to compare the two at equal completions sampled)."""
+    return ["--num_generations", "8", "--batch_size", "8", "--num_episodes", str(max(steps * 3 // 2, 2))]
+
+
 def run_stage(name: str, out: Path, steps: int, nproc: int, seed: int = 42, extra: Sequence[str] = (),
               folder: Optional[str] = None) -> None:
     """One training stage through its script, into `out/folder` (default: its name); the flags are the demo's tuned
@@ -148,8 +154,7 @@ def run_stage(name: str, out: Path, steps: int, nproc: int, seed: int = 42, extr
     elif name == "grpo":
         torchrun("train_grpo.py", nproc, "--pretrain", str(out / "sft" / "model"),
                  "--prompt_dataset", str(data / "prompt_train"), "--eval_dataset", str(data / "prompt_eval"),
-                 "--reward_fn", "math_answer", "--num_generations", "8", "--batch_size", "8",
-                 "--num_episodes", str(max(steps * 3 // 2, 2)), "--lr", "2e-4", "--warmup_steps", "20",
+                 "--reward_fn", "math_answer", *grpo_sampling(steps), "--lr", "2e-4", "--warmup_steps", "20",
                  "--max_new_tokens", str(MAX_NEW_TOKENS), "--eval_interval", str(max(steps // 4, 1)),
                  "--save_interval", str(max(steps // 2, 1)), "--sample_log_interval", str(max(steps // 2, 1)))
 
@@ -176,15 +181,19 @@ def report(out: Path, results: Dict[str, Dict], timings: Dict[str, float]) -> Pa
         plot(plots / "rm_accuracy.png", "Reward model", [("accuracy", [("train", logs["rm"], "train/accuracy"),
                                                                        ("held-out", logs["rm"], "eval/accuracy")]),
                                                          ("margin", [("train", logs["rm"], "train/margin")])]),
-        plot(plots / "rl_reward.png", "RL: reward per step", [
-            ("PPO reward (reward model)", [("PPO", logs["ppo"], "train/reward")]),
+        plot(plots / "rl_reward.png", "RL: reward and held-out accuracy, by completions sampled", [
+            ("PPO reward (math_answer + 0.1 RM)", [("PPO", logs["ppo"], "train/reward")]),
             ("GRPO reward (math_answer)", [("GRPO", logs["grpo"], "train/reward")]),
             ("held-out accuracy", [("PPO", logs["ppo"], "eval/rewards/math_answer"),
-                                   ("GRPO", logs["grpo"], "eval/rewards/math_answer")])]),
-        plot(plots / "rl_kl_length.png", "RL: KL and completion length", [
+                                   ("GRPO", logs["grpo"], "eval/rewards/math_answer")])], x="train/num_completions"),
+        plot(plots / "rl_kl_length.png", "RL: KL and completion length, by completions sampled", [
             ("KL to the SFT model", [("PPO", logs["ppo"], "train/kl"), ("GRPO (only with --kl_coef)", logs["grpo"], "train/kl")]),
             ("completion length", [("PPO", logs["ppo"], "train/completions/mean_length_sampled"),
-                                   ("GRPO", logs["grpo"], "train/completions/mean_length_sampled")])]),
+                                   ("GRPO", logs["grpo"], "train/completions/mean_length_sampled")])],
+             x="train/num_completions"),
+        plot(plots / "ppo_critic.png", "PPO's critic", [
+            ("explained variance of the returns", [("PPO", logs["ppo"], "train/explained_variance")]),
+            ("value loss", [("PPO", logs["ppo"], "train/loss/value")])]),
     ]
     accuracy = {name: r["accuracy"] for name, r in results.items()}
     if accuracy:

@@ -34,6 +34,8 @@ CATALOGUE = (
     Metric("train/logps/<side>", "mean log-probability of the chosen or rejected responses", "DPO family, KTO"),
     Metric("train/learning_rate", "the policy's learning rate", ON_POLICY),
     Metric("train/num_tokens", "tokens trained on so far (prompts and completions)", ON_POLICY),
+    Metric("train/num_completions", "completions sampled so far on every rank (dynamic sampling's extra rollouts "
+                                     "included): the x axis on which RL algorithms compare fairly", ON_POLICY),
     Metric("train/reward", "mean reward of the episode's completions (all components, weighted)", ON_POLICY),
     Metric("train/reward_std", "its standard deviation", ON_POLICY),
     Metric("train/reward_p<q>", "its percentiles: 00, 05, 25, 50, 75, 95, 100", ON_POLICY),

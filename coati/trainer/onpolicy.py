@@ -112,7 +112,7 @@ class OLTrainer(_TrainerCore):
         self.eval_history: Dict[int, Dict[str, float]] = {}
         self.controllers: Dict[str, Any] = {}
         self.start_episode = self.episode = self.global_step = 0
-        self.tokens_seen = self.prompts_trained = 0
+        self.tokens_seen = self.prompts_trained = self.completions_sampled = 0
         self.num_episodes = self.num_collect_steps = self.num_update_steps = 0
 
     # ---- the parts an algorithm brings ------------------------------------------------------------
@@ -248,10 +248,11 @@ class OLTrainer(_TrainerCore):
         metrics.update({f"time/{k}": v for k, v in experience.timing.items()})
         if self.maker.config.dynamic_sampling:
             metrics["dynamic_sampling/extra_rollouts"] = float(experience.extra_rollouts)
-        drawn = (experience.sequences.size(0) + experience.extra_rollouts) // self._group_size()
-        counts = gather_lists([(tokens_in(experience), drawn)])
-        self.tokens_seen += sum(tokens for tokens, _ in counts)
-        self.prompts_trained += sum(prompts for _, prompts in counts)
+        sampled = experience.sequences.size(0) + experience.extra_rollouts
+        counts = gather_lists([(tokens_in(experience), sampled // self._group_size(), sampled)])
+        self.tokens_seen += sum(tokens for tokens, _, _ in counts)
+        self.prompts_trained += sum(prompts for _, prompts, _ in counts)
+        self.completions_sampled += sum(completions for _, _, completions in counts)
         self._record({name: (value, 1) for name, value in metrics.items()})
         if self._sample_table_due(collect_step):
             self._log_samples(experience)
@@ -268,8 +269,8 @@ class OLTrainer(_TrainerCore):
         return None
 
     def _step_extras(self) -> Dict[str, float]:
-        """Tokens trained on so far, and what the loss terms log as they are (GRPO's beta)."""
-        extras = {"train/num_tokens": float(self.tokens_seen)}
+        """Tokens trained on and completions sampled so far, and what the loss terms log as they are (GRPO's beta)."""
+        extras = {"train/num_tokens": float(self.tokens_seen), "train/num_completions": float(self.completions_sampled)}
         for term in self.loss_terms:
             extras.update(term.extras())
         return extras
@@ -329,6 +330,7 @@ class OLTrainer(_TrainerCore):
 
     def _extra_state(self) -> Dict[str, Any]:
         return {"tokens_seen": self.tokens_seen, "prompts_trained": self.prompts_trained,
+                "completions_sampled": self.completions_sampled,
                 "global_step": self.global_step, "nonfinite_skipped": self.nonfinite.skipped,
                 "controllers": {name: c.state() for name, c in self.controllers.items()},
                 "loss_terms": {term.name: term.state() for term in self.loss_terms}, **self.source.state(),
@@ -338,6 +340,7 @@ class OLTrainer(_TrainerCore):
         self.tokens_seen = state.get("tokens_seen", 0)
         self.global_step = state.get("global_step", 0)
         self.prompts_trained = state.get("prompts_trained", 0)
+        self.completions_sampled = state.get("completions_sampled", 0)
         self.nonfinite.skipped = state.get("nonfinite_skipped", 0)
         self.source.restore(state)
         _restore_each(self.controllers, state.get("controllers", {}), "restore")
