@@ -1,7 +1,10 @@
-"""Shared fixtures: locally built tiny model and data, a world-of-one process group, a torchrun helper."""
+"""Shared fixtures: locally built tiny model and data, a world-of-one process group, a served reward model, a torchrun
+helper. Being here, in `tests/`, this file puts `tests/` on `sys.path` for the test files of every folder below it
+(`from conftest import ...`, `from support import ...`)."""
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "examples" / "training_scripts"
+AGENTS = REPO / "examples" / "agents"
 
 
 @pytest.fixture(autouse=True)
@@ -108,6 +112,67 @@ def endpoint():
     for server in servers:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_assets):
+    """The tiny model's tokenizer, one per test module (a module may define a `tokenizer` of its own)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_assets["model"])
+
+
+REWARD_SERVER = REPO / "examples" / "reward_server.py"
+REWARD_SERVER_TOKEN = "test-token-7f3a"
+"""The served reward model's bearer token: the trainers in the tests get it as a user would, from the environment."""
+
+
+@pytest.fixture(scope="module")
+def reward_model_dir(tiny_assets, tmp_path_factory):
+    """A reward model directory as train_rm.py leaves one (model with its value head, and the tokenizer)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from coati.models.reward_model import load_reward_model
+
+    folder = tmp_path_factory.mktemp("rm")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
+    torch.manual_seed(0)
+    load_reward_model(str(tiny_assets["model"]), tokenizer.pad_token_id).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def served(reward_model_dir, tmp_path_factory):
+    """(URL, request log) of examples/reward_server.py serving the reward model on a free local port, requiring
+    `REWARD_SERVER_TOKEN` (test_vllm_backend.py's own `served` is a vLLM server)."""
+    log = tmp_path_factory.mktemp("server") / "requests.jsonl"
+    server = subprocess.Popen([sys.executable, str(REWARD_SERVER), "--model", str(reward_model_dir), "--port", "0",
+                               "--log", str(log), "--token", REWARD_SERVER_TOKEN], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=child_env(), cwd=REPO)
+    line = server.stdout.readline()
+    assert "(bearer token required)" in line, line
+    match = re.search(r"on (http://\S+)", line)
+    assert match, line + server.stdout.read()[-2000:] if server.poll() is not None else line
+    yield match.group(1), log
+    server.kill()
+    server.wait()
+
+
+@pytest.fixture(scope="module")
+def small_model(tiny_assets, tmp_path_factory):
+    """The tiny assets' tokenizer with the `small` model: vLLM's CPU attention takes head sizes from 32 up. Its context
+    holds a multi-turn episode's prompt with the calculator's schema (about 550 tokens of this small vocabulary)."""
+    from transformers import AutoTokenizer
+
+    from coati.models.tiny import build_tiny_llama
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
+    out = tmp_path_factory.mktemp("small_model")
+    build_tiny_llama(tokenizer, size="small", max_position_embeddings=1024).save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """The walk of one multi-turn GRPO episode, traced from the code: the coati functions an episode enters, in the order
 it first enters them, from `OLTrainer._episode` to the end of the first optimizer step, and the moves between files
 that a reader following it makes. `docs/concepts/episode-walk.md` is this module's output; the refactor of issue 48
-shrinks its count of moves (`tests/test_episode_walk.py` holds the ceiling).
+shrinks its count of moves (`tests/integration/test_episode_walk.py` holds the ceiling).
 
     PYTHONPATH=tests .venv/bin/python tests/episode_walk.py   # rewrites docs/concepts/episode-walk.md
 

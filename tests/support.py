@@ -1,8 +1,12 @@
 """What several test files use: a GRPO trainer on the tiny model, a supervised trainer on a linear regression, a
-hook recorder, and the sandbox's limits and process census. Test files import from here, never from one another."""
+hook recorder, the sandbox's limits and process census, a teacher model, the `coati` command in a fresh process, and
+the vLLM environment check. Test files import from here, never from one another."""
 import os
+import subprocess
+import sys
 
 import psutil
+import pytest
 import torch
 from colossalai.booster import Booster
 from colossalai.booster.plugin import TorchDDPPlugin
@@ -20,6 +24,7 @@ from coati.rewards import WeightedReward
 from coati.rewards.sandbox import BWRAP, NAMESPACES, UID_RANGE, Sandbox, SandboxLimits, bwrap_problem
 from coati.trainer import BatchResult, Callback, SLTrainer
 from coati.trainer.grpo import GRPOTrainer
+from conftest import REPO, child_env
 
 
 class Recorder(Callback):
@@ -109,3 +114,32 @@ def sandbox_processes():
         if process.info["status"] != psutil.STATUS_ZOMBIE and (UID_RANGE[0] <= uid <= UID_RANGE[1] or marked):
             found.append(process.pid)
     return found
+
+
+def teacher_model(tiny_assets, folder, seed=1):
+    """A tiny model of its own seed with the tiny assets' tokenizer, saved in `folder`: a teacher to distil from."""
+    from coati.models.tiny import build_tiny_llama
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
+    build_tiny_llama(tokenizer, seed=seed).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+COATI = [sys.executable, "-m", "coati.cli.main"]
+
+
+def run_coati(*argv, cwd=REPO, timeout=600):
+    """`coati ARGV` run in a fresh process from `cwd`, its output captured."""
+    return subprocess.run([*COATI, *argv], capture_output=True, text=True, env=child_env(), cwd=cwd, timeout=timeout)
+
+
+def need_vllm_environment():
+    """Skips the test module that calls it where vLLM's own environment is missing; on CI, which runs the vLLM tests,
+    fails it instead."""
+    from coati.inference.vllm import default_vllm_python
+
+    if not os.access(default_vllm_python(), os.X_OK):
+        if os.environ.get("CI"):
+            raise RuntimeError(f"CI runs the vLLM tests: {default_vllm_python()} is missing (make vllm-env builds it)")
+        pytest.skip("no vLLM environment: `make vllm-env` builds it", allow_module_level=True)

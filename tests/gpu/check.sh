@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every trainer on every CUDA plugin (tests/test_cuda_plugins.py), on a GPU machine whose Python has torch with CUDA:
+# Every trainer on every CUDA plugin (tests/e2e/test_cuda_plugins.py), on a GPU machine whose Python has torch with CUDA:
 # installs the wheels of tests/gpu/wheels.sh over that torch, builds colossalai's Adam kernels once, then runs the tests
 # 14 at a time and prints their (check, plugin) table (tests/gpu/table.py). Logs go to $OUT (default output/gpu_check).
 # TESTS picks tests; DEADLINE (s) bounds the whole run.
@@ -23,7 +23,7 @@ $1().load(); print('$1 built in', round(time.time() - t), 's')"; }
 # one after the other: colossalai builds both in one folder, and two builds at once spoil each other's files
 build CPUAdamLoader > "$OUT/kernels.log" 2>&1; build FusedOptimizerLoader >> "$OUT/kernels.log" 2>&1
 echo "kernels at $(elapsed) s"; grep -E "built in|Error" "$OUT/kernels.log"
-timeout $(( DEADLINE - $(elapsed) - 15 )) python3 -m pytest ${TESTS:-tests/test_cuda_plugins.py} -n 14 -o addopts="" \
+timeout $(( DEADLINE - $(elapsed) - 15 )) python3 -m pytest ${TESTS:-tests/e2e/test_cuda_plugins.py} -n 14 -o addopts="" \
   -p no:cacheprovider -q -rA --timeout 280 --durations=50 --junitxml="$OUT/junit.xml" > "$OUT/pytest.log" 2>&1
 echo "pytest exit $? at $(elapsed) s"
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -30

@@ -106,10 +106,10 @@ def test_3d_shards_a_token_classification_critic_by_its_backbone_policy():
 
 
 def test_the_gpu_check_prints_every_case_in_one_table(tmp_path):
-    """`tests/gpu/table.py` puts every case of `tests/test_cuda_plugins.py` in a cell of its (check, plugin) table,
+    """`tests/gpu/table.py` puts every case of `tests/e2e/test_cuda_plugins.py` in a cell of its (check, plugin) table,
     as pass, FAIL or skip with its seconds."""
     collected = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                                "tests/test_cuda_plugins.py"], capture_output=True, text=True, cwd=REPO, env=child_env())
+                                "tests/e2e/test_cuda_plugins.py"], capture_output=True, text=True, cwd=REPO, env=child_env())
     names = [line.split("::")[1] for line in collected.stdout.splitlines() if "::" in line]
     assert len(names) > 50, collected.stdout[-2000:]
     outcomes = {"test_trainer_on_plugin_trains_checkpoints_exports_and_resumes[sft-zero2]": '<failure message="x"/>',

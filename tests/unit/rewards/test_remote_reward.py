@@ -1,6 +1,6 @@
-"""Rewards over HTTP: examples/reward_server.py serving a reward model gives the in-process model's rewards, in GRPO
-too; it requires its bearer token when it has one and will not listen beyond loopback without one; a server that is
-down ends the run with one line and exit status 2; a slow one is timed out; retries work."""
+"""Rewards over HTTP: examples/reward_server.py serving a reward model gives the in-process model's rewards; it
+requires its bearer token when it has one and will not listen beyond loopback without one; a slow one is timed out;
+retries work. In GRPO, and a server that is down, under torchrun: e2e/test_remote_reward_e2e.py."""
 import json
 import re
 import subprocess
@@ -12,45 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import torch
 
-from conftest import REPO, SCRIPTS, child_env, torchrun
+from conftest import REPO, REWARD_SERVER as SERVER, REWARD_SERVER_TOKEN as TOKEN, child_env
 from coati.rewards import RewardFunctionError, WeightedReward
 from coati.rewards.remote import TOKEN_ENV, RemoteReward, RemoteRewardError
-
-SERVER = REPO / "examples" / "reward_server.py"
-TOKEN = "test-token-7f3a"
-"""The served reward model's bearer token: the trainers in these tests get it as a user would, from the environment."""
-
-
-@pytest.fixture(scope="module")
-def reward_model_dir(tiny_assets, tmp_path_factory):
-    """A reward model directory as train_rm.py leaves one (model with its value head, and the tokenizer)."""
-    from transformers import AutoTokenizer
-
-    from coati.models.reward_model import load_reward_model
-
-    folder = tmp_path_factory.mktemp("rm")
-    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
-    torch.manual_seed(0)
-    load_reward_model(str(tiny_assets["model"]), tokenizer.pad_token_id).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def served(reward_model_dir, tmp_path_factory):
-    """(URL, request log) of examples/reward_server.py serving the reward model on a free local port, requiring
-    `TOKEN`."""
-    log = tmp_path_factory.mktemp("server") / "requests.jsonl"
-    server = subprocess.Popen([sys.executable, str(SERVER), "--model", str(reward_model_dir), "--port", "0",
-                               "--log", str(log), "--token", TOKEN], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, env=child_env(), cwd=REPO)
-    line = server.stdout.readline()
-    assert "(bearer token required)" in line, line
-    match = re.search(r"on (http://\S+)", line)
-    assert match, line + server.stdout.read()[-2000:] if server.poll() is not None else line
-    yield match.group(1), log
-    server.kill()
-    server.wait()
 
 
 def _rollout(tiny_assets):
@@ -87,30 +51,6 @@ def test_served_rewards_equal_the_in_process_reward_model(tiny_assets, reward_mo
     assert len(set(round(r, 4) for r in remote)) > 1   # real, distinct scores
 
 
-def test_grpo_trains_on_a_served_reward_model(tiny_assets, reward_model_dir, served, tmp_path):
-    from transformers import AutoTokenizer
-
-    from coati.models.reward_model import load_reward_model, sequence_rewards
-
-    url, log = served
-    log.write_text("")
-    result = torchrun(SCRIPTS / "train_grpo.py", 2, "--pretrain", str(tiny_assets["model"]), "--prompt_dataset",
-                      str(tiny_assets["prompt_train"]), "--plugin", "ddp", "--batch_size", "2", "--num_generations",
-                      "4", "--max_new_tokens", "8", "--num_episodes", "2", "--reward_fn", url, "answer_format=0.5",
-                      "--log_dir", str(tmp_path / "logs"), "--save_dir", str(tmp_path / "ckpt"), **{TOKEN_ENV: TOKEN})
-    assert result.returncode == 0, result.stderr[-3000:]
-    requests = [json.loads(line) for line in log.read_text().splitlines()]
-    assert len(requests) == 2 * 2 * 2 * 4   # episodes x ranks x prompts per rank x completions
-    tokenizer = AutoTokenizer.from_pretrained(reward_model_dir)
-    model = load_reward_model(str(reward_model_dir), tokenizer.pad_token_id).eval()
-    for record in requests[:8]:
-        ids = torch.tensor([record["input_ids"]])
-        with torch.no_grad():
-            assert sequence_rewards(model, ids, torch.ones_like(ids)).item() == pytest.approx(record["reward"], abs=1e-5)
-    metrics = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
-    assert all("train/rewards/reward_server/mean" in m for m in metrics if "train/loss" in m)
-
-
 @pytest.mark.parametrize("token", [None, "wrong"], ids=["no_token", "wrong_token"])
 def test_a_request_without_the_servers_token_is_refused_in_one_line(served, token, monkeypatch):
     monkeypatch.delenv(TOKEN_ENV, raising=False)
@@ -128,31 +68,6 @@ def test_the_server_will_not_listen_beyond_loopback_without_a_token(reward_model
     assert done.returncode == 2
     assert done.stderr.strip() == (f"error: --host {host} listens beyond loopback without a token: give one (--token, or "
                                    f"{TOKEN_ENV}), or pass --allow_unauthenticated")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def test_a_server_that_is_down_ends_the_run_with_one_line_and_status_2(tiny_assets, tmp_path):
-    url = f"http://127.0.0.1:{_free_port()}/score"
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPTS / "train_grpo.py"),
-         "--pretrain", str(tiny_assets["model"]), "--prompt_dataset", str(tiny_assets["prompt_train"]), "--plugin", "ddp",
-         "--batch_size", "2", "--num_generations", "2", "--max_new_tokens", "4", "--num_episodes", "1",
-         "--reward_fn", url, "--reward_server_retries", "1", "--log_dir", str(tmp_path / "logs")],
-        capture_output=True, text=True, timeout=600, env=child_env(), cwd=REPO)
-    assert result.returncode != 0
-    assert not re.search(r'File ".*/(coati|examples)/', result.stderr), result.stderr[-3000:]   # torchrun's own report follows
-    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(lines) == 1 and re.fullmatch(
-        rf"error: reward server {re.escape(url)} did not answer after 2 attempts in \d+ s \(Connection refused\); "
-        r"is it running\? Start one with examples/reward_server.py, or check the URL", lines[0]), lines
-    assert re.search(r"exitcode\s*: 2", result.stderr), result.stderr[-3000:]
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -1,6 +1,6 @@
 """The way in as a TRL user takes it: the `coati` command, `--config` files in TRL's names (each TRL name's meaning
 pinned), unknown keys and flags refused with the nearest names before anything heavy loads, and a run that saves its
-resolved config, from which it reruns with the same metrics."""
+resolved config, from which it reruns with the same metrics (launched on 2 processes: e2e/test_config_and_command_e2e.py)."""
 import json
 import re
 import subprocess
@@ -13,8 +13,7 @@ import yaml
 
 from conftest import REPO, SCRIPTS, child_env, parsed_args, train_records
 from coati.cli.main import launch_options, launcher_command
-
-COATI = [sys.executable, "-m", "coati.cli.main"]
+from support import run_coati as _run_coati
 
 
 def _parse(command: str, argv, monkeypatch, config=None, tmp_path=None):
@@ -203,10 +202,6 @@ def test_a_bad_config_key_or_value_is_one_line_naming_the_file(config, message, 
     assert re.search(r"--config .*recipe\.yaml: " + message, line), line
 
 
-def _run_coati(*argv, cwd=REPO, timeout=600):
-    return subprocess.run([*COATI, *argv], capture_output=True, text=True, env=child_env(), cwd=cwd, timeout=timeout)
-
-
 PROBE = ("import sys, runpy; target, sys.argv = sys.argv[1], ['coati', *sys.argv[2:]]\ntry:\n    "
          "runpy.run_path(target, run_name='__main__') if target.endswith('.py') else runpy.run_module(target, "
          "run_name='__main__')\nexcept SystemExit as stop:\n    print('exit', stop.code)\nprint('loaded', sorted(m "
@@ -273,41 +268,6 @@ def test_launch_flags_and_keys_become_torchrun_or_colossalai_run(tmp_path):
     command = launcher_command("sft", {"--hostfile": str(hostfile), "--nproc_per_node": "8"}, ["--lr", "1"])
     assert command[:6] == ["colossalai", "run", "--hostfile", str(hostfile), "--nproc_per_node", "8"]
     assert command[6].endswith("coati/cli/main.py") and command[7:] == ["sft", "--lr", "1"]
-
-
-@pytest.mark.slow
-def test_grpo_from_a_trl_recipe_saves_its_config_and_reruns_from_it_with_the_same_metrics(tiny_assets, tmp_path):
-    """`coati grpo --config recipe.yaml` launches 2 processes, saves the resolved config and where each value came
-    from; `coati grpo --config OUT/run_config.yaml --output_dir NEW` reruns it from scratch (the saved
-    `--checkpoint_path latest` is left out) and logs the same metrics."""
-    recipe = {"model_name_or_path": str(tiny_assets["model"]), "dataset_name": str(tiny_assets["prompt_train"]),
-              "output_dir": str(tmp_path / "first"), "save_dir": str(tmp_path / "first" / "ckpt"),
-              "resume_from_checkpoint": True, "learning_rate": 1e-3, "num_generations": 3,
-              "per_device_train_batch_size": 6, "max_steps": 3, "max_completion_length": 8, "logging_steps": 1,
-              "loss_type": "dr_grpo", "reward_funcs": ["math_answer"], "num_processes": 2, "seed": 3}
-    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
-    first = _run_coati("grpo", "--config", str(tmp_path / "recipe.yaml"))
-    assert first.returncode == 0, first.stderr[-3000:]
-    saved = yaml.safe_load((tmp_path / "first" / "run_config.yaml").read_text())
-    assert (saved["pretrain"], saved["batch_size"], saved["train_batch_size"], saved["num_episodes"]) == (
-        str(tiny_assets["model"]), 2, 6, 3)
-    assert saved["log_dir"] == "{output_dir}/logs" and saved["save_dir"] == "{output_dir}/ckpt"
-    assert "checkpoint_path" not in saved and "config" not in saved
-    checkpoints = sorted((tmp_path / "first" / "ckpt").glob("epoch-*"))
-    assert checkpoints and all((c / "modeling" / "tokenizer.json").is_file() for c in checkpoints)   # loads alone
-    info = json.loads((tmp_path / "first" / "run_info.json").read_text())
-    assert info["sources"]["pretrain"] == "file" and info["sources"]["batch_size"] == "file (per_device_train_batch_size)"
-    assert info["sources"]["plugin"] == "default" and info["versions"]["torch"]
-    assert info["command"][1:] == ["--config", str(tmp_path / "recipe.yaml")]
-
-    again = _run_coati("grpo", "--config", str(tmp_path / "first" / "run_config.yaml"), "--output_dir",
-                       str(tmp_path / "second"), "--nproc_per_node", "2")
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "resumed from" not in again.stdout + again.stderr
-    assert (tmp_path / "second" / "ckpt").is_dir() and (tmp_path / "second" / "model" / "config.json").is_file()
-    first_metrics, second_metrics = train_records(tmp_path / "first" / "logs"), train_records(tmp_path / "second" / "logs")
-    assert [r["step"] for r in first_metrics] == [1, 2, 3] and first_metrics == second_metrics
-    assert re.search(r"step 3/3 \| epoch \S+ \| loss \S+ \| reward \S+ ± \S+ \| lr \S+ \| \S+ s/step", first.stdout)
 
 
 def test_the_console_line_shows_a_log_steps_numbers_as_trl_users_read_them():

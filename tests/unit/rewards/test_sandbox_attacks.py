@@ -16,9 +16,9 @@ import pytest
 from coati.rewards import CodeTests
 from coati.rewards.code import _HARNESS
 from coati.rewards.sandbox import BWRAP, MEMORY, MEMORY_CGROUP, SandboxError, SandboxLimits, shared_sandbox
+from conftest import REPO
 from support import BACKENDS_HERE, LIMITS, sandbox_processes
 
-REPO = Path(__file__).resolve().parents[1]
 DOUBLE = "def f(x):\n    return 2 * x\n"
 TESTS = ["assert f(2) == 4", "assert f(21) == 42"]
 needs_a_backend = pytest.mark.skipif(not BACKENDS_HERE, reason="nothing contains programs here: no bubblewrap, not root")

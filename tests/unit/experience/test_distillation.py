@@ -1,16 +1,11 @@
 """On-policy distillation: the top-k forward KL and GKD losses against hand-computed values, the reverse-KL
 advantages, the refusal of a term that is identically zero and of a teacher with another vocabulary, a served teacher
-scoring as the teacher in the trainer, and GRPO and PPO under torchrun distilling from a teacher (with rewards, and
-alone from a served one)."""
-import json
+scoring as the teacher in the trainer (GRPO and PPO distilling under torchrun: e2e/test_distillation_e2e.py)."""
 import math
-import re
-import shutil
 
 import pytest
 import torch
 
-from conftest import SCRIPTS, torchrun
 from coati.experience.distillation import (DistillationError, DistillConfig, ModelTeacher, ServedTeacher, Teacher,
                                            SAME_SCORES_ATOL, check_served_vocabulary, check_teacher_differs, check_vocabulary,
                                            served_model_name)
@@ -18,6 +13,7 @@ from coati.models.tiny import train_tokenizer
 from coati.experience.experience import Experience
 from coati.models.loss import forward_kl_topk, generalized_jsd
 from coati.trainer.components import DistillTerm
+from support import teacher_model as _teacher_model
 
 TEACHER = [0.5, 0.3]
 """The teacher's probabilities of its two likeliest tokens at one position (0.2 elsewhere); the student's: 0.2, 0.4."""
@@ -116,17 +112,6 @@ def test_the_distillation_loss_reads_the_students_logits_at_the_teachers_top_k_a
     assert logits.grad[0, 0, 2] < 0 < logits.grad[0, 0, 0]   # token 2 (the teacher's likeliest) is pushed up
 
 
-def _teacher_model(tiny_assets, folder, seed=1):
-    from transformers import AutoTokenizer
-
-    from coati.models.tiny import build_tiny_llama
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
-    build_tiny_llama(tokenizer, seed=seed).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
 def _padded_experience(vocab):
     """Two rows as experience holds them: prompts left-padded to 5 columns, completions right-padded to 4, the first
     with an attended token that does not count (a tool's output) and the second ending early."""
@@ -173,44 +158,3 @@ def test_a_served_teacher_scores_as_the_teacher_in_the_trainer(tiny_assets, tmp_
     assert not check_served_vocabulary(url, "judge", AutoTokenizer.from_pretrained(folder))   # no token ids: no check
     with pytest.raises(DistillationError, match=r"teacher .* answered without prompt_logprobs in its choices"):
         ServedTeacher(url, config, vocab, "judge", retries=0).score(_padded_experience(vocab), None)
-
-
-def _rl(tiny_assets, out, script, *extra, **env):
-    return torchrun(SCRIPTS / script, 2, "--pretrain", str(tiny_assets["model"]), "--prompt_dataset",
-                    str(tiny_assets["prompt_train"]), "--plugin", "ddp", "--batch_size", "2", "--num_generations", "3",
-                    "--max_new_tokens", "8", "--num_episodes", "2", "--log_dir", str(out / "logs"), *extra, **env)
-
-
-@pytest.mark.parametrize("script, rewards, loss", [
-    ("train_grpo.py", ["--reward_fn", "math_answer"], "gkd"), ("train_grpo.py", [], "gkd"),
-    ("train_ppo.py", ["--reward_fn", "math_answer"], "forward_kl_topk")],
-    ids=["grpo_with_rewards", "grpo_alone_served", "ppo_with_rewards"])
-def test_rl_distils_from_a_teacher_under_torchrun(tiny_assets, tmp_path_factory, script, rewards, loss):
-    """With rewards, from a teacher folder; alone, from a teacher served on coati's OpenAI-compatible server."""
-    from coati.inference.local_judge import JudgeServerConfig, LocalJudge
-
-    out = tmp_path_factory.mktemp("distil")
-    teacher = _teacher_model(tiny_assets, out / "teacher")
-    served = None if rewards else LocalJudge(JudgeServerConfig(str(teacher))).start()
-    try:
-        where = ["--teacher_url", served.url] if served else ["--teacher_model", str(teacher)]
-        result = _rl(tiny_assets, out, script, *where, "--distill_loss", loss, "--distill_top_k", "4", *rewards,
-                     **({"COATI_TEACHER_TOKEN": served.token} if served else {}))
-    finally:
-        if served:
-            served.close()
-    assert result.returncode == 0, result.stderr[-3000:]
-    trained = [m for m in map(json.loads, (out / "logs" / "metrics.jsonl").read_text().splitlines()) if "train/loss" in m]
-    assert len(trained) == 2
-    assert all(m["train/loss/distill"] > 0 and m["train/rollout/distill_reverse_kl"] != 0 for m in trained)
-    assert all(("train/rewards/math_answer/mean" in m) == bool(rewards) for m in trained)
-
-
-def test_a_teacher_that_is_the_policy_stops_the_run_in_one_line(tiny_assets, tmp_path):
-    copy = shutil.copytree(tiny_assets["model"], tmp_path / "same_weights")
-    result = _rl(tiny_assets, tmp_path, "train_grpo.py", "--teacher_model", str(copy))
-    assert result.returncode != 0
-    errors = {line for line in result.stderr.splitlines() if line.startswith("error: ")}
-    assert len(errors) == 1 and re.fullmatch(r"error: the distillation term is zero on every one of the \d+ sampled "
-                                             r"tokens in this batch: .*", errors.pop())
-    assert re.search(r"exitcode\s*: 2", result.stderr), result.stderr[-3000:]

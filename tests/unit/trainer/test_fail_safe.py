@@ -5,7 +5,6 @@ import json
 import math
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,9 +17,10 @@ from coati.trainer.nonfinite import NonFiniteError
 from coati.utils import MetricsLogger, save_checkpoint, save_hf_model
 from coati.utils.ckpt_io import NonFiniteWeightsError, list_checkpoints
 from coati.utils.metrics_logger import PREVIOUS_RUNS_DIR, public_config
+from conftest import REPO
 from support import linear_trainer, regression_rows
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "applications" / "demo"))
+sys.path.insert(0, str(REPO / "applications" / "demo"))
 from report import alarm_lines, reward_vs_accuracy  # noqa: E402
 
 

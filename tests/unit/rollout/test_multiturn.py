@@ -3,7 +3,6 @@ sequences checked against chat templates' renderings of whole conversations (Qwe
 import asyncio
 import json
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,9 +20,9 @@ from coati.rollout.tool_calls import hermes
 from coati.rollout.tools import ToolRunner, calculator, configure_python_tool, python, resolve_tools, tool_from_function
 from coati.rewards.sandbox import SandboxLimits
 from coati.utils.errors import CoatiUsageError
-from conftest import HISTORY_REWRITING
+from conftest import AGENTS, HISTORY_REWRITING, REPO
 
-TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
+TEMPLATES = REPO / "tests" / "data" / "chat_templates"
 LLAMA_SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 
 
@@ -292,47 +291,6 @@ def test_a_synchronous_run_samples_the_same_tokens_however_long_its_tools_take(t
         assert torch.equal(a.sequences, b.sequences) and torch.equal(a.action_mask, b.action_mask)
 
 
-def _episode_records(log_dir: Path, episodes: int):
-    """Every logged record, and the `episodes` training ones, each of 1 to 3 turns that sampled tokens."""
-    records = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in records if "train/reward" in r]
-    assert len(train) == episodes
-    for record in train:
-        assert 1 <= record["train/rollout/turns"] <= 3 and record["train/rollout/sampled_tokens"] > 0
-    return records, train
-
-
-@pytest.mark.slow
-def test_multi_turn_grpo_under_torchrun_logs_the_episodes_and_evaluates_through_the_same_workflow(tiny_assets, tmp_path):
-    """With a model whose own template rewrites history, fixed by `--chat_template` (the documented way out)."""
-    import shutil
-
-    from coati.models.tiny import CHAT_TEMPLATE
-    from conftest import SCRIPTS, torchrun
-
-    model = Path(shutil.copytree(tiny_assets["model"], tmp_path / "model"))
-    config = json.loads((model / "tokenizer_config.json").read_text())
-    (model / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": HISTORY_REWRITING}))
-    (tmp_path / "appending.jinja").write_text(CHAT_TEMPLATE)
-    result = torchrun(SCRIPTS / "train_grpo.py", 2, "--pretrain", str(model), "--chat_template",
-                      str(tmp_path / "appending.jinja"), "--prompt_dataset",
-                      str(tiny_assets["prompt_train"]), "--eval_dataset", str(tiny_assets["prompt_eval"]),
-                      "--batch_size", "2", "--num_generations", "2", "--max_new_tokens", "12", "--num_episodes", "2",
-                      "--tools", "calculator", "python", "--max_turns", "3", "--max_total_tokens", "48",
-                      "--reward_fn", "math_answer", "--eval_n_samples", "2", "--sample_log_interval", "1", "--log_dir",
-                      str(tmp_path / "logs"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    records, train = _episode_records(tmp_path / "logs", 2)
-    for record in train:
-        ended = sum(record[f"train/rollout/ended/{how}"] for how in ("answer", "max_turns", "max_total_tokens", "truncated"))
-        assert ended == pytest.approx(1.0)
-        assert {"train/rollout/tool_calls", "train/rollout/tool_errors/malformed", "train/rollout/environment_tokens",
-                "train/rewards/environment/mean"} <= record.keys()
-    assert sum("eval/reward" in r and "eval/reward/pass@2" in r for r in records) == 2   # before and after
-    table = json.loads((tmp_path / "logs" / "rich_completions" / "completions_step_000001.json").read_text())
-    assert table["data"][0][1][0]["role"] == "assistant"                                  # the conversation
-
-
 def test_tool_use_demonstrations_train_on_the_assistant_turns_only(tokenizer, tmp_path):
     from coati.models.tiny import CHAT_TEMPLATE
     from coati.dataset.prepare import load_prepared, prepare_dataset
@@ -412,9 +370,6 @@ def test_a_pool_sends_every_turn_of_a_session_to_the_generator_of_its_first():
 
 
 # ---- agents you already have: the OpenAI-compatible endpoint ------------------------------------------------------
-AGENTS = Path(__file__).resolve().parents[1] / "examples" / "agents"
-
-
 def _calculator_agent():
     import importlib.util
 
@@ -557,29 +512,6 @@ def test_the_recorded_tokens_are_what_a_real_engine_produced(tiny_assets):
     trained = [trajectory.sequences[i, trajectory.prompt_length:][trajectory.action_mask[i]].tolist() for i in range(2)]
     assert sorted(trained) == sorted(engine.outputs.values()) and len(engine.outputs) == 2
     assert trajectory.logprobs is None or trajectory.logprobs[~trajectory.action_mask].abs().sum() == 0
-
-
-@pytest.mark.slow
-def test_grpo_trains_an_openai_client_agent_under_torchrun(tiny_assets, tmp_path):
-    """The multi-turn guide's command (docs/guides/multi-turn.md): the example agent, unchanged, as every rollout and every held-out episode."""
-    import subprocess
-
-    from conftest import REPO, SCRIPTS, child_env, torchrun_cmd
-
-    cmd = torchrun_cmd(SCRIPTS / "train_grpo.py", 2, "--pretrain", str(tiny_assets["model"]), "--prompt_dataset",
-                       str(tiny_assets["prompt_train"]), "--eval_dataset", str(tiny_assets["prompt_eval"]),
-                       "--batch_size", "2", "--num_generations", "2", "--max_new_tokens", "12", "--num_episodes", "2",
-                       "--reward_fn", "math_answer", "--agent", "calculator_agent:solve", "--eval_n_samples", "1",
-                       "--sample_log_interval", "1", "--log_dir", str(tmp_path / "logs"))
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO,
-                            env=child_env(PYTHONPATH=str(AGENTS)))
-    assert result.returncode == 0, result.stderr[-3000:]
-    records, train = _episode_records(tmp_path / "logs", 2)
-    for record in train:
-        ended = sum(record[f"train/rollout/ended/{how}"] for how in ("answer", "truncated", "agent_error", "agent_timeout"))
-        assert ended == pytest.approx(1.0) and record["train/rollout/ended/agent_error"] == 0
-        assert record["train/rollout/agent/restarts"] == 0
-    assert sum("eval/reward" in r for r in records) == 2
 
 
 def test_an_engine_that_fails_under_an_agent_fails_the_rollout_not_just_the_agent(tokenizer):

@@ -1,7 +1,7 @@
 """Every trainer, on every CUDA plugin, trains, checkpoints, exports and resumes through its real script
 (needs a GPU).
 
-Run on a GPU machine with `python -m pytest tests/test_cuda_plugins.py` (or `tests/gpu/check.sh` where that machine has
+Run on a GPU machine with `python -m pytest tests/e2e/test_cuda_plugins.py` (or `tests/gpu/check.sh` where that machine has
 its own torch); on a machine without CUDA these
 tests are skipped and `test_plugins.py` checks the refusal instead.
 """

@@ -3,7 +3,7 @@ CPU-kernel cap) sample the completions and log the metrics recorded from the cod
 (`tests/recorded/runs.json`), to a relative 1e-5. A change that moves a number fails here; one that should (a fixed
 bug) records anew, saying why in its commit:
 
-    PYTHONPATH=tests .venv/bin/python tests/test_recorded_runs.py   # rewrites tests/recorded/runs.json
+    PYTHONPATH=tests .venv/bin/python tests/e2e/test_recorded_runs.py   # rewrites tests/recorded/runs.json
 """
 import json
 import subprocess

@@ -1,5 +1,5 @@
 """The documentation: the site builds in strict mode (a broken link or anchor fails it, as this shows), its quickstart
-page is the README's (one copy, which tests/test_quickstart.py runs), and the README stays a short page whose links
+page is the README's (one copy, which tests/e2e/test_quickstart.py runs), and the README stays a short page whose links
 all lead somewhere."""
 import html
 import re
