@@ -116,7 +116,7 @@ def endpoint():
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_assets):
-    """The tiny model's tokenizer, one per test module (a module may define a `tokenizer` of its own)."""
+    """The tiny model's tokenizer, one per test module."""
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_assets["model"])

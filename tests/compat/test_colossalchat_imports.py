@@ -166,13 +166,6 @@ def test_every_name_a_colossalchat_training_script_imports_resolves(script):
     assert {"gsm8k_reward_fn", "math_competition_reward_fn", "extract_solution", "validate_response_structure"} <= set(star)
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tiny_assets):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_assets["model"])
-
-
 def _reward(fn, tokenizer, response: str, gt_answer, inclusive_end: bool = False) -> float:
     """`fn` called as ColossalChat's RLVRRewardModel calls it, on a prompt then `response`."""
     prompt = tokenizer("What is 6 x 7?", add_special_tokens=False)["input_ids"]

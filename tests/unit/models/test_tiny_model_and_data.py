@@ -1,16 +1,10 @@
 """The locally built tokenizer/model load through from_pretrained; labels mask all but assistant tokens."""
-import pytest
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from coati.dataset import (IGNORE_INDEX, KTOCollator, PreferenceCollator, PromptCollator, SupervisedCollator,
                            tokenize_conversation)
 from coati.dataset.demo_data import _is_held_out, generate_problems, preference_records, prompt_records
 from coati.models.tiny import END_OF_TURN
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_assets):
-    return AutoTokenizer.from_pretrained(tiny_assets["model"])
 
 
 def test_tokenizer_eos_is_the_end_of_turn_token(tokenizer, tiny_assets):

@@ -7,7 +7,7 @@ import signal
 import pytest
 import torch
 from datasets import load_from_disk
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from coati.experience.experience import stack_trajectories
 from coati.experience.scorer import Scorer
@@ -20,11 +20,6 @@ from conftest import REPO, completion_tokens as _tokens
 
 GENERATIONS = 4
 SAMPLING = SamplingConfig(max_new_tokens=8)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_assets):
-    return AutoTokenizer.from_pretrained(tiny_assets["model"])
 
 
 @pytest.fixture(scope="module")
