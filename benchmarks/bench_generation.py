@@ -48,7 +48,7 @@ def bench_model(model_dir: str, args: argparse.Namespace) -> Dict[str, float]:
     from coati.inference.vllm import VLLMConfig, VLLMPool
     from coati.models.generation import HFEngine
     from coati.config import SamplingConfig
-    from coati.rollout.engine import generate_requests
+    from coati.rollout.pool import generate_requests
 
     torch.set_num_threads(args.threads)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

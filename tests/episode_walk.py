@@ -6,8 +6,10 @@ shrinks its count of moves (`tests/integration/test_episode_walk.py` holds the c
     PYTHONPATH=tests .venv/bin/python tests/episode_walk.py   # rewrites docs/concepts/episode-walk.md
 
 The traced run is one process (a world of one), the `hf` engine, three turns with a tool every turn, a KL to the
-reference and two reward functions; the tool answers at once, so that the order is the same on every run.
+reference and two reward functions. So that the order is the same on every run, the tool answers at once and the
+work episodes hand to a thread (`asyncio.to_thread`: tool steps, scoring) runs inline on the event loop.
 """
+import asyncio
 import importlib.util
 import json
 import os
@@ -16,7 +18,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Dict, List, NamedTuple
+from typing import Any, Callable, Dict, List, NamedTuple
 
 from coati.rollout.tool_calls import ParsedTurn, ToolCall
 
@@ -82,6 +84,11 @@ class Tracer:
             self.done = True
 
 
+async def inline(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`asyncio.to_thread` run on the event loop's own thread: the episodes' order no longer hangs on a thread's."""
+    return fn(*args, **kwargs)
+
+
 def trace(model: Path, prompts: Path, out: Path) -> List[Step]:
     """Run `train_grpo.py` in this process as a world of one and return the walked episode's steps."""
     with socket.socket() as probe:
@@ -92,6 +99,7 @@ def trace(model: Path, prompts: Path, out: Path) -> List[Step]:
     spec = importlib.util.spec_from_file_location("train_grpo", REPO / "examples" / "training_scripts" / "train_grpo.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    asyncio.to_thread = inline
     tracer = Tracer()
     sys.setprofile(tracer)
     threading.setprofile(tracer)   # reward functions run in a thread of their own while the episode waits
@@ -124,9 +132,10 @@ def render(steps: List[Step]) -> str:
              "The coati functions one multi-turn GRPO episode enters, in the order it first enters them, from",
              "`OLTrainer._episode` to the end of the first optimizer step (`apply_gradients`), traced from the code",
              "(`tests/episode_walk.py`: one process, the `hf` engine, three turns with a tool every turn, a KL to the",
-             "reference, two reward functions). Each stop is a stay in one file; a reader following the episode moves",
-             "from file to file as the list does. Comprehensions count as part of their function; a function entered",
-             "again later is listed once, where it is first entered.", "",
+             "reference, two reward functions; what episodes hand to a thread runs inline, so that the order is the",
+             "same on every run). Each stop is a stay in one file; a reader following the episode moves from file to",
+             "file as the list does. Comprehensions count as part of their function; a function entered again later is",
+             "listed once, where it is first entered.", "",
              "| functions | files | moves between files | of them back into a file already visited |",
              "|---|---|---|---|",
              f"| {counts['functions']} | {counts['files']} | {counts['moves']} | {counts['moves_back']} |", ""]

@@ -285,7 +285,7 @@ def _run(args: argparse.Namespace, build: Callable[..., OLTrainer]) -> Optional[
                   coordinator=coordinator, ptx_dataloader=_ptx_loader(args, setup, tokenizer),
                   callbacks=[monitor, TokenizerInCheckpoints(tokenizer, coordinator.is_master())])
     if args.rollout_backend == "vllm" and not settings_from(args, AsyncSettings).async_rollout:
-        kwargs["rollout_engine"] = _vllm_pool(args, tokenizer)
+        kwargs["rollout_pool"] = _vllm_pool(args, tokenizer)
     if args.save_best:
         kwargs["callbacks"].append(BestModelKeeper(
             args.save_best, export_dir(args).parent / "best",

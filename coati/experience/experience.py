@@ -9,7 +9,7 @@ import torch
 
 from coati.config import GRPOConfig, PPOConfig, RolloutConfig
 from coati.models.critic import action_values
-from coati.models.generation import InferenceEngine, through_last
+from coati.models.generation import GenerationEngine, through_last
 from coati.models.logprobs import action_logps, in_row_chunks
 from coati.models.loss import kl_penalty, masked_mean, masked_var
 from coati.rewards.registry import table_columns
@@ -102,7 +102,7 @@ class ExperienceMaker:
     and the frozen reference's log-probs of finished rollouts and lets each maker compute its advantages
     (`_add_advantages`)."""
 
-    def __init__(self, actor: torch.nn.Module, engine: InferenceEngine, scorer: Scorer, config: RolloutConfig,
+    def __init__(self, actor: torch.nn.Module, engine: GenerationEngine, scorer: Scorer, config: RolloutConfig,
                  ref_model: Optional[torch.nn.Module] = None, teacher: Optional[Any] = None,
                  step_scorer: Optional[Any] = None) -> None:
         self.actor, self.engine, self.scorer, self.tokenizer = actor, engine, scorer, scorer.tokenizer
@@ -294,7 +294,7 @@ class PPOExperienceMaker(ExperienceMaker):
 
     config: PPOConfig
 
-    def __init__(self, actor: torch.nn.Module, critic: torch.nn.Module, engine: InferenceEngine, scorer: Scorer,
+    def __init__(self, actor: torch.nn.Module, critic: torch.nn.Module, engine: GenerationEngine, scorer: Scorer,
                  config: PPOConfig, ref_model: Optional[torch.nn.Module] = None,
                  kl_controller: Optional[KLController] = None, step_scorer: Optional[Any] = None,
                  teacher: Optional[Any] = None) -> None:

@@ -39,7 +39,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from coati.rollout.engine import BatchingPool, all_of, padded_completions
+from coati.rollout.pool import BatchingPool, all_of, padded_completions
 from coati.rollout.probe import EngineSyncError, ProbeCheck
 from coati.utils.errors import CoatiUsageError
 
@@ -283,7 +283,7 @@ def work_dir() -> Path:
 
 
 class VLLMPool(BatchingPool):
-    """`num_engines` vLLM servers with the policy, as a `RolloutEngine` (`agenerate`) and a weights publisher
+    """`num_engines` vLLM servers with the policy, as a `RolloutPool` (`agenerate`) and a weights publisher
     (`publish`), like `GeneratorPool`. A request goes to the least-busy server, and each server takes all its waiting
     requests with the same sampling settings as one engine call (`BatchingPool`). `publish` writes the weights once
     and queues a load on every server behind the generations already sent to it, so a rollout in flight finishes on

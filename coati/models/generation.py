@@ -53,8 +53,9 @@ def concat_outputs(outputs: Sequence[GenerationOutput], pad_token_id: int) -> Ge
                             prompt_length)
 
 
-class InferenceEngine(Protocol):
-    """What a trainer needs from a generation backend."""
+class GenerationEngine(Protocol):
+    """A generation engine: one model completing one padded batch of prompts (`HFEngine`). Workflows generate
+    through a rollout pool (`coati.rollout.RolloutPool`), which holds one or more copies of the policy."""
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, config: SamplingConfig) -> GenerationOutput:
         """Completions of left-padded prompts."""

@@ -1,10 +1,14 @@
-"""Rollouts: workflows that turn a prompt into training samples, generator processes (Ray actors) that hold
-copies of the policy, the executor that runs workflows under concurrency and staleness bounds while the
-trainer trains, and the local engine that runs the same workflows synchronously on the training model."""
-from .engine import Completions, GeneratorError, GeneratorPool, RolloutEngine, all_of
+"""Rollouts: workflows that turn a prompt into training samples, the rollout pools they generate with (generator
+processes, Ray actors that hold copies of the policy; vLLM servers; the local pool that runs the same workflows
+synchronously on the training model), and the executor that runs workflows under concurrency and staleness bounds
+while the trainer trains."""
+from .pool import Completions, GeneratorError, GeneratorPool, RolloutPool, all_of
 from .executor import PromptStream, RolloutEvent, WorkflowExecutor
-from .local import LocalEngine, run_episodes
+from .local import LocalPool, run_episodes
 from .workflow import RLVRWorkflow, RolloutWorkflow, Trajectory
 
-__all__ = ["RolloutEngine", "all_of", "Completions", "GeneratorError", "GeneratorPool", "LocalEngine", "PromptStream",
+__all__ = ["RolloutPool", "all_of", "Completions", "GeneratorError", "GeneratorPool", "LocalPool", "PromptStream",
            "RLVRWorkflow", "RolloutEvent", "RolloutWorkflow", "Trajectory", "WorkflowExecutor", "run_episodes"]
+
+RolloutEngine = RolloutPool
+"""The pools' name before they were told apart from generation engines: workflows written against it keep working."""

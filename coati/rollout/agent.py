@@ -31,7 +31,7 @@ from coati.experience.scorer import Scorer
 from coati.utils.http_json import JsonHandler
 
 from .chat import ChatTokens
-from .engine import RolloutEngine
+from .pool import RolloutPool
 from .environment import Message
 from .multiturn import Episode, assemble, conversation
 from .tool_calls import ParsedTurn, hermes
@@ -58,9 +58,9 @@ class RecordedEpisode:
     Requests of an episode are answered one at a time; each works on a copy and publishes it at the end in one
     assignment (`recorded`), so `finish` can take a consistent record while an overdue agent's request is still out."""
 
-    def __init__(self, chat: ChatTokens, engine: RolloutEngine, loop: asyncio.AbstractEventLoop,
+    def __init__(self, chat: ChatTokens, pool: RolloutPool, loop: asyncio.AbstractEventLoop,
                  sampling: SamplingConfig, parser: Callable[[str], ParsedTurn] = hermes) -> None:
-        self.chat, self.engine, self.loop, self.sampling, self.parser = chat, engine, loop, sampling, parser
+        self.chat, self.pool, self.loop, self.sampling, self.parser = chat, pool, loop, sampling, parser
         self.id = uuid.uuid4().hex
         self.recorded: Tuple[List[int], Episode] = ([], Episode(counts={"agent/restarts": 0.0}))   # prompt, the rest
         self.history: List[Message] = []       # the conversation the next request must extend
@@ -83,7 +83,7 @@ class RecordedEpisode:
                 raise EndpointError(410, "this episode has ended (its agent returned or ran past its timeout)")
             prompt, episode = self._extend(messages, tools)
             ids = prompt + episode.ids
-            future = asyncio.run_coroutine_threadsafe(self.engine.agenerate(ids, self._sampling(body), 1, self.id),
+            future = asyncio.run_coroutine_threadsafe(self.pool.agenerate(ids, self._sampling(body), 1, self.id),
                                                       self.loop)
             try:
                 out = future.result()
@@ -221,7 +221,7 @@ class AgentWorkflow(RolloutWorkflow):
     """`num_generations` episodes of `agent` per prompt row, each against its own episode on the endpoint (started on
     first use), run at once in threads; an agent that raises or runs past `timeout` seconds ends its episode (counted)
     instead of the run, while an engine that fails a request fails the rollout. Scored by `scorer` on the agent's final
-    answer. Agents take no engine seat (`RolloutEngine.take_seat`): one that works long, or hangs until its timeout,
+    answer. Agents take no engine seat (`RolloutPool.take_seat`): one that works long, or hangs until its timeout,
     between requests would hold every other episode's turn; so their runs are not bit-reproducible."""
 
     def __init__(self, scorer: Scorer, chat: ChatTokens, agent: Agent, sampling: SamplingConfig, num_generations: int,
@@ -235,10 +235,10 @@ class AgentWorkflow(RolloutWorkflow):
             self._endpoint = AgentEndpoint()
         return self._endpoint
 
-    async def arun_episode(self, engine: RolloutEngine, sample: Dict[str, Any]) -> Optional[Trajectory]:
+    async def arun_episode(self, pool: RolloutPool, sample: Dict[str, Any]) -> Optional[Trajectory]:
         loop = asyncio.get_running_loop()
         row = {**{k: v for k, v in sample.items() if k != "input_ids"}, "messages": conversation(sample)}
-        recorded = [RecordedEpisode(self.chat, engine, loop, self.sampling, self.parser)
+        recorded = [RecordedEpisode(self.chat, pool, loop, self.sampling, self.parser)
                     for _ in range(self.num_generations)]
         finished = await asyncio.gather(*(self._play(loop, episode, row) for episode in recorded))
         failed = next((e.engine_error for e in recorded if e.engine_error is not None), None)

@@ -24,9 +24,9 @@ from coati.rewards.registry import component_metrics, table_columns
 from coati.utils.stats_tracker import StatsTracker
 
 from .chat import ChatTokens
-from .engine import RolloutEngine
+from .pool import RolloutPool
 from .environment import ToolEnvironment, tool_schemas
-from .local import LocalEngine, run_episodes
+from .local import LocalPool, run_episodes
 from .multiturn import MultiTurnWorkflow
 from .tool_calls import hermes
 from .tools import ToolRunner, resolve_tools
@@ -40,10 +40,10 @@ def prompt_rows(batch: Dict[str, Any]) -> List[Dict[str, Any]]:
     return [{"input_ids": ids[i][mask[i]].tolist(), **{k: v[i] for k, v in fields.items()}} for i in range(ids.size(0))]
 
 
-def complete(engine: RolloutEngine, workflow: RolloutWorkflow, rows: Sequence[Dict[str, Any]], sampling: SamplingConfig,
+def complete(pool: RolloutPool, workflow: RolloutWorkflow, rows: Sequence[Dict[str, Any]], sampling: SamplingConfig,
              n: int = 1) -> List[Trajectory]:
     """`n` episodes of `workflow` on each row by `engine`, sampled with `sampling`: one trajectory per row, in order."""
-    return run_episodes(workflow.resampled(sampling, n), engine, rows)
+    return run_episodes(workflow.resampled(sampling, n), pool, rows)
 
 
 def final_answer(completion: Any) -> str:
@@ -94,7 +94,7 @@ def evaluate_model(model_dir: str, prompt_dirs: Sequence[str], reward_specs: Seq
     most `max_turns` model turns that may call them."""
     tokenizer = load_tokenizer(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    engine = LocalEngine(HFEngine(model, tokenizer.pad_token_id, [tokenizer.eos_token_id]))
+    engine = LocalPool(HFEngine(model, tokenizer.pad_token_id, [tokenizer.eos_token_id]))
     greedy = SamplingConfig(max_new_tokens=max_new_tokens, do_sample=False)
     scorer = Scorer(tokenizer, WeightedReward.from_specs(list(reward_specs)))
     loader = DataLoader(load_prepared(list(prompt_dirs), "prompt"), batch_size=batch_size,

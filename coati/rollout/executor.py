@@ -25,7 +25,7 @@ from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequenc
 
 import torch
 
-from .engine import RolloutEngine
+from .pool import RolloutPool
 from .workflow import RolloutWorkflow, Trajectory
 
 MAX_EVENTS = 100_000
@@ -103,12 +103,12 @@ class WorkflowExecutor:
     collect steps per episode). A workflow's exception (a generator that could not be restarted) is raised
     in the caller."""
 
-    def __init__(self, engine: RolloutEngine, workflow: RolloutWorkflow, batch_size: int, max_concurrent_rollouts: int,
+    def __init__(self, pool: RolloutPool, workflow: RolloutWorkflow, batch_size: int, max_concurrent_rollouts: int,
                  max_staleness: int, batches_per_version: int = 1) -> None:
         if batch_size < 1 or max_concurrent_rollouts < 1 or max_staleness < 0 or batches_per_version < 1:
             raise ValueError("batch_size, max_concurrent_rollouts and batches_per_version must be >= 1 and "
                              "max_staleness >= 0")
-        self.engine, self.workflow = engine, workflow
+        self.pool, self.workflow = pool, workflow
         self.batch_size, self.max_concurrent, self.max_staleness = batch_size, max_concurrent_rollouts, max_staleness
         self.batches_per_version = batches_per_version
         self.version = 0
@@ -167,7 +167,7 @@ class WorkflowExecutor:
 
     async def _run(self, rollout: int, sample: Dict[str, Any]) -> None:
         try:
-            trajectory = await self.workflow.arun_episode(self.engine, sample)
+            trajectory = await self.workflow.arun_episode(self.pool, sample)
         except Exception as error:   # handed to the trainer's thread, which raises it
             with self._cond:
                 self._in_flight -= 1
@@ -214,7 +214,7 @@ class WorkflowExecutor:
 
         async def one(sample: Dict[str, Any]) -> Optional[Trajectory]:
             async with limit:
-                return await self.workflow.arun_episode(self.engine, sample)
+                return await self.workflow.arun_episode(self.pool, sample)
 
         results = await asyncio.gather(*(one(sample) for sample in samples))
         return [trajectory for trajectory in results if trajectory is not None]

@@ -1,4 +1,4 @@
-"""Synchronous rollouts through the same workflows as asynchronous ones: a `RolloutEngine` over the training
+"""Synchronous rollouts through the same workflows as asynchronous ones: a `RolloutPool` over the training
 model, and a function that runs a workflow on a batch of prompts to completion."""
 import asyncio
 import itertools
@@ -12,7 +12,7 @@ import torch
 from coati.models.generation import HFEngine
 from coati.config import SamplingConfig
 
-from .engine import Completions, RolloutEngine, generate_requests
+from .pool import Completions, RolloutPool, generate_requests
 from .probe import ProbeCheck
 from .workflow import RolloutWorkflow, Trajectory
 
@@ -26,8 +26,8 @@ class _Request:
     future: asyncio.Future
 
 
-class LocalEngine(RolloutEngine):
-    """`RolloutEngine` over an in-process `HFEngine` (the training model), generating in lockstep: the requests made
+class LocalPool(RolloutPool):
+    """`RolloutPool` over an in-process `HFEngine` (the training model), generating in lockstep: the requests made
     while the event loop runs are generated together, one batched generation per sampling config, once every seated
     conversation (`take_seat`) has asked for its turn or left; unseated requests come first, in the order they came,
     then seated ones by seat. So a synchronous run's batches, and the random numbers each row samples with, do not
@@ -98,12 +98,12 @@ class LocalEngine(RolloutEngine):
         self.seconds += time.perf_counter() - start
 
 
-def run_episodes(workflow: RolloutWorkflow, engine: Any, samples: Sequence[Dict[str, Any]],
+def run_episodes(workflow: RolloutWorkflow, pool: RolloutPool, samples: Sequence[Dict[str, Any]],
                  loop: Optional[asyncio.AbstractEventLoop] = None) -> List[Optional[Trajectory]]:
-    """`workflow`'s episode for every sample, run concurrently against `engine` until all are done (None where
+    """`workflow`'s episode for every sample, run concurrently against `pool` until all are done (None where
     the workflow dropped one), in the samples' order; on `loop` when given (a loop kept across calls keeps its
     worker threads), else on a new one."""
     async def every() -> List[Optional[Trajectory]]:
-        return list(await asyncio.gather(*(workflow.arun_episode(engine, sample) for sample in samples)))
+        return list(await asyncio.gather(*(workflow.arun_episode(pool, sample) for sample in samples)))
 
     return loop.run_until_complete(every()) if loop is not None else asyncio.run(every())

@@ -21,7 +21,7 @@ from coati.dataset.prepare import PROMPT_COLUMN
 from coati.experience.scorer import PROMPT_FIELDS, Scorer
 
 from .chat import ChatTokens
-from .engine import Completions, RolloutEngine
+from .pool import Completions, RolloutPool
 from .environment import ERROR_KINDS, Environment, Message
 from .workflow import RolloutWorkflow, Trajectory
 
@@ -82,7 +82,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
         self.max_turns, self.max_total_tokens = max_turns, max_total_tokens
         self.closer = chat.turn_stop_id()
 
-    async def arun_episode(self, engine: RolloutEngine, sample: Dict[str, Any]) -> Optional[Trajectory]:
+    async def arun_episode(self, pool: RolloutPool, sample: Dict[str, Any]) -> Optional[Trajectory]:
         messages = conversation(sample)
         environments = [self.make_environment() for _ in range(self.num_generations)]
         for environment in environments:
@@ -90,9 +90,9 @@ class MultiTurnWorkflow(RolloutWorkflow):
         tools = environments[0].tools()
         prompt = self.chat.prompt_ids(messages, tools)
         session = uuid.uuid4().hex   # every turn of the group on one copy of the model, which caches the prompt
-        first = await engine.agenerate(prompt, self._turn_sampling(0), self.num_generations, session)
-        seats = [engine.take_seat() for _ in range(self.num_generations)]   # before any episode's tools run
-        episodes = await asyncio.gather(*(seated(engine, seats[i], self._play(engine, environments[i], messages, prompt,
+        first = await pool.agenerate(prompt, self._turn_sampling(0), self.num_generations, session)
+        seats = [pool.take_seat() for _ in range(self.num_generations)]   # before any episode's tools run
+        episodes = await asyncio.gather(*(seated(pool, seats[i], self._play(pool, environments[i], messages, prompt,
                                                                               tools, first, i, session, seats[i]))
                                           for i in range(self.num_generations)))
         return await assemble(self.scorer, self.chat.tokenizer.pad_token_id, sample, messages,
@@ -102,7 +102,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
         budget = self.max_total_tokens - used if self.max_total_tokens else self.sampling.max_new_tokens
         return dataclasses.replace(self.sampling, max_new_tokens=min(self.sampling.max_new_tokens, budget))
 
-    async def _play(self, engine: RolloutEngine, environment: Environment, prompt_messages: List[Message],
+    async def _play(self, pool: RolloutPool, environment: Environment, prompt_messages: List[Message],
                     prompt: List[int], tools: Any, first: Completions, row: int, session: str,
                     seat: Optional[int]) -> Episode:
         episode, out = Episode(), first
@@ -136,16 +136,16 @@ class MultiTurnWorkflow(RolloutWorkflow):
             if self.max_total_tokens and len(episode.ids) >= self.max_total_tokens:
                 episode.ended = "max_total_tokens"
                 return episode
-            out, row = await engine.agenerate(prompt + episode.ids, self._turn_sampling(len(episode.ids)), 1, session,
+            out, row = await pool.agenerate(prompt + episode.ids, self._turn_sampling(len(episode.ids)), 1, session,
                                               seat), 0
 
 
-async def seated(engine: RolloutEngine, seat: Optional[int], play: Awaitable[Episode]) -> Episode:
+async def seated(pool: RolloutPool, seat: Optional[int], play: Awaitable[Episode]) -> Episode:
     """`play`'s episode; its `seat` is left however it ends."""
     try:
         return await play
     finally:
-        engine.leave_seat(seat)
+        pool.leave_seat(seat)
 
 
 async def assemble(scorer: Scorer, pad_token_id: int, sample: Dict[str, Any], messages: List[Message],

@@ -10,7 +10,7 @@ import torch
 from coati.config import SamplingConfig
 from coati.experience.scorer import PROMPT_FIELDS, Scorer
 
-from .engine import RolloutEngine
+from .pool import RolloutPool
 
 
 @dataclass
@@ -48,7 +48,7 @@ class RolloutWorkflow(ABC):
     num_generations: int
 
     @abstractmethod
-    async def arun_episode(self, engine: RolloutEngine, sample: Dict[str, Any]) -> Optional[Trajectory]:
+    async def arun_episode(self, pool: RolloutPool, sample: Dict[str, Any]) -> Optional[Trajectory]:
         """Turn one prompt-dataset row (`input_ids` and its other fields) into a `Trajectory`; None drops it."""
 
     def resampled(self, sampling: SamplingConfig, num_generations: int) -> "RolloutWorkflow":
@@ -66,9 +66,9 @@ class RLVRWorkflow(RolloutWorkflow):
     def __init__(self, scorer: Scorer, sampling: SamplingConfig, num_generations: int) -> None:
         self.scorer, self.sampling, self.num_generations = scorer, sampling, num_generations
 
-    async def arun_episode(self, engine: RolloutEngine, sample: Dict[str, Any]) -> Optional[Trajectory]:
+    async def arun_episode(self, pool: RolloutPool, sample: Dict[str, Any]) -> Optional[Trajectory]:
         n = self.num_generations
-        out = await engine.agenerate(list(sample["input_ids"]), self.sampling, n)
+        out = await pool.agenerate(list(sample["input_ids"]), self.sampling, n)
         prompt = self.scorer.decode(sample["input_ids"])
         completions = self.scorer.completions(out)
         fields = {k: [v] * n for k, v in sample.items() if k not in PROMPT_FIELDS}

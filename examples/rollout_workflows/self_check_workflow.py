@@ -13,7 +13,7 @@ import torch
 
 from coati.config import SamplingConfig
 from coati.rewards import WeightedReward
-from coati.rollout import RolloutEngine, Completions, RolloutWorkflow, Trajectory
+from coati.rollout import RolloutPool, Completions, RolloutWorkflow, Trajectory
 
 CHECK = "Check your answer. Reply with the final answer only."
 
@@ -32,17 +32,17 @@ class SelfCheckWorkflow(RolloutWorkflow):
                                                   add_generation_prompt=True)
         self.follow_up: List[int] = tokenizer.encode(follow_up, add_special_tokens=False)
 
-    async def _second_turn(self, engine: RolloutEngine, prompt: List[int], first: List[int]):
-        out = await engine.agenerate(prompt + first + self.follow_up, self.sampling, 1)
+    async def _second_turn(self, pool: RolloutPool, prompt: List[int], first: List[int]):
+        out = await pool.agenerate(prompt + first + self.follow_up, self.sampling, 1)
         second = out.sequences[0, out.prompt_length:][out.action_mask[0]]
         return second.tolist(), _logprobs(out, 0), out.version
 
-    async def arun_episode(self, engine: RolloutEngine, sample: Dict[str, Any]) -> Optional[Trajectory]:
+    async def arun_episode(self, pool: RolloutPool, sample: Dict[str, Any]) -> Optional[Trajectory]:
         prompt = list(sample["input_ids"])
-        first = await engine.agenerate(prompt, self.sampling, self.n)
+        first = await pool.agenerate(prompt, self.sampling, self.n)
         turns = [(first.sequences[i, first.prompt_length:][first.action_mask[i]].tolist(), _logprobs(first, i))
                  for i in range(self.n)]
-        seconds = await asyncio.gather(*(self._second_turn(engine, prompt, tokens) for tokens, _ in turns))
+        seconds = await asyncio.gather(*(self._second_turn(pool, prompt, tokens) for tokens, _ in turns))
         rows, masks, logps, finals = [], [], [], []
         for (tokens1, lp1), (tokens2, lp2, _) in zip(turns, seconds):
             rows.append(tokens1 + self.follow_up + tokens2)

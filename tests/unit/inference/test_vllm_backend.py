@@ -13,7 +13,7 @@ from conftest import completion_tokens as _tokens
 from coati.inference.vllm import EngineError, VLLMConfig, VLLMPool
 from coati.models.generation import HFEngine
 from coati.config import SamplingConfig
-from coati.rollout.engine import generate_requests
+from coati.rollout.pool import generate_requests
 from support import need_vllm_environment
 
 need_vllm_environment()
@@ -173,7 +173,7 @@ def test_held_out_evaluation_on_the_engine_scores_what_the_training_model_scores
     from coati.experience.scorer import Scorer
     from coati.rewards import WeightedReward
     from coati.rollout.evaluation import complete
-    from coati.rollout.local import LocalEngine
+    from coati.rollout.local import LocalPool
     from coati.rollout.workflow import RLVRWorkflow
 
     pool, model, tokenizer, _ = served
@@ -183,7 +183,7 @@ def test_held_out_evaluation_on_the_engine_scores_what_the_training_model_scores
                             SamplingConfig(max_new_tokens=10), 1)
     greedy = SamplingConfig(max_new_tokens=10, do_sample=False)
     on_engine = complete(pool, workflow, rows, greedy)
-    on_model = complete(LocalEngine(HFEngine(model, tokenizer.pad_token_id, [tokenizer.eos_token_id])), workflow, rows,
+    on_model = complete(LocalPool(HFEngine(model, tokenizer.pad_token_id, [tokenizer.eos_token_id])), workflow, rows,
                         greedy)
     for engine_side, model_side in zip(on_engine, on_model):
         assert torch.equal(engine_side.sequences, model_side.sequences)

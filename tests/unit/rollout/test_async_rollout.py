@@ -14,7 +14,7 @@ from coati.experience.scorer import Scorer
 from coati.models.generation import HFEngine
 from coati.config import SamplingConfig
 from coati.rewards import WeightedReward
-from coati.rollout import (GeneratorError, GeneratorPool, LocalEngine, PromptStream, RLVRWorkflow, Trajectory,
+from coati.rollout import (GeneratorError, GeneratorPool, LocalPool, PromptStream, RLVRWorkflow, Trajectory,
                            WorkflowExecutor, run_episodes)
 from conftest import REPO, completion_tokens as _tokens
 
@@ -108,7 +108,7 @@ def test_a_publish_future_completes_when_every_copy_has_loaded():
 
     from coati.rollout import all_of
 
-    local = LocalEngine(engine=None)
+    local = LocalPool(engine=None)
     assert local.publish({}, 3).result(timeout=0) is None and local.version == 3   # the trainer's own weights
     first, second = Future(), Future()
     both = all_of([first, second])
@@ -208,7 +208,7 @@ def test_the_example_two_turn_workflow_masks_the_follow_up_question(engine, requ
     workflow = SelfCheckWorkflow(tokenizer, SAMPLING, GENERATIONS)
     if engine == "local":
         model = AutoModelForCausalLM.from_pretrained(tiny_assets["model"]).eval()
-        local = LocalEngine(HFEngine(model, tokenizer.pad_token_id, [tokenizer.eos_token_id]))
+        local = LocalPool(HFEngine(model, tokenizer.pad_token_id, [tokenizer.eos_token_id]))
         trajectory, = run_episodes(workflow, local, [prompts[0]])
         assert trajectory.logprobs is None and local.seconds > 0
     else:
@@ -276,7 +276,7 @@ def test_partial_rollouts_continue_a_completion_on_the_weights_published_meanwhi
     import asyncio
     from dataclasses import replace
 
-    from coati.rollout.engine import generate_requests
+    from coati.rollout.pool import generate_requests
 
     greedy, chunk = SamplingConfig(max_new_tokens=8, do_sample=False), 3
     prompt = list(prompts[0]["input_ids"])

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from coati.config import SamplingConfig
-from coati.rollout.engine import BatchingPool
+from coati.rollout.pool import BatchingPool
 from coati.models.tiny import train_tokenizer
 from coati.rewards import WeightedReward
 from coati.experience.scorer import Scorer
 from coati.rollout.chat import ChatTokens, check_appending, probe_conversation, turn_by_turn
-from coati.rollout.engine import Completions, RolloutEngine
+from coati.rollout.pool import Completions, RolloutPool
 from coati.rollout.environment import EnvStep, Environment, ToolEnvironment, tool_schemas
 from coati.rollout.multiturn import MultiTurnWorkflow
 from coati.rollout.tool_calls import hermes
@@ -169,7 +169,7 @@ def test_a_template_without_tools_or_with_a_foreign_end_of_turn_is_refused(token
         _chat(tokenizer, odd).turn_stop_id()
 
 
-class _Scripted(RolloutEngine):
+class _Scripted(RolloutPool):
     """Answers each request with the next scripted turn (token ids and their log-probs), as an engine would."""
 
     def __init__(self, turns):
@@ -269,11 +269,11 @@ def test_a_synchronous_run_samples_the_same_tokens_however_long_its_tools_take(t
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from coati.models.generation import HFEngine
-    from coati.rollout.local import LocalEngine, run_episodes
+    from coati.rollout.local import LocalPool, run_episodes
 
     tokenizer = AutoTokenizer.from_pretrained(turn_ender)
     model = AutoModelForCausalLM.from_pretrained(turn_ender).eval()
-    engine = LocalEngine(HFEngine(model, tokenizer.pad_token_id, [tokenizer.eos_token_id]))
+    engine = LocalPool(HFEngine(model, tokenizer.pad_token_id, [tokenizer.eos_token_id]))
     chat = ChatTokens(tokenizer, [tokenizer.eos_token_id])
     scorer = Scorer(tokenizer, WeightedReward.from_specs(["math_answer"]))
     rows = [ROW, {**ROW, "prompt": json.dumps([{"role": "user", "content": "What is 3 + 4?"}])}]
@@ -488,9 +488,9 @@ def test_the_recorded_tokens_are_what_a_real_engine_produced(tiny_assets):
 
     from coati.models.generation import HFEngine
     from coati.rollout.agent import AgentWorkflow
-    from coati.rollout.local import LocalEngine
+    from coati.rollout.local import LocalPool
 
-    class Recording(LocalEngine):
+    class Recording(LocalPool):
         def __init__(self, *args):
             super().__init__(*args)
             self.outputs = {}

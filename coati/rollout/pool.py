@@ -1,5 +1,7 @@
-"""Generation in processes of their own: Ray actors that each hold a copy of the policy, and the pool
-that sends them requests, publishes new weights to them and replaces one that dies.
+"""Rollout pools: what workflows generate with, one or more copies of the policy that take unpadded requests as
+they come (`RolloutPool`), as distinct from a generation engine (`coati.models.generation.GenerationEngine`, such as
+`HFEngine`), which completes one padded batch with one model. Here, the pool of Ray actors that each hold a copy of
+the policy (`GeneratorPool`): it sends them requests, publishes new weights to them and replaces one that dies.
 
 Weights travel through Ray's object store: the trainer puts one CPU state dict, every generator reads
 it (zero-copy on the same node). It needs no process group shared by trainer ranks and generators, so
@@ -64,33 +66,33 @@ class Completions:
         return GenerationOutput(self.sequences, attention, self.action_mask, self.prompt_length)
 
 
-class RolloutEngine(ABC):
-    """What a workflow generates with: the training model in this process (`LocalEngine`), Ray generator actors
+class RolloutPool(ABC):
+    """What a workflow generates with: the training model in this process (`LocalPool`), Ray generator actors
     (`GeneratorPool`) or vLLM servers (`coati.inference.vllm.VLLMPool`). `version` is the weights' version new
     requests are generated with; `seconds` sums the time spent generating."""
 
     version: int = 0
     seconds: float = 0.0
     probe: Optional[SyncProbe] = None
-    """The sync probe its publishes are checked with (an engine with weights of its own that can score sequences)."""
+    """The sync probe its publishes are checked with (a pool with weights of its own that can score sequences)."""
     shares_weights: bool = False
-    """True for an engine over the trainer's own model: a publish hands it no weights (only the version)."""
+    """True for a pool over the trainer's own model: a publish hands it no weights (only the version)."""
     takes_adapters: bool = False
-    """True for an engine that serves LoRA adapters over its own base weights (`publish_adapter`): a LoRA policy is
+    """True for a pool that serves LoRA adapters over its own base weights (`publish_adapter`): a LoRA policy is
     published as its adapters alone."""
 
     @abstractmethod
     async def agenerate(self, prompt_ids: List[int], config: SamplingConfig, n: int,
                         session: Optional[str] = None, seat: Optional[int] = None) -> Completions:
         """`n` completions of one unpadded prompt. Requests that name the same `session` (the turns of one
-        conversation) go to the same copy of the model where the engine holds several, so its prefix cache holds
+        conversation) go to the same copy of the model where the pool holds several, so its prefix cache holds
         the conversation. `seat` is the asking conversation's seat (`take_seat`), if it holds one."""
 
     def take_seat(self) -> Optional[int]:
-        """A seat for a conversation that will ask for further turns after work of its own (tool calls). An engine
-        that generates in lockstep (`LocalEngine`, a synchronous run's) waits before each batch until every seated
+        """A seat for a conversation that will ask for further turns after work of its own (tool calls). A pool
+        that generates in lockstep (`LocalPool`, a synchronous run's) waits before each batch until every seated
         conversation has asked or left, and orders the batch by seat, so how long tools take changes neither a
-        batch nor its sampling. None from an engine that seats no one (it batches what arrives)."""
+        batch nor its sampling. None from a pool that seats no one (it batches what arrives)."""
         return None
 
     def leave_seat(self, seat: Optional[int]) -> None:
@@ -98,12 +100,12 @@ class RolloutEngine(ABC):
 
     @abstractmethod
     def publish(self, weights: Dict[str, torch.Tensor], version: int, probe: Optional[ProbeCheck] = None) -> "Future[Any]":
-        """New weights, tagged `version`, for every copy of the model the engine holds; the future completes once
-        each serves them (at once for an engine that shares the trainer's weights), failing where a copy fails the
+        """New weights, tagged `version`, for every copy of the model the pool holds; the future completes once
+        each serves them (at once for a pool that shares the trainer's weights), failing where a copy fails the
         `probe` (`coati.rollout.probe`)."""
 
     def shutdown(self) -> None:
-        """Stop what the engine started."""
+        """Stop what the pool started."""
 
 
 def all_of(futures: Sequence["Future[Any]"]) -> "Future[List[Any]]":
@@ -247,7 +249,7 @@ def _joined(prompt: List[int], parts: List[_Partial], pad_token_id: int) -> Comp
                               [p.versions for p in parts])
 
 
-class BatchingPool(RolloutEngine):
+class BatchingPool(RolloutPool):
     """Requests queued per generator of a pool: `agenerate` queues one for the least-busy generator, and that
     generator's dispatcher sends it all the requests waiting for it with the same sampling settings as one batch
     (`_generate_batch`), which is what keeps a CPU or GPU generator efficient. A request whose rollout was cancelled
