@@ -7,7 +7,7 @@
 For each seed, `applications/demo/run_demo.py --seed S` builds the model (initialised from S) and the task's data
 and runs SFT -> reward model -> PPO and GRPO; each further `--estimators` entry is one more GRPO stage from the same
 SFT model with `--adv_estimator NAME` (folder `grpo-NAME`), and with `--matched_ppo` PPO sampling as many
-completions as GRPO (folder `ppo-matched`: the demo's PPO samples a twelfth of them). Every model is scored by
+completions as GRPO (folder `ppo-matched`: the demo's PPO samples a third of them). Every model is scored by
 greedy held-out accuracy (exact final answer). Prints, per algorithm, the mean and the spread (sample standard
 deviation, min and max) over the seeds, each seed's value, how often it ended at or above SFT, the completions it
 sampled and the stage's mean wall time; the same goes to `--out/results.json`. Rerun into the same `--out`, a seed's

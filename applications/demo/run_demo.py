@@ -146,7 +146,7 @@ def run_stage(name: str, out: Path, steps: int, nproc: int, seed: int = 42, extr
     elif name == "ppo":
         torchrun("train_ppo.py", nproc, "--pretrain", str(out / "sft" / "model"), "--rm_pretrain", str(out / "rm" / "model"),
                  "--prompt_dataset", str(data / "prompt_train"), "--eval_dataset", str(data / "prompt_eval"),
-                 "--reward_fn", "math_answer", "--rm_weight", "0.1", "--batch_size", "16",
+                 "--reward_fn", "math_answer", "--rm_weight", "0.1", "--batch_size", "16", "--num_generations", "4",
                  "--num_episodes", str(max(steps // 2, 2)),
                  "--lr", "1e-4", "--critic_lr", "5e-4", "--warmup_steps", "10", "--kl_coef", "0.1", "--num_update_steps", "2",
                  "--max_new_tokens", str(MAX_NEW_TOKENS), "--eval_interval", str(max(steps // 8, 1)),
