@@ -1,5 +1,5 @@
 """Agents you already have, as rollouts: an OpenAI-compatible chat-completions endpoint in front of the rollout
-engine, local to the run, that records the exact token ids of every request and answer by episode.
+pool, local to the run, that records the exact token ids of every request and answer by episode.
 
 An agent is a plain function `agent(base_url, row) -> final answer text (or None)`, written against any client that
 takes a `base_url` (the `openai` package's `OpenAI(base_url=..., api_key=...)`, for one); `row` is the prompt row
@@ -221,7 +221,7 @@ class AgentWorkflow(RolloutWorkflow):
     """`num_generations` episodes of `agent` per prompt row, each against its own episode on the endpoint (started on
     first use), run at once in threads; an agent that raises or runs past `timeout` seconds ends its episode (counted)
     instead of the run, while an engine that fails a request fails the rollout. Scored by `scorer` on the agent's final
-    answer. Agents take no engine seat (`RolloutPool.take_seat`): one that works long, or hangs until its timeout,
+    answer. Agents take no seat in the pool (`RolloutPool.take_seat`): one that works long, or hangs until its timeout,
     between requests would hold every other episode's turn; so their runs are not bit-reproducible."""
 
     def __init__(self, scorer: Scorer, chat: ChatTokens, agent: Agent, sampling: SamplingConfig, num_generations: int,

@@ -1,5 +1,5 @@
-"""Held-out evaluation through the rollout workflow and engine, one path for both uses: during training
-(`OLTrainer.evaluate`, on the engine the rollouts use) and of a saved model (`evaluate_model`). Greedy completions
+"""Held-out evaluation through the rollout workflow and pool, one path for both uses: during training
+(`OLTrainer.evaluate`, on the pool the rollouts use) and of a saved model (`evaluate_model`). Greedy completions
 are scored like rollouts; with N samples per prompt, pass@k, maj@N and mean@N (`coati.experience.evaluation`)."""
 import math
 from dataclasses import dataclass
@@ -42,7 +42,7 @@ def prompt_rows(batch: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 def complete(pool: RolloutPool, workflow: RolloutWorkflow, rows: Sequence[Dict[str, Any]], sampling: SamplingConfig,
              n: int = 1) -> List[Trajectory]:
-    """`n` episodes of `workflow` on each row by `engine`, sampled with `sampling`: one trajectory per row, in order."""
+    """`n` episodes of `workflow` on each row by `pool`, sampled with `sampling`: one trajectory per row, in order."""
     return run_episodes(workflow.resampled(sampling, n), pool, rows)
 
 
@@ -94,7 +94,7 @@ def evaluate_model(model_dir: str, prompt_dirs: Sequence[str], reward_specs: Seq
     most `max_turns` model turns that may call them."""
     tokenizer = load_tokenizer(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    engine = LocalPool(HFEngine(model, tokenizer.pad_token_id, [tokenizer.eos_token_id]))
+    pool = LocalPool(HFEngine(model, tokenizer.pad_token_id, [tokenizer.eos_token_id]))
     greedy = SamplingConfig(max_new_tokens=max_new_tokens, do_sample=False)
     scorer = Scorer(tokenizer, WeightedReward.from_specs(list(reward_specs)))
     loader = DataLoader(load_prepared(list(prompt_dirs), "prompt"), batch_size=batch_size,
@@ -102,7 +102,7 @@ def evaluate_model(model_dir: str, prompt_dirs: Sequence[str], reward_specs: Seq
     samples: List[Dict[str, object]] = []
     workflow = _tool_workflow(scorer, greedy, tools, max_turns) if tools else RLVRWorkflow(scorer, greedy, 1)
     for batch in tqdm(loader, desc=f"evaluating {model_dir}", leave=False):
-        for t in complete(engine, workflow, prompt_rows(batch), greedy):
+        for t in complete(pool, workflow, prompt_rows(batch), greedy):
             samples.append({"prompt": t.prompts[0], "completion": t.completions[0],
                             "reward": float(t.rewards[0]), **table_columns(t.reward_components, 0)})
     names = [k for k in samples[0] if k not in ("prompt", "completion", "reward")] if samples else []
