@@ -11,7 +11,6 @@ from coati.dataset.tokenization import load_tokenizer
 from coati.experience.distillation import check_served_vocabulary, check_vocabulary, served_model_name
 from coati.inference.vllm import default_vllm_python
 from coati.models.prm import is_prm_folder
-from coati.rewards.remote import is_url
 from coati.distributed.plugins import check_first_forward
 from coati.rollout.chat import check_appending
 from coati.rollout.environment import row_tools
@@ -21,8 +20,8 @@ from coati.utils.errors import CoatiUsageError, warn_user
 
 from coati.trainer.onpolicy import OLTrainer
 
-from .rl_parts import (adapter_sync_blocker, chat_tokens, has_teacher, health_monitor, policy_loss, reward_fn,
-                       reward_specs, with_template)
+from .rl_parts import (adapter_sync_blocker, chat_tokens, check_model_source, has_teacher, health_monitor,
+                       policy_loss, reward_fn, reward_specs, with_template)
 
 
 def check_prm(args: argparse.Namespace, grpo: bool) -> None:
@@ -51,11 +50,7 @@ def check_distillation(args: argparse.Namespace) -> None:
     if args.distill_coef == 0 and not args.distill_loss:
         raise CoatiUsageError(f"{'--teacher_url' if args.teacher_url else '--teacher_model'} with --distill_coef 0 and "
                               "no --distill_loss: the teacher would not be used; give one of them")
-    if args.teacher_url and not is_url(args.teacher_url):
-        raise CoatiUsageError(f"--teacher_url {args.teacher_url}: expected an http(s):// URL such as "
-                              "http://127.0.0.1:8000/v1")
-    if args.teacher_model and not (Path(args.teacher_model) / "config.json").is_file():
-        raise CoatiUsageError(f"--teacher_model {args.teacher_model} is not a model folder (no config.json)")
+    check_model_source("teacher", args.teacher_url, args.teacher_model)
     policy = load_tokenizer(args.tokenizer_dir or args.pretrain, args.trust_remote_code)
     if args.teacher_url:
         name = args.teacher_model_name or served_model_name(args.teacher_url)

@@ -95,11 +95,15 @@ def check_judge_flags(args: argparse.Namespace, wanted: bool) -> None:
     if wanted and len(given) != 1:
         raise CoatiUsageError("--reward_fn judge needs one judge: --judge_url (an OpenAI-compatible API) or "
                               "--judge_model (a model folder coati serves)")
-    if args.judge_url and not is_url(args.judge_url):
-        raise CoatiUsageError(f"--judge_url {args.judge_url}: expected an http(s):// URL such as "
-                              "http://127.0.0.1:8000/v1")
-    if args.judge_model and not (Path(args.judge_model) / "config.json").is_file():
-        raise CoatiUsageError(f"--judge_model {args.judge_model} is not a model folder (no config.json)")
+    check_model_source("judge", args.judge_url, args.judge_model)
+
+
+def check_model_source(role: str, url: Optional[str], folder: Optional[str]) -> None:
+    """`--{role}_url` is an http(s) URL and `--{role}_model` a model folder, where given (judge's, teacher's)."""
+    if url and not is_url(url):
+        raise CoatiUsageError(f"--{role}_url {url}: expected an http(s):// URL such as http://127.0.0.1:8000/v1")
+    if folder and not (Path(folder) / "config.json").is_file():
+        raise CoatiUsageError(f"--{role}_model {folder} is not a model folder (no config.json)")
 
 
 def judge(args: argparse.Namespace, serve: bool) -> LLMJudge:
