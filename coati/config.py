@@ -118,6 +118,14 @@ class PackingSettings:
                                              "preference row counts chosen + rejected) instead of --batch_size rows "
                                              "(0: --batch_size rows)")
 
+    def check(self, run: Any) -> None:
+        """Packed batches need --packing, and a plugin whose forwards keep attention within each packed row."""
+        if self.max_tokens_per_batch and not self.packing:
+            raise CoatiUsageError("--max_tokens_per_batch fills packed micro-batches; add --packing")
+        if self.packing and run.parallel.plugin == "3d":
+            raise CoatiUsageError("--packing is not supported with --plugin 3d (its sharded forwards do not keep "
+                                  "attention within packed rows); use ddp, zero2, zero2_cpu, gemini or gemini_auto")
+
 
 @dataclass(frozen=True)
 class EpochSettings:
@@ -225,6 +233,72 @@ class ReferenceSettings:
                                                      "and train without the reference model in memory")
 
 
+# ---- each supervised trainer's loss ---------------------------------------------------------------------
+RM_LOSSES = ("log_sig", "log_exp")
+DEFAULT_BETA = {"sigmoid": 0.1, "ipo": 0.1, "simpo": 2.0, "dpo_loss": 0.1, "simpo_loss": 0.1}
+"""DPO's `--beta` where it is not given, by `--loss_type`."""
+COLOSSALCHAT_MARGIN = 1.4
+"""ColossalChat's default --gamma for its simpo_loss."""
+DEFAULT_STEP_SEPARATOR = "\n"
+"""What follows each step of a process-supervised solution (TRL's PRMTrainer's default; `prepare_dataset.py --type prm`
+joins steps with it)."""
+
+
+@dataclass(frozen=True)
+class RewardModelLossSettings:
+    """The reward model's pairwise loss."""
+
+    loss_fn: str = setting("log_sig", choices=RM_LOSSES, help="pairwise loss")
+
+
+@dataclass(frozen=True)
+class PreferenceLossSettings:
+    """DPO, IPO or SimPO on preference pairs."""
+
+    loss_type: str = setting("sigmoid", choices=tuple(DEFAULT_BETA),
+                             help="sigmoid: DPO; ipo: IPO; simpo: SimPO (no reference model); ColossalChat's names: "
+                                  "dpo_loss is sigmoid, simpo_loss is DPO on length-normalised log-probs with a margin "
+                                  f"(--gamma, default {COLOSSALCHAT_MARGIN}), the reference kept unless "
+                                  "--disable_reference_model")
+    beta: Optional[float] = setting(None, parse=positive(), help="inverse temperature (default: 0.1; simpo 2.0)")
+    label_smoothing: float = setting(0.0, parse=in_range(0, 0.5, high_open=True),
+                                     help="cDPO: assumed rate of flipped labels")
+    gamma: Optional[float] = setting(None, parse=non_negative(),
+                                     help="target reward margin (default: simpo 0.5; sigmoid 0, ColossalChat's DPO "
+                                          "margin)")
+
+
+@dataclass(frozen=True)
+class KTOLossSettings:
+    """KTO's loss."""
+
+    beta: float = setting(0.1, parse=positive(), help="inverse temperature")
+    desirable_weight: float = setting(1.0, parse=positive(), help="weight of desirable completions")
+    undesirable_weight: float = setting(1.0, parse=positive(), help="weight of undesirable completions")
+
+
+@dataclass(frozen=True)
+class ORPOLossSettings:
+    """ORPO's odds-ratio term."""
+
+    lam: float = setting(0.1, parse=non_negative(), help="weight of the odds-ratio term")
+
+
+@dataclass(frozen=True)
+class StepLabelSettings:
+    """How a process reward model finds the steps of a solution."""
+
+    step_separator: str = setting(DEFAULT_STEP_SEPARATOR,
+                                  help="what ends each step, saved with the model for PPO/GRPO to find the steps of a "
+                                       "completion (prepare_dataset.py --type prm joins steps with \\n)")
+
+    def check(self, run: Any) -> None:
+        """A PRM reads its labels at the steps' ends of padded rows: no packing."""
+        if run.batching.packing:
+            raise CoatiUsageError("--packing is not for train_prm.py: a PRM reads its labels at the steps' ends of "
+                                  "padded rows")
+
+
 # ---- on-policy scripts ----------------------------------------------------------------------------
 @dataclass
 class SamplingConfig:
@@ -320,6 +394,20 @@ class GRPOConfig(RolloutConfig):
         help=REWARD_SHAPERS.describe("reward shapers added to each completion's reward"))
     shaping: ShapingConfig = nested(ShapingConfig)
 
+    def check(self, run: Any) -> None:
+        """The overlong penalty's buffer lies within the completion limit; step scores go with the process
+        estimator, and it with them."""
+        if "overlong" in self.reward_shaping and self.shaping.overlong_buffer > self.sampling.max_new_tokens:
+            raise CoatiUsageError(f"--overlong_buffer_len {self.shaping.overlong_buffer} must be at most "
+                                  f"--max_new_tokens {self.sampling.max_new_tokens}: the penalty grows over the last "
+                                  "tokens before that limit")
+        prm = run.process_reward.prm_pretrain
+        if prm and self.advantage_estimator != "process":
+            raise CoatiUsageError(f"--prm_pretrain: GRPO reads step scores through --adv_estimator process, not "
+                                  f"{self.advantage_estimator}; add --adv_estimator process")
+        if self.advantage_estimator == "process" and not prm:
+            raise CoatiUsageError("--adv_estimator process needs step scores: --prm_pretrain (a train_prm.py model)")
+
 
 @dataclass(frozen=True)
 class PPOConfig(RolloutConfig):
@@ -349,6 +437,12 @@ class KLSettings:
                               help="adaptive KL: completions over which the coefficient may move by the full step")
     kl_max_step: float = setting(0.2, parse=in_range(0, 1, low_open=True),
                                  help="adaptive KL: the proportional error KL/target - 1 is clipped to +-this")
+
+    def check(self, run: Any) -> None:
+        """Adaptive KL multiplies the coefficient, so it must start above 0."""
+        if self.kl_target > 0 and self.kl_coef <= 0:
+            raise CoatiUsageError(f"--kl_target {self.kl_target} adapts --kl_coef, which must start above 0 (it is "
+                                  f"{self.kl_coef}; adaptive KL multiplies it)")
 
 
 @dataclass(frozen=True)
@@ -395,6 +489,17 @@ class EvalSettings:
                                             "(higher is better, e.g. rewards/math_answer), export the model to "
                                             "<output>/best (best.json says when)")
 
+    def check(self, run: Any) -> None:
+        """--save_best compares evaluations of held-out data and exports the winner into the output folder."""
+        if not self.save_best:
+            return
+        if not run.data.eval_dataset:
+            raise CoatiUsageError(f"--save_best {self.save_best} compares evaluations: give --eval_dataset")
+        if not (run.checkpoint.output_dir or run.checkpoint.save_dir):
+            raise CoatiUsageError(f"--save_best {self.save_best} needs --output_dir (the best model goes to its best/)")
+        if run.lora.lora_rank:
+            raise CoatiUsageError("--save_best does not support --lora_rank yet (exporting merges the adapters)")
+
 
 @dataclass(frozen=True)
 class PtxSettings:
@@ -404,6 +509,10 @@ class PtxSettings:
     ptx_coef: float = setting(0.0, parse=non_negative(), help="weight of the ptx (supervised) loss")
     ptx_batch_size: Optional[int] = setting(None, parse=at_least(1), help="ptx micro-batch per rank (default: "
                                                                           "--batch_size)")
+
+    def check(self, run: Any) -> None:
+        if self.ptx_coef > 0 and not self.ptx_dataset:
+            raise CoatiUsageError("--ptx_coef > 0 needs --ptx_dataset (prepared sft data)")
 
 
 @dataclass(frozen=True)
@@ -432,6 +541,12 @@ class OnPolicyConfig:
     logging: LogCadence = nested(LogCadence)
     evaluation: EvalSettings = nested(EvalSettings)
     ptx: PtxSettings = nested(PtxSettings)
+
+    def check(self, run: Any) -> None:
+        """Generation and the critic run whole models: no pipeline stages."""
+        if run.parallel.pp > 1:
+            raise CoatiUsageError("--pp > 1 (pipeline parallelism) is not supported by on-policy trainers (generation "
+                                  "and the critic run whole models); use --tp/--sp with --zero_stage for the 3d plugin")
 
 
 @dataclass(frozen=True)
@@ -506,6 +621,21 @@ class DistillSettings:
     distill_top_k: int = setting(16, parse=at_least(1), help="teacher tokens per position --distill_loss reads")
     gkd_beta: float = setting(0.5, parse=in_range(0.0, 1.0), help="--distill_loss gkd's beta: 0 forward KL, 1 reverse "
                                                                   "KL, between them the generalised JSD")
+
+    @property
+    def teacher(self) -> bool:
+        """A teacher is given, a folder or a served one."""
+        return bool(self.teacher_model or self.teacher_url)
+
+    def check(self, run: Any) -> None:
+        """One teacher, and one that is used; the distillation loss needs one."""
+        if self.teacher_model and self.teacher_url:
+            raise CoatiUsageError("--teacher_model and --teacher_url: give one teacher, a folder or a served one")
+        if not self.teacher and self.distill_loss:
+            raise CoatiUsageError("--distill_loss needs a teacher: --teacher_model or --teacher_url")
+        if self.teacher and self.distill_coef == 0 and not self.distill_loss:
+            raise CoatiUsageError(f"{'--teacher_url' if self.teacher_url else '--teacher_model'} with --distill_coef 0 "
+                                  "and no --distill_loss: the teacher would not be used; give one of them")
 
 
 @dataclass(frozen=True)
@@ -646,6 +776,22 @@ class AsyncSettings:
                                                "weight update waits for one chunk and the rest of each completion is "
                                                "generated on the new weights, each token keeping its version (0: off)")
 
+    def check(self, run: Any) -> None:
+        """Partial rollouts are asynchronous; asynchronous rollouts take whole-parameter plugins and no dynamic
+        sampling yet."""
+        if self.partial_rollout_tokens and not self.async_rollout:
+            raise CoatiUsageError("--partial_rollout_tokens needs --async_rollout: a synchronous run updates the "
+                                  "weights between batches, with no generation running")
+        if not self.async_rollout:
+            return
+        if run.rollout.dynamic_sampling:
+            raise CoatiUsageError("--dynamic_sampling works with synchronous rollouts only for now; with "
+                                  "--async_rollout use --drop_tied_groups, which masks tied groups out of the loss")
+        if run.parallel.plugin not in ("ddp", "zero2", "zero2_cpu"):
+            raise CoatiUsageError(f"--async_rollout supports --plugin ddp, zero2 and zero2_cpu, whose ranks hold whole "
+                                  f"parameters; the generators run beside rank 0, which publishes alone, and "
+                                  f"{run.parallel.plugin} would need every rank to gather its shards at each publish")
+
 
 @dataclass(frozen=True)
 class AgentSettings:
@@ -677,6 +823,10 @@ class AgentSettings:
                                         "returns its final answer; its requests' tokens are trained on (not with --tools)")
     agent_timeout: float = setting(300.0, parse=positive(), help="seconds an agent's episode may take; a slower one "
                                                                  "ends its episode (rollout/ended/agent_timeout)")
+
+    def check(self, run: Any) -> None:
+        if self.agent and self.tools:
+            raise CoatiUsageError("--agent runs your own agent program, which calls its own tools; leave out --tools")
 
 
 @dataclass(frozen=True)

@@ -11,29 +11,26 @@ import io
 import sys
 from typing import Any, Callable, Dict, List, Optional
 
-from coati.cli.arguments import add_grpo_args, add_ppo_args, add_reference_args, training_parser
+from coati.cli.arguments import run_config_from, run_config_parser
 from coati.cli.colossalchat import add_colossalchat_flags
 from coati.cli.preflight import check_paths
 from coati.cli.trl_names import add_trl_names
-from coati.config import PREPARE_MAX_LENGTH
-from coati.cli.options import CoatiArgumentParser, add_post_parse
+from coati.config import COLOSSALCHAT_MARGIN, DEFAULT_BETA, PREPARE_MAX_LENGTH, PreferenceLossSettings
+from coati.cli.options import CoatiArgumentParser
+from coati.run_config import (RUN_CONFIGS, DPORunConfig, GRPORunConfig, KTORunConfig, ORPORunConfig, PPORunConfig,
+                              PRMRunConfig, RMRunConfig, SFTRunConfig)
 from coati.utils.errors import CoatiUsageError, exit_cleanly
 from coati.utils.file_checks import check_writable_dir, resolve_model_dir
-from coati.utils.ranges import at_least, in_range, non_negative, positive
-
-DEFAULT_BETA = {"sigmoid": 0.1, "ipo": 0.1, "simpo": 2.0, "dpo_loss": 0.1, "simpo_loss": 0.1}
-COLOSSALCHAT_MARGIN = 1.4
-"""ColossalChat's default --gamma for its simpo_loss."""
-RM_LOSSES = ("log_sig", "log_exp")
+from coati.utils.ranges import at_least
 
 
 def _summary(command: Callable[..., Any]) -> str:
     return (command.__doc__ or "").strip().splitlines()[0]
 
 
-def _parser(command: Callable[..., Any], **kwargs: Any) -> argparse.ArgumentParser:
-    """A training command's parser with the flags every trainer has; `_finish` adds ColossalChat's and TRL's."""
-    return training_parser(_summary(command), **kwargs)
+def _parser(command: Callable[..., Any], tree: type) -> argparse.ArgumentParser:
+    """A training command's parser, from its run config `tree`; `_finish` adds ColossalChat's and TRL's names."""
+    return run_config_parser(tree, _summary(command))
 
 
 DATA_TYPES = {"sft": "sft", "rm": "preference", "dpo": "preference", "orpo": "preference", "kto": "kto",
@@ -95,12 +92,14 @@ def _parse(parser: argparse.ArgumentParser, argv: Optional[List[str]]) -> argpar
 
 
 def _finish(parser: argparse.ArgumentParser, script: str, argv: Optional[List[str]]) -> argparse.Namespace:
-    """The command's flags parsed (ColossalChat's and TRL's names added) and their paths checked."""
+    """The command's flags parsed (ColossalChat's and TRL's names added), their paths checked, and its run config
+    built and validated, as `args._run_config`."""
     parser.set_defaults(data_type=DATA_TYPES[script])
     add_colossalchat_flags(parser, script)
     add_trl_names(parser, script)
     args = _parse(parser, argv)
     check_paths(args)
+    args._run_config = run_config_from(args, parser.run_config)
     if _MODE.get() == "check":
         _check_plugin(args.plugin)
         raise _FlagsChecked
@@ -118,7 +117,7 @@ def _check_plugin(plugin: str) -> None:
 @exit_cleanly
 def sft(argv: Optional[List[str]] = None) -> None:
     """Supervised fine-tuning on chat data."""
-    args = _finish(_parser(sft), "sft", argv)
+    args = _finish(_parser(sft, SFTRunConfig), "sft", argv)
     from coati.cli.runner import run_supervised   # the training stack loads once the flags are read
     from coati.trainer.sft import SFTTrainer
 
@@ -128,9 +127,7 @@ def sft(argv: Optional[List[str]] = None) -> None:
 @exit_cleanly
 def rm(argv: Optional[List[str]] = None) -> None:
     """Reward-model training on preference pairs (LogSigLoss)."""
-    parser = _parser(rm)
-    parser.add_argument("--loss_fn", default="log_sig", choices=RM_LOSSES, help="pairwise loss")
-    args = _finish(parser, "rm", argv)
+    args = _finish(_parser(rm, RMRunConfig), "rm", argv)
     from coati.cli.runner import load_reward_model_from_args, run_supervised
     from coati.models.loss import LogExpLoss, LogSigLoss
     from coati.trainer.rm import RewardModelTrainer
@@ -143,56 +140,40 @@ def rm(argv: Optional[List[str]] = None) -> None:
 @exit_cleanly
 def dpo(argv: Optional[List[str]] = None) -> None:
     """Direct preference optimisation on preference pairs: DPO, IPO or SimPO (--loss_type)."""
-    parser = _parser(dpo)
-    group = parser.add_argument_group("preference loss")
-    group.add_argument("--loss_type", default="sigmoid", choices=tuple(DEFAULT_BETA),
-                       help="sigmoid: DPO; ipo: IPO; simpo: SimPO (no reference model); ColossalChat's names: "
-                            "dpo_loss is sigmoid, simpo_loss is DPO on length-normalised log-probs with a margin "
-                            f"(--gamma, default {COLOSSALCHAT_MARGIN}), the reference kept unless --disable_reference_model")
-    group.add_argument("--beta", type=positive(), default=None, help="inverse temperature (default: 0.1; simpo 2.0)")
-    group.add_argument("--label_smoothing", type=in_range(0, 0.5, high_open=True), default=0.0,
-                       help="cDPO: assumed rate of flipped labels")
-    group.add_argument("--gamma", type=non_negative(), default=None,
-                       help="target reward margin (default: simpo 0.5; sigmoid 0, ColossalChat's DPO margin)")
-    add_reference_args(parser)
-    args = _finish(parser, "dpo", argv)
+    args = _finish(_parser(dpo, DPORunConfig), "dpo", argv)
     from coati.cli.runner import reference_hook, run_supervised
     from coati.trainer.dpo import DPOTrainer
 
-    loss = preference_loss(args)
+    loss = preference_loss(args._run_config.loss, args.disable_reference_model, args.length_normalization)
     run_supervised(args, DPOTrainer, "preference", trainer_kwargs={"loss_fn": loss},
                    setup_hook=reference_hook if loss.needs_reference else None)
 
 
-def preference_loss(args: argparse.Namespace) -> Any:
-    """The loss `--loss_type` names, with `--beta`, `--gamma` and `--label_smoothing` (their defaults per loss)."""
+def preference_loss(settings: PreferenceLossSettings, reference_free: bool = False,
+                    length_normalization: bool = False) -> Any:
+    """The loss `--loss_type` names, with `--beta`, `--gamma` and `--label_smoothing` (their defaults per loss);
+    ColossalChat's `--disable_reference_model` and `--length_normalization` as the last two."""
     from coati.models.loss import DPOLoss, SimPOLoss
 
-    beta = DEFAULT_BETA[args.loss_type] if args.beta is None else args.beta
-    if args.loss_type == "simpo":
-        return SimPOLoss(beta, 0.5 if args.gamma is None else args.gamma, args.label_smoothing)
-    colossalchat_simpo = args.loss_type == "simpo_loss"
-    margin = COLOSSALCHAT_MARGIN if colossalchat_simpo and args.gamma is None else args.gamma or 0.0
-    return DPOLoss(beta, args.label_smoothing, "ipo" if args.loss_type == "ipo" else "sigmoid", margin,
-                   reference_free=args.disable_reference_model,
-                   length_normalization=args.length_normalization or colossalchat_simpo)
+    beta = DEFAULT_BETA[settings.loss_type] if settings.beta is None else settings.beta
+    if settings.loss_type == "simpo":
+        return SimPOLoss(beta, 0.5 if settings.gamma is None else settings.gamma, settings.label_smoothing)
+    colossalchat_simpo = settings.loss_type == "simpo_loss"
+    margin = COLOSSALCHAT_MARGIN if colossalchat_simpo and settings.gamma is None else settings.gamma or 0.0
+    return DPOLoss(beta, settings.label_smoothing, "ipo" if settings.loss_type == "ipo" else "sigmoid", margin,
+                   reference_free=reference_free, length_normalization=length_normalization or colossalchat_simpo)
 
 
 @exit_cleanly
 def kto(argv: Optional[List[str]] = None) -> None:
     """KTO on (prompt, completion, desirable-or-not) rows against a frozen reference."""
-    parser = _parser(kto)
-    group = parser.add_argument_group("KTO loss")
-    group.add_argument("--beta", type=positive(), default=0.1, help="inverse temperature")
-    group.add_argument("--desirable_weight", type=positive(), default=1.0, help="weight of desirable completions")
-    group.add_argument("--undesirable_weight", type=positive(), default=1.0, help="weight of undesirable completions")
-    add_reference_args(parser, precompute=False)
-    args = _finish(parser, "kto", argv)
+    args = _finish(_parser(kto, KTORunConfig), "kto", argv)
     from coati.cli.runner import reference_hook, run_supervised
     from coati.models.loss import KTOLoss
     from coati.trainer.kto import KTOTrainer, balance_kto_weights
 
-    loss = KTOLoss(args.beta, args.desirable_weight, args.undesirable_weight)
+    settings = args._run_config.loss
+    loss = KTOLoss(settings.beta, settings.desirable_weight, settings.undesirable_weight)
 
     def setup(context):
         if args.auto_weight:
@@ -205,53 +186,28 @@ def kto(argv: Optional[List[str]] = None) -> None:
 @exit_cleanly
 def orpo(argv: Optional[List[str]] = None) -> None:
     """ORPO on preference pairs: SFT on chosen plus an odds-ratio penalty, no reference model."""
-    parser = _parser(orpo)
-    parser.add_argument("--lam", type=non_negative(), default=0.1, help="weight of the odds-ratio term")
-    args = _finish(parser, "orpo", argv)
+    args = _finish(_parser(orpo, ORPORunConfig), "orpo", argv)
     from coati.cli.runner import run_supervised
     from coati.models.loss import ORPOLoss
     from coati.trainer.dpo import ORPOTrainer
 
-    run_supervised(args, ORPOTrainer, "preference", trainer_kwargs={"loss_fn": ORPOLoss(args.lam)})
+    run_supervised(args, ORPOTrainer, "preference", trainer_kwargs={"loss_fn": ORPOLoss(args._run_config.loss.lam)})
 
 
 @exit_cleanly
 def prm(argv: Optional[List[str]] = None) -> None:
     """Process reward model training on step-labelled solutions (prepare --type prm)."""
-    from coati.dataset.tokenization import DEFAULT_STEP_SEPARATOR
-
-    parser = _parser(prm)
-    parser.add_argument("--step_separator", default=DEFAULT_STEP_SEPARATOR,
-                        help="what ends each step, saved with the model for PPO/GRPO to find the steps of a completion "
-                             "(prepare_dataset.py --type prm joins steps with \\n)")
-    parser.set_defaults(disable_loss_mask=False)
-    add_post_parse(parser, _refuse_packing_for_prm)
-    args = _finish(parser, "prm", argv)
+    args = _finish(_parser(prm, PRMRunConfig), "prm", argv)
     from coati.cli.runner import load_prm_from_args, run_supervised
     from coati.trainer.prm import PRMTrainer
 
     run_supervised(args, PRMTrainer, "prm", model_loader=load_prm_from_args)
 
 
-def _refuse_packing_for_prm(args: argparse.Namespace) -> None:
-    if args.packing:
-        raise CoatiUsageError("--packing is not for train_prm.py: a PRM reads its labels at the steps' ends of padded "
-                              "rows")
-
-
-def _on_policy_args(command: Callable[..., Any], script: str, add_args: Callable[[argparse.ArgumentParser], None],
-                    argv: Optional[List[str]]) -> argparse.Namespace:
-    """An on-policy command's flags: the shared ones, its algorithm's (`add_args`) and the reference's."""
-    parser = _parser(command, dataset_flag="--prompt_dataset", on_policy=True)
-    add_args(parser)
-    add_reference_args(parser, precompute=False)
-    return _finish(parser, script, argv)
-
-
 @exit_cleanly
 def ppo(argv: Optional[List[str]] = None) -> None:
     """PPO with a trained reward model and/or verifiable reward functions on prompts."""
-    args = _on_policy_args(ppo, "ppo", add_ppo_args, argv)
+    args = _finish(_parser(ppo, PPORunConfig), "ppo", argv)
     from coati.cli.rl_runner import run_ppo
 
     run_ppo(args)
@@ -260,7 +216,7 @@ def ppo(argv: Optional[List[str]] = None) -> None:
 @exit_cleanly
 def grpo(argv: Optional[List[str]] = None) -> None:
     """GRPO with verifiable rewards on prompts (their ground-truth fields reach the reward)."""
-    args = _on_policy_args(grpo, "grpo", add_grpo_args, argv)
+    args = _finish(_parser(grpo, GRPORunConfig), "grpo", argv)
     from coati.cli.rl_runner import run_grpo
 
     run_grpo(args)
@@ -342,6 +298,18 @@ def tiny_model(argv: Optional[List[str]] = None) -> None:
 
     print(f"wrote a {args.size} random Llama and its tokenizer (trained on arithmetic problems) to "
           f"{write_tiny_model(args.out, tokenizer_corpus(), args.size)}")
+
+
+def run(config: Any) -> None:
+    """Train as the run config `config` says (a tree of `coati.run_config` built in Python, e.g.
+    `GRPORunConfig(model=ModelSettings(pretrain=...), ...)`): its settings go to its command as flags, so it is
+    checked, run and saved exactly as that command's flags would be."""
+    if type(config) not in RUN_CONFIGS.values():
+        names = ", ".join(tree.__name__ for tree in RUN_CONFIGS.values())
+        raise TypeError(f"coati.cli.commands.run takes a run config ({names}), not {type(config).__name__}")
+    from coati.cli.config_file import tree_argv
+
+    TRAINING[config.command](tree_argv(command_parser(config.command), config))
 
 
 TRAINING: Dict[str, Callable[[Optional[List[str]]], None]] = {

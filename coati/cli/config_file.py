@@ -1,8 +1,9 @@
 """Config files (`--config FILE`, YAML or JSON) read as the flags they stand for, and the run's resolved config saved.
 
 A file is a mapping whose keys are the command's flags without their dashes (coati's names, ColossalChat's, and the
-TRL/HF names of `coati.cli.trl_names`); each value becomes that flag on a command line placed before the real one, so
-flags given on the command line win. A key that names no flag is refused in one line with the nearest names. Launcher
+TRL/HF names of `coati.cli.trl_names`), flat as TRL's recipes are, or grouped under the sections of the command's run
+config (`coati.run_config`: `model:`, `optim:`, `rollout:`, ...) as verl's are and as a run saves its own; each value
+becomes that flag on a command line placed before the real one, so flags given on the command line win. A key that names no flag is refused in one line with the nearest names. Launcher
 keys (`num_processes`, `nproc_per_node`, ...) are the `coati` command's (`coati.cli.main`) and are skipped here.
 Light: no torch, so a wrong key is answered at once.
 """
@@ -10,10 +11,13 @@ import argparse
 import difflib
 import json
 import sys
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
+from coati.run_config import sections
 from coati.utils.errors import CoatiUsageError, note_user
+from coati.utils.settings import dest, flag_name
 
 CONFIG_FLAG = "--config"
 LAUNCH_KEYS = {"num_processes": "--nproc_per_node", "nproc_per_node": "--nproc_per_node", "nnodes": "--nnodes",
@@ -49,6 +53,8 @@ OUTPUT_DIR_MARK = "{output_dir}"
 writes inside its own."""
 SAVED_CONFIG = "run_config.yaml"
 RUN_INFO = "run_info.json"
+COLOSSALCHAT_SECTION = "colossalchat"
+"""The saved config's section of ColossalChat's own flags (those that are not another spelling of a setting)."""
 
 
 def read_config(path: str) -> Dict[str, Any]:
@@ -97,24 +103,94 @@ def nearest(name: str, known: Iterable[str]) -> str:
     return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 
+def section_owners(parser: argparse.ArgumentParser) -> Dict[str, str]:
+    """Each destination of the parser's run config by the section that declares it (the first, where two share it);
+    empty for a parser built without a run config."""
+    owners: Dict[str, str] = {}
+    tree = getattr(parser, "run_config", None)
+    for name, cls, shown in sections(tree) if tree is not None else ():
+        for destination in _destinations(cls, shown.skip):
+            owners.setdefault(destination, name)
+    return owners
+
+
+def _destinations(cls: type, skip: Sequence[str]) -> List[str]:
+    """The destinations of the flags of `cls` and its nested settings, but those of the fields named in `skip`."""
+    found: List[str] = []
+    for f in fields(cls):
+        if "nested" in f.metadata:
+            found += _destinations(f.metadata["nested"], skip)
+        elif flag_name(f) is not None and f.name not in skip:
+            found.append(dest(f))
+    return found
+
+
+def flat_settings(parser: argparse.ArgumentParser, values: Mapping[str, Any], path: str) -> List[tuple]:
+    """(key, value, where) of each setting in a config file's `values`: a section's mapping (`optim: {lr: ...}`) gives
+    its keys, each checked to belong to that section; any other key is a setting itself."""
+    owners, actions = section_owners(parser), _actions_by_key(parser)
+    known_sections = {*owners.values(), COLOSSALCHAT_SECTION}
+    flat: List[tuple] = []
+    for key, value in values.items():
+        key = str(key)
+        if key not in known_sections or not isinstance(value, Mapping):
+            flat.append((key, value, key))
+            continue
+        for sub, sub_value in value.items():
+            sub = str(sub)
+            action = actions.get(sub.lstrip("-"))
+            owner = owners.get(action.dest) if action is not None else None
+            if owner is not None and owner != key:
+                raise CoatiUsageError(f"{CONFIG_FLAG} {path}: {key}.{sub} is a setting of section {owner!r}, not "
+                                      f"{key!r}; move it there (or to the top level)")
+            flat.append((sub, sub_value, f"{key}.{sub}"))
+    return flat
+
+
+def tree_argv(parser: argparse.ArgumentParser, run: Any) -> List[str]:
+    """The flags that give `parser` the run config `run` (a tree of `coati.run_config` built in Python). A setting two
+    sections share is taken from the section that declares it first, as a config file's would be."""
+    owners = section_owners(parser)
+    values = {name: _section_values(parser, getattr(run, name), name, owners) for name, _, _ in sections(type(run))}
+    return config_tokens(parser, values, type(run).__name__)
+
+
+def _section_values(parser: argparse.ArgumentParser, settings: Any, section: str, owners: Dict[str, str]) -> Dict[str, Any]:
+    """One section's settings as a config file holds them: by primary flag, switches and lists as the parser takes
+    them; settings this command has no flag for, or that another section declares, left out."""
+    actions = {action.dest: action for action in reversed(parser._actions) if action.option_strings}
+    values: Dict[str, Any] = {}
+    for f in fields(settings):
+        value = getattr(settings, f.name)
+        if "nested" in f.metadata:
+            values.update(_section_values(parser, value, section, owners))
+            continue
+        if flag_name(f) is None or dest(f) not in actions or owners.get(dest(f)) != section or value is None:
+            continue
+        action = actions[dest(f)]
+        name = next(s for s in action.option_strings if s.startswith("--"))[2:]
+        values[name] = not value if f.metadata["setting"]["negated"] else _plain(value)
+    return values
+
+
 def config_tokens(parser: argparse.ArgumentParser, values: Mapping[str, Any], path: str) -> List[str]:
     """The command-line arguments the file's `values` stand for, in the file's order."""
     actions = _actions_by_key(parser)
     tokens: List[str] = []
-    ignored = [str(key) for key in values if str(key) in IGNORED_KEYS and str(key) not in actions]
+    settings = flat_settings(parser, values, path)
+    ignored = [where for key, _, where in settings if key in IGNORED_KEYS and key not in actions]
     if ignored:
-        note_user(f"{CONFIG_FLAG} {path}: not used: " + "; ".join(f"{key} ({IGNORED_KEYS[key]})" for key in ignored))
-    for key, value in values.items():
-        key = str(key)
-        if key in LAUNCH_KEYS or key in ignored:
+        note_user(f"{CONFIG_FLAG} {path}: not used: " +
+                  "; ".join(f"{where} ({IGNORED_KEYS[where.rpartition('.')[2]]})" for where in ignored))
+    for key, value, where in settings:
+        if key in LAUNCH_KEYS or where in ignored:
             continue
         if key in REFUSED_KEYS:
-            raise CoatiUsageError(f"{CONFIG_FLAG} {path}: key {key!r} is not taken: {REFUSED_KEYS[key]}")
+            raise CoatiUsageError(f"{CONFIG_FLAG} {path}: key {where!r} is not taken: {REFUSED_KEYS[key]}")
         action = actions.get(key.lstrip("-"))
         if action is None:
-            raise CoatiUsageError(f"{CONFIG_FLAG} {path}: unknown key {key!r}{nearest(key, actions)}; see "
-                                  f"{parser.prog} --help for the settings")
-        tokens += _tokens(action, _flag_for(action, key), value, f"{CONFIG_FLAG} {path}: {key}")
+            raise CoatiUsageError(f"{CONFIG_FLAG} {path}: unknown key {where!r}{nearest(key, actions)}")
+        tokens += _tokens(action, _flag_for(action, key), value, f"{CONFIG_FLAG} {path}: {where}")
     return tokens
 
 
@@ -230,8 +306,10 @@ checkpoint this run resumed from (a rerun starts from scratch), and ColossalChat
 
 
 def resolved_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Dict[str, Any]:
-    """Every setting of the run by its primary flag's name, as `--config` reads it back: paths inside --output_dir
-    are marked `OUTPUT_DIR_MARK`."""
+    """Every setting of the run by its primary flag's name, as `--config` reads it back, grouped by the sections of
+    the parser's run config (ColossalChat's own flags in `COLOSSALCHAT_SECTION`; flat without a run config): paths
+    inside --output_dir are marked `OUTPUT_DIR_MARK`."""
+    owners = section_owners(parser)
     output_dir = (getattr(args, "output_dir", None) or "").rstrip("/")
     config: Dict[str, Any] = {}
     for action in parser._actions:
@@ -242,8 +320,18 @@ def resolved_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         value = _plain(getattr(args, action.dest))
         if isinstance(value, dict) and action.nargs not in ("+", "*"):
             value = json.dumps(value)
-        config[name] = _marked(value, output_dir) if name != "output_dir" else value
-    return config
+        value = _marked(value, output_dir) if name != "output_dir" else value
+        if owners:
+            config.setdefault(owners.get(action.dest, COLOSSALCHAT_SECTION), {})[name] = value
+        else:
+            config[name] = value
+    return _in_tree_order(config, owners)
+
+
+def _in_tree_order(config: Dict[str, Any], owners: Dict[str, str]) -> Dict[str, Any]:
+    """The sections of a saved config in the run config's order, ColossalChat's last."""
+    order = list(dict.fromkeys([*owners.values(), COLOSSALCHAT_SECTION]))
+    return {name: config[name] for name in order if name in config} if owners else config
 
 
 def _plain(value: Any) -> Any:

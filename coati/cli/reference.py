@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Dict, List
 
 from coati.cli.commands import COMMANDS, command_parser
+from coati.run_config import sections
 
 INTRO = ("Generated from the code by `python -m coati.cli.reference docs/reference`; a test fails when this page "
-         "and the code disagree. A config file's keys are these flags without their dashes.")
+         "and the code disagree. A config file's keys are these flags without their dashes, at the top level (as TRL's "
+         "recipes write them) or under the section named beside each heading (as a run saves its run_config.yaml).")
 
 
 def _cell(text: str) -> str:
@@ -51,12 +53,16 @@ def _rows(parser: argparse.ArgumentParser) -> Dict[str, List[str]]:
 
 
 def command_page(name: str) -> str:
-    """The reference page of `coati <name>`."""
+    """The reference page of `coati <name>`: one table per section of its run config (headed by the section's key in
+    a config file), then ColossalChat's and TRL's names."""
     parser = command_parser(name)
+    tree = getattr(parser, "run_config", None)
+    keys = {shown.title: key for key, _, shown in sections(tree)} if tree is not None else {}
     lines = [f"# coati {name}", "", _cell(parser.description or ""), "", INTRO, ""]
     for title, rows in _rows(parser).items():
-        lines += [f"## {title[0].upper()}{title[1:]}", "", "| flag | default | accepts | meaning |", "|---|---|---|---|",
-                  *rows, ""]
+        key = f" (`{keys[title]}:`)" if title in keys else ""
+        lines += [f"## {title[0].upper()}{title[1:]}{key}", "", "| flag | default | accepts | meaning |",
+                  "|---|---|---|---|", *rows, ""]
     return "\n".join(lines)
 
 

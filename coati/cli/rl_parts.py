@@ -228,8 +228,6 @@ def ptx_loader(args: argparse.Namespace, setup: Any, tokenizer: Any) -> Optional
     """`--ptx_dataset`'s supervised batches for the ptx loss, when `--ptx_coef` is above 0."""
     if args.ptx_coef <= 0:
         return None
-    if not args.ptx_dataset:
-        raise CoatiUsageError("--ptx_coef > 0 needs --ptx_dataset (prepared sft data)")
     return build_dataloader(setup.plugin, load_prepared(args.ptx_dataset, "sft"), args.ptx_batch_size or args.batch_size,
                             SupervisedCollator(tokenizer.pad_token_id, args.max_length), True, args.seed)
 

@@ -6,6 +6,7 @@ else is `_run`.
 """
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -14,13 +15,12 @@ from coati.dataset.prepare import load_prepared
 from coati.dataset.sampler import row_tokens
 from coati.experience.controllers import TemperatureController
 from coati.experience.experience import GRPOExperienceMaker, PPOExperienceMaker
-from coati.config import AsyncSettings, CriticSettings, GRPOConfig, OnPolicyConfig, PPOConfig
+from coati.config import OnPolicyConfig
 from coati.models.critic import load_critic
 from coati.models.generation import HFEngine
 from coati.models.packing import enable_packed_attention
 from coati.distributed.plugins import build_booster
-from coati.cli.arguments import micro_batches_per_pass, optimizer_steps_per_episode, plugin_config
-from coati.cli.options import settings_from
+from coati.cli.arguments import micro_batches_per_pass, optimizer_steps_per_episode
 from coati.utils.ckpt_io import save_hf_model
 from coati.utils.errors import fail, note_user
 from coati.utils.registry import OBJECTIVES
@@ -37,7 +37,7 @@ from .runner import (_require_dir, build_dataloader, build_optimizer, build_sche
                      export_model, finished_run, frozen_reference, load_causal_lm, open_logger, prepare_model,
                      resolve_checkpoint, resumed_line, start_run)
 
-from .rl_checks import check_grpo_flags, check_ppo_flags, check_run
+from .rl_checks import check_on_policy_flags, check_run
 from .rl_parts import (distillation, health_monitor, kl_controller, policy_loss, ptx_loader, rollout_side, scorer,
                        step_scorer, stop_ids, vllm_pool, with_template, workflow)
 
@@ -58,9 +58,15 @@ def _objective_needs_reference(args: argparse.Namespace) -> bool:
     return bool(getattr(OBJECTIVES.get(args.objective), "needs_reference", False))
 
 
+def _rollout_config(args: argparse.Namespace) -> Any:
+    """The experience maker's settings (`GRPOConfig`, `PPOConfig`): the run's `rollout` section, taking the old
+    policy's log-probs at collection unless each experience gets one optimizer step."""
+    return replace(args._run_config.rollout, old_log_probs_at_collection=not _one_update_per_experience(args))
+
+
 def _trainer_config(args: argparse.Namespace, setup: Any) -> OnPolicyConfig:
     """The trainer's settings from the flags; the trainer clips gradients itself where the plugin does not."""
-    return settings_from(args, OnPolicyConfig, grad_clip=setup.grad_clip if setup.trainer_clips_grad else 0.0)
+    return replace(args._run_config.algorithm, grad_clip=setup.grad_clip if setup.trainer_clips_grad else 0.0)
 
 
 def _run(args: argparse.Namespace, build: Callable[..., OLTrainer]) -> Optional[OLTrainer]:
@@ -88,7 +94,7 @@ def _run(args: argparse.Namespace, build: Callable[..., OLTrainer]) -> Optional[
     kwargs = dict(config=_trainer_config(args, setup), policy_loss=policy_loss(args), eval_dataloader=held_out,
                   coordinator=coordinator, ptx_dataloader=ptx_loader(args, setup, tokenizer),
                   callbacks=[monitor, TokenizerInCheckpoints(tokenizer, coordinator.is_master())])
-    if args.rollout_backend == "vllm" and not settings_from(args, AsyncSettings).async_rollout:
+    if args.rollout_backend == "vllm" and not getattr(args, "async_rollout", False):
         kwargs["rollout_pool"] = vllm_pool(args, tokenizer)
     if args.save_best:
         kwargs["callbacks"].append(BestModelKeeper(
@@ -122,7 +128,7 @@ def _note_cut_prompts(rows: Any, max_length: int) -> None:
 
 
 def _build_grpo(args, setup, tokenizer, actor, optimizer, scheduler, engine, reference, prompts, kwargs) -> GRPOTrainer:
-    config = settings_from(args, GRPOConfig, old_log_probs_at_collection=not _one_update_per_experience(args))
+    config = _rollout_config(args)
     temperature = (TemperatureController(args.maxent_tau, args.maxent_target_entropy, args.maxent_tau_lr)
                    if args.adv_estimator == "maxent" else None)
     maker = GRPOExperienceMaker(actor, engine, scorer(args, tokenizer, config), config, reference,
@@ -137,9 +143,9 @@ def _build_grpo(args, setup, tokenizer, actor, optimizer, scheduler, engine, ref
 
 
 def run_grpo(args: argparse.Namespace) -> Optional[GRPOTrainer]:
-    """GRPO as the flags say (a reward source among them, `require_grpo_reward`): held-out reward before and after
+    """GRPO as the flags say (a reward source among them, `GRPORunConfig.check`): held-out reward before and after
     (with `--eval_dataset`), then the export."""
-    check_grpo_flags(args)
+    check_on_policy_flags(args)
     return _run(args, _build_grpo)
 
 
@@ -152,20 +158,20 @@ def _build_ppo(args, setup, tokenizer, actor, optimizer, scheduler, engine, refe
         critic.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     critic_optim = build_optimizer(critic, args, lr=args.critic_lr or args.lr)
     critic_scheduler = build_scheduler(critic_optim, args, _total_steps(args))
-    critic_setup = build_booster(plugin_config(args))
+    critic_setup = build_booster(args._run_config.parallel)
     critic, critic_optim, critic_scheduler, _ = critic_setup.boost(critic, critic_optim, critic_scheduler)
-    config = settings_from(args, PPOConfig, old_log_probs_at_collection=not _one_update_per_experience(args))
+    config = _rollout_config(args)
     maker = PPOExperienceMaker(actor, critic, engine, scorer(args, tokenizer, config), config, reference,
                                kl_controller=kl_controller(args), step_scorer=step_scorer(args, setup, tokenizer),
                                teacher=distillation(args, setup, tokenizer, kwargs))
     kwargs["workflow"] = workflow(args, maker)
     return PPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler, **kwargs,
                       critic=CriticParts(critic, critic_optim, critic_setup.booster, critic_scheduler,
-                                         settings_from(args, CriticSettings)))
+                                         args._run_config.critic))
 
 
 def run_ppo(args: argparse.Namespace) -> Optional[PPOTrainer]:
     """PPO as the flags say: rewards from `--rm_pretrain` and/or `--reward_fn`, a critic from
     `--critic_pretrain` (default: the reward model), KL-penalised to the reference; then the export."""
-    check_ppo_flags(args)
+    check_on_policy_flags(args)
     return _run(args, _build_ppo)

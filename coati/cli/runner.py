@@ -32,9 +32,9 @@ from coati.models.prm import load_prm
 from coati.trainer.base import SLTrainer
 from coati.trainer.callbacks import Callback, PerformanceEvaluator
 from coati.trainer.callbacks.tokenizer import TokenizerInCheckpoints
-from coati.cli.arguments import plugin_config
 from coati.cli.options import settings_from
-from coati.config import PackingSettings, ReferenceSettings, SupervisedConfig
+from coati.config import PackingSettings, SupervisedConfig
+from coati.run_config import SupervisedRun
 from coati.utils.ckpt_io import latest_checkpoint, read_running_state, save_hf_model, verify_checkpoint
 from coati.cli.colossalchat import attention_implementation, write_config_file
 from coati.cli.config_file import save_run_record
@@ -213,7 +213,7 @@ def reference_hook(context: RunContext) -> Dict[str, Any]:
     """`setup_hook` of the reference-based trainers: the frozen reference for the trainer, or with
     `--precompute_ref_logps` its log-probs stored with the data and no model kept."""
     args = context.args
-    if settings_from(args, ReferenceSettings).precompute_ref_logps:
+    if args._run_config.reference.precompute_ref_logps:
         load_plain = context.load_data
         context.load_data = lambda paths: with_reference_logps(
             paths, load_plain, args.ref_pretrain or args.pretrain, lambda: frozen_reference(args, context.setup),
@@ -226,21 +226,10 @@ def preflight(args: argparse.Namespace) -> None:
     """Everything that can be checked before a process group exists: the plugin, the paths the flags name,
     and the checkpoint to resume (intact, written for a model of `--pretrain`'s shape)."""
     check_plugin_available(args.plugin)
-    check_packing(args)
     configs = check_run_paths(args)
     checkpoint = resolve_checkpoint(args)
     if checkpoint:
         verify_checkpoint(checkpoint, model_signature(configs["pretrain"]))
-
-
-def check_packing(args: argparse.Namespace) -> None:
-    """`--packing` and `--max_tokens_per_batch` fit the rest of the flags."""
-    packing = settings_from(args, PackingSettings)
-    if packing.max_tokens_per_batch and not packing.packing:
-        raise CoatiUsageError("--max_tokens_per_batch fills packed micro-batches; add --packing")
-    if packing.packing and args.plugin == "3d":
-        raise CoatiUsageError("--packing is not supported with --plugin 3d (its sharded forwards do not keep attention "
-                              "within packed rows); use ddp, zero2, zero2_cpu, gemini or gemini_auto")
 
 
 def start_run(args: argparse.Namespace, check: Optional[Callable[[argparse.Namespace], None]] = None,
@@ -253,8 +242,14 @@ def start_run(args: argparse.Namespace, check: Optional[Callable[[argparse.Names
     init_distributed(args.seed, args.dist_timeout)
     write_config_file(args)
     save_run_record(args)
-    setup = build_booster(plugin_config(args))
+    setup = build_booster(args._run_config.parallel)
     return setup, DistCoordinator(), load_tokenizer(args.tokenizer_dir or args.pretrain, args.trust_remote_code)
+
+
+def supervised_config(run: SupervisedRun) -> SupervisedConfig:
+    """What a supervised trainer takes, from the sections of its run config."""
+    return SupervisedConfig(epochs=run.epochs, steps=run.optim.steps, checkpoints=run.checkpoint,
+                            logging=run.logging.cadence, evaluation=run.evaluation)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, args: argparse.Namespace, total_steps: int) -> Any:
@@ -300,7 +295,7 @@ def run_supervised(
     optimizer = build_optimizer(model, args)
     scheduler = build_scheduler(optimizer, args, total_steps)
     model, optimizer, scheduler, _ = setup.boost(model, optimizer, scheduler)
-    config = settings_from(args, SupervisedConfig)
+    config = supervised_config(args._run_config)
     trainer = trainer_cls(
         booster=setup.booster, max_epochs=config.epochs.max_epochs, model=model, optimizer=optimizer,
         plugin=setup.plugin, lr_scheduler=scheduler, config=config, grad_clip=args.grad_clip, coordinator=coordinator,

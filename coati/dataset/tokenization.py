@@ -4,6 +4,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from coati.config import DEFAULT_STEP_SEPARATOR
 from coati.utils.errors import CoatiUsageError, first_line
 from coati.utils.file_checks import read_json
 
@@ -158,10 +159,6 @@ def tokenize_kto(
         return None
     prompt_length = next(i for i, label in enumerate(encoded["labels"]) if label != IGNORE_INDEX)
     return {**encoded, "prompt_length": prompt_length, "desirable": bool(desirable)}
-
-
-DEFAULT_STEP_SEPARATOR = "\n"
-"""What follows each step of a process-supervised solution (TRL's PRMTrainer's default)."""
 
 
 def tokenize_steps(tokenizer: PreTrainedTokenizerBase, prompt: str, steps: Sequence[str], step_labels: Sequence[bool],

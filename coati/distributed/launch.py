@@ -11,22 +11,29 @@ def init_distributed(seed: int = 42, timeout_s: float = DEFAULT_TIMEOUT_S) -> No
     What colossalai's `launch_from_torch` does, plus a collective timeout: a rank whose peer hangs or
     becomes unreachable fails after `timeout_s` seconds instead of waiting forever. A script started
     with plain `python` runs as a world of one whose store listens on a port the OS picks as it binds
-    (a port chosen beforehand can be taken by another process in between: EADDRINUSE).
+    (a port chosen beforehand can be taken by another process in between: EADDRINUSE). A group that exists already
+    (a second run in the same process) is kept.
     """
     import torch.distributed as dist
     from colossalai.accelerator import get_accelerator
     from colossalai.utils import set_seed
 
     accelerator = get_accelerator()
-    timeout = timedelta(seconds=timeout_s)
-    if "RANK" in os.environ:
-        dist.init_process_group(backend=accelerator.communication_backend, init_method="env://", timeout=timeout)
-    else:
-        store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timeout)   # port 0: the OS picks a free one
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port))
-        dist.init_process_group(backend=accelerator.communication_backend, store=store, rank=0, world_size=1,
-                                timeout=timeout)
+    if not dist.is_initialized():
+        _start_process_group(accelerator.communication_backend, timedelta(seconds=timeout_s))
     if accelerator.support_set_device:
         accelerator.set_device(int(os.environ["LOCAL_RANK"]))
     set_seed(seed)
+
+
+def _start_process_group(backend: str, timeout: timedelta) -> None:
+    """torchrun's group from the environment; without torchrun, a world of one on a store at an OS-picked port."""
+    import torch.distributed as dist
+
+    if "RANK" in os.environ:
+        dist.init_process_group(backend=backend, init_method="env://", timeout=timeout)
+        return
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timeout)   # port 0: the OS picks a free one
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(store.port))
+    dist.init_process_group(backend=backend, store=store, rank=0, world_size=1, timeout=timeout)

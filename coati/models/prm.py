@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 import torch
 from transformers import AutoModelForTokenClassification, PreTrainedModel
 
-from coati.dataset.tokenization import DEFAULT_STEP_SEPARATOR
+from coati.config import DEFAULT_STEP_SEPARATOR
 
 from .logprobs import mask_positions
 from .reward_model import from_pretrained_with_head

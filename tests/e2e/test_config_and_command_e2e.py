@@ -24,10 +24,10 @@ def test_grpo_from_a_trl_recipe_saves_its_config_and_reruns_from_it_with_the_sam
     first = _run_coati("grpo", "--config", str(tmp_path / "recipe.yaml"))
     assert first.returncode == 0, first.stderr[-3000:]
     saved = yaml.safe_load((tmp_path / "first" / "run_config.yaml").read_text())
-    assert (saved["pretrain"], saved["batch_size"], saved["train_batch_size"], saved["num_episodes"]) == (
-        str(tiny_assets["model"]), 2, 6, 3)
-    assert saved["log_dir"] == "{output_dir}/logs" and saved["save_dir"] == "{output_dir}/ckpt"
-    assert "checkpoint_path" not in saved and "config" not in saved
+    assert (saved["model"]["pretrain"], saved["optim"]["batch_size"], saved["algorithm"]["train_batch_size"],
+            saved["episodes"]["num_episodes"]) == (str(tiny_assets["model"]), 2, 6, 3)
+    assert saved["logging"]["log_dir"] == "{output_dir}/logs" and saved["checkpoint"]["save_dir"] == "{output_dir}/ckpt"
+    assert "checkpoint_path" not in saved["checkpoint"] and all("config" not in section for section in saved.values())
     checkpoints = sorted((tmp_path / "first" / "ckpt").glob("epoch-*"))
     assert checkpoints and all((c / "modeling" / "tokenizer.json").is_file() for c in checkpoints)   # loads alone
     info = json.loads((tmp_path / "first" / "run_info.json").read_text())

@@ -6,11 +6,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from coati.cli.arguments import add_grpo_args, add_ppo_args, add_reference_args, training_parser
+from coati.cli.arguments import run_config_parser
 from coati.cli.colossalchat import add_colossalchat_flags
 from coati.cli.options import CoatiArgumentParser, add_settings, settings_from
 from coati.config import (DataSettings, GRPOConfig, LogSettings, OnPolicyConfig, PluginConfig, PPOConfig,
                           SamplingConfig)
+from coati.run_config import GRPORunConfig, PPORunConfig, SFTRunConfig
 from coati.utils.cadence import LogCadence
 from coati.utils.ranges import in_range
 from coati.utils.settings import flag_name, setting
@@ -21,18 +22,14 @@ GRPO_REQUIRED = [*REQUIRED, "--reward_fn", "math_answer"]
 
 
 def _grpo_parser(colossalchat: bool = True) -> argparse.ArgumentParser:
-    parser = training_parser("grpo", dataset_flag="--prompt_dataset", on_policy=True)
-    add_grpo_args(parser)
-    add_reference_args(parser, precompute=False)
+    parser = run_config_parser(GRPORunConfig, "grpo")
     if colossalchat:
         add_colossalchat_flags(parser, "grpo")
     return parser
 
 
 def _ppo_parser() -> argparse.ArgumentParser:
-    parser = training_parser("ppo", dataset_flag="--prompt_dataset", on_policy=True)
-    add_ppo_args(parser)
-    return parser
+    return run_config_parser(PPORunConfig, "ppo")
 
 
 @pytest.mark.parametrize("cls", [GRPOConfig, OnPolicyConfig, PluginConfig, LogSettings])
@@ -92,7 +89,7 @@ def test_a_value_out_of_the_fields_range_is_refused_by_its_flag(argv, expected, 
 def test_colossalchat_aliases_land_in_the_fields():
     args = _grpo_parser().parse_args(GRPO_REQUIRED + ["--max_seq_len", "12", "--experience_batch_size", "3"])
     assert (settings_from(args, SamplingConfig).max_new_tokens, args.batch_size) == (12, 3)
-    sft = training_parser("sft")
+    sft = run_config_parser(SFTRunConfig, "sft")
     add_colossalchat_flags(sft, "sft")
     assert settings_from(sft.parse_args(["--pretrain", "m", "--dataset", "d", "--max_len", "99"]), DataSettings).max_length == 99
 

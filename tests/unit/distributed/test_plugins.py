@@ -7,10 +7,9 @@ import sys
 import pytest
 import torch
 
-from coati.cli.options import add_settings
+from coati.cli.options import add_settings, settings_from
 from coati.config import PluginConfig
 from coati.distributed.plugins import CUDA_ONLY, PLUGINS, build_booster, check_plugin_available
-from coati.cli.arguments import plugin_config
 from coati.utils import CoatiUsageError
 from conftest import REPO, SCRIPTS, child_env
 
@@ -50,11 +49,11 @@ def test_gemini_on_cpu_exits_2_with_one_line_before_loading_anything(tiny_assets
 
 def test_parallel_sizes_only_apply_to_3d(world_of_one):
     with pytest.raises(CoatiUsageError, match="apply to --plugin 3d only"):
-        build_booster(plugin_config(_args("--plugin", "ddp", "--tp", "2")))
+        build_booster(settings_from(_args("--plugin", "ddp", "--tp", "2"), PluginConfig))
 
 
 def test_ddp_booster_clips_in_the_trainer_and_uses_fp32_on_cpu(world_of_one):
-    setup = build_booster(plugin_config(_args("--plugin", "ddp", "--mixed_precision", "fp32", "--grad_clip", "0.5")))
+    setup = build_booster(settings_from(_args("--plugin", "ddp", "--mixed_precision", "fp32", "--grad_clip", "0.5"), PluginConfig))
     assert setup.trainer_clips_grad and setup.grad_clip == 0.5
     assert setup.precision == "fp32"
 

@@ -1,0 +1,34 @@
+"""A run described in Python (`coati.cli.commands.run` on a run config tree) trains, exports and saves its run config
+by section, exactly as the command would; a tree that fails its checks is refused in one line."""
+import pytest
+import yaml
+
+from coati.cli.commands import run
+from coati.config import CheckpointSettings, DataSettings, EpochSettings, ModelSettings, OptimSettings, PackingSettings
+from coati.run_config import SFTRunConfig
+
+
+def test_an_sft_run_built_in_python_trains_and_saves_its_tree(tiny_assets, tmp_path, world_of_one):
+    out = tmp_path / "out"
+    run(SFTRunConfig(model=ModelSettings(pretrain=str(tiny_assets["model"])),
+                     data=DataSettings(dataset=(str(tiny_assets["sft_train"]),)),
+                     optim=OptimSettings(lr=1e-3, batch_size=8), epochs=EpochSettings(max_steps=2),
+                     checkpoint=CheckpointSettings(output_dir=str(out))))
+    assert (out / "model" / "config.json").is_file()
+    saved = yaml.safe_load((out / "run_config.yaml").read_text())
+    assert list(saved)[:3] == ["model", "lora", "data"]
+    assert (saved["optim"]["lr"], saved["optim"]["batch_size"], saved["epochs"]["max_steps"]) == (1e-3, 8, 2)
+    assert [r["train/loss"] for r in map(yaml.safe_load, (out / "logs" / "metrics.jsonl").read_text().splitlines())
+            if "train/loss" in r]
+
+
+def test_a_tree_that_fails_its_checks_is_one_line(tiny_assets, capsys):
+    with pytest.raises(SystemExit) as exited:
+        run(SFTRunConfig(model=ModelSettings(pretrain=str(tiny_assets["model"])),
+                         data=DataSettings(dataset=(str(tiny_assets["sft_train"]),)),
+                         batching=PackingSettings(max_tokens_per_batch=64)))
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: --max_tokens_per_batch fills packed micro-batches; add --packing"]
+    with pytest.raises(TypeError, match="run config"):
+        run(ModelSettings(pretrain="m"))
