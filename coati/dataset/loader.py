@@ -14,8 +14,6 @@ import torch
 from datasets import Dataset
 from transformers import PreTrainedTokenizerBase
 
-from coati.compat.raw_conversation import RawConversationDataset, apply_chat_template_and_mask
-
 from .collators import KTOCollator, PreferenceCollator, PromptCollator, SupervisedCollator
 from .prepare import load_prepared
 from .sampler import StatefulDistributedSampler
@@ -97,6 +95,18 @@ class DataCollatorForKTODataset:
                 "kl_loss_mask": _loss_mask(batch["kl_labels"])}
 
 
+COLOSSALCHAT_ONLY = ("RawConversationDataset", "apply_chat_template_and_mask")
+"""What only ColossalChat's `lora_finetune.py` imports from here: `coati.compat.raw_conversation`'s, on first use."""
+
+
+def __getattr__(name: str):
+    if name not in COLOSSALCHAT_ONLY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module("coati.compat.raw_conversation"), name)
+
+
 __all__ = ["DataCollatorForKTODataset", "DataCollatorForPreferenceDataset", "DataCollatorForPromptDataset",
            "DataCollatorForSupervisedDataset", "StatefulDistributedSampler", "load_tokenized_dataset",
-           "RawConversationDataset", "apply_chat_template_and_mask"]
+           *COLOSSALCHAT_ONLY]

@@ -13,6 +13,18 @@ from coati.utils.registry import AGGREGATIONS, BEHAVIOUR_CORRECTIONS, KL_ESTIMAT
 from .logprobs import over_chunks
 
 
+COLOSSALCHAT_NAMES = ("DpoLoss", "OddsRatioLoss")
+"""ColossalChat's loss classes, which `coati.compat.losses` holds and this module's old import path gives."""
+
+
+def __getattr__(name: str):
+    if name not in COLOSSALCHAT_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module("coati.compat.losses"), name)
+
+
 def _reduce(loss: torch.Tensor, reduction: str) -> torch.Tensor:
     if reduction == "none":
         return loss
@@ -88,25 +100,6 @@ class DPOLoss(torch.nn.Module):
         return PreferenceLossOutput(losses, self.beta * chosen_ratio.detach(), self.beta * rejected_ratio.detach())
 
 
-class DpoLoss(DPOLoss):
-    """ColossalChat's DPO loss, `DpoLoss(beta=0.1, gamma=0.0)`: `DPOLoss` with SimPO's margin `gamma`. Its
-    `forward` also takes ColossalChat's arguments: per-token log-probs (batch, T) with their masks, summed
-    here, and reference log-probs of None for a reference-free loss."""
-
-    def __init__(self, beta: float = 0.1, gamma: float = 0.0) -> None:
-        super().__init__(beta=beta, gamma=gamma)
-
-    def forward(self, chosen: torch.Tensor, rejected: torch.Tensor, ref_chosen: Optional[torch.Tensor] = None,
-                ref_rejected: Optional[torch.Tensor] = None, chosen_mask: Optional[torch.Tensor] = None,
-                reject_mask: Optional[torch.Tensor] = None) -> PreferenceLossOutput:
-        chosen, rejected = _sequence_logps(chosen, chosen_mask), _sequence_logps(rejected, reject_mask)
-        if ref_chosen is not None:
-            ref_chosen = _sequence_logps(ref_chosen, chosen_mask)
-        if ref_rejected is not None:
-            ref_rejected = _sequence_logps(ref_rejected, reject_mask)
-        return super().forward(chosen, rejected, ref_chosen, ref_rejected)
-
-
 class SimPOLoss(torch.nn.Module):
     """SimPO (Meng et al. 2024), reference-free: -log sigmoid(beta * (pi_c / |y_c| - pi_r / |y_r|) - gamma),
     on length-normalised log-probs, with the same label smoothing as DPO."""
@@ -142,16 +135,6 @@ class ORPOLoss(torch.nn.Module):
                                     {"nll_loss": nll.detach(), "log_odds_ratio": log_odds.detach()})
 
 
-class OddsRatioLoss(ORPOLoss):
-    """ColossalChat's ORPO loss, `OddsRatioLoss()`: `ORPOLoss` (lam 0.1). Its `forward` also takes ColossalChat's
-    arguments: per-token log-probs (batch, T) with their loss masks, length-normalised here."""
-
-    def forward(self, chosen: torch.Tensor, rejected: torch.Tensor, chosen_loss_mask: Optional[torch.Tensor] = None,
-                reject_loss_mask: Optional[torch.Tensor] = None) -> PreferenceLossOutput:
-        return super().forward(_sequence_logps(chosen, chosen_loss_mask, mean=True),
-                               _sequence_logps(rejected, reject_loss_mask, mean=True))
-
-
 class KTOLoss(torch.nn.Module):
     """KTO (Ethayarajh et al. 2024): with r = pi - ref (summed log-probs) and z0 the batch KL estimate,
     desirable items cost w_D (1 - sigmoid(beta (r - z0))), undesirable ones w_U (1 - sigmoid(beta (z0 - r)))."""
@@ -167,13 +150,6 @@ class KTOLoss(torch.nn.Module):
         desirable_loss = self.desirable_weight * (1 - torch.sigmoid(self.beta * (ratio - kl)))
         undesirable_loss = self.undesirable_weight * (1 - torch.sigmoid(self.beta * (kl - ratio)))
         return torch.where(desirable, desirable_loss, undesirable_loss)
-
-
-def _sequence_logps(logps: torch.Tensor, mask: Optional[torch.Tensor], mean: bool = False) -> torch.Tensor:
-    """Per-sequence log-probs: `logps` as given without a mask, else their masked sum (or mean) over the tokens."""
-    if mask is None:
-        return logps
-    return masked_mean(logps, mask, dim=-1) if mean else (logps * mask.to(logps.dtype)).sum(-1)
 
 
 def _smoothed_logsigmoid_loss(logits: torch.Tensor, label_smoothing: float) -> torch.Tensor:

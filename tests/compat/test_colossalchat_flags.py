@@ -70,9 +70,11 @@ VALUES = {"--loss_fn": "log_sig", "--loss_type": "sigmoid", "--mixed_precision":
 PATHS = {"--pretrain", "--tokenizer_dir", "--dataset", "--eval_dataset", "--prompt_dataset", "--ptx_dataset",
          "--checkpoint_path", "--critic_checkpoint_path", "--rm_checkpoint_path", "--rm_pretrain", "--log_dir",
          "--save_dir", "--save_path", "--config_file", "--model_type"}
-REQUIRED = {"sft": ["--pretrain", "m", "--dataset", "d"], "ppo": ["--pretrain", "m", "--prompt_dataset", "d"],
+REQUIRED = {"sft": ["--pretrain", "m", "--dataset", "d"],
+            "ppo": ["--pretrain", "m", "--prompt_dataset", "d", "--rm_pretrain", "rm"],
             "grpo": ["--pretrain", "m", "--prompt_dataset", "d", "--reward_functions", "gsm8k_reward_fn"]}
-"""Each script's required flags (the supervised ones share sft's); ColossalChat's GRPO, like coati's, needs a reward."""
+"""Each script's required flags (the supervised ones share sft's); ColossalChat's PPO and GRPO, like coati's, need a
+reward."""
 
 
 def _parse(name: str, argv, monkeypatch):
@@ -259,7 +261,7 @@ def test_colossalchat_loss_type_names(argv, normalised, margin, reference_free, 
     from coati.models.loss import DPOLoss
 
     args = _parse("dpo", ["--pretrain", "m", "--dataset", "d", *argv], monkeypatch)
-    loss = preference_loss(args)
+    loss = preference_loss(args._run_config.loss, args.disable_reference_model, args.length_normalization)
     assert type(loss) is DPOLoss and loss.loss_type == "sigmoid" and loss.beta == 0.1
     assert (loss.length_normalized, loss.gamma, not loss.needs_reference) == (normalised, margin, reference_free)
 

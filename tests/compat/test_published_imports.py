@@ -63,7 +63,11 @@ def test_value_loss_takes_advantages_as_colossalchat_does():
 
 
 def test_dpo_loss_with_colossalchat_arguments_per_token_masks_and_margin():
+    from coati.compat.losses import DpoLoss as held
     from coati.models import DpoLoss
+    from coati.models.loss import DpoLoss as at_its_module
+
+    assert DpoLoss is held is at_its_module
 
     beta, gamma = 0.5, 0.2
     chosen, rejected = torch.tensor([[-1.0, -2.0, -9.0]]), torch.tensor([[-3.0, -1.0, -9.0]])

@@ -2,8 +2,10 @@
 from abc import ABC
 from typing import Any, Dict, Iterable, List
 
+from coati.compat.hooks import ColossalChatHooks, published_name
 
-class Callback(ABC):
+
+class Callback(ColossalChatHooks, ABC):
     """Lifecycle hooks of a training run; every hook is a no-op by default.
 
     On-policy trainers (`OLTrainer`) fire, in order::
@@ -22,7 +24,7 @@ class Callback(ABC):
     step, where `micro_batches` is the list of micro-batches (dicts of tensors) that formed the step.
 
     The published names of ColossalChat's hooks keep working: right after each of the hooks above, the same
-    callback's published counterpart is called with the same arguments (`PUBLISHED_NAMES`): on-policy,
+    callback's published counterpart is called with the same arguments (`coati.compat.hooks`): on-policy,
     `on_learn_epoch_start/end(pass_index)` and `on_learn_batch_start/end(experience)`; supervised,
     `on_learn_batch_start/end(micro_batches)`. Override one name of each pair, not both.
 
@@ -77,12 +79,6 @@ class Callback(ABC):
     def on_learn_epoch_end(self, epoch: int) -> None:
         pass
 
-    def on_learn_batch_start(self) -> None:
-        pass
-
-    def on_learn_batch_end(self, experience: Any) -> None:
-        pass
-
     def on_log(self, step: int, metrics: Dict[str, float]) -> None:
         pass
 
@@ -100,15 +96,9 @@ class Callback(ABC):
         """Take back what `state_dict` gave when the run resumes."""
 
 
-PUBLISHED_NAMES = {"on_update_pass_start": "on_learn_epoch_start", "on_update_pass_end": "on_learn_epoch_end",
-                   "on_update_batch_start": "on_learn_batch_start", "on_update_batch_end": "on_learn_batch_end",
-                   "on_optimizer_step_start": "on_learn_batch_start", "on_optimizer_step_end": "on_learn_batch_end"}
-"""Hook -> the published ColossalChat hook that is called after it with the same arguments."""
-
-
 def fire(callbacks: Iterable[Callback], hook: str, *args: Any) -> None:
-    """Call `hook(*args)` on every callback, in order, each followed by its published counterpart, if any."""
-    published = PUBLISHED_NAMES.get(hook)
+    """Call `hook(*args)` on every callback, in order, each followed by ColossalChat's name for it, if any."""
+    published = published_name(hook)
     for callback in callbacks:
         getattr(callback, hook)(*args)
         if published:

@@ -1,6 +1,6 @@
 """A callback that times each phase of a run and reports samples/s and tokens/s."""
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -88,11 +88,17 @@ class PerformanceEvaluator(Callback):
     def on_make_experience_end(self, experience: Any) -> None:
         self.make_experience.end(experience)
 
-    def on_learn_batch_start(self) -> None:
+    def on_update_batch_start(self) -> None:
         self.learn.start()
 
-    def on_learn_batch_end(self, experience: Any) -> None:
+    def on_update_batch_end(self, experience: Any) -> None:
         self.learn.end(experience)
+
+    def on_optimizer_step_start(self) -> None:
+        self.learn.start()
+
+    def on_optimizer_step_end(self, micro_batches: List[Any]) -> None:
+        self.learn.end(micro_batches)
 
     def on_fit_end(self) -> None:
         if self._fit_start is not None:
