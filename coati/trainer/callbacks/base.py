@@ -2,10 +2,10 @@
 from abc import ABC
 from typing import Any, Dict, Iterable, List
 
-from coati.compat.hooks import ColossalChatHooks, published_name
+from coati.compat.hooks import PUBLISHED_NAMES
 
 
-class Callback(ColossalChatHooks, ABC):
+class Callback(ABC):
     """Lifecycle hooks of a training run; every hook is a no-op by default.
 
     On-policy trainers (`OLTrainer`) fire, in order::
@@ -79,6 +79,12 @@ class Callback(ColossalChatHooks, ABC):
     def on_learn_epoch_end(self, epoch: int) -> None:
         pass
 
+    def on_learn_batch_start(self) -> None:
+        pass
+
+    def on_learn_batch_end(self, experience: Any) -> None:
+        pass
+
     def on_log(self, step: int, metrics: Dict[str, float]) -> None:
         pass
 
@@ -98,7 +104,7 @@ class Callback(ColossalChatHooks, ABC):
 
 def fire(callbacks: Iterable[Callback], hook: str, *args: Any) -> None:
     """Call `hook(*args)` on every callback, in order, each followed by ColossalChat's name for it, if any."""
-    published = published_name(hook)
+    published = PUBLISHED_NAMES.get(hook)
     for callback in callbacks:
         getattr(callback, hook)(*args)
         if published:
