@@ -34,21 +34,36 @@ def series(records: List[Dict[str, float]], name: str, x: Optional[str] = None) 
 X_LABELS = {None: "step", "train/num_completions": "completions sampled"}
 
 
+def clipped(values: Sequence[float], limits: Optional[Tuple[float, float]]) -> Tuple[List[float], int]:
+    """`values` held within `limits` (low, high), and how many were outside (drawn at the edge)."""
+    if limits is None:
+        return list(values), 0
+    low, high = limits
+    return [min(max(v, low), high) for v in values], sum(not low <= v <= high for v in values)
+
+
 def plot(path: Path, title: str, panels: Sequence[Tuple[str, Sequence[Tuple[str, List[Dict[str, float]], str]]]],
-         x: Optional[str] = None) -> Optional[Path]:
+         x: Optional[str] = None, ylims: Optional[Dict[str, Tuple[float, float]]] = None) -> Optional[Path]:
     """One PNG with a panel per (y label, [(legend, records, metric), ...]), against the step or the counter `x`
-    (`X_LABELS`); None when nothing is plotted."""
+    (`X_LABELS`); `ylims` holds a panel's y range by its label (values outside it are drawn at its edge, and the
+    label says how many), so that a few early outliers do not flatten the rest. None when nothing is plotted."""
     drawn = [(ylabel, lines) for ylabel, lines in panels if any(series(recs, m, x)[0] for _, recs, m in lines)]
     if not drawn:
         return None
     fig, axes = plt.subplots(1, len(drawn), figsize=(4.2 * len(drawn), 3.2), squeeze=False)
     for ax, (ylabel, lines) in zip(axes[0], drawn):
+        limits, outside = (ylims or {}).get(ylabel), 0
         for legend, records, metric in lines:
             steps, values = series(records, metric, x)
+            values, off = clipped(values, limits)
+            outside += off
             if steps:
                 ax.plot(steps, values, marker="o" if len(steps) < 12 else None, markersize=3, label=legend)
+        if limits is not None:
+            ax.set_ylim(*limits)
         ax.set_xlabel(X_LABELS[x])
-        ax.set_ylabel(ylabel)
+        ax.set_ylabel(ylabel + (f"\n({outside} points outside [{limits[0]:g}, {limits[1]:g}] at its edge)"
+                                if outside else ""))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title)

@@ -193,7 +193,8 @@ def report(out: Path, results: Dict[str, Dict], timings: Dict[str, float]) -> Pa
              x="train/num_completions"),
         plot(plots / "ppo_critic.png", "PPO's critic", [
             ("explained variance of the returns", [("PPO", logs["ppo"], "train/explained_variance")]),
-            ("value loss", [("PPO", logs["ppo"], "train/loss/value")])]),
+            ("value loss", [("PPO", logs["ppo"], "train/loss/value")])],
+             ylims={"explained variance of the returns": (-1.0, 1.0)}),
     ]
     accuracy = {name: r["accuracy"] for name, r in results.items()}
     if accuracy:

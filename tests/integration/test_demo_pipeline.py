@@ -28,6 +28,16 @@ def test_a_plot_against_completions_sampled_places_each_evaluation_at_its_steps_
     assert report.series(records, "train/reward") == ([1, 2], [1.0, 2.0])
 
 
+def test_a_panels_y_range_holds_early_outliers_at_its_edge_and_counts_them(tmp_path):
+    report = _demo("report")
+    assert report.clipped([-40.0, -0.5, 0.2, 3.0], (-1.0, 1.0)) == ([-1.0, -0.5, 0.2, 1.0], 2)
+    assert report.clipped([-40.0], None) == ([-40.0], 0)
+    records = [{"step": s, "train/explained_variance": v} for s, v in enumerate([-40.0, -2.0, 0.1, 0.3], 1)]
+    path = report.plot(tmp_path / "critic.png", "critic", [("EV", [("PPO", records, "train/explained_variance")])],
+                       ylims={"EV": (-1.0, 1.0)})
+    assert path.is_file() and path.stat().st_size > 1000
+
+
 @pytest.mark.parametrize("demo, stages, missing", [("run_demo", ["ppo"], "sft"), ("run_demo", ["sft", "ppo"], "rm"),
                                                    ("run_rewards_demo", ["judge"], "sft"),
                                                    ("run_rewards_demo", ["sft", "distill"], "grpo"),
