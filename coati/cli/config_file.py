@@ -3,7 +3,8 @@
 A file is a mapping whose keys are the command's flags without their dashes (coati's names, ColossalChat's, and the
 TRL/HF names of `coati.cli.trl_names`), flat as TRL's recipes are, or grouped under the sections of the command's run
 config (`coati.run_config`: `model:`, `optim:`, `rollout:`, ...) as verl's are and as a run saves its own; each value
-becomes that flag on a command line placed before the real one, so flags given on the command line win. A key that names no flag is refused in one line with the nearest names. Launcher
+becomes that flag on a command line placed before the real one, so flags given on the command line win. A key that
+names no flag is refused in one line with the nearest names. Launcher
 keys (`num_processes`, `nproc_per_node`, ...) are the `coati` command's (`coati.cli.main`) and are skipped here.
 Light: no torch, so a wrong key is answered at once.
 """
@@ -134,6 +135,8 @@ def flat_settings(parser: argparse.ArgumentParser, values: Mapping[str, Any], pa
     for key, value in values.items():
         key = str(key)
         if key not in known_sections or not isinstance(value, Mapping):
+            if isinstance(value, Mapping) and owners and key.lstrip("-") not in {*actions, *IGNORED_KEYS, *REFUSED_KEYS}:
+                raise CoatiUsageError(f"{CONFIG_FLAG} {path}: unknown section {key!r}{nearest(key, known_sections)}")
             flat.append((key, value, key))
             continue
         for sub, sub_value in value.items():

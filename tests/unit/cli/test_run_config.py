@@ -126,6 +126,9 @@ def test_a_key_in_another_section_or_unknown_in_one_is_one_line():
         config_tokens(parser, {"model": {"lr": 0.1}}, "f.yaml")
     with pytest.raises(CoatiUsageError, match=r"unknown key 'optim\.lrr' \(did you mean lr\?\)"):
         config_tokens(parser, {"optim": {"lrr": 0.1}}, "f.yaml")
+    with pytest.raises(CoatiUsageError, match=r"unknown section 'optimizer' \(did you mean optim\?\)"):
+        config_tokens(parser, {"optimizer": {"lr": 0.1}}, "f.yaml")
+    assert config_tokens(parser, {"gradient_checkpointing_kwargs": {"use_reentrant": False}}, "f.yaml") == []
     assert config_tokens(parser, {"optim": {"learning_rate": 0.1}, "model": {"model_name_or_path": "m"}}, "f.yaml") == \
         ["--learning_rate", "0.1", "--model_name_or_path", "m"]
 
