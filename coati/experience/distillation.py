@@ -26,7 +26,7 @@ Thinking Machines' on-policy distillation, 2025), so the student learns where it
 import json
 import math
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -61,8 +61,8 @@ class DistillConfig:
 
 
 class Teacher:
-    """A frozen teacher of a policy with `vocab_size` tokens: `score` fills the experience's teacher fields, and
-    `add_advantages` turns them into the reverse-KL term."""
+    """A frozen teacher of a policy with `vocab_size` tokens: `scores` gives the experience's teacher fields, and
+    `with_advantages` turns them into the reverse-KL term."""
 
     def __init__(self, config: DistillConfig, vocab_size: int) -> None:
         self.config, self.vocab_size = config, vocab_size
@@ -72,27 +72,31 @@ class Teacher:
         """The precision the teacher's forward runs in (`SAME_SCORES_ATOL`)."""
         return SERVED_DTYPE
 
-    def score(self, experience: Experience, per_rows: Callable[[Callable[[slice], Any], Experience], Any]) -> None:
-        """The teacher's log-probs of the sampled tokens (batch, N), and its top-k log-probs and ids (batch, N, k)
-        where a loss needs them, into `experience` (`per_rows` runs a forward over the rows in chunks)."""
+    def scores(self, experience: Experience, per_rows: Callable[[Callable[[slice], Any], Experience], Any],
+               ) -> Dict[str, Optional[torch.Tensor]]:
+        """The experience's teacher fields: the teacher's log-probs of the sampled tokens (batch, N), and its top-k
+        log-probs and ids (batch, N, k) where a loss needs them (`per_rows` runs a forward over the rows in chunks)."""
         raise NotImplementedError
 
-    def token_rewards(self, experience: Experience) -> torch.Tensor:
-        """`coef` times each sampled token's log p_teacher - log p_policy (zero where the mask is), logged per row as
-        `rollout/distill_reverse_kl`; a `DistillationError` when that difference is within rounding of zero on every
-        token."""
+    def token_rewards(self, experience: Experience) -> Tuple[torch.Tensor, Dict[str, List[float]]]:
+        """`coef` times each sampled token's log p_teacher - log p_policy (zero where the mask is), and the
+        experience's per-row stats with it as `rollout/distill_reverse_kl`; a `DistillationError` when that difference
+        is within rounding of zero on every token."""
         e, mask = experience, experience.action_mask.bool()
         reverse_kl = (e.action_log_probs - e.teacher_log_probs) * mask
         check_teacher_differs(reverse_kl, mask, SAME_SCORES_ATOL[self.dtype])
-        e.rollout_stats[REVERSE_KL_STAT] = (reverse_kl.sum(-1) / mask.sum(-1).clamp(min=1)).tolist()
-        return -self.config.coef * reverse_kl
+        stats = {**e.rollout_stats, REVERSE_KL_STAT: (reverse_kl.sum(-1) / mask.sum(-1).clamp(min=1)).tolist()}
+        return -self.config.coef * reverse_kl, stats
 
-    def add_advantages(self, experience: Experience) -> None:
-        """`token_rewards` added to each token's advantage (GRPO's: the advantages become per token)."""
-        e, rewards = experience, self.token_rewards(experience)
+    def with_advantages(self, experience: Experience) -> Experience:
+        """`experience` with `token_rewards` added to each token's advantage (GRPO's: the advantages become per
+        token)."""
+        e, (rewards, stats) = experience, self.token_rewards(experience)
+        advantages = e.advantages
         if self.config.coef > 0:
-            advantages = e.advantages if e.advantages.dim() == 2 else e.advantages.unsqueeze(-1).expand_as(rewards)
-            e.advantages = (advantages + rewards) * e.action_mask
+            per_token = advantages if advantages.dim() == 2 else advantages.unsqueeze(-1).expand_as(rewards)
+            advantages = (per_token + rewards) * e.action_mask
+        return replace(e, advantages=advantages, rollout_stats=stats)
 
 
 class ModelTeacher(Teacher):
@@ -106,11 +110,13 @@ class ModelTeacher(Teacher):
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
 
-    def score(self, experience: Experience, per_rows: Callable[[Callable[[slice], Any], Experience], Any]) -> None:
+    def scores(self, experience: Experience, per_rows: Callable[[Callable[[slice], Any], Experience], Any],
+               ) -> Dict[str, Optional[torch.Tensor]]:
         e = experience
-        e.teacher_log_probs, e.teacher_top_logps, e.teacher_top_ids = per_rows(lambda rows: action_top_k(
+        logps, top_logps, top_ids = per_rows(lambda rows: action_top_k(
             self.model, e.sequences[rows], e.attention_mask[rows], e.prompt_length, self.config.top_k, self.vocab_size,
             packed=e.packed), e)
+        return {"teacher_log_probs": logps, "teacher_top_logps": top_logps, "teacher_top_ids": top_ids}
 
 
 TEACHER_TOKEN_ENVS = ("COATI_TEACHER_TOKEN", "OPENAI_API_KEY")
@@ -146,7 +152,8 @@ class ServedTeacher(Teacher):
     def __post_init__(self) -> None:
         self.url = self.url.rstrip("/")
 
-    def score(self, experience: Experience, per_rows: Callable[[Callable[[slice], Any], Experience], Any]) -> None:
+    def scores(self, experience: Experience, per_rows: Callable[[Callable[[slice], Any], Experience], Any],
+               ) -> Dict[str, Optional[torch.Tensor]]:
         e, k = experience, self.config.top_k
         rows = row_token_ids(e)
         batches = [rows[i:i + self.batch_size] for i in range(0, len(rows), self.batch_size)]
@@ -163,8 +170,8 @@ class ServedTeacher(Teacher):
                     top_ids[i, j] = torch.tensor([token for token, _ in tops])
                     top_logps[i, j] = torch.tensor([value for _, value in tops])
         device = e.sequences.device
-        e.teacher_log_probs = logps.to(device)
-        e.teacher_top_logps, e.teacher_top_ids = (top_logps.to(device), top_ids.to(device)) if k else (None, None)
+        return {"teacher_log_probs": logps.to(device), "teacher_top_logps": top_logps.to(device) if k else None,
+                "teacher_top_ids": top_ids.to(device) if k else None}
 
     def _scored(self, rows: List[Tuple[List[int], int]]) -> List[List[Tuple[float, List[Tuple[int, float]]]]]:
         """Per row and completion position: the sampled token's log-prob, and the teacher's `top_k` likeliest tokens

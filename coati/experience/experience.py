@@ -20,9 +20,10 @@ from .controllers import KL_DEFAULTS, KLController, TemperatureController
 from .scorer import Scorer
 from .shaping import shape_rewards
 
-@dataclass
+@dataclass(frozen=True)
 class Experience:
-    """Rollouts and everything the update needs. Token tensors over completion columns are (batch, N);
+    """Rollouts and everything the update needs, built by pure stages (`ExperienceMaker.from_trajectories`: each
+    returns a new one with what it adds, `dataclasses.replace`) and never changed after. Token tensors over completion columns are (batch, N);
     `sequences`/`attention_mask` hold prompt + completion. Per row, for logs and tables: the `prompts` and
     `completions` as text, each reward's value (`reward_components`), whether the completion ended with a stop
     token (`terminated`), and the weights version that generated it (`versions`; per token, `token_versions`) and
@@ -100,7 +101,7 @@ class ExperienceMaker:
     """What both makers share: `scorer` (the reward function on the text, plus a reward model's score when one is
     given), the `engine` rollouts and evaluation generate with, and `from_trajectories`, which takes the actor's
     and the frozen reference's log-probs of finished rollouts and lets each maker compute its advantages
-    (`_add_advantages`)."""
+    (`_with_advantages`)."""
 
     def __init__(self, actor: torch.nn.Module, engine: GenerationEngine, scorer: Scorer, config: RolloutConfig,
                  ref_model: Optional[torch.nn.Module] = None, teacher: Optional[Any] = None,
@@ -127,47 +128,48 @@ class ExperienceMaker:
         them (asynchronous rollouts), are its `behaviour_log_probs` for the off-policy correction. `timing` holds the
         seconds the rollouts took, by phase; `extra_rollouts` counts completions drawn beyond the batch."""
         experience = stack_trajectories(trajectories, device)
-        experience.timing.update(timing or {})
-        experience.extra_rollouts = extra_rollouts
-        experience.packed = self.config.packing
-        experience.terminated = self._terminated(experience)
-        self._add_log_probs(experience)
+        experience = dataclasses.replace(experience, timing={**experience.timing, **(timing or {})},
+                                         extra_rollouts=extra_rollouts, packed=self.config.packing)
+        experience = dataclasses.replace(experience, terminated=self._terminated(experience))
+        experience = self._with_log_probs(experience)
         if self.step_scorer is not None:
-            self._add_step_rewards(experience)
-        self._add_advantages(experience)
-        return experience
+            experience = self._with_step_rewards(experience)
+        return self._with_advantages(experience)
 
-    def _add_advantages(self, experience: Experience) -> None:
-        """The algorithm's advantages (and whatever else it needs: values, returns, a loss mask) for `experience`."""
+    def _with_advantages(self, experience: Experience) -> Experience:
+        """`experience` with the algorithm's advantages (and whatever else it needs: values, returns, a loss mask)."""
         raise NotImplementedError
 
-    def _add_log_probs(self, experience: Experience) -> None:
-        """The actor's (and the reference's, and a teacher's) log-probs of the completions, and the KL between the
-        actor's and the reference's."""
-        e = experience
+    def _with_log_probs(self, experience: Experience) -> Experience:
+        """`experience` with the actor's (and the reference's, and a teacher's) log-probs of the completions, and the
+        KL between the actor's and the reference's."""
+        e, timing, added = experience, dict(experience.timing), {}
         if self.config.old_log_probs_at_collection or self.ref_model is not None or self.teacher is not None:
-            with timed(e.timing, "actor_forward"):
-                e.action_log_probs = self._per_rows(lambda rows: action_logps(
+            with timed(timing, "actor_forward"):
+                added["action_log_probs"] = self._per_rows(lambda rows: action_logps(
                     self.actor, e.sequences[rows], e.attention_mask[rows], e.prompt_length, packed=e.packed), e)
         if self.ref_model is not None:
-            with timed(e.timing, "reference_forward"):
-                e.ref_log_probs = self._per_rows(lambda rows: action_logps(
+            with timed(timing, "reference_forward"):
+                added["ref_log_probs"] = self._per_rows(lambda rows: action_logps(
                     self.ref_model, e.sequences[rows], e.attention_mask[rows], e.prompt_length, packed=e.packed), e)
-            e.kl = kl_penalty(e.action_log_probs, e.ref_log_probs, self.config.kl_estimator) * e.action_mask
+            added["kl"] = kl_penalty(added["action_log_probs"], added["ref_log_probs"],
+                                     self.config.kl_estimator) * e.action_mask
         if self.teacher is not None:
-            with timed(e.timing, "teacher_forward"):
-                self.teacher.score(e, self._per_rows)
+            with timed(timing, "teacher_forward"):
+                added.update(self.teacher.scores(e, self._per_rows))
+        return dataclasses.replace(e, timing=timing, **added)
 
-    def _add_step_rewards(self, experience: Experience) -> None:
-        """The process reward model's step scores (`step_scorer`), on the tokens that end the steps; logged per row as
-        `rollout/prm_step_score` (the mean over its steps) and `rollout/prm_steps`."""
-        e = experience
-        with timed(e.timing, "prm_forward"):
-            e.step_rewards, e.step_mask = self._per_rows(lambda rows: self.step_scorer(
+    def _with_step_rewards(self, experience: Experience) -> Experience:
+        """`experience` with the process reward model's step scores (`step_scorer`), on the tokens that end the steps;
+        logged per row as `rollout/prm_step_score` (the mean over its steps) and `rollout/prm_steps`."""
+        e, timing = experience, dict(experience.timing)
+        with timed(timing, "prm_forward"):
+            step_rewards, step_mask = self._per_rows(lambda rows: self.step_scorer(
                 e.sequences[rows], e.attention_mask[rows], e.prompt_length, e.action_mask[rows], e.terminated[rows]), e)
-        steps = e.step_mask.sum(-1)
-        e.rollout_stats["prm_steps"] = steps.tolist()
-        e.rollout_stats["prm_step_score"] = (e.step_rewards.sum(-1) / steps.clamp(min=1)).tolist()
+        steps = step_mask.sum(-1)
+        stats = {**e.rollout_stats, "prm_steps": steps.tolist(),
+                 "prm_step_score": (step_rewards.sum(-1) / steps.clamp(min=1)).tolist()}
+        return dataclasses.replace(e, timing=timing, step_rewards=step_rewards, step_mask=step_mask, rollout_stats=stats)
 
     def _per_rows(self, forward: Callable[[slice], Any], experience: Experience) -> Any:
         """`forward` over the experience's rows, `config.forward_batch_size` at a time."""
@@ -209,23 +211,21 @@ class GRPOExperienceMaker(ExperienceMaker):
         steps = (experience.step_rewards, experience.step_mask) if experience is not None else (None, None)
         return AdvantageConfig(self.config.num_generations, self.config.scale_rewards, options, *steps)
 
-    def _add_advantages(self, experience: Experience) -> None:
-        """The estimator's advantages from each group's rewards (shaped first, where shapers are named: the
-        experience's `rewards` are then the shaped ones); tied groups masked out of the loss where asked."""
+    def _with_advantages(self, experience: Experience) -> Experience:
+        """`experience` with the estimator's advantages from each group's rewards (shaped first, where shapers are
+        named: its `rewards` are then the shaped ones); tied groups masked out of the loss where asked."""
         config, raw = self.config, experience.rewards
         rewards = raw
         if config.reward_shaping:
             lengths = through_last(experience.action_mask.bool()).sum(-1)
             rewards = shape_rewards(raw, experience.reward_components, lengths, config.reward_shaping,
                                     config.shaping.resolved(config.sampling.max_new_tokens))
-        experience.rewards = rewards
-        experience.advantages = ADVANTAGE_ESTIMATORS.get(config.advantage_estimator)(rewards,
-                                                                                     self.advantage_config(experience))
-        experience.loss_mask = experience.action_mask.clone()
+        advantages = ADVANTAGE_ESTIMATORS.get(config.advantage_estimator)(rewards, self.advantage_config(experience))
+        loss_mask = experience.action_mask.clone()
         if config.drop_tied_groups or config.dynamic_sampling:
-            experience.loss_mask[tied_groups(raw, config.num_generations)] = False
-        if self.teacher is not None:
-            self.teacher.add_advantages(experience)
+            loss_mask[tied_groups(raw, config.num_generations)] = False
+        experience = dataclasses.replace(experience, rewards=rewards, advantages=advantages, loss_mask=loss_mask)
+        return self.teacher.with_advantages(experience) if self.teacher is not None else experience
 
 
 def merged_components(trajectories: Sequence[Any], attribute: str = "reward_components") -> Dict[str, List[Any]]:
@@ -302,22 +302,26 @@ class PPOExperienceMaker(ExperienceMaker):
         self.critic = critic
         self.kl_controller = kl_controller or KLController.from_settings(KL_DEFAULTS)
 
-    def _add_advantages(self, experience: Experience) -> None:
-        """The critic's values, then GAE advantages and returns of the KL-penalised token rewards."""
-        e, mask = experience, experience.action_mask
-        with timed(e.timing, "critic_forward"):
-            e.values = self._per_rows(lambda rows: action_values(self.critic, e.sequences[rows], e.attention_mask[rows],
-                                                                 e.prompt_length, packed=e.packed), e) * mask
+    def _with_advantages(self, experience: Experience) -> Experience:
+        """`experience` with the critic's values, then GAE advantages and returns of the KL-penalised token rewards."""
+        e, mask, timing = experience, experience.action_mask, dict(experience.timing)
+        with timed(timing, "critic_forward"):
+            values = self._per_rows(lambda rows: action_values(self.critic, e.sequences[rows], e.attention_mask[rows],
+                                                               e.prompt_length, packed=e.packed), e) * mask
         token_rewards = last_token_rewards(e.rewards, mask)
         if e.step_rewards is not None:
             token_rewards = token_rewards + e.step_rewards
+        stats = e.rollout_stats
         if self.teacher is not None:
-            token_rewards = token_rewards + self.teacher.token_rewards(e)
+            distilled, stats = self.teacher.token_rewards(e)
+            token_rewards = token_rewards + distilled
         if e.kl is not None:
             token_rewards = token_rewards - self.kl_controller.value * e.kl
-        e.advantages, e.returns = compute_gae(token_rewards, e.values, mask, self.config.gamma, self.config.lam)
+        advantages, returns = compute_gae(token_rewards, values, mask, self.config.gamma, self.config.lam)
         if self.config.whiten_advantages:
-            e.advantages = whiten(e.advantages, mask)
+            advantages = whiten(advantages, mask)
+        return dataclasses.replace(e, timing=timing, values=values, advantages=advantages, returns=returns,
+                                   rollout_stats=stats)
 
 
 def completion_rows(experience: Experience) -> List[Dict[str, Any]]:

@@ -2,6 +2,7 @@
 advantages, the refusal of a term that is identically zero and of a teacher with another vocabulary, a served teacher
 scoring as the teacher in the trainer (GRPO and PPO distilling under torchrun: e2e/test_distillation_e2e.py)."""
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -52,8 +53,9 @@ def test_reverse_kl_is_added_to_each_tokens_advantage():
     student = torch.tensor([[-1.0, -2.0, -0.5], [-0.1, -3.0, -9.0]])
     teacher = torch.tensor([[-1.5, -1.0, -0.5], [-0.3, -1.0, -1.0]])
     mask = torch.tensor([[True, True, True], [True, True, False]])
-    experience = _experience(student, teacher, mask, torch.tensor([0.5, -1.0]))
-    Teacher(DistillConfig(coef=2.0), 10).add_advantages(experience)
+    before = _experience(student, teacher, mask, torch.tensor([0.5, -1.0]))
+    experience = Teacher(DistillConfig(coef=2.0), 10).with_advantages(before)
+    assert torch.equal(before.advantages, torch.tensor([0.5, -1.0])) and not before.rollout_stats   # left as it was
     expected = torch.tensor([[0.5 - 2 * 0.5, 0.5 - 2 * -1.0, 0.5 - 0.0], [-1.0 - 2 * 0.2, -1.0 - 2 * -2.0, 0.0]])
     assert torch.allclose(experience.advantages, expected)
     assert experience.rollout_stats["distill_reverse_kl"] == pytest.approx([(0.5 - 1.0 + 0.0) / 3, (0.2 - 2.0) / 2])
@@ -84,7 +86,7 @@ def test_a_teacher_one_ulp_from_the_policy_on_every_token_is_refused_and_a_disti
     with pytest.raises(DistillationError, match=r"within 0.0001 of the policy's"):
         model_teacher.token_rewards(_experience(student, one_ulp, mask, torch.zeros(2)))
     distinct = student + torch.tensor([[0.0, 0.0, 0.0], [0.0, 3e-4, 0.0]])
-    rewards = model_teacher.token_rewards(_experience(student, distinct, mask, torch.zeros(2)))
+    rewards, _ = model_teacher.token_rewards(_experience(student, distinct, mask, torch.zeros(2)))
     assert rewards[1, 1].item() == pytest.approx(3e-4, rel=1e-3)
 
 
@@ -100,8 +102,8 @@ def test_the_distillation_loss_reads_the_students_logits_at_the_teachers_top_k_a
     logits = torch.tensor([[[2.0, 1.0, 0.0, -1.0]]], requires_grad=True)
     top_ids = torch.tensor([[[2, 0]]])
     top_logps = torch.tensor([[TEACHER]]).log()
-    experience = _experience(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1, dtype=torch.bool), torch.zeros(1))
-    experience.teacher_top_ids, experience.teacher_top_logps = top_ids, top_logps
+    experience = replace(_experience(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1, dtype=torch.bool),
+                                     torch.zeros(1)), teacher_top_ids=top_ids, teacher_top_logps=top_logps)
     term = DistillTerm("forward_kl_topk", coef=3.0)
     loss, metrics = term(experience, torch.zeros(1, 1), torch.ones(1, 1), lambda values, mask: values.mean(),
                          logits=logits)
@@ -129,9 +131,9 @@ def test_a_served_teacher_scores_as_the_teacher_in_the_trainer(tiny_assets, tmp_
 
     folder = _teacher_model(tiny_assets, tmp_path / "teacher")
     vocab, config = len(AutoTokenizer.from_pretrained(folder)), DistillConfig(top_k=4)
-    in_trainer = _padded_experience(vocab)
-    ModelTeacher(AutoModelForCausalLM.from_pretrained(folder).eval(), config, vocab).score(
-        in_trainer, lambda forward, e: forward(slice(None)))
+    padded = _padded_experience(vocab)
+    in_trainer = replace(padded, **ModelTeacher(AutoModelForCausalLM.from_pretrained(folder).eval(), config, vocab).scores(
+        padded, lambda forward, e: forward(slice(None))))
     local = LocalJudge(JudgeServerConfig(str(folder))).start()
     try:
         monkeypatch.setenv("COATI_TEACHER_TOKEN", local.token)
@@ -143,9 +145,8 @@ def test_a_served_teacher_scores_as_the_teacher_in_the_trainer(tiny_assets, tmp_
         other = train_tokenizer(["a different corpus, with other words: zebra, quartz, jump!"] * 20, vocab_size=300)
         with pytest.raises(DistillationError, match=r"splits a text of the policy's tokens into other ids"):
             check_served_vocabulary(local.url, "judge", other)
-        served = [_padded_experience(vocab) for _ in range(2)]
-        for experience, batch_size in zip(served, (16, 1)):
-            ServedTeacher(local.url, config, vocab, "judge", batch_size).score(experience, None)
+        served = [replace(padded, **ServedTeacher(local.url, config, vocab, "judge", batch_size).scores(padded, None))
+                  for batch_size in (16, 1)]
     finally:
         local.close()
     counted = in_trainer.action_mask
@@ -157,4 +158,4 @@ def test_a_served_teacher_scores_as_the_teacher_in_the_trainer(tiny_assets, tmp_
     _, url = endpoint(answer="Score: 3")
     assert not check_served_vocabulary(url, "judge", AutoTokenizer.from_pretrained(folder))   # no token ids: no check
     with pytest.raises(DistillationError, match=r"teacher .* answered without prompt_logprobs in its choices"):
-        ServedTeacher(url, config, vocab, "judge", retries=0).score(_padded_experience(vocab), None)
+        ServedTeacher(url, config, vocab, "judge", retries=0).scores(_padded_experience(vocab), None)

@@ -1,5 +1,6 @@
 """GRPOTrainer in one process: hooks fire in order with real experiences; rewards reach the metrics."""
 import argparse
+from dataclasses import replace
 
 import pytest
 import torch
@@ -68,8 +69,8 @@ def test_micro_batches_with_accumulation_take_the_whole_batch_step(world_of_one,
     parts = grpo_trainer(tiny_assets, torch.optim.SGD, policy_loss=policy_loss(),
                           config=OnPolicyConfig(train_batch_size=4, steps=StepSettings(accumulation_steps=2)))
     torch.manual_seed(0)
-    experience = whole.source.next(0, whole.stats)
-    experience.advantages = torch.linspace(-1.0, 1.0, experience.sequences.size(0))   # untied, so there is a gradient
+    collected = whole.source.next(0, whole.stats)
+    experience = replace(collected, advantages=torch.linspace(-1.0, 1.0, collected.sequences.size(0)))   # untied: a gradient
     learned = Recorder()
     parts.callbacks.append(learned)
     for trainer in (whole, parts):
