@@ -21,7 +21,7 @@ from coati.dataset.prepare import PROMPT_COLUMN
 from coati.experience.scorer import PROMPT_FIELDS, Scorer
 
 from .chat import ChatTokens
-from .pool import Completions, RolloutPool
+from .pool import Completions, RolloutPool, padded_completions
 from .environment import ERROR_KINDS, Environment, Message
 from .workflow import RolloutWorkflow, Trajectory
 
@@ -158,21 +158,14 @@ async def assemble(scorer: Scorer, pad_token_id: int, sample: Dict[str, Any], me
     shared = next((i for i in range(shortest) if len({p[i] for p in prompts}) > 1), shortest)
     prompt = prompts[0][:shared]
     episodes = [e.after(p[shared:]) for p, e in zip(prompts, episodes)]
-    n, width = len(episodes), max(1, max(len(e.ids) for e in episodes))
-    sequences = torch.full((n, len(prompt) + width), pad_token_id, dtype=torch.long)
-    sequences[:, :len(prompt)] = torch.tensor(prompt, dtype=torch.long)
-    mask = torch.zeros(n, width, dtype=torch.bool)
+    n = len(episodes)
     reported = all(e.logprobs is not None for e in episodes)
-    logprobs = torch.zeros(n, width) if reported else None
-    versions = torch.full((n, width), version, dtype=torch.long)
-    for i, e in enumerate(episodes):
-        sequences[i, len(prompt):len(prompt) + len(e.ids)] = torch.tensor(e.ids, dtype=torch.long)
-        mask[i, :len(e.ids)] = torch.tensor(e.sampled, dtype=torch.bool)
-        if logprobs is not None:
-            logprobs[i, :len(e.ids)] = torch.tensor(e.logprobs)
-        made = torch.tensor(e.versions, dtype=torch.long)
-        versions[i, :len(e.ids)] = torch.where(made >= 0, made, torch.tensor(version))
-    out = Completions(sequences, mask, logprobs, len(prompt), version).as_output()
+    completions = padded_completions(prompt, [e.ids for e in episodes], [e.logprobs for e in episodes] if reported
+                                     else None, pad_token_id, version,
+                                     [[v if v >= 0 else version for v in e.versions] for e in episodes],
+                                     [e.sampled for e in episodes])
+    sequences, mask, logprobs = completions.sequences, completions.action_mask, completions.logprobs
+    out = completions.as_output()
     fields = {k: [v] * n for k, v in sample.items() if k not in PROMPT_FIELDS}
     answers = [e.final_text for e in episodes]
     total, components = await scorer.ascore([scorer.decode(prompt)] * n, answers, fields, out)
@@ -182,7 +175,7 @@ async def assemble(scorer: Scorer, pad_token_id: int, sample: Dict[str, Any], me
     stats = {name: [one.get(name, 0.0) for one in each] for name in sorted({name for one in each for name in one})}
     return Trajectory(sequences, mask, logprobs, torch.tensor(total, dtype=torch.float32), len(prompt), version,
                       [messages] * n, [e.messages for e in episodes], components, rollout_stats=stats,
-                      token_versions=versions)
+                      token_versions=completions.token_versions)
 
 
 def conversation(sample: Dict[str, Any]) -> List[Message]:

@@ -223,20 +223,23 @@ class _Partial:
         return self.stopped or len(self.tokens) >= max_new_tokens or bool(self.tokens and self.tokens[-1] in stops)
 
 
-def padded_completions(prompt: List[int], tokens: Sequence[List[int]], logprobs: Sequence[List[float]],
-                       pad_token_id: int, version: int, versions: Optional[Sequence[List[int]]] = None) -> Completions:
-    """One prompt's completions (each row's token ids and log-probs, and, where given, each token's version) as
-    `Completions`, right-padded to the longest."""
+def padded_completions(prompt: List[int], tokens: Sequence[List[int]], logprobs: Optional[Sequence[List[float]]],
+                       pad_token_id: int, version: int, versions: Optional[Sequence[List[int]]] = None,
+                       trained: Optional[Sequence[List[bool]]] = None) -> Completions:
+    """One prompt's completions (each row's token ids, their log-probs where reported, and, where given, each token's
+    version) as `Completions`, right-padded to the longest: the one place rollouts are padded. `trained` marks the
+    tokens of each row that are the policy's own (a multi-turn episode's; default: all)."""
     width = max(1, max(len(row) for row in tokens))
     sequences = torch.full((len(tokens), len(prompt) + width), pad_token_id, dtype=torch.long)
     sequences[:, :len(prompt)] = torch.tensor(prompt, dtype=torch.long)
     mask = torch.zeros(len(tokens), width, dtype=torch.bool)
-    padded_logprobs = torch.zeros(len(tokens), width)
+    padded_logprobs = torch.zeros(len(tokens), width) if logprobs is not None else None
     token_versions = torch.zeros(len(tokens), width, dtype=torch.long) if versions is not None else None
     for row, ids in enumerate(tokens):
         sequences[row, len(prompt):len(prompt) + len(ids)] = torch.tensor(ids, dtype=torch.long)
-        mask[row, :len(ids)] = True
-        padded_logprobs[row, :len(ids)] = torch.tensor(logprobs[row])
+        mask[row, :len(ids)] = True if trained is None else torch.tensor(trained[row], dtype=torch.bool)
+        if padded_logprobs is not None:
+            padded_logprobs[row, :len(ids)] = torch.tensor(logprobs[row])
         if token_versions is not None:
             token_versions[row, :len(ids)] = torch.tensor(versions[row], dtype=torch.long)
     return Completions(sequences, mask, padded_logprobs, len(prompt), version, token_versions)
