@@ -51,14 +51,18 @@ def section(cls: type, title: str, **changes: Any) -> Any:
 
 
 def with_defaults(cls: type, defaults: Dict[str, Any]) -> Any:
-    """`cls` with the fields named in `defaults` (its own or its nested settings') set to those values."""
+    """`cls` with the fields named in `defaults` (its own or its nested settings') set to those values; a section with
+    a required setting (the model's `pretrain`, the data's `dataset`) cannot be left out."""
     values = {}
     for f in fields(cls):
         if "nested" in f.metadata:
             values[f.name] = with_defaults(f.metadata["nested"], defaults)
         elif f.name in defaults:
             values[f.name] = defaults[f.name]
-    return cls(**values)
+    try:
+        return cls(**values)
+    except TypeError as error:
+        raise TypeError(f"a run config needs its {cls.__name__} section given ({error})") from None
 
 
 def sections(tree: type) -> Iterator[Tuple[str, type, Section]]:
@@ -89,8 +93,12 @@ class RunConfig:
         `evaluation`, `checkpoint`, `ptx` and step settings) is the first section's instance, so a setting set once
         in Python is the same wherever it is read."""
         first: Dict[type, Any] = {}
-        for name, _, _ in sections(type(self)):
-            object.__setattr__(self, name, _shared(getattr(self, name), first))
+        for name, cls, _ in sections(type(self)):
+            given = getattr(self, name)
+            if not isinstance(given, cls):
+                raise TypeError(f"{type(self).__name__}.{name} takes a {cls.__name__} (coati.config), not "
+                                f"{type(given).__name__}")
+            object.__setattr__(self, name, _shared(given, first))
 
     def check(self) -> None:
         """What concerns the run as a whole (each section checks its own part)."""

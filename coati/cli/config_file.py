@@ -128,26 +128,70 @@ def _destinations(cls: type, skip: Sequence[str]) -> List[str]:
 
 def flat_settings(parser: argparse.ArgumentParser, values: Mapping[str, Any], path: str) -> List[tuple]:
     """(key, value, where) of each setting in a config file's `values`: a section's mapping (`optim: {lr: ...}`) gives
-    its keys, each checked to belong to that section; any other key is a setting itself."""
+    its keys, each checked to belong to that section (TRL's converted names go at the top level); any other key is a
+    setting itself. A setting given twice (`learning_rate` and `optim.lr`) is refused, whichever way it is named."""
     owners, actions = section_owners(parser), _actions_by_key(parser)
     known_sections = {*owners.values(), COLOSSALCHAT_SECTION}
     flat: List[tuple] = []
     for key, value in values.items():
         key = str(key)
-        if key not in known_sections or not isinstance(value, Mapping):
-            if isinstance(value, Mapping) and owners and key.lstrip("-") not in {*actions, *IGNORED_KEYS, *REFUSED_KEYS}:
-                raise CoatiUsageError(f"{CONFIG_FLAG} {path}: unknown section {key!r}{nearest(key, known_sections)}")
-            flat.append((key, value, key))
+        if key in known_sections and key.lstrip("-") not in actions:
+            flat += _section_settings(key, value, owners, actions, path)
             continue
-        for sub, sub_value in value.items():
-            sub = str(sub)
-            action = actions.get(sub.lstrip("-"))
-            owner = owners.get(action.dest) if action is not None else None
-            if owner is not None and owner != key:
-                raise CoatiUsageError(f"{CONFIG_FLAG} {path}: {key}.{sub} is a setting of section {owner!r}, not "
-                                      f"{key!r}; move it there (or to the top level)")
-            flat.append((sub, sub_value, f"{key}.{sub}"))
+        if isinstance(value, Mapping) and owners and key.lstrip("-") not in {*actions, *IGNORED_KEYS, *REFUSED_KEYS}:
+            raise CoatiUsageError(f"{CONFIG_FLAG} {path}: unknown section {key!r}"
+                                  f"{_elsewhere(key, parser) or nearest(key, known_sections)}")
+        flat.append((key, value, key))
+    _refuse_twice_given(flat, actions, path)
     return flat
+
+
+def _section_settings(section: str, value: Any, owners: Dict[str, str], actions: Dict[str, argparse.Action],
+                      path: str) -> List[tuple]:
+    """The (key, value, where) of one section's mapping; an empty section is none."""
+    if value is None:
+        return []
+    if not isinstance(value, Mapping):
+        example = next(flag for flag, action in actions.items() if owners.get(action.dest) == section) \
+            if section != COLOSSALCHAT_SECTION else "lora_config"
+        raise CoatiUsageError(f"{CONFIG_FLAG} {path}: {section!r} is a section: give its settings under it, e.g. "
+                              f"`{section}: {{{example}: ...}}`, not {value!r}")
+    settings = []
+    for sub, sub_value in value.items():
+        sub = str(sub)
+        action = actions.get(sub.lstrip("-"))
+        owner = owners.get(action.dest) if action is not None else None
+        if owner is not None and owner != section:
+            raise CoatiUsageError(f"{CONFIG_FLAG} {path}: {section}.{sub} is a setting of section {owner!r}, not "
+                                  f"{section!r}; move it there (or to the top level)")
+        if action is not None and owner is None and section != COLOSSALCHAT_SECTION:
+            raise CoatiUsageError(f"{CONFIG_FLAG} {path}: {section}.{sub} is TRL's or ColossalChat's name, converted "
+                                  f"to coati's settings: give it at the top level, or coati's own name in its section")
+        settings.append((sub, sub_value, f"{section}.{sub}"))
+    return settings
+
+
+def _refuse_twice_given(settings: List[tuple], actions: Dict[str, argparse.Action], path: str) -> None:
+    """One line where two keys of a file set the same setting (the later would silently win)."""
+    seen: Dict[str, str] = {}
+    for key, _, where in settings:
+        action = actions.get(key.lstrip("-"))
+        if action is None:
+            continue
+        if action.dest in seen:
+            raise CoatiUsageError(f"{CONFIG_FLAG} {path}: {seen[action.dest]} and {where} set the same setting; "
+                                  "keep one")
+        seen[action.dest] = where
+
+
+def _elsewhere(name: str, parser: argparse.ArgumentParser) -> str:
+    """' (a section of coati X, Y: not of this command)' where other commands' run configs have a section `name`."""
+    from coati.run_config import RUN_CONFIGS
+
+    own = getattr(getattr(parser, "run_config", None), "command", "")
+    others = [command for command, tree in RUN_CONFIGS.items()
+              if command != own and any(section == name for section, _, _ in sections(tree))]
+    return f" (a section of {', '.join(f'coati {c}' for c in others)}, not of this command)" if others else ""
 
 
 def tree_argv(parser: argparse.ArgumentParser, run: Any) -> List[str]:
@@ -365,18 +409,21 @@ def save_run_record(args: argparse.Namespace) -> Optional[Path]:
     folder = getattr(args, "output_dir", None) or getattr(args, "save_dir", None)
     if record is None or not folder or not is_rank_0():
         return None
-    return save_run_config(folder, record.config, record.sources, record.argv)
+    return save_run_config(folder, record.config, record.sources, record.argv, record.command)
 
 
-def save_run_config(folder: str, config: Dict[str, Any], sources: Dict[str, str], argv: Sequence[str]) -> Path:
+def save_run_config(folder: str, config: Dict[str, Any], sources: Dict[str, str], argv: Sequence[str],
+                    command: str = "") -> Path:
     """`folder/run_config.yaml` (the settings, which `--config` reads back) and `folder/run_info.json` (where each
-    came from, the command line, the versions); returns the config's path."""
+    came from, the command line, the versions); returns the config's path. The header's rerun line is
+    `coati <command>` where the command is known (a run from Python too), else this script's."""
     import yaml
 
     target = Path(folder)
     target.mkdir(parents=True, exist_ok=True)
+    rerun = f"coati {command}" if command else Path(sys.argv[0]).name
     header = ("# The resolved settings of this run; rerun it from scratch with\n"
-              f"#   {Path(sys.argv[0]).name} --config {target / SAVED_CONFIG} --output_dir NEW_DIR\n")
+              f"#   {rerun} --config {target / SAVED_CONFIG} --output_dir NEW_DIR\n")
     (target / SAVED_CONFIG).write_text(header + yaml.safe_dump(config, sort_keys=False, default_flow_style=False))
     info = {"command": [Path(sys.argv[0]).name, *argv], "sources": sources, "versions": _versions()}
     (target / RUN_INFO).write_text(json.dumps(info, indent=2) + "\n")

@@ -80,7 +80,8 @@ class CoatiArgumentParser(argparse.ArgumentParser):
                 step(parsed)
             except CoatiUsageError as exc:
                 self.error(str(exc))
-        parsed._run_record = RunRecord(resolved_config(self, parsed), self._sources(parsed, in_file, from_flags), argv)
+        parsed._run_record = RunRecord(resolved_config(self, parsed), self._sources(parsed, in_file, from_flags), argv,
+                                       getattr(getattr(self, "run_config", None), "command", ""))
         return parsed
 
     def _sources(self, parsed: argparse.Namespace, in_file: Dict[str, str], from_flags: Dict[str, str]) -> Dict[str, str]:
@@ -118,6 +119,8 @@ class RunRecord(NamedTuple):
     config: Dict[str, Any]
     sources: Dict[str, str]
     argv: List[str]
+    command: str = ""
+    """The `coati` command that reruns it (e.g. `grpo`), where the parser has a run config."""
 
 
 def _default(f: Field) -> Any:

@@ -15,7 +15,9 @@ def test_an_sft_run_built_in_python_trains_and_saves_its_tree(tiny_assets, tmp_p
                      optim=OptimSettings(lr=1e-3, batch_size=8), epochs=EpochSettings(max_steps=2),
                      checkpoint=CheckpointSettings(output_dir=str(out))))
     assert (out / "model" / "config.json").is_file()
-    saved = yaml.safe_load((out / "run_config.yaml").read_text())
+    text = (out / "run_config.yaml").read_text()
+    assert f"#   coati sft --config {out / 'run_config.yaml'} --output_dir NEW_DIR" in text.splitlines()[1]
+    saved = yaml.safe_load(text)
     assert list(saved)[:3] == ["model", "lora", "data"]
     assert (saved["optim"]["lr"], saved["optim"]["batch_size"], saved["epochs"]["max_steps"]) == (1e-3, 8, 2)
     assert [r["train/loss"] for r in map(yaml.safe_load, (out / "logs" / "metrics.jsonl").read_text().splitlines())

@@ -133,6 +133,29 @@ def test_a_key_in_another_section_or_unknown_in_one_is_one_line():
         ["--learning_rate", "0.1", "--model_name_or_path", "m"]
 
 
+@pytest.mark.parametrize("values, message", [
+    ({"learning_rate": 0.1, "optim": {"lr": 0.2}}, "learning_rate and optim.lr set the same setting; keep one"),
+    ({"model": "m"}, "'model' is a section: give its settings under it, e.g. `model: {pretrain: ...}`, not 'm'"),
+    ({"optim": {"per_device_train_batch_size": 8}}, "optim.per_device_train_batch_size is TRL's or ColossalChat's "
+                                                    "name, converted to coati's settings: give it at the top level"),
+    ({"rollout": {"num_generations": 4}}, "unknown section 'rollout' (a section of coati grpo, coati ppo, not of "
+                                          "this command)"),
+])
+def test_a_file_that_says_a_setting_twice_or_a_section_wrongly_is_one_line(values, message):
+    with pytest.raises(CoatiUsageError) as refused:
+        config_tokens(command_parser("sft"), values, "f.yaml")
+    assert str(refused.value).startswith("--config f.yaml: ") and message in str(refused.value)
+    assert config_tokens(command_parser("sft"), {"lora": None, "learning_rate": 0.1}, "f.yaml") == ["--learning_rate",
+                                                                                                    "0.1"]
+
+
+def test_a_tree_built_wrongly_in_python_says_which_section():
+    with pytest.raises(TypeError, match=r"GRPORunConfig.optim takes a OptimSettings \(coati.config\), not dict"):
+        GRPORunConfig(model=MODEL, data=DATA, optim={"lr": 1e-4})
+    with pytest.raises(TypeError, match=r"a run config needs its ModelSettings section given"):
+        SFTRunConfig(data=DATA)
+
+
 @pytest.mark.parametrize("command", ["sft", "grpo"])
 def test_flat_configs_saved_before_the_tree_still_load(command):
     parser = command_parser(command)
