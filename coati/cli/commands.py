@@ -19,7 +19,7 @@ from coati.config import COLOSSALCHAT_MARGIN, DEFAULT_BETA, PREPARE_MAX_LENGTH, 
 from coati.cli.options import CoatiArgumentParser
 from coati.run_config import (RUN_CONFIGS, DPORunConfig, GRPORunConfig, KTORunConfig, ORPORunConfig, PPORunConfig,
                               PRMRunConfig, RMRunConfig, SFTRunConfig)
-from coati.utils.errors import CoatiUsageError, exit_cleanly, note_user
+from coati.utils.errors import CoatiUsageError, exit_cleanly
 from coati.utils.file_checks import check_writable_dir, resolve_model_dir
 from coati.utils.ranges import at_least
 
@@ -103,8 +103,6 @@ def _finish(parser: argparse.ArgumentParser, script: str, argv: Optional[List[st
     if _MODE.get() == "check":
         _check_plugin(args.plugin)
         raise _FlagsChecked
-    if not (args.output_dir or args.save_dir):
-        note_user("no --output_dir (or --save_dir): this run keeps no model, checkpoint or saved config")
     return args
 
 

@@ -38,7 +38,7 @@ from coati.run_config import SupervisedRun
 from coati.utils.ckpt_io import latest_checkpoint, read_running_state, save_hf_model, verify_checkpoint
 from coati.cli.colossalchat import attention_implementation, write_config_file
 from coati.cli.config_file import save_run_record
-from coati.utils.errors import CoatiUsageError
+from coati.utils.errors import CoatiUsageError, note_user
 from coati.utils.file_checks import model_signature
 from coati.cli.preflight import check_run_paths
 from coati.utils.metrics_logger import MetricsLogger
@@ -239,6 +239,8 @@ def start_run(args: argparse.Namespace, check: Optional[Callable[[argparse.Names
     preflight(args)
     if check is not None:
         check(args)
+    if not (args.output_dir or args.save_dir):
+        note_user("no --output_dir (or --save_dir): this run keeps no model, checkpoint or saved config")
     init_distributed(args.seed, args.dist_timeout)
     write_config_file(args)
     save_run_record(args)

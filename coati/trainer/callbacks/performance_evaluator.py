@@ -1,6 +1,6 @@
 """A callback that times each phase of a run and reports samples/s and tokens/s."""
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -69,7 +69,9 @@ class PerformanceEvaluator(Callback):
     """Times experience making and learning, and reports throughput at the end of `fit`.
 
     Rates are this rank's counts times the world size over this rank's time (no collective is run,
-    so a failing peer cannot make the report hang). `ignore_steps` leaves out warm-up calls.
+    so a failing peer cannot make the report hang). `ignore_steps` leaves out warm-up calls. It is ColossalChat's
+    class and keeps its hooks, `on_learn_batch_start/end`, which coati fires after each micro-batch (on-policy) and
+    optimizer step (supervised) and which ColossalChat's own loops call.
     """
 
     def __init__(self, ignore_steps: int = 0, print_fn: Optional[Callable[[str], None]] = None) -> None:
@@ -88,17 +90,11 @@ class PerformanceEvaluator(Callback):
     def on_make_experience_end(self, experience: Any) -> None:
         self.make_experience.end(experience)
 
-    def on_update_batch_start(self) -> None:
+    def on_learn_batch_start(self) -> None:
         self.learn.start()
 
-    def on_update_batch_end(self, experience: Any) -> None:
+    def on_learn_batch_end(self, experience: Any) -> None:
         self.learn.end(experience)
-
-    def on_optimizer_step_start(self) -> None:
-        self.learn.start()
-
-    def on_optimizer_step_end(self, micro_batches: List[Any]) -> None:
-        self.learn.end(micro_batches)
 
     def on_fit_end(self) -> None:
         if self._fit_start is not None:

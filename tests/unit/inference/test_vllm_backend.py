@@ -1,6 +1,7 @@
 """The vLLM rollout backend for real: servers run in vLLM's own environment (`make vllm-env`), nothing mocked.
 Engine-level checks share one server (the training scripts on the backend: e2e/test_vllm_backend_e2e.py)."""
 import asyncio
+import dataclasses
 import os
 import signal
 import tempfile
@@ -267,10 +268,10 @@ def test_a_judge_served_on_vllm_answers_as_the_hf_one(small_model, monkeypatch):
         try:
             answers[engine] = [LLMJudge(local.url, token=local.token, api=api, max_tokens=6).answers(rubrics)[0]
                                for api in ("completions", "chat")]
-            scored[engine] = Experience(sequences, torch.ones_like(sequences), torch.ones(3, 7, dtype=torch.bool), 5,
-                                        None, torch.zeros(3), torch.zeros(3))
-            ServedTeacher(local.url, DistillConfig(top_k=3), vocab, "judge", token=local.token).score(
-                scored[engine], None)
+            padded = Experience(sequences, torch.ones_like(sequences), torch.ones(3, 7, dtype=torch.bool), 5, None,
+                                torch.zeros(3), torch.zeros(3))
+            scored[engine] = dataclasses.replace(padded, **ServedTeacher(
+                local.url, DistillConfig(top_k=3), vocab, "judge", token=local.token).scores(padded, None))
             monkeypatch.setenv("COATI_TEACHER_TOKEN", local.token)
             assert check_served_vocabulary(local.url, "judge", AutoTokenizer.from_pretrained(small_model))
         finally:
