@@ -2,7 +2,7 @@
 
 Each trainer's tree (`SFTRunConfig`, ..., `GRPORunConfig`, `PPORunConfig`) names its sections in order; a section is a
 frozen settings dataclass (`run.model.pretrain`, `run.optim.lr`, `run.rollout.num_generations`). The command's parser
-is built from the tree (`coati.cli.options.add_run_config`), the tree from the parsed flags, a config file or Python
+is built from the tree (`coati.cli.arguments.run_config_parser`), the tree from the parsed flags, a config file or Python
 (`coati.cli.commands.run`), it is validated in one place (`validate`: each section's `check`, which sees the whole run),
 and the run saves it, section by section, as `run_config.yaml`. Light (no torch).
 """
@@ -209,10 +209,14 @@ class OnPolicyRun(RunConfig):
     algorithm: OnPolicyConfig = section(OnPolicyConfig, "on-policy trainer")
     reference: ReferenceSettings = section(ReferenceSettings, "reference policy", skip=("precompute_ref_logps",))
 
-    def has_reward(self) -> bool:
-        """Whether the run names a reward source: functions, a reward model, a process reward model or a teacher."""
-        return bool(self.reward.reward_fn or self.reward.rm_pretrain or self.process_reward.prm_pretrain
-                    or self.distillation.teacher)
+    def check(self) -> None:
+        """GRPO and PPO learn from rewards and have no default one: a run naming no reward source (functions, a reward
+        model, a process reward model or a teacher) is refused before anything loads, not halfway through."""
+        if not (self.reward.reward_fn or self.reward.rm_pretrain or self.process_reward.prm_pretrain
+                or self.distillation.teacher):
+            raise CoatiUsageError(f"{self.command.upper()} needs a reward: --reward_fn (at least one function), "
+                                  "--rm_pretrain (a trained reward model) and/or --prm_pretrain (a process reward "
+                                  "model), or a distillation teacher (--teacher_model or --teacher_url)")
 
 
 @dataclass(frozen=True)
@@ -223,16 +227,6 @@ class GRPORunConfig(OnPolicyRun):
     rollout: GRPOConfig = section(GRPOConfig, "rollouts and advantages")
     maxent: MaxEntSettings = section(MaxEntSettings, "maxent advantages")
     asynchronous: AsyncSettings = section(AsyncSettings, "asynchronous rollouts")
-
-    def check(self) -> None:
-        """GRPO learns from rewards alone and has no default one: a run naming no reward source is refused before
-        anything loads (not halfway through, on data the reward cannot read)."""
-        if not self.has_reward():
-            raise CoatiUsageError("GRPO needs a reward: --reward_fn (at least one function), --rm_pretrain (a trained "
-                                  "reward model) and/or --prm_pretrain (a process reward model), or a distillation "
-                                  "teacher (--teacher_model or --teacher_url)")
-
-
 
 
 @dataclass(frozen=True)
@@ -245,13 +239,6 @@ class PPORunConfig(OnPolicyRun):
     kl: KLSettings = section(KLSettings, "KL to the reference", defaults={"kl_coef": 0.05})
     reward: RewardSettings = section(RewardSettings, "rewards", defaults={"reward_fn": ()})
     critic: CriticSettings = section(CriticSettings, "ppo")
-
-    def check(self) -> None:
-        """PPO needs a reward (the parser does not require one, as GRPO's does)."""
-        if not self.has_reward():
-            raise CoatiUsageError("PPO needs a reward: --rm_pretrain (a trained reward model), --prm_pretrain (a "
-                                  "process reward model) and/or --reward_fn, or a distillation teacher "
-                                  "(--teacher_model or --teacher_url)")
 
 
 RUN_CONFIGS: Dict[str, type] = {tree.command: tree for tree in (

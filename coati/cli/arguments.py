@@ -25,7 +25,7 @@ def run_config_parser(tree: type, description: str) -> argparse.ArgumentParser:
     for _, cls, shown in sections(tree):
         add_settings(parser, cls, shown.title, defaults=shown.defaults, helps=shown.helps, flags=shown.flags,
                      skip=shown.skip)
-    data = dict((name, shown) for name, _, shown in sections(tree))["data"]
+    data = next(shown for name, _, shown in sections(tree) if name == "data")
     parser.set_defaults(dataset_flag=data.flags.get("dataset", "--dataset"), **DERIVED)
     parser.run_config = tree
     add_post_parse(parser, resolve_reporting)

@@ -91,9 +91,10 @@ def _parse(parser: argparse.ArgumentParser, argv: Optional[List[str]]) -> argpar
     return parser.parse_args(argv)
 
 
-def _finish(parser: argparse.ArgumentParser, script: str, argv: Optional[List[str]]) -> argparse.Namespace:
+def _finish(parser: argparse.ArgumentParser, argv: Optional[List[str]]) -> argparse.Namespace:
     """The command's flags parsed (ColossalChat's and TRL's names added), their paths checked, and its run config
     built and validated, as `args._run_config`."""
+    script = parser.run_config.command
     parser.set_defaults(data_type=DATA_TYPES[script])
     add_colossalchat_flags(parser, script)
     add_trl_names(parser, script)
@@ -117,7 +118,7 @@ def _check_plugin(plugin: str) -> None:
 @exit_cleanly
 def sft(argv: Optional[List[str]] = None) -> None:
     """Supervised fine-tuning on chat data."""
-    args = _finish(_parser(sft, SFTRunConfig), "sft", argv)
+    args = _finish(_parser(sft, SFTRunConfig), argv)
     from coati.cli.runner import run_supervised   # the training stack loads once the flags are read
     from coati.trainer.sft import SFTTrainer
 
@@ -127,7 +128,7 @@ def sft(argv: Optional[List[str]] = None) -> None:
 @exit_cleanly
 def rm(argv: Optional[List[str]] = None) -> None:
     """Reward-model training on preference pairs (LogSigLoss)."""
-    args = _finish(_parser(rm, RMRunConfig), "rm", argv)
+    args = _finish(_parser(rm, RMRunConfig), argv)
     from coati.cli.runner import load_reward_model_from_args, run_supervised
     from coati.models.loss import LogExpLoss, LogSigLoss
     from coati.trainer.rm import RewardModelTrainer
@@ -140,7 +141,7 @@ def rm(argv: Optional[List[str]] = None) -> None:
 @exit_cleanly
 def dpo(argv: Optional[List[str]] = None) -> None:
     """Direct preference optimisation on preference pairs: DPO, IPO or SimPO (--loss_type)."""
-    args = _finish(_parser(dpo, DPORunConfig), "dpo", argv)
+    args = _finish(_parser(dpo, DPORunConfig), argv)
     from coati.cli.runner import reference_hook, run_supervised
     from coati.trainer.dpo import DPOTrainer
 
@@ -167,7 +168,7 @@ def preference_loss(settings: PreferenceLossSettings, reference_free: bool = Fal
 @exit_cleanly
 def kto(argv: Optional[List[str]] = None) -> None:
     """KTO on (prompt, completion, desirable-or-not) rows against a frozen reference."""
-    args = _finish(_parser(kto, KTORunConfig), "kto", argv)
+    args = _finish(_parser(kto, KTORunConfig), argv)
     from coati.cli.runner import reference_hook, run_supervised
     from coati.models.loss import KTOLoss
     from coati.trainer.kto import KTOTrainer, balance_kto_weights
@@ -186,7 +187,7 @@ def kto(argv: Optional[List[str]] = None) -> None:
 @exit_cleanly
 def orpo(argv: Optional[List[str]] = None) -> None:
     """ORPO on preference pairs: SFT on chosen plus an odds-ratio penalty, no reference model."""
-    args = _finish(_parser(orpo, ORPORunConfig), "orpo", argv)
+    args = _finish(_parser(orpo, ORPORunConfig), argv)
     from coati.cli.runner import run_supervised
     from coati.models.loss import ORPOLoss
     from coati.trainer.dpo import ORPOTrainer
@@ -197,7 +198,7 @@ def orpo(argv: Optional[List[str]] = None) -> None:
 @exit_cleanly
 def prm(argv: Optional[List[str]] = None) -> None:
     """Process reward model training on step-labelled solutions (prepare --type prm)."""
-    args = _finish(_parser(prm, PRMRunConfig), "prm", argv)
+    args = _finish(_parser(prm, PRMRunConfig), argv)
     from coati.cli.runner import load_prm_from_args, run_supervised
     from coati.trainer.prm import PRMTrainer
 
@@ -207,7 +208,7 @@ def prm(argv: Optional[List[str]] = None) -> None:
 @exit_cleanly
 def ppo(argv: Optional[List[str]] = None) -> None:
     """PPO with a trained reward model and/or verifiable reward functions on prompts."""
-    args = _finish(_parser(ppo, PPORunConfig), "ppo", argv)
+    args = _finish(_parser(ppo, PPORunConfig), argv)
     from coati.cli.rl_runner import run_ppo
 
     run_ppo(args)
@@ -216,7 +217,7 @@ def ppo(argv: Optional[List[str]] = None) -> None:
 @exit_cleanly
 def grpo(argv: Optional[List[str]] = None) -> None:
     """GRPO with verifiable rewards on prompts (their ground-truth fields reach the reward)."""
-    args = _finish(_parser(grpo, GRPORunConfig), "grpo", argv)
+    args = _finish(_parser(grpo, GRPORunConfig), argv)
     from coati.cli.rl_runner import run_grpo
 
     run_grpo(args)

@@ -16,7 +16,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
-from coati.run_config import sections
+from coati.run_config import RUN_CONFIGS, sections
 from coati.utils.errors import CoatiUsageError, note_user
 from coati.utils.settings import dest, flag_name
 
@@ -126,11 +126,12 @@ def _destinations(cls: type, skip: Sequence[str]) -> List[str]:
     return found
 
 
-def flat_settings(parser: argparse.ArgumentParser, values: Mapping[str, Any], path: str) -> List[tuple]:
+def flat_settings(parser: argparse.ArgumentParser, values: Mapping[str, Any], path: str,
+                  actions: Dict[str, argparse.Action]) -> List[tuple]:
     """(key, value, where) of each setting in a config file's `values`: a section's mapping (`optim: {lr: ...}`) gives
     its keys, each checked to belong to that section (TRL's converted names go at the top level); any other key is a
     setting itself. A setting given twice (`learning_rate` and `optim.lr`) is refused, whichever way it is named."""
-    owners, actions = section_owners(parser), _actions_by_key(parser)
+    owners = section_owners(parser)
     known_sections = {*owners.values(), COLOSSALCHAT_SECTION}
     flat: List[tuple] = []
     for key, value in values.items():
@@ -186,8 +187,6 @@ def _refuse_twice_given(settings: List[tuple], actions: Dict[str, argparse.Actio
 
 def _elsewhere(name: str, parser: argparse.ArgumentParser) -> str:
     """' (a section of coati X, Y: not of this command)' where other commands' run configs have a section `name`."""
-    from coati.run_config import RUN_CONFIGS
-
     own = getattr(getattr(parser, "run_config", None), "command", "")
     others = [command for command, tree in RUN_CONFIGS.items()
               if command != own and any(section == name for section, _, _ in sections(tree))]
@@ -198,19 +197,21 @@ def tree_argv(parser: argparse.ArgumentParser, run: Any) -> List[str]:
     """The flags that give `parser` the run config `run` (a tree of `coati.run_config` built in Python). A setting two
     sections share is taken from the section that declares it first, as a config file's would be."""
     owners = section_owners(parser)
-    values = {name: _section_values(parser, getattr(run, name), name, owners) for name, _, _ in sections(type(run))}
+    actions = {action.dest: action for action in reversed(parser._actions) if action.option_strings}
+    values = {name: _section_values(actions, getattr(run, name), name, owners) for name, _, _ in sections(type(run))}
     return config_tokens(parser, values, type(run).__name__)
 
 
-def _section_values(parser: argparse.ArgumentParser, settings: Any, section: str, owners: Dict[str, str]) -> Dict[str, Any]:
-    """One section's settings as a config file holds them: by primary flag, switches and lists as the parser takes
-    them; settings this command has no flag for, or that another section declares, left out."""
-    actions = {action.dest: action for action in reversed(parser._actions) if action.option_strings}
+def _section_values(actions: Dict[str, argparse.Action], settings: Any, section: str,
+                    owners: Dict[str, str]) -> Dict[str, Any]:
+    """One section's settings as a config file holds them: by primary flag (`actions`: the parser's first action for
+    each destination), switches and lists as the parser takes them; settings this command has no flag for, or that
+    another section declares, left out."""
     values: Dict[str, Any] = {}
     for f in fields(settings):
         value = getattr(settings, f.name)
         if "nested" in f.metadata:
-            values.update(_section_values(parser, value, section, owners))
+            values.update(_section_values(actions, value, section, owners))
             continue
         if flag_name(f) is None or dest(f) not in actions or owners.get(dest(f)) != section or value is None:
             continue
@@ -224,7 +225,7 @@ def config_tokens(parser: argparse.ArgumentParser, values: Mapping[str, Any], pa
     """The command-line arguments the file's `values` stand for, in the file's order."""
     actions = _actions_by_key(parser)
     tokens: List[str] = []
-    settings = flat_settings(parser, values, path)
+    settings = flat_settings(parser, values, path, actions)
     ignored = [where for key, _, where in settings if key in IGNORED_KEYS and key not in actions]
     if ignored:
         note_user(f"{CONFIG_FLAG} {path}: not used: " +
