@@ -1,9 +1,10 @@
-"""One batch of on-policy experience, and the experience makers of GRPO and PPO that produce it."""
+"""The one rollout sample a workflow makes (`RolloutSample`, unpadded), the one collate that pads samples into a
+batch, one batch of on-policy experience, and the experience makers of GRPO and PPO that produce it."""
 import dataclasses
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -17,8 +18,78 @@ from coati.utils.registry import ADVANTAGE_ESTIMATORS
 
 from .advantages import AdvantageConfig, compute_gae, tied_groups
 from .controllers import KL_DEFAULTS, KLController, TemperatureController
-from .scorer import Scorer
 from .shaping import shape_rewards
+
+if TYPE_CHECKING:
+    from .scorer import Scorer
+
+
+@dataclass(frozen=True)
+class RolloutSample:
+    """One finished sample as its workflow made it, unpadded, from the workflow to the learner: the prompt's token
+    ids, then every token after it (`completion_ids`: the model's, and in a multi-turn episode the environment's),
+    `completion_mask` over those the model sampled (the ones trained on, TRL's name), their log-probs under the
+    generating weights (`logprobs`, 0 on the environment's; None from an engine that reports none) and the weights
+    version that made each (`token_versions`), and where each model turn starts (`turn_starts`). Once scored: the
+    total `reward` and each reward's value (`reward_components`); for logs, the `prompt` and `completion` as text (or
+    messages, for conversational data) and counts of how it was made (`stats`, logged as `rollout/<name>`)."""
+
+    prompt_ids: List[int]
+    completion_ids: List[int]
+    completion_mask: List[bool]
+    logprobs: Optional[List[float]]
+    token_versions: List[int]
+    turn_starts: Tuple[int, ...] = (0,)
+    reward: float = 0.0
+    reward_components: Dict[str, Any] = field(default_factory=dict)
+    prompt: Any = ""
+    completion: Any = ""
+    stats: Dict[str, float] = field(default_factory=dict)
+
+    @property
+    def sampled_ids(self) -> List[int]:
+        """The token ids the model sampled (a multi-turn episode's environment tokens left out)."""
+        return [token for token, sampled in zip(self.completion_ids, self.completion_mask) if sampled]
+
+    @property
+    def attended_ids(self) -> List[int]:
+        """The prompt and the completion through its last sampled token: what a batch attends to."""
+        last = max((i + 1 for i, sampled in enumerate(self.completion_mask) if sampled), default=0)
+        return self.prompt_ids + self.completion_ids[:last]
+
+
+class Collated(NamedTuple):
+    """Samples as one padded batch: prompts left-padded to `prompt_length`, completions right-padded; `attention_mask`
+    over each prompt and its completion through its last sampled token; `action_mask` over the sampled tokens;
+    `behaviour_log_probs` where every sample has log-probs; per-token weights versions (0 on padding)."""
+
+    sequences: torch.Tensor
+    attention_mask: torch.Tensor
+    action_mask: torch.Tensor
+    prompt_length: int
+    behaviour_log_probs: Optional[torch.Tensor]
+    token_versions: torch.Tensor
+
+
+def collate(samples: Sequence[RolloutSample], pad_token_id: int) -> Collated:
+    """The one place rollout samples are padded: for the learner's forwards and for a reward model's."""
+    prompt_length = max(len(s.prompt_ids) for s in samples)
+    width = max(1, max(len(s.completion_ids) for s in samples))
+    sequences = torch.full((len(samples), prompt_length + width), pad_token_id, dtype=torch.long)
+    attention = torch.zeros_like(sequences)
+    action_mask = torch.zeros(len(samples), width, dtype=torch.bool)
+    behaviour = torch.zeros(len(samples), width)
+    token_versions = torch.zeros(len(samples), width, dtype=torch.long)
+    for row, s in enumerate(samples):
+        p, c = len(s.prompt_ids), len(s.completion_ids)
+        sequences[row, prompt_length - p:prompt_length + c] = torch.tensor(s.prompt_ids + s.completion_ids)
+        attention[row, prompt_length - p:prompt_length - p + len(s.attended_ids)] = 1
+        action_mask[row, :c] = torch.tensor(s.completion_mask, dtype=torch.bool)
+        token_versions[row, :c] = torch.tensor(s.token_versions, dtype=torch.long)
+        if s.logprobs is not None:
+            behaviour[row, :c] = torch.tensor(s.logprobs)
+    reported = all(s.logprobs is not None for s in samples)
+    return Collated(sequences, attention, action_mask, prompt_length, behaviour if reported else None, token_versions)
 
 @dataclass(frozen=True)
 class Experience:
@@ -103,7 +174,7 @@ class ExperienceMaker:
     and the frozen reference's log-probs of finished rollouts and lets each maker compute its advantages
     (`_with_advantages`)."""
 
-    def __init__(self, actor: torch.nn.Module, engine: GenerationEngine, scorer: Scorer, config: RolloutConfig,
+    def __init__(self, actor: torch.nn.Module, engine: GenerationEngine, scorer: "Scorer", config: RolloutConfig,
                  ref_model: Optional[torch.nn.Module] = None, teacher: Optional[Any] = None,
                  step_scorer: Optional[Any] = None) -> None:
         self.actor, self.engine, self.scorer, self.tokenizer = actor, engine, scorer, scorer.tokenizer
@@ -127,7 +198,7 @@ class ExperienceMaker:
         the actor's log-probs now are the proximal policy's; the generators' log-probs, where the engine reported
         them (asynchronous rollouts), are its `behaviour_log_probs` for the off-policy correction. `timing` holds the
         seconds the rollouts took, by phase; `extra_rollouts` counts completions drawn beyond the batch."""
-        experience = stack_trajectories(trajectories, device)
+        experience = stack_trajectories(trajectories, device, self.tokenizer.pad_token_id)
         experience = dataclasses.replace(experience, timing={**experience.timing, **(timing or {})},
                                          extra_rollouts=extra_rollouts, packed=self.config.packing)
         experience = dataclasses.replace(experience, terminated=self._terminated(experience))
@@ -228,48 +299,37 @@ class GRPOExperienceMaker(ExperienceMaker):
         return self.teacher.with_advantages(experience) if self.teacher is not None else experience
 
 
-def merged_components(trajectories: Sequence[Any], attribute: str = "reward_components") -> Dict[str, List[Any]]:
-    """The reward components (or another per-sample dict of lists, `attribute`) of several trajectories, each name's
-    values in the trajectories' order."""
-    names = getattr(trajectories[0], attribute) if trajectories else {}
-    return {name: [v for t in trajectories for v in getattr(t, attribute)[name]] for name in names}
+def stack_trajectories(trajectories: Sequence[Any], device: torch.device, pad_token_id: int = 0) -> Experience:
+    """One experience batch from trajectories (`coati.rollout.Trajectory`, groups of `RolloutSample`s) collated once:
+    tokens, masks, rewards, the generating log-probs as `behaviour_log_probs` where every engine reported them, and
+    each row's records (`_with_records`). Its advantages are zeros until a maker computes them."""
+    samples = [s for t in trajectories for s in t.samples]
+    batch = collate(samples, pad_token_id)
+    rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32, device=device)
+    behaviour = None if batch.behaviour_log_probs is None else batch.behaviour_log_probs.to(device)
+    tokens = Experience(batch.sequences.to(device), batch.attention_mask.to(device), batch.action_mask.to(device),
+                        batch.prompt_length, None, rewards, torch.zeros_like(rewards), behaviour_log_probs=behaviour,
+                        token_versions=batch.token_versions.to(device))
+    return _with_records(tokens, trajectories)
 
 
-def stack_trajectories(trajectories: Sequence[Any], device: torch.device) -> Experience:
-    """One left-padded experience batch from trajectories whose prompts and completions differ in length: tokens,
-    masks, rewards, text, reward components, weights versions, and the generating log-probs as
-    `behaviour_log_probs` where every engine reported them. Its advantages are zeros until a maker computes them."""
-    prompt_len = max(t.prompt_length for t in trajectories)
-    completion_len = max(t.action_mask.size(1) for t in trajectories)
-    rows = sum(t.sequences.size(0) for t in trajectories)
-    sequences = torch.full((rows, prompt_len + completion_len), 0, dtype=torch.long)
-    attention = torch.zeros_like(sequences)
-    action_mask = torch.zeros(rows, completion_len, dtype=torch.bool)
-    behaviour = torch.zeros(rows, completion_len)
-    token_versions = torch.zeros(rows, completion_len, dtype=torch.long)
-    row = 0
-    for t in trajectories:
-        n, p, c = t.sequences.size(0), t.prompt_length, t.action_mask.size(1)
-        token_versions[row:row + n, :c] = t.version if t.token_versions is None else t.token_versions
-        sequences[row:row + n, prompt_len - p:prompt_len] = t.sequences[:, :p]
-        sequences[row:row + n, prompt_len:prompt_len + c] = t.sequences[:, p:p + c]
-        attention[row:row + n, prompt_len - p:prompt_len] = 1
-        attention[row:row + n, prompt_len:prompt_len + c] = through_last(t.action_mask.bool()).long()
-        action_mask[row:row + n, :c] = t.action_mask.bool()
-        if t.logprobs is not None:
-            behaviour[row:row + n, :c] = t.logprobs
-        row += n
-    rewards = torch.cat([t.rewards for t in trajectories]).to(device)
-    reported = all(t.logprobs is not None for t in trajectories)
-    versions = torch.tensor([t.version for t in trajectories for _ in range(t.sequences.size(0))], device=device)
-    return Experience(sequences.to(device), attention.to(device), action_mask.to(device), prompt_len, None, rewards,
-                      torch.zeros_like(rewards), behaviour_log_probs=behaviour.to(device) if reported else None,
-                      prompts=[p for t in trajectories for p in t.prompts],
-                      completions=[c for t in trajectories for c in t.completions],
-                      reward_components=merged_components(trajectories), versions=versions,
-                      token_versions=token_versions.to(device),
-                      prompt_ids=[t.prompt_id for t in trajectories for _ in range(t.sequences.size(0))],
-                      rollout_stats=merged_components(trajectories, "rollout_stats"))
+def _with_records(experience: Experience, trajectories: Sequence[Any]) -> Experience:
+    """`experience` with each row's records, for logs and sample tables: its text, reward components and rollout
+    stats, and its trajectory's weights version and streamed prompt's (pass, row)."""
+    samples = [s for t in trajectories for s in t.samples]
+    versions = torch.tensor([t.version for t in trajectories for _ in t.samples], device=experience.rewards.device)
+    return dataclasses.replace(experience, prompts=[s.prompt for s in samples],
+                               completions=[s.completion for s in samples],
+                               reward_components=per_name(s.reward_components for s in samples),
+                               rollout_stats=per_name(s.stats for s in samples), versions=versions,
+                               prompt_ids=[t.prompt_id for t in trajectories for _ in t.samples])
+
+
+def per_name(rows: Iterator[Dict[str, Any]]) -> Dict[str, List[Any]]:
+    """Per-sample dicts (reward components, rollout stats) as one list per name, in the samples' order; the names are
+    the first sample's."""
+    rows = list(rows)
+    return {name: [row[name] for row in rows] for name in (rows[0] if rows else {})}
 
 
 def last_token_rewards(rewards: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
@@ -294,7 +354,7 @@ class PPOExperienceMaker(ExperienceMaker):
 
     config: PPOConfig
 
-    def __init__(self, actor: torch.nn.Module, critic: torch.nn.Module, engine: GenerationEngine, scorer: Scorer,
+    def __init__(self, actor: torch.nn.Module, critic: torch.nn.Module, engine: GenerationEngine, scorer: "Scorer",
                  config: PPOConfig, ref_model: Optional[torch.nn.Module] = None,
                  kl_controller: Optional[KLController] = None, step_scorer: Optional[Any] = None,
                  teacher: Optional[Any] = None) -> None:

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedTokenizerBase
 
 from coati.config import SamplingConfig
@@ -36,21 +35,6 @@ def through_last(mask: torch.Tensor) -> torch.Tensor:
     """True from the first column up to each row's last True: the tokens a multi-turn completion spans,
     the turns it does not train on (a user's or a tool's) included."""
     return mask.flip(-1).cummax(-1).values.flip(-1)
-
-
-def concat_outputs(outputs: Sequence[GenerationOutput], pad_token_id: int) -> GenerationOutput:
-    """One batch of `outputs` whose prompt and completion widths differ: prompts left-padded, completions
-    right-padded to the widest."""
-    prompt_length = max(o.prompt_length for o in outputs)
-    width = max(o.action_mask.size(1) for o in outputs)
-
-    def padded(o: GenerationOutput, tensor: torch.Tensor, value: int, left: bool = True) -> torch.Tensor:
-        return F.pad(tensor, (prompt_length - o.prompt_length if left else 0, width - o.action_mask.size(1)), value=value)
-
-    return GenerationOutput(torch.cat([padded(o, o.sequences, pad_token_id) for o in outputs]),
-                            torch.cat([padded(o, o.attention_mask, 0) for o in outputs]),
-                            torch.cat([padded(o, o.action_mask.long(), 0, left=False) for o in outputs]).bool(),
-                            prompt_length)
 
 
 class GenerationEngine(Protocol):

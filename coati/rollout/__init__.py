@@ -2,13 +2,16 @@
 processes, Ray actors that hold copies of the policy; vLLM servers; the local pool that runs the same workflows
 synchronously on the training model), and the executor that runs workflows under concurrency and staleness bounds
 while the trainer trains."""
+from coati.experience.experience import RolloutSample
+
 from .pool import Completions, GeneratorError, GeneratorPool, RolloutPool, all_of
 from .executor import PromptStream, RolloutEvent, WorkflowExecutor
 from .local import LocalPool, run_episodes
-from .workflow import RLVRWorkflow, RolloutWorkflow, Trajectory
+from .workflow import RLVRWorkflow, RolloutWorkflow, Trajectory, scored
 
 __all__ = ["RolloutPool", "all_of", "Completions", "GeneratorError", "GeneratorPool", "LocalPool", "PromptStream",
-           "RLVRWorkflow", "RolloutEvent", "RolloutWorkflow", "Trajectory", "WorkflowExecutor", "run_episodes"]
+           "RLVRWorkflow", "RolloutEvent", "RolloutSample", "RolloutWorkflow", "Trajectory", "WorkflowExecutor",
+           "run_episodes", "scored"]
 
 RolloutEngine = RolloutPool
 """The pools' name before they were told apart from generation engines: workflows written against it keep working."""

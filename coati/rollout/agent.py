@@ -62,7 +62,8 @@ class RecordedEpisode:
                  sampling: SamplingConfig, parser: Callable[[str], ParsedTurn] = hermes) -> None:
         self.chat, self.pool, self.loop, self.sampling, self.parser = chat, pool, loop, sampling, parser
         self.id = uuid.uuid4().hex
-        self.recorded: Tuple[List[int], Episode] = ([], Episode(counts={"agent/restarts": 0.0}))   # prompt, the rest
+        self.recorded: Tuple[List[int], Episode] = (   # the prompt, the rest
+            [], Episode(counts={"agent/restarts": 0.0}, runs_tools=False))
         self.history: List[Message] = []       # the conversation the next request must extend
         self.asked: List[Message] = []         # the last request's messages, as the agent sent them
         self.last_stop: Optional[int] = None   # the stop token of the last answer (None: it was cut)
@@ -104,7 +105,7 @@ class RecordedEpisode:
         prompt, recorded = self.recorded
         episode = dataclasses.replace(recorded, ids=list(recorded.ids), sampled=list(recorded.sampled),
                                       logprobs=None if recorded.logprobs is None else list(recorded.logprobs),
-                                      versions=list(recorded.versions),
+                                      versions=list(recorded.versions), turn_starts=list(recorded.turn_starts),
                                       messages=list(recorded.messages), counts=dict(recorded.counts))
         asked = len(self.asked)
         extends = (self.last_stop is not None and len(messages) > asked + 1 and messages[:asked] == self.asked
@@ -118,7 +119,7 @@ class RecordedEpisode:
             if self.asked:
                 episode.counts["agent/restarts"] = episode.counts.get("agent/restarts", 0.0) + 1
             prompt, self.history = self.chat.prompt_ids(messages, tools), list(messages)
-            episode = Episode(counts=episode.counts)
+            episode = Episode(counts=episode.counts, runs_tools=False)
         self.asked = [dict(m) for m in messages]
         return prompt, episode
 
@@ -130,7 +131,6 @@ class RecordedEpisode:
     def _record(self, episode: Episode, turn: List[int], logprobs: Optional[List[float]], versions: List[int]) -> str:
         """Add the answer's sampled ids to `episode`; returns its text (the stop token left out)."""
         episode.add(turn, True, logprobs, versions)
-        episode.counts["turns"] = episode.counts.get("turns", 0.0) + 1
         stopped = bool(turn) and turn[-1] in self.chat.stop_ids
         self.last_stop = turn[-1] if stopped else None
         text = self.chat.tokenizer.decode(turn[:-1] if stopped else turn, skip_special_tokens=False)
@@ -247,11 +247,8 @@ class AgentWorkflow(RolloutWorkflow):
         if not all(prompt for prompt, _ in finished):   # an agent that never asked: nothing of its episode to train on
             return None
         version = min(e.version for e in recorded)
-        trajectory = await assemble(self.scorer, self.chat.tokenizer.pad_token_id, sample, row["messages"],
-                                    [prompt for prompt, _ in finished], [e for _, e in finished], version, AGENT_ENDINGS)
-        unseen = ("tool_seconds", "tool_errors/")   # the agent runs its tools: their time and errors never reach us
-        trajectory.rollout_stats = {k: v for k, v in trajectory.rollout_stats.items() if not k.startswith(unseen)}
-        return trajectory
+        return await assemble(self.scorer, sample, row["messages"], [prompt for prompt, _ in finished],
+                              [e for _, e in finished], version, AGENT_ENDINGS)
 
     async def _play(self, loop: asyncio.AbstractEventLoop, episode: RecordedEpisode,
                     row: Dict[str, Any]) -> Tuple[List[int], Episode]:

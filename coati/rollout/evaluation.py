@@ -14,7 +14,7 @@ from coati.dataset.collators import PromptCollator
 from coati.dataset.prepare import load_prepared
 from coati.dataset.tokenization import load_tokenizer
 from coati.experience.evaluation import sampled_metrics
-from coati.experience.experience import merged_components
+from coati.experience.experience import per_name
 from coati.experience.scorer import PROMPT_FIELDS, Scorer
 from coati.models.generation import HFEngine
 from coati.config import SamplingConfig
@@ -57,7 +57,7 @@ def record_scores(stats: StatsTracker, trajectories: Sequence[Trajectory]) -> No
     """The total reward and each reward component of every completion, as means (`reward`, `rewards/<name>/...`)."""
     total = [float(v) for t in trajectories for v in t.rewards.tolist()]
     stats.add("reward", float(sum(total)), len(total))
-    for name, values in component_metrics(merged_components(trajectories)):
+    for name, values in component_metrics(per_name(s.reward_components for t in trajectories for s in t.samples)):
         stats.add(name, float(sum(values)), len(values))
 
 

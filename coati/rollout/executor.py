@@ -18,6 +18,7 @@ The prompts handed out and not yet trained on (running, finished, or dropped and
 (`PromptStream.replay`), so every prompt of an epoch is trained on exactly once however the run was stopped.
 """
 import asyncio
+import dataclasses
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -180,8 +181,8 @@ class WorkflowExecutor:
                 self._accepted -= 1
                 del self._samples[rollout]
             else:
-                trajectory.rollout, trajectory.prompt_id = rollout, getattr(sample, "prompt_id", None)
-                self._done.append(trajectory)
+                self._done.append(dataclasses.replace(trajectory, rollout=rollout,
+                                                      prompt_id=getattr(sample, "prompt_id", None)))
             self._log("finish", rollout, None if trajectory is None else trajectory.version)
             self._cond.notify_all()
 

@@ -14,16 +14,15 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence
 
-import torch
-
 from coati.config import SamplingConfig
 from coati.dataset.prepare import PROMPT_COLUMN
+from coati.experience.experience import RolloutSample
 from coati.experience.scorer import PROMPT_FIELDS, Scorer
 
 from .chat import ChatTokens
-from .pool import Completions, RolloutPool, padded_completions
+from .pool import Completions, RolloutPool
 from .environment import ERROR_KINDS, Environment, Message
-from .workflow import RolloutWorkflow, Trajectory
+from .workflow import RolloutWorkflow, Trajectory, scored
 
 ENDINGS = ("answer", "max_turns", "max_total_tokens", "truncated")
 """How an episode ends: an answer without a tool call (or a turn ended by a stop token that closes no turn, such as
@@ -33,21 +32,26 @@ end of sequence), the turn limit, the token budget, or a turn cut at `max_new_to
 @dataclass
 class Episode:
     """One sample's conversation as it is built: token ids after the prompt, which of them the model sampled, their
-    log-probs (None once a turn came without) and weights versions (-1 where none made them), the messages, and
-    counts for the metrics."""
+    log-probs (None once a turn came without) and weights versions (-1 where none made them), where each model turn
+    starts, the messages, and counts for the metrics (tool time and errors only where its tools ran here,
+    `runs_tools`: an agent runs its own, and they never reach us)."""
 
     ids: List[int] = field(default_factory=list)
     sampled: List[bool] = field(default_factory=list)
     logprobs: Optional[List[float]] = field(default_factory=list)
     versions: List[int] = field(default_factory=list)
+    turn_starts: List[int] = field(default_factory=list)
     messages: List[Message] = field(default_factory=list)
     final_text: str = ""
     reward: float = 0.0
     ended: str = "answer"
     counts: Dict[str, float] = field(default_factory=dict)
+    runs_tools: bool = True
 
     def add(self, ids: List[int], sampled: bool, logprobs: Optional[List[float]] = None,
             versions: Optional[List[int]] = None) -> None:
+        if sampled:
+            self.turn_starts.append(len(self.ids))
         self.ids += ids
         self.sampled += [sampled] * len(ids)
         self.versions += versions if versions is not None else [-1] * len(ids)
@@ -56,19 +60,14 @@ class Episode:
 
     def stats(self, endings: Sequence[str] = ENDINGS) -> Dict[str, float]:
         sampled = float(sum(self.sampled))
-        stats = {"turns": self.counts.get("turns", 0.0), "tool_calls": self.counts.get("tool_calls", 0.0),
-                 "tool_seconds": self.counts.get("tool_seconds", 0.0), "sampled_tokens": sampled,
-                 "environment_tokens": len(self.ids) - sampled}
-        stats.update({f"tool_errors/{kind}": self.counts.get(f"tool_errors/{kind}", 0.0) for kind in ERROR_KINDS})
+        stats = {"turns": float(len(self.turn_starts)), "tool_calls": self.counts.get("tool_calls", 0.0),
+                 "sampled_tokens": sampled, "environment_tokens": len(self.ids) - sampled}
+        if self.runs_tools:
+            stats["tool_seconds"] = self.counts.get("tool_seconds", 0.0)
+            stats.update({f"tool_errors/{kind}": self.counts.get(f"tool_errors/{kind}", 0.0) for kind in ERROR_KINDS})
         stats.update({f"ended/{how}": float(self.ended == how) for how in endings})
         stats.update({name: value for name, value in self.counts.items() if name.startswith("agent/")})
-        return stats
-
-    def after(self, tail: List[int]) -> "Episode":
-        """This episode behind `tail`, token ids the model did not sample (a prompt's part that others lack)."""
-        return dataclasses.replace(self, ids=tail + self.ids, sampled=[False] * len(tail) + self.sampled,
-                                   logprobs=None if self.logprobs is None else [0.0] * len(tail) + self.logprobs,
-                                   versions=[-1] * len(tail) + self.versions)
+        return dict(sorted(stats.items()))
 
 
 class MultiTurnWorkflow(RolloutWorkflow):
@@ -95,8 +94,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
         episodes = await asyncio.gather(*(seated(pool, seats[i], self._play(pool, environments[i], messages, prompt,
                                                                               tools, first, i, session, seats[i]))
                                           for i in range(self.num_generations)))
-        return await assemble(self.scorer, self.chat.tokenizer.pad_token_id, sample, messages,
-                              [prompt] * len(episodes), episodes, first.version)
+        return await assemble(self.scorer, sample, messages, [prompt] * len(episodes), episodes, first.version)
 
     def _turn_sampling(self, used: int) -> SamplingConfig:
         budget = self.max_total_tokens - used if self.max_total_tokens else self.sampling.max_new_tokens
@@ -110,7 +108,6 @@ class MultiTurnWorkflow(RolloutWorkflow):
         while True:
             turn, logprobs, versions = out.sampled(row)
             episode.add(turn, True, logprobs, versions)
-            episode.counts["turns"] = episode.counts.get("turns", 0.0) + 1
             stopped = bool(turn) and turn[-1] in self.chat.stop_ids
             text = self.chat.tokenizer.decode(turn[:-1] if stopped else turn, skip_special_tokens=False)
             episode.final_text = self.chat.tokenizer.decode(turn, skip_special_tokens=True)
@@ -126,7 +123,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
                 episode.counts[name] = episode.counts.get(name, 0.0) + value
             if step.done:
                 return episode
-            if episode.counts["turns"] >= self.max_turns:
+            if len(episode.turn_starts) >= self.max_turns:
                 episode.ended = "max_turns"
                 return episode
             added = self.chat.after_turn(history, turn[-1], step.observation, tools)
@@ -148,34 +145,21 @@ async def seated(pool: RolloutPool, seat: Optional[int], play: Awaitable[Episode
         pool.leave_seat(seat)
 
 
-async def assemble(scorer: Scorer, pad_token_id: int, sample: Dict[str, Any], messages: List[Message],
-                   prompts: List[List[int]], episodes: List[Episode], version: int,
-                   endings: Sequence[str] = ENDINGS) -> Trajectory:
-    """The group's episodes as one `Trajectory`: the prompt is what all `prompts` share from the start, and each
-    episode's own rest of its prompt comes before its tokens, unmasked. Scored by `scorer` on the final answers plus
-    each episode's own reward (`environment`)."""
-    shortest = min(len(p) for p in prompts)
-    shared = next((i for i in range(shortest) if len({p[i] for p in prompts}) > 1), shortest)
-    prompt = prompts[0][:shared]
-    episodes = [e.after(p[shared:]) for p, e in zip(prompts, episodes)]
+async def assemble(scorer: Scorer, sample: Dict[str, Any], messages: List[Message], prompts: List[List[int]],
+                   episodes: List[Episode], version: int, endings: Sequence[str] = ENDINGS) -> Trajectory:
+    """The group's episodes, each after its own prompt, as one `Trajectory` of unpadded samples, scored by `scorer` on
+    the final answers plus each episode's own reward (`environment`)."""
     n = len(episodes)
     reported = all(e.logprobs is not None for e in episodes)
-    completions = padded_completions(prompt, [e.ids for e in episodes], [e.logprobs for e in episodes] if reported
-                                     else None, pad_token_id, version,
-                                     [[v if v >= 0 else version for v in e.versions] for e in episodes],
-                                     [e.sampled for e in episodes])
-    sequences, mask, logprobs = completions.sequences, completions.action_mask, completions.logprobs
-    out = completions.as_output()
+    samples = [RolloutSample(prompt, e.ids, e.sampled, e.logprobs if reported else None,
+                             [v if v >= 0 else version for v in e.versions], tuple(e.turn_starts), stats=e.stats(endings))
+               for prompt, e in zip(prompts, episodes)]
     fields = {k: [v] * n for k, v in sample.items() if k not in PROMPT_FIELDS}
-    answers = [e.final_text for e in episodes]
-    total, components = await scorer.ascore([scorer.decode(prompt)] * n, answers, fields, out)
+    total, components = await scorer.ascore([scorer.decode(p) for p in prompts], [e.final_text for e in episodes],
+                                            fields, samples)
     components = {**components, "environment": [e.reward for e in episodes]}
     total = [t + e.reward for t, e in zip(total, episodes)]
-    each = [e.stats(endings) for e in episodes]
-    stats = {name: [one.get(name, 0.0) for one in each] for name in sorted({name for one in each for name in one})}
-    return Trajectory(sequences, mask, logprobs, torch.tensor(total, dtype=torch.float32), len(prompt), version,
-                      [messages] * n, [e.messages for e in episodes], components, rollout_stats=stats,
-                      token_versions=completions.token_versions)
+    return scored(samples, [messages] * n, [e.messages for e in episodes], (total, components), version)
 
 
 def conversation(sample: Dict[str, Any]) -> List[Message]:

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
-from coati.models.generation import GenerationOutput, HFEngine, through_last
+from coati.models.generation import HFEngine
 from coati.config import SamplingConfig
 
 from .probe import ProbeCheck, SyncProbe
@@ -57,13 +57,6 @@ class Completions:
         versions = ([self.version] * len(ids) if self.token_versions is None
                     else self.token_versions[row][mask].tolist())
         return ids, logprobs, versions
-
-    def as_output(self) -> GenerationOutput:
-        """The same completions as a `GenerationOutput` (the prompt attended to, the completion through its
-        last generated token)."""
-        prompt = torch.ones(self.sequences.size(0), self.prompt_length, dtype=torch.long, device=self.sequences.device)
-        attention = torch.cat([prompt, through_last(self.action_mask.bool()).long()], dim=1)
-        return GenerationOutput(self.sequences, attention, self.action_mask, self.prompt_length)
 
 
 class RolloutPool(ABC):

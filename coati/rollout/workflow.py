@@ -1,43 +1,63 @@
 """Rollout workflows: one prompt in, finished training samples out. The trainer never sees how they were
 made, so multi-turn or tool-using episodes are a new workflow, not a new trainer."""
 import copy
+import dataclasses
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from coati.config import SamplingConfig
-from coati.experience.scorer import PROMPT_FIELDS, Scorer
+from coati.experience.experience import RolloutSample, per_name
+from coati.experience.scorer import PROMPT_FIELDS, Scorer, Scores
 
 from .pool import RolloutPool
 
 
-@dataclass
+@dataclass(frozen=True)
 class Trajectory:
-    """One prompt's finished samples, ready to train on: `sequences` (n, prompt + T) with the prompt in the
-    first `prompt_length` columns, `action_mask` (n, T) over the tokens to train on, `logprobs` (n, T) of
-    those tokens under the generating weights (None where the engine reports none), `rewards` (n,), and the
-    weights `version` that generated them. For logs and sample tables: each sample's `prompts` and `completions`
-    (text, or messages for conversational data) and each reward function's values (`reward_components`);
-    `rollout` is the executor's number for it (its event log), `prompt_id` the (pass, row) of a streamed prompt
-    (`PromptRow`); `rollout_stats` holds per-sample counts of how it was made (a multi-turn episode's turns and
-    tool calls), logged as `rollout/<name>`. `token_versions` (n, T), where set, is the version that made each
-    token (partial rollouts continue a completion on newer weights); `version` is then the oldest."""
+    """One prompt's finished samples (`RolloutSample`s, unpadded and scored) and the weights `version` that generated
+    them (their oldest tokens'). `rollout` is the executor's number for it (its event log), `prompt_id` the
+    (pass, row) of a streamed prompt (`PromptRow`). Per sample, for groups and logs: `rewards`, `prompts`,
+    `completions`, each reward's values (`reward_components`) and how each was made (`rollout_stats`)."""
 
-    sequences: torch.Tensor
-    action_mask: torch.Tensor
-    logprobs: Optional[torch.Tensor]
-    rewards: torch.Tensor
-    prompt_length: int
+    samples: Tuple[RolloutSample, ...]
     version: int
-    prompts: List[Any] = field(default_factory=list)
-    completions: List[Any] = field(default_factory=list)
-    reward_components: Dict[str, List[Any]] = field(default_factory=dict)
     rollout: Optional[int] = None
     prompt_id: Optional[Tuple[int, int]] = None
-    rollout_stats: Dict[str, List[float]] = field(default_factory=dict)
-    token_versions: Optional[torch.Tensor] = None
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    @property
+    def rewards(self) -> torch.Tensor:
+        return torch.tensor([s.reward for s in self.samples], dtype=torch.float32)
+
+    @property
+    def prompts(self) -> List[Any]:
+        return [s.prompt for s in self.samples]
+
+    @property
+    def completions(self) -> List[Any]:
+        return [s.completion for s in self.samples]
+
+    @property
+    def reward_components(self) -> Dict[str, List[Any]]:
+        return per_name(s.reward_components for s in self.samples)
+
+    @property
+    def rollout_stats(self) -> Dict[str, List[float]]:
+        return per_name(s.stats for s in self.samples)
+
+
+def scored(samples: Sequence[RolloutSample], prompts: Sequence[Any], completions: Sequence[Any], scores: Scores,
+           version: int) -> Trajectory:
+    """The group's samples with their `scores` (totals, components by name) and their text for logs."""
+    total, components = scores
+    return Trajectory(tuple(dataclasses.replace(s, prompt=p, completion=c, reward=float(r),
+                                                reward_components={name: v[i] for name, v in components.items()})
+                            for i, (s, p, c, r) in enumerate(zip(samples, prompts, completions, total))), version)
 
 
 class RolloutWorkflow(ABC):
@@ -67,12 +87,12 @@ class RLVRWorkflow(RolloutWorkflow):
         self.scorer, self.sampling, self.num_generations = scorer, sampling, num_generations
 
     async def arun_episode(self, pool: RolloutPool, sample: Dict[str, Any]) -> Optional[Trajectory]:
-        n = self.num_generations
-        out = await pool.agenerate(list(sample["input_ids"]), self.sampling, n)
-        prompt = self.scorer.decode(sample["input_ids"])
-        completions = self.scorer.completions(out)
+        n, prompt_ids = self.num_generations, list(sample["input_ids"])
+        out = await pool.agenerate(prompt_ids, self.sampling, n)
+        samples = [RolloutSample(prompt_ids, ids, [True] * len(ids), logprobs, versions)
+                   for ids, logprobs, versions in map(out.sampled, range(n))]
+        prompts = [self.scorer.decode(prompt_ids)] * n
+        completions = [self.scorer.decode(s.completion_ids) for s in samples]
         fields = {k: [v] * n for k, v in sample.items() if k not in PROMPT_FIELDS}
-        total, components = await self.scorer.ascore([prompt] * n, completions, fields, out.as_output())
-        return Trajectory(out.sequences, out.action_mask, out.logprobs, torch.tensor(total, dtype=torch.float32),
-                          out.prompt_length, out.version, [prompt] * n, completions, components,
-                          token_versions=out.token_versions)
+        scores = await self.scorer.ascore(prompts, completions, fields, samples)
+        return scored(samples, prompts, completions, scores, out.version)

@@ -183,7 +183,7 @@ class LocalRollouts(RolloutSource):
         for round_ in range(self.maker.config.max_sampling_rounds + 1):
             if round_:
                 trajectories = self._rollouts()
-                extra += sum(t.sequences.size(0) for t in trajectories)
+                extra += sum(len(t) for t in trajectories)
             for trajectory in trajectories:
                 (tied if _ties(trajectory) else informative).append(trajectory)
             if len(informative) >= needed:

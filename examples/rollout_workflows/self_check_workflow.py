@@ -9,24 +9,16 @@ on (the follow-up question is in the sequence but masked out).
 import asyncio
 from typing import Any, Dict, List, Optional
 
-import torch
-
 from coati.config import SamplingConfig
 from coati.rewards import WeightedReward
-from coati.rollout import RolloutPool, Completions, RolloutWorkflow, Trajectory
+from coati.rollout import RolloutPool, RolloutSample, RolloutWorkflow, Trajectory, scored
 
 CHECK = "Check your answer. Reply with the final answer only."
 
 
-def _logprobs(out: Completions, row: int) -> List[float]:
-    """The generated tokens' log-probs of one row (zeros from an engine that reports none: the local one)."""
-    mask = out.action_mask[row]
-    return out.logprobs[row][mask].tolist() if out.logprobs is not None else [0.0] * int(mask.sum())
-
-
 class SelfCheckWorkflow(RolloutWorkflow):
     def __init__(self, tokenizer: Any, sampling: SamplingConfig, num_generations: int) -> None:
-        self.tokenizer, self.sampling, self.n = tokenizer, sampling, num_generations
+        self.tokenizer, self.sampling, self.num_generations = tokenizer, sampling, num_generations
         self.reward = WeightedReward.from_specs(["math_answer"])
         follow_up = tokenizer.apply_chat_template([{"role": "user", "content": CHECK}], tokenize=False,
                                                   add_generation_prompt=True)
@@ -34,29 +26,21 @@ class SelfCheckWorkflow(RolloutWorkflow):
 
     async def _second_turn(self, pool: RolloutPool, prompt: List[int], first: List[int]):
         out = await pool.agenerate(prompt + first + self.follow_up, self.sampling, 1)
-        second = out.sequences[0, out.prompt_length:][out.action_mask[0]]
-        return second.tolist(), _logprobs(out, 0), out.version
+        return out.sampled(0), out.version   # (token ids, their log-probs or None, their versions), the version
 
     async def arun_episode(self, pool: RolloutPool, sample: Dict[str, Any]) -> Optional[Trajectory]:
-        prompt = list(sample["input_ids"])
-        first = await pool.agenerate(prompt, self.sampling, self.n)
-        turns = [(first.sequences[i, first.prompt_length:][first.action_mask[i]].tolist(), _logprobs(first, i))
-                 for i in range(self.n)]
-        seconds = await asyncio.gather(*(self._second_turn(pool, prompt, tokens) for tokens, _ in turns))
-        rows, masks, logps, finals = [], [], [], []
-        for (tokens1, lp1), (tokens2, lp2, _) in zip(turns, seconds):
-            rows.append(tokens1 + self.follow_up + tokens2)
-            masks.append([1] * len(tokens1) + [0] * len(self.follow_up) + [1] * len(tokens2))
-            logps.append(lp1 + [0.0] * len(self.follow_up) + lp2)
-            finals.append(self.tokenizer.decode(tokens2, skip_special_tokens=True))
-        width = max(len(r) for r in rows)
-        pad = self.tokenizer.pad_token_id
+        prompt, n, asked = list(sample["input_ids"]), self.num_generations, len(self.follow_up)
+        first = await pool.agenerate(prompt, self.sampling, n)
+        turns = [first.sampled(i) for i in range(n)]
+        seconds = await asyncio.gather(*(self._second_turn(pool, prompt, ids) for ids, _, _ in turns))
+        samples = []
+        for (ids1, lp1, v1), ((ids2, lp2, v2), _) in zip(turns, seconds):
+            samples.append(RolloutSample(
+                prompt_ids=prompt, completion_ids=ids1 + self.follow_up + ids2,
+                completion_mask=[True] * len(ids1) + [False] * asked + [True] * len(ids2),   # the question: not trained
+                logprobs=None if lp1 is None else lp1 + [0.0] * asked + lp2,
+                token_versions=v1 + [first.version] * asked + v2, turn_starts=(0, len(ids1) + asked)))
         text = self.tokenizer.decode(prompt, skip_special_tokens=True)
-        total, components = self.reward([text] * self.n, finals, gt_answer=[sample["gt_answer"]] * self.n)
-        return Trajectory(
-            sequences=torch.tensor([prompt + r + [pad] * (width - len(r)) for r in rows]),
-            action_mask=torch.tensor([m + [0] * (width - len(m)) for m in masks], dtype=torch.bool),
-            logprobs=torch.tensor([lp + [0.0] * (width - len(lp)) for lp in logps]) if first.logprobs is not None else None,
-            rewards=torch.tensor(total), prompt_length=len(prompt),
-            version=min([first.version] + [v for _, _, v in seconds]),
-            prompts=[text] * self.n, completions=finals, reward_components=components)
+        finals = [self.tokenizer.decode(ids2, skip_special_tokens=True) for (ids2, _, _), _ in seconds]
+        scores = self.reward([text] * n, finals, gt_answer=[sample["gt_answer"]] * n)
+        return scored(samples, [text] * n, finals, scores, version=min([first.version] + [v for _, v in seconds]))

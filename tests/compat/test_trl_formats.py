@@ -4,7 +4,6 @@ import json
 import math
 
 import pytest
-import torch
 from datasets import load_from_disk
 
 from coati.dataset.prepare import PROMPT_COLUMN, prepare_dataset
@@ -146,31 +145,37 @@ def _check_trl_reward_metrics(records):
 
 
 def _scored(prepared, tiny_assets, names, specs, state=None):
-    """Greedy completions of prompt rows of the named formats, scored by `specs` through coati's scorer."""
+    """Greedy completions of prompt rows of the named formats, scored by `specs` through coati's rollout workflow:
+    (samples, completions, (total, components))."""
     from transformers import AutoModelForCausalLM
 
     from coati.dataset.collators import PromptCollator
+    from coati.experience.experience import per_name
     from coati.experience.scorer import Scorer
     from coati.models.generation import HFEngine
     from coati.config import SamplingConfig
     from coati.rewards import WeightedReward
+    from coati.rollout import LocalPool, RLVRWorkflow
+    from coati.rollout.evaluation import complete, prompt_rows
 
     tokenizer, folders = prepared
     batch = PromptCollator(tokenizer.pad_token_id)([_first(folders, "prompt", name) for name in names])
     model = AutoModelForCausalLM.from_pretrained(tiny_assets["model"]).eval()
-    out = HFEngine(model, tokenizer.pad_token_id, [tokenizer.eos_token_id]).generate(
-        batch["input_ids"], batch["attention_mask"], SamplingConfig(max_new_tokens=5, do_sample=False))
+    greedy = SamplingConfig(max_new_tokens=5, do_sample=False)
     scorer = Scorer(tokenizer, WeightedReward.from_specs(specs))
     scorer.trainer_state = state
-    return out, scorer.score_batch(batch, out)
+    pool = LocalPool(HFEngine(model, tokenizer.pad_token_id, [tokenizer.eos_token_id]))
+    samples = [s for t in complete(pool, RLVRWorkflow(scorer, greedy, 1), prompt_rows(batch), greedy) for s in t.samples]
+    return samples, [s.completion for s in samples], ([s.reward for s in samples],
+                                                      per_name(s.reward_components for s in samples))
 
 
 def test_format_specific_trl_examples(prepared, tiny_assets):
     """Example 2 on conversational prompts; 3 and 6 (its extra columns and metric) on standard ones."""
-    _, (_, _, (_, components)) = _scored(prepared, tiny_assets, ["prompt_only_conv"],
+    _, _, (_, components) = _scored(prepared, tiny_assets, ["prompt_only_conv"],
                                          ["trl_reward_examples:format_reward_func"])
     assert components["format_reward_func"] == [0.0]
-    _, (_, _, (_, components)) = _scored(prepared, tiny_assets, ["prompt_only"],
+    _, _, (_, components) = _scored(prepared, tiny_assets, ["prompt_only"],
                                          ["trl_reward_examples:reward_func",
                                           "trl_reward_examples:logging_reward_func"])
     assert components["reward_func"] == components["logging_reward_func"] == [0.0]       # no \boxed{blue}
@@ -193,11 +198,10 @@ def test_trl_reward_contract_through_the_scorer(prepared, tiny_assets, monkeypat
 
     import trl_reward_examples
     monkeypatch.setattr(trl_reward_examples, "spy", spy, raising=False)
-    out, (_, completions, (total, components)) = _scored(prepared, tiny_assets, ["prompt_only", "prompt_only_conv"],
-                                                         ["trl_reward_examples:spy"], TrainerState(global_step=3))
+    samples, completions, (total, components) = _scored(prepared, tiny_assets, ["prompt_only", "prompt_only_conv"],
+                                                        ["trl_reward_examples:spy"], TrainerState(global_step=3))
     assert seen["prompts"] == ["The sky is", SKY] and seen["completions"][0] == completions[0]
     assert seen["completions"][1] == [{"role": "assistant", "content": completions[1]}]
-    assert seen["ids"] == [row[mask].tolist() for row, mask in zip(out.sequences[:, out.prompt_length:], out.action_mask)]
+    assert seen["ids"] == [s.completion_ids for s in samples] and all(seen["ids"])
     assert seen["state"].global_step == 3 and PROMPT_COLUMN not in seen["kwargs"]
     assert total == [0.0, 2.0] and math.isnan(components["spy"][0])
-    assert torch.equal(torch.tensor([len(i) for i in seen["ids"]]), out.action_mask.sum(-1))

@@ -66,8 +66,6 @@ MAX_ARGUMENTS = 10
 PUBLISHED_SIGNATURES = {"save_checkpoint", "load_checkpoint", "RewardModelTrainer", "__init__", "HybridParallelPlugin"}
 """Calls that may pass more: the checkpoint functions and trainers ColossalChat's users call with theirs (a
 `RewardModelTrainer` subclass's `super().__init__` among them), and colossalai's plugin."""
-NOT_YET_SPLIT = {("coati/experience/experience.py", "Experience"), ("coati/rollout/multiturn.py", "Trajectory")}
-"""The calls the run-config refactor (issue 48) has still to give sections of their own: this list only shrinks."""
 
 
 def _long_calls() -> Set[tuple]:
@@ -85,8 +83,7 @@ def test_no_call_of_ours_passes_a_dozen_loose_arguments():
     """A part takes its settings section (`LLMJudge.from_settings`, `VLLMConfig.from_settings`, PPO's `CriticParts`,
     `SupervisedConfig`) or its parts (a maker takes one `Scorer`), not a dozen scalars read off the flags."""
     long_calls = {(path, callee) for path, callee in _long_calls() if callee not in PUBLISHED_SIGNATURES}
-    assert long_calls <= NOT_YET_SPLIT, sorted(long_calls - NOT_YET_SPLIT)
-    assert long_calls == NOT_YET_SPLIT, f"split now, drop from NOT_YET_SPLIT: {sorted(NOT_YET_SPLIT - long_calls)}"
+    assert not long_calls, sorted(long_calls)
 
 
 def test_no_test_file_imports_another():

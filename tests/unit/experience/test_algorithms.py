@@ -194,12 +194,11 @@ def constant_reward(prompts, completions, **_):
 
 
 def _group(rewards, first_token):
-    from coati.rollout import Trajectory
+    from coati.rollout import RolloutSample, scored
 
     n = len(rewards)
-    sequences = torch.tensor([[5, first_token + i, 7] for i in range(n)])
-    return Trajectory(sequences, torch.ones(n, 2, dtype=torch.bool), None, T(rewards), 1, 0, ["p"] * n,
-                      [f"c{first_token + i}" for i in range(n)], {"r": list(rewards)})
+    samples = [RolloutSample([5], [first_token + i, 7], [True, True], None, [0, 0]) for i in range(n)]
+    return scored(samples, ["p"] * n, [f"c{first_token + i}" for i in range(n)], (list(rewards), {"r": list(rewards)}), 0)
 
 
 def test_dynamic_sampling_replaces_tied_groups_with_new_prompts(world_of_one, tiny_assets):

@@ -18,22 +18,26 @@ from coati.rewards.remote import TOKEN_ENV, RemoteReward, RemoteRewardError
 
 
 def _rollout(tiny_assets):
-    """A batch of the tiny policy's sampled completions to its prompts."""
+    """The tiny policy's sampled completions to a batch of its prompts, as rollout samples."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from coati.dataset.collators import PromptCollator
     from coati.dataset.prepare import load_prepared
+    from coati.experience.scorer import Scorer
     from coati.models.generation import HFEngine
     from coati.config import SamplingConfig
+    from coati.rollout import LocalPool, RLVRWorkflow
+    from coati.rollout.evaluation import complete, prompt_rows
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
     policy = AutoModelForCausalLM.from_pretrained(tiny_assets["model"])
     rows = load_prepared([str(tiny_assets["prompt_eval"])], "prompt")
     batch = PromptCollator(tokenizer.pad_token_id)([rows[i] for i in range(6)])
+    sampling = SamplingConfig(max_new_tokens=12)
+    pool = LocalPool(HFEngine(policy, tokenizer.pad_token_id, [tokenizer.eos_token_id]))
     torch.manual_seed(0)
-    out = HFEngine(policy, tokenizer.pad_token_id, [tokenizer.eos_token_id]).generate(
-        batch["input_ids"], batch["attention_mask"], SamplingConfig(max_new_tokens=12))
-    return tokenizer, batch, out
+    trajectories = complete(pool, RLVRWorkflow(Scorer(tokenizer), sampling, 1), prompt_rows(batch), sampling)
+    return tokenizer, [s for t in trajectories for s in t.samples]
 
 
 def test_served_rewards_equal_the_in_process_reward_model(tiny_assets, reward_model_dir, served, monkeypatch):
@@ -42,10 +46,11 @@ def test_served_rewards_equal_the_in_process_reward_model(tiny_assets, reward_mo
 
     url, _ = served
     monkeypatch.setenv(TOKEN_ENV, TOKEN)
-    tokenizer, batch, out = _rollout(tiny_assets)
+    tokenizer, samples = _rollout(tiny_assets)
     model = load_reward_model(str(reward_model_dir), tokenizer.pad_token_id).eval()
-    _, _, (local, _) = Scorer(tokenizer, reward_model=model).score_batch(batch, out)
-    _, _, (remote, components) = Scorer(tokenizer, WeightedReward.from_specs([url])).score_batch(batch, out)
+    texts = [s.prompt for s in samples], [s.completion for s in samples]
+    local, _ = Scorer(tokenizer, reward_model=model).score_texts(*texts, {}, samples)
+    remote, components = Scorer(tokenizer, WeightedReward.from_specs([url])).score_texts(*texts, {}, samples)
     assert remote == pytest.approx(local, abs=1e-5)
     assert components["reward_server"] == remote
     assert len(set(round(r, 4) for r in remote)) > 1   # real, distinct scores

@@ -14,8 +14,8 @@ from coati.experience.scorer import Scorer
 from coati.models.generation import HFEngine
 from coati.config import SamplingConfig
 from coati.rewards import WeightedReward
-from coati.rollout import (GeneratorError, GeneratorPool, LocalPool, PromptStream, RLVRWorkflow, Trajectory,
-                           WorkflowExecutor, run_episodes)
+from coati.rollout import (GeneratorError, GeneratorPool, LocalPool, PromptStream, RLVRWorkflow, RolloutSample,
+                           WorkflowExecutor, run_episodes, scored)
 from conftest import REPO, completion_tokens as _tokens
 
 GENERATIONS = 4
@@ -60,7 +60,7 @@ def test_executor_keeps_its_concurrency_and_staleness_bounds(pool, tokenizer, pr
             assert len(trajectories) == batch
             for t in trajectories:
                 assert version - t.version <= staleness
-                assert t.sequences.size(0) == GENERATIONS and t.rewards.shape == (GENERATIONS,)
+                assert len(t) == GENERATIONS and t.rewards.shape == (GENERATIONS,)
             pool.publish(_perturbed(tiny_assets["model"], 1e-4 * (version + 1)), version + 1)
             executor.set_version(version + 1)
     finally:
@@ -86,7 +86,7 @@ def test_rollout_batch_runs_exactly_the_given_samples(pool, tokenizer, prompts):
         executor.shutdown()
     assert len(trajectories) == 5
     for row, t in zip(rows, trajectories):
-        assert t.sequences[:, :t.prompt_length].tolist() == [list(row["input_ids"])] * GENERATIONS
+        assert [s.prompt_ids for s in t.samples] == [list(row["input_ids"])] * GENERATIONS
         expected, _ = workflow.scorer.reward_fn(t.prompts, t.completions, gt_answer=[row["gt_answer"]] * GENERATIONS)
         assert t.rewards.tolist() == pytest.approx(expected)
 
@@ -179,11 +179,9 @@ def test_generators_run_at_normal_cpu_priority(pool):
 
 def test_stack_trajectories_left_pads_prompts_and_aligns_completions():
     def trajectory(prompt, completions, version):
-        width = max(len(c) for c in completions)
-        seqs = torch.tensor([prompt + c + [0] * (width - len(c)) for c in completions])
-        mask = torch.tensor([[1] * len(c) + [0] * (width - len(c)) for c in completions], dtype=torch.bool)
-        return Trajectory(seqs, mask, mask.float() * -0.5, torch.tensor([1.0] * len(completions)), len(prompt), version,
-                          ["p"] * len(completions), ["c"] * len(completions), {"math_answer": [1.0] * len(completions)})
+        return scored([RolloutSample(prompt, c, [True] * len(c), [-0.5] * len(c), [version] * len(c)) for c in completions],
+                      ["p"] * len(completions), ["c"] * len(completions),
+                      ([1.0] * len(completions), {"math_answer": [1.0] * len(completions)}), version)
 
     out = stack_trajectories(
         [trajectory([5, 6, 7], [[8], [9, 10]], 0), trajectory([11], [[12, 13, 14], [15]], 1)], torch.device("cpu"))
@@ -210,7 +208,7 @@ def test_the_example_two_turn_workflow_masks_the_follow_up_question(engine, requ
         model = AutoModelForCausalLM.from_pretrained(tiny_assets["model"]).eval()
         local = LocalPool(HFEngine(model, tokenizer.pad_token_id, [tokenizer.eos_token_id]))
         trajectory, = run_episodes(workflow, local, [prompts[0]])
-        assert trajectory.logprobs is None and local.seconds > 0
+        assert all(s.logprobs is None for s in trajectory.samples) and local.seconds > 0
     else:
         executor = WorkflowExecutor(request.getfixturevalue("pool"), workflow, batch_size=1, max_concurrent_rollouts=2,
                                     max_staleness=0)
@@ -221,8 +219,9 @@ def test_the_example_two_turn_workflow_masks_the_follow_up_question(engine, requ
     follow_up = workflow.follow_up
     packed = stack_trajectories([trajectory], torch.device("cpu"))
     spans = packed.attention_mask[:, packed.prompt_length:]
-    for i, (row, mask) in enumerate(zip(trajectory.sequences[:, trajectory.prompt_length:], trajectory.action_mask)):
-        tokens, masked = row.tolist(), (~mask).nonzero().flatten().tolist()
+    for i, s in enumerate(trajectory.samples):
+        tokens, mask = s.completion_ids, torch.tensor(s.completion_mask)
+        masked = (~mask).nonzero().flatten().tolist()
         start = next(j for j in range(len(tokens)) if tokens[j:j + len(follow_up)] == follow_up)
         assert masked[:len(follow_up)] == list(range(start, start + len(follow_up)))   # the question is not trained on
         assert mask[:start].all() and mask[start + len(follow_up):].any()                # both answers are

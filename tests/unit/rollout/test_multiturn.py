@@ -222,13 +222,16 @@ def test_an_episode_trains_on_the_sampled_tokens_verbatim_and_nothing_else(token
                     {"role": "tool", "name": "calculator", "content": "408"},
                     {"role": "assistant", "content": "The answer is 408."}]
     whole = tokenizer.apply_chat_template(conversation, tools=chat.tools, tokenize=True)
-    row = trajectory.sequences[0][:trajectory.prompt_length + int(torch.nonzero(trajectory.action_mask[0]).max()) + 1]
-    assert row.tolist() == whole[:len(row)] and trajectory.prompt_length == len(prompt)
-    sampled = trajectory.sequences[0, len(prompt):][trajectory.action_mask[0]].tolist()
-    assert sampled == first[0] + second[0]                                        # the engine's ids, verbatim
-    assert trajectory.logprobs[0][trajectory.action_mask[0]].tolist() == pytest.approx(first[1] + second[1])
-    assert trajectory.logprobs[0][~trajectory.action_mask[0]].abs().sum() == 0
-    assert engine.requests[1][0] == row.tolist()[:len(engine.requests[1][0])]      # turn 2 continues the tokens
+    sample = trajectory.samples[0]
+    row = sample.attended_ids
+    assert row == whole[:len(row)] and sample.prompt_ids == prompt
+    assert sample.sampled_ids == first[0] + second[0]                             # the engine's ids, verbatim
+    assert sample.turn_starts == (0, len(sample.completion_ids) - len(second[0]))  # the second turn ends it
+    logprobs = torch.tensor(sample.logprobs)
+    mask = torch.tensor(sample.completion_mask)
+    assert logprobs[mask].tolist() == pytest.approx(first[1] + second[1])
+    assert logprobs[~mask].abs().sum() == 0
+    assert engine.requests[1][0] == row[:len(engine.requests[1][0])]               # turn 2 continues the tokens
     assert len(engine.sessions) == 1 and None not in engine.sessions                # every turn in one session
     assert trajectory.rewards.tolist() == [1.0, 0.0]                               # the final answers, scored
     stats = trajectory.rollout_stats
@@ -245,7 +248,7 @@ def test_episodes_end_at_the_turn_limit_the_token_budget_a_cut_turn_or_the_end_o
     trajectory = asyncio.run(workflow.arun_episode(engine, ROW))
     assert trajectory.rollout_stats["ended/max_total_tokens"] == [1.0, 0.0]
     assert trajectory.rollout_stats["ended/truncated"] == [0.0, 1.0]
-    assert engine.requests[0][1] == 40 and trajectory.action_mask.size(1) <= 40 + 64
+    assert engine.requests[0][1] == 40 and max(len(s.completion_ids) for s in trajectory.samples) <= 40 + 64
     chat, workflow = _workflow(tokenizer)
     sequence_end = (chat.encode(CALL) + [tokenizer.convert_tokens_to_ids("<|eot_id|>")], [0.0] * (len(chat.encode(CALL)) + 1))
     trajectory = asyncio.run(workflow.arun_episode(_Scripted([sequence_end, _turn(chat, "#### 408")]), ROW))
@@ -288,7 +291,8 @@ def test_a_synchronous_run_samples_the_same_tokens_however_long_its_tools_take(t
     quick_first, slow_first = sampled([0.0, 0.04, 0.08, 0.12]), sampled([0.12, 0.08, 0.04, 0.0])
     assert max(max(t.rollout_stats["turns"]) for t in quick_first) >= 3   # tools ran between turns
     for a, b in zip(quick_first, slow_first):
-        assert torch.equal(a.sequences, b.sequences) and torch.equal(a.action_mask, b.action_mask)
+        assert [(s.completion_ids, s.completion_mask) for s in a.samples] == [
+            (s.completion_ids, s.completion_mask) for s in b.samples]
 
 
 def test_tool_use_demonstrations_train_on_the_assistant_turns_only(tokenizer, tmp_path):
@@ -401,12 +405,12 @@ def test_an_openai_client_agent_is_trained_on_the_engines_tokens_verbatim(tokeni
                     {"role": "tool", "name": "calculator", "content": "408"},
                     {"role": "assistant", "content": "The answer is 408."}]
     whole = tokenizer.apply_chat_template(conversation, tools=agent.TOOLS, tokenize=True)
-    length = trajectory.prompt_length + int(torch.nonzero(trajectory.action_mask[0]).max()) + 1
-    assert trajectory.sequences[0, :length].tolist() == whole[:length]
-    sampled = trajectory.sequences[0, trajectory.prompt_length:][trajectory.action_mask[0]].tolist()
-    assert sampled == first[0] + second[0]
-    assert trajectory.logprobs[0][trajectory.action_mask[0]].tolist() == pytest.approx(first[1] + second[1])
-    assert trajectory.logprobs[0][~trajectory.action_mask[0]].abs().sum() == 0
+    sample = trajectory.samples[0]
+    assert sample.attended_ids == whole[:len(sample.attended_ids)]
+    assert sample.sampled_ids == first[0] + second[0] and len(sample.turn_starts) == 2
+    logprobs, mask = torch.tensor(sample.logprobs), torch.tensor(sample.completion_mask)
+    assert logprobs[mask].tolist() == pytest.approx(first[1] + second[1])
+    assert logprobs[~mask].abs().sum() == 0
     assert len(engine.sessions) == 1 and trajectory.rewards.tolist() == [1.0]
     stats = trajectory.rollout_stats
     assert stats["turns"] == [2.0] and stats["ended/answer"] == [1.0] and stats["agent/restarts"] == [0.0]
@@ -456,7 +460,7 @@ def test_an_agent_that_fails_hangs_or_rewrites_its_history_ends_its_own_episode(
         assert time.monotonic() - start < 4
         endings[agent.__name__] = {k: v[0] for k, v in trajectory.rollout_stats.items() if k.startswith(("ended", "agent"))}
         if agent is rewriting:   # trained on the last branch: its own prompt, the second answer, scored right
-            assert trajectory.sequences[0, :trajectory.prompt_length].tolist() == chat.prompt_ids(
+            assert trajectory.samples[0].prompt_ids == chat.prompt_ids(
                 [{"role": "user", "content": "What is 12 * 34 exactly?"}])
             assert trajectory.rewards.tolist() == [1.0]
     assert endings["failing"]["ended/agent_error"] == 1.0
@@ -464,9 +468,10 @@ def test_an_agent_that_fails_hangs_or_rewrites_its_history_ends_its_own_episode(
     assert endings["rewriting"]["agent/restarts"] == 1.0 and endings["rewriting"]["ended/answer"] == 1.0
 
 
-def test_a_group_of_agent_episodes_shares_the_prompt_they_agree_on(tokenizer):
-    """Agents may open with prompts of their own: the trajectory's prompt is their common start, and the rest of each
-    one's prompt stands before its answer, unmasked."""
+def test_agent_episodes_keep_prompts_of_their_own_and_are_padded_once_when_collated(tokenizer):
+    """Agents may open with prompts of their own: each sample keeps its own, unpadded; the learner's collate left-pads
+    the prompts and right-pads the completions, with the log-probs where the sampled tokens are."""
+    from coati.experience.experience import collate
     from coati.rollout.multiturn import Episode, assemble
 
     scorer = Scorer(tokenizer, WeightedReward.from_specs(["math_answer"]))
@@ -474,11 +479,15 @@ def test_a_group_of_agent_episodes_shares_the_prompt_they_agree_on(tokenizer):
     episodes = [Episode(), Episode()]
     episodes[0].add([20, 21], True, [-1.0, -2.0])
     episodes[1].add([30], True, [-3.0])
-    trajectory = asyncio.run(assemble(scorer, 0, {"gt_answer": "1"}, [], prompts, episodes, 3))
-    assert trajectory.prompt_length == 2 and trajectory.version == 3
-    assert trajectory.sequences.tolist() == [[5, 6, 7, 8, 20, 21], [5, 6, 9, 30, 0, 0]]
-    assert trajectory.action_mask.tolist() == [[False, False, True, True], [False, True, False, False]]
-    assert trajectory.logprobs.tolist() == [[0.0, 0.0, -1.0, -2.0], [0.0, -3.0, 0.0, 0.0]]
+    trajectory = asyncio.run(assemble(scorer, {"gt_answer": "1"}, [], prompts, episodes, 3))
+    assert [s.prompt_ids for s in trajectory.samples] == prompts and trajectory.version == 3
+    assert [s.token_versions for s in trajectory.samples] == [[3, 3], [3]]
+    batch = collate(trajectory.samples, 0)
+    assert batch.prompt_length == 4
+    assert batch.sequences.tolist() == [[5, 6, 7, 8, 20, 21], [0, 5, 6, 9, 30, 0]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 0]]
+    assert batch.action_mask.tolist() == [[True, True], [True, False]]
+    assert batch.behaviour_log_probs.tolist() == [[-1.0, -2.0], [-3.0, 0.0]]
 
 
 def test_the_recorded_tokens_are_what_a_real_engine_produced(tiny_assets):
@@ -509,9 +518,9 @@ def test_the_recorded_tokens_are_what_a_real_engine_produced(tiny_assets):
     workflow = AgentWorkflow(scorer, chat, _calculator_agent().solve, SamplingConfig(max_new_tokens=12), 2)
     row = {"prompt": json.dumps([{"role": "user", "content": "What is 3 + 4?"}]), "gt_answer": "7", "input_ids": [1]}
     trajectory = asyncio.run(workflow.arun_episode(engine, row))
-    trained = [trajectory.sequences[i, trajectory.prompt_length:][trajectory.action_mask[i]].tolist() for i in range(2)]
+    trained = [s.sampled_ids for s in trajectory.samples]
     assert sorted(trained) == sorted(engine.outputs.values()) and len(engine.outputs) == 2
-    assert trajectory.logprobs is None or trajectory.logprobs[~trajectory.action_mask].abs().sum() == 0
+    assert all(s.logprobs is None for s in trajectory.samples)   # the local engine reports none
 
 
 def test_an_engine_that_fails_under_an_agent_fails_the_rollout_not_just_the_agent(tokenizer):
