@@ -58,8 +58,7 @@ def bench_model(model_dir: str, args: argparse.Namespace) -> Dict[str, float]:
     config = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=1.0)
     stops = [tokenizer.eos_token_id]
     start = time.perf_counter()
-    pool = VLLMPool(VLLMConfig(model=model_dir, threads=args.threads, log_dir=str(Path(args.out) / "logs")),
-                    tokenizer.pad_token_id, stops)
+    pool = VLLMPool(VLLMConfig(model=model_dir, threads=args.threads, log_dir=str(Path(args.out) / "logs")), stops)
     start_s = time.perf_counter() - start
     hf = HFEngine(model, tokenizer.pad_token_id, stops)
     requests = [(prompt, args.num_generations) for prompt in prompts]

@@ -254,7 +254,7 @@ def assert_same_records(got: list, want: list, rel: float = 1e-5, abs: float = 1
 
 def completion_tokens(completions: Any, row: int = 0) -> list:
     """The generated tokens of one row of a `coati.rollout.pool.Completions`."""
-    return completions.sampled(row)[0]
+    return completions.rows[row].token_ids
 
 
 def kill_run(proc: subprocess.Popen) -> int:

@@ -4,6 +4,7 @@ distillation teacher), the policy loss, the KL controller, the chat template and
 and the asynchronous rollout side, the health monitor and the ptx loader. `coati.cli.rl_runner` assembles them."""
 import argparse
 import dataclasses
+import functools
 import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -192,7 +193,7 @@ def adapter_sync_blocker(args: argparse.Namespace) -> Optional[str]:
 def vllm_pool(args: argparse.Namespace, tokenizer: Any, num_engines: int = 1) -> VLLMPool:
     """`num_engines` vLLM servers on the flags' settings, ready, checked after every update by a sync probe on the first
     `--engine_probe_rows` prompts; rank 0 prints their start-up time."""
-    pool = VLLMPool(vllm_config(args), tokenizer.pad_token_id, stop_ids(args, tokenizer), num_engines)
+    pool = VLLMPool(vllm_config(args), stop_ids(args, tokenizer), num_engines)
     if args.engine_probe_rows:
         rows = load_prepared(args.dataset, "prompt")
         pool.probe = SyncProbe([rows[i]["input_ids"] for i in range(min(args.engine_probe_rows, len(rows)))],
@@ -288,8 +289,8 @@ def workflow(args: argparse.Namespace, maker: Any) -> RolloutWorkflow:
     runner = ToolRunner(resolve_tools(args.tools), args.tool_timeout)
     if "python" in args.tools:
         configure_python_tool(sandbox_limits(args), args.sandbox)
-    return MultiTurnWorkflow(maker.scorer, chat_tokens(args, maker.tokenizer),
-                             lambda: ToolEnvironment(runner, parser, args.malformed_tool_penalty), sampling,
+    environment = functools.partial(ToolEnvironment, runner, parser, args.malformed_tool_penalty)
+    return MultiTurnWorkflow(maker.scorer, chat_tokens(args, maker.tokenizer), environment, sampling,
                              maker.num_generations, args.max_turns, args.max_total_tokens)
 
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from coati.dataset.collators import PromptCollator
+from coati.dataset.collators import PromptRows
 from coati.dataset.prepare import load_prepared
 from coati.dataset.sampler import row_tokens
 from coati.experience.controllers import TemperatureController
@@ -77,7 +77,7 @@ def _run(args: argparse.Namespace, build: Callable[..., OLTrainer]) -> Optional[
     if finished_run(args, checkpoint, args.num_episodes, "episodes"):
         return None
     tokenizer = with_template(args, tokenizer)
-    collator = PromptCollator(tokenizer.pad_token_id, args.max_length)
+    collator = PromptRows(args.max_length)
     rows = load_prepared(args.dataset, "prompt")
     _note_cut_prompts(rows, args.max_length)
     prompts = build_dataloader(setup.plugin, rows, args.batch_size, collator, True, args.seed)

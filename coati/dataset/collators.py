@@ -196,6 +196,33 @@ class PromptCollator(_Collator):
         return batch
 
 
+PROMPT_FIELDS = ("input_ids", "attention_mask")
+"""A prompt batch's columns that are the prompt itself; its other fields (e.g. `gt_answer`) go to the rewards."""
+
+
+class PromptRows:
+    """Prompt rows as rollout workflows take them, unpadded: `input_ids` (`max_length` keeps a prompt's end) and
+    the row's other fields (ground truth for a reward function). The on-policy trainers' prompt loaders collate
+    with it: nothing is padded before generation pads what it batches."""
+
+    def __init__(self, max_length: int = 0) -> None:
+        self.max_length = max_length
+
+    def __call__(self, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+        return [{"input_ids": list(row["input_ids"])[-self.max_length:] if self.max_length else list(row["input_ids"]),
+                 **{k: v for k, v in row.items() if k not in PROMPT_FIELDS}} for row in rows]
+
+
+def prompt_rows(batch: Any) -> List[Dict[str, Any]]:
+    """A prompt batch's rows as workflows take them: a `PromptRows` batch as it is; a left-padded one
+    (`PromptCollator`'s, or ColossalChat's `DataCollatorForPromptDataset`'s) unpadded, its other fields per row."""
+    if isinstance(batch, list):
+        return batch
+    ids, mask = batch["input_ids"], batch["attention_mask"].bool()
+    fields = {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in batch.items() if k not in PROMPT_FIELDS}
+    return [{"input_ids": ids[i][mask[i]].tolist(), **{k: v[i] for k, v in fields.items()}} for i in range(ids.size(0))]
+
+
 def both_sides(batch: Dict[str, torch.Tensor], field: str) -> torch.Tensor:
     """`chosen_<field>` and `rejected_<field>` of a preference batch stacked into one batch (chosen first),
     for the single concatenated forward."""

@@ -10,8 +10,8 @@ import torch
 
 from coati.config import GRPOConfig, PPOConfig, RolloutConfig
 from coati.models.critic import action_values
-from coati.models.generation import GenerationEngine, through_last
-from coati.models.logprobs import action_logps, in_row_chunks
+from coati.models.generation import GenerationEngine
+from coati.models.logprobs import action_logps
 from coati.models.loss import kl_penalty, masked_mean, masked_var
 from coati.rewards.registry import table_columns
 from coati.utils.registry import ADVANTAGE_ESTIMATORS
@@ -158,6 +158,23 @@ def _slice_rows(experience: Experience, start: int, end: int) -> Experience:
         return value
 
     return Experience(**{f.name: part(getattr(experience, f.name)) for f in dataclasses.fields(experience)})
+
+
+def through_last(mask: torch.Tensor) -> torch.Tensor:
+    """True from the first column up to each row's last True: the tokens a multi-turn completion spans,
+    the turns it does not train on (a user's or a tool's) included."""
+    return mask.flip(-1).cummax(-1).values.flip(-1)
+
+
+def in_row_chunks(forward: Callable[[slice], Any], rows: int, chunk: int) -> Any:
+    """`forward(rows)` over slices of at most `chunk` rows (0: all at once), concatenated: the same values with a
+    smaller peak of activation memory. A forward that returns a tuple of tensors (or Nones) gets each concatenated."""
+    if not chunk or chunk >= rows:
+        return forward(slice(0, rows))
+    parts = [forward(slice(start, min(start + chunk, rows))) for start in range(0, rows, chunk)]
+    if isinstance(parts[0], tuple):
+        return tuple(None if items[0] is None else torch.cat(items) for items in zip(*parts))
+    return torch.cat(parts)
 
 
 @contextmanager

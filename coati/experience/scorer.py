@@ -7,19 +7,15 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from transformers import TrainerState
 
-from coati.models.logprobs import in_row_chunks
 from coati.models.reward_model import sequence_rewards
 from coati.dataset.prepare import PROMPT_COLUMN
 from coati.rewards import WeightedReward
 from coati.rewards.registry import RewardInputs
 from coati.rewards.remote import Sequences
 
-from .experience import RolloutSample, collate
+from .experience import RolloutSample, collate, in_row_chunks
 
 REWARD_MODEL = "reward_model"
-PROMPT_FIELDS = ("input_ids", "attention_mask")
-"""A prompt batch's columns that are the prompt itself; its other fields (e.g. `gt_answer`) go to the rewards, and
-`PROMPT_COLUMN` (the prompt as the data gave it) becomes their `prompts`."""
 
 Scores = Tuple[List[float], Dict[str, List[float]]]
 

@@ -39,7 +39,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from coati.rollout.pool import BatchingPool, all_of, padded_completions
+from coati.rollout.pool import BatchingPool, Completions, all_of
 from coati.rollout.probe import EngineSyncError, ProbeCheck
 from coati.utils.errors import CoatiUsageError
 
@@ -290,8 +290,8 @@ class VLLMPool(BatchingPool):
     the weights it started with, and every completion carries the version its server reports. `seconds` sums
     generation time; `last_sync_seconds` is the last publish's, from writing the weights to the last server's load."""
 
-    def __init__(self, config: VLLMConfig, pad_token_id: int, stop_token_ids: Sequence[int], num_engines: int = 1) -> None:
-        self.config, self.pad_token_id, self.stop_token_ids = config, pad_token_id, tuple(stop_token_ids)
+    def __init__(self, config: VLLMConfig, stop_token_ids: Sequence[int], num_engines: int = 1) -> None:
+        self.config, self.stop_token_ids = config, tuple(stop_token_ids)
         self.work_dir = work_dir()
         self.servers = [VLLMServer(config, i, self.work_dir) for i in range(num_engines)]
         self.restarts, self.seconds, self.last_sync_seconds = 0, 0.0, 0.0
@@ -372,9 +372,8 @@ class VLLMPool(BatchingPool):
         start = time.perf_counter()
         answer = await asyncio.get_running_loop().run_in_executor(self._workers[index], self._request, index, message)
         self.seconds += time.perf_counter() - start
-        return [padded_completions(prompt, [tokens for tokens, _ in group], [logps for _, logps in group],
-                                   self.pad_token_id, answer["version"])
-                for (prompt, _), group in zip(requests, answer["completions"])]
+        return [Completions.of([tokens for tokens, _ in group], [logps for _, logps in group], answer["version"])
+                for group in answer["completions"]]
 
     # ---- weights -----------------------------------------------------------------------------------
     def publish(self, weights: Dict[str, Any], version: int,

@@ -31,12 +31,6 @@ class GenerationOutput:
     end; only when asked for (`HFEngine.generate(..., logprobs=True)`)."""
 
 
-def through_last(mask: torch.Tensor) -> torch.Tensor:
-    """True from the first column up to each row's last True: the tokens a multi-turn completion spans,
-    the turns it does not train on (a user's or a tool's) included."""
-    return mask.flip(-1).cummax(-1).values.flip(-1)
-
-
 class GenerationEngine(Protocol):
     """A generation engine: one model completing one padded batch of prompts (`HFEngine`). Workflows generate
     through a rollout pool (`coati.rollout.RolloutPool`), which holds one or more copies of the policy."""

@@ -15,17 +15,6 @@ def mask_positions(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def in_row_chunks(forward: Callable[[slice], Any], rows: int, chunk: int) -> Any:
-    """`forward(rows)` over slices of at most `chunk` rows (0: all at once), concatenated: the same values with a
-    smaller peak of activation memory. A forward that returns a tuple of tensors (or Nones) gets each concatenated."""
-    if not chunk or chunk >= rows:
-        return forward(slice(0, rows))
-    parts = [forward(slice(start, min(start + chunk, rows))) for start in range(0, rows, chunk)]
-    if isinstance(parts[0], tuple):
-        return tuple(None if items[0] is None else torch.cat(items) for items in zip(*parts))
-    return torch.cat(parts)
-
-
 LOGP_CHUNK_ROWS = 1024
 """Positions whose log-softmax (or entropy) is taken at once: the float copy and exp() of a chunk's logits are the
 only vocabulary-sized temporaries, and with gradients each chunk is recomputed in backward where it would keep one."""

@@ -91,7 +91,7 @@ class RecordedEpisode:
             except Exception as error:   # the engine's failure is the run's, not the agent's: kept to raise
                 self.engine_error = error
                 raise
-            turn, logprobs, versions = out.sampled(0)
+            turn, logprobs, versions = out.rows[0]
             text = self._record(episode, turn, logprobs, versions)
             parsed = self.parser(text)
             episode.counts["tool_calls"] = episode.counts.get("tool_calls", 0.0) + len(parsed.calls)

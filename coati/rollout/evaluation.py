@@ -1,6 +1,7 @@
 """Held-out evaluation through the rollout workflow and pool, one path for both uses: during training
 (`OLTrainer.evaluate`, on the pool the rollouts use) and of a saved model (`evaluate_model`). Greedy completions
 are scored like rollouts; with N samples per prompt, pass@k, maj@N and mean@N (`coati.experience.evaluation`)."""
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
@@ -10,12 +11,12 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM
 
-from coati.dataset.collators import PromptCollator
+from coati.dataset.collators import PromptRows
 from coati.dataset.prepare import load_prepared
 from coati.dataset.tokenization import load_tokenizer
 from coati.experience.evaluation import sampled_metrics
 from coati.experience.experience import per_name
-from coati.experience.scorer import PROMPT_FIELDS, Scorer
+from coati.experience.scorer import Scorer
 from coati.models.generation import HFEngine
 from coati.config import SamplingConfig
 from coati.rewards import WeightedReward
@@ -31,13 +32,6 @@ from .multiturn import MultiTurnWorkflow
 from .tool_calls import hermes
 from .tools import ToolRunner, resolve_tools
 from .workflow import RLVRWorkflow, RolloutWorkflow, Trajectory
-
-
-def prompt_rows(batch: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """The rows of a left-padded prompt batch as workflow samples: unpadded `input_ids`, and the row's other fields."""
-    ids, mask = batch["input_ids"], batch["attention_mask"].bool()
-    fields = {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in batch.items() if k not in PROMPT_FIELDS}
-    return [{"input_ids": ids[i][mask[i]].tolist(), **{k: v[i] for k, v in fields.items()}} for i in range(ids.size(0))]
 
 
 def complete(pool: RolloutPool, workflow: RolloutWorkflow, rows: Sequence[Dict[str, Any]], sampling: SamplingConfig,
@@ -98,11 +92,11 @@ def evaluate_model(model_dir: str, prompt_dirs: Sequence[str], reward_specs: Seq
     greedy = SamplingConfig(max_new_tokens=max_new_tokens, do_sample=False)
     scorer = Scorer(tokenizer, WeightedReward.from_specs(list(reward_specs)))
     loader = DataLoader(load_prepared(list(prompt_dirs), "prompt"), batch_size=batch_size,
-                        collate_fn=PromptCollator(tokenizer.pad_token_id))
+                        collate_fn=PromptRows())
     samples: List[Dict[str, object]] = []
     workflow = _tool_workflow(scorer, greedy, tools, max_turns) if tools else RLVRWorkflow(scorer, greedy, 1)
     for batch in tqdm(loader, desc=f"evaluating {model_dir}", leave=False):
-        for t in complete(pool, workflow, prompt_rows(batch), greedy):
+        for t in complete(pool, workflow, batch, greedy):
             samples.append({"prompt": t.prompts[0], "completion": t.completions[0],
                             "reward": float(t.rewards[0]), **table_columns(t.reward_components, 0)})
     names = [k for k in samples[0] if k not in ("prompt", "completion", "reward")] if samples else []
@@ -114,7 +108,7 @@ def _tool_workflow(scorer: Scorer, sampling: SamplingConfig, tools: Sequence[str
     """One greedy multi-turn episode per prompt, calling `tools` (hermes calls) for at most `max_turns` turns."""
     runner = ToolRunner(resolve_tools(list(tools)))
     chat = ChatTokens(scorer.tokenizer, [scorer.tokenizer.eos_token_id], tool_schemas(list(runner.tools.values())))
-    return MultiTurnWorkflow(scorer, chat, lambda: ToolEnvironment(runner, hermes), sampling, 1, max_turns, 0)
+    return MultiTurnWorkflow(scorer, chat, functools.partial(ToolEnvironment, runner, hermes), sampling, 1, max_turns, 0)
 
 
 def _mean(samples: List[Dict[str, object]], key: str) -> Optional[float]:

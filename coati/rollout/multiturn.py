@@ -17,7 +17,8 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence
 from coati.config import SamplingConfig
 from coati.dataset.prepare import PROMPT_COLUMN
 from coati.experience.experience import RolloutSample
-from coati.experience.scorer import PROMPT_FIELDS, Scorer
+from coati.dataset.collators import PROMPT_FIELDS
+from coati.experience.scorer import Scorer
 
 from .chat import ChatTokens
 from .pool import Completions, RolloutPool
@@ -106,7 +107,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
         episode, out = Episode(), first
         history = list(prompt_messages)
         while True:
-            turn, logprobs, versions = out.sampled(row)
+            turn, logprobs, versions = out.rows[row]
             episode.add(turn, True, logprobs, versions)
             stopped = bool(turn) and turn[-1] in self.chat.stop_ids
             text = self.chat.tokenizer.decode(turn[:-1] if stopped else turn, skip_special_tokens=False)

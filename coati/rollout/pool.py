@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -33,30 +33,29 @@ class GeneratorError(RuntimeError):
     """A generator died more often than the pool may restart it; the run stops."""
 
 
-@dataclass
+class Sampled(NamedTuple):
+    """One completion as a pool returns it, unpadded: its token ids, their log-probs under the generating weights (None
+    from an engine that reports none: the training model itself, whose own forward gives them) and the weights
+    version that made each token (partial rollouts continue a completion on newer weights)."""
+
+    token_ids: List[int]
+    logprobs: Optional[List[float]]
+    versions: List[int]
+
+
+@dataclass(frozen=True)
 class Completions:
-    """`n` completions of one prompt from one weights `version`. `sequences` (n, prompt + T) hold the
-    prompt (its first `prompt_length` columns) and the completion, right-padded; `action_mask` (n, T)
-    marks generated tokens; `logprobs` (n, T) are their log-probs under the generating weights (None from an
-    engine that does not report them: the training model itself, whose own forward gives them). A completion
-    continued on newer weights (partial rollouts) has `token_versions` (n, T), the version that made each token;
-    `version` is then its first tokens'."""
+    """`rows`: completions of one prompt (`Sampled`, unpadded), and `version`, the weights version of their oldest
+    tokens."""
 
-    sequences: torch.Tensor
-    action_mask: torch.Tensor
-    logprobs: Optional[torch.Tensor]
-    prompt_length: int
+    rows: List[Sampled]
     version: int
-    token_versions: Optional[torch.Tensor] = None
 
-    def sampled(self, row: int) -> Tuple[List[int], Optional[List[float]], List[int]]:
-        """Row `row`'s generated token ids, their log-probs (None from an engine that reports none) and versions."""
-        mask = self.action_mask[row].bool()
-        ids = self.sequences[row, self.prompt_length:][mask].tolist()
-        logprobs = self.logprobs[row][mask].tolist() if self.logprobs is not None else None
-        versions = ([self.version] * len(ids) if self.token_versions is None
-                    else self.token_versions[row][mask].tolist())
-        return ids, logprobs, versions
+    @classmethod
+    def of(cls, tokens: Sequence[List[int]], logprobs: Optional[Sequence[List[float]]], version: int) -> "Completions":
+        """Completions all made by weights `version` (`logprobs` None from an engine that reports none)."""
+        return cls([Sampled(list(ids), None if logprobs is None else list(logprobs[i]), [version] * len(ids))
+                    for i, ids in enumerate(tokens)], version)
 
 
 class RolloutPool(ABC):
@@ -127,8 +126,9 @@ def all_of(futures: Sequence["Future[Any]"]) -> "Future[List[Any]]":
 @torch.no_grad()
 def generate_requests(engine: HFEngine, requests: Sequence[Tuple[List[int], int]], config: SamplingConfig,
                       version: int, logprobs: bool = False) -> List[Completions]:
-    """Completions for several (prompt, n) requests in one batched generation (prompts left-padded), marked as
-    made by weights `version`; with `logprobs`, their tokens' log-probs under the generating weights (else None)."""
+    """Completions for several (prompt, n) requests in one batched generation (prompts left-padded for the engine, each
+    completion handed back unpadded), marked as made by weights `version`; with `logprobs`, their tokens' log-probs
+    under the generating weights (else None)."""
     prompts = [list(prompt) for prompt, n in requests for _ in range(n)]
     width = max(len(p) for p in prompts)
     pad = engine.pad_token_id
@@ -136,12 +136,12 @@ def generate_requests(engine: HFEngine, requests: Sequence[Tuple[List[int], int]
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     device = next(engine.model.parameters()).device
     out = engine.generate(ids.to(device), mask.to(device), config, logprobs=logprobs)
-    logps = out.logprobs
+    generated, action_mask = out.sequences[:, out.prompt_length:], out.action_mask.bool()
+    tokens = [row[m].tolist() for row, m in zip(generated, action_mask)]
+    logps = None if out.logprobs is None else [row[m].tolist() for row, m in zip(out.logprobs, action_mask)]
     results, row = [], 0
-    for prompt, n in requests:
-        rows = slice(row, row + n)
-        results.append(Completions(out.sequences[rows, width - len(prompt):], out.action_mask[rows],
-                                   None if logps is None else logps[rows], len(prompt), version))
+    for _, n in requests:
+        results.append(Completions.of(tokens[row:row + n], None if logps is None else logps[row:row + n], version))
         row += n
     return results
 
@@ -206,7 +206,7 @@ class _Partial:
     stopped: bool = False
 
     def extend(self, out: Completions, row: int, asked: int) -> None:
-        tokens, logprobs, versions = out.sampled(row)
+        tokens, logprobs, versions = out.rows[row]
         self.tokens += tokens
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(tokens)
         self.versions += versions
@@ -216,33 +216,10 @@ class _Partial:
         return self.stopped or len(self.tokens) >= max_new_tokens or bool(self.tokens and self.tokens[-1] in stops)
 
 
-def padded_completions(prompt: List[int], tokens: Sequence[List[int]], logprobs: Optional[Sequence[List[float]]],
-                       pad_token_id: int, version: int, versions: Optional[Sequence[List[int]]] = None,
-                       trained: Optional[Sequence[List[bool]]] = None) -> Completions:
-    """One prompt's completions (each row's token ids, their log-probs where reported, and, where given, each token's
-    version) as `Completions`, right-padded to the longest: the one place rollouts are padded. `trained` marks the
-    tokens of each row that are the policy's own (a multi-turn episode's; default: all)."""
-    width = max(1, max(len(row) for row in tokens))
-    sequences = torch.full((len(tokens), len(prompt) + width), pad_token_id, dtype=torch.long)
-    sequences[:, :len(prompt)] = torch.tensor(prompt, dtype=torch.long)
-    mask = torch.zeros(len(tokens), width, dtype=torch.bool)
-    padded_logprobs = torch.zeros(len(tokens), width) if logprobs is not None else None
-    token_versions = torch.zeros(len(tokens), width, dtype=torch.long) if versions is not None else None
-    for row, ids in enumerate(tokens):
-        sequences[row, len(prompt):len(prompt) + len(ids)] = torch.tensor(ids, dtype=torch.long)
-        mask[row, :len(ids)] = True if trained is None else torch.tensor(trained[row], dtype=torch.bool)
-        if padded_logprobs is not None:
-            padded_logprobs[row, :len(ids)] = torch.tensor(logprobs[row])
-        if token_versions is not None:
-            token_versions[row, :len(ids)] = torch.tensor(versions[row], dtype=torch.long)
-    return Completions(sequences, mask, padded_logprobs, len(prompt), version, token_versions)
-
-
-def _joined(prompt: List[int], parts: List[_Partial], pad_token_id: int) -> Completions:
+def _joined(parts: List[_Partial]) -> Completions:
     """The partial rollouts' completions as one `Completions`; its version is their oldest tokens'."""
     first = min((part.versions[0] for part in parts if part.versions), default=0)
-    return padded_completions(prompt, [p.tokens for p in parts], [p.logprobs for p in parts], pad_token_id, first,
-                              [p.versions for p in parts])
+    return Completions([Sampled(p.tokens, p.logprobs, p.versions) for p in parts], first)
 
 
 class BatchingPool(RolloutPool):
@@ -259,7 +236,6 @@ class BatchingPool(RolloutPool):
     (`Completions.token_versions`)."""
 
     chunk_tokens: int = 0
-    pad_token_id: int = 0
     stop_token_ids: Tuple[int, ...] = ()
 
     def _start_queues(self, count: int) -> None:
@@ -285,7 +261,7 @@ class BatchingPool(RolloutPool):
         while True:
             open_parts = [part for part in parts if not part.finished(stops, config.max_new_tokens)]
             if not open_parts:
-                return _joined(prompt, parts, self.pad_token_id)
+                return _joined(parts)
             asks = [min(self.chunk_tokens, config.max_new_tokens - len(part.tokens)) for part in open_parts]
             outs = await asyncio.gather(*(self._queued(prompt + part.tokens, replace(config, max_new_tokens=ask), 1,
                                                        session) for part, ask in zip(open_parts, asks)))
@@ -358,7 +334,7 @@ class GeneratorPool(BatchingPool):
         start_ray()
         self._worker_cls = ray.remote(num_cpus=0)(GeneratorWorker)
         self._init_args = (model_path, pad_token_id, tuple(stop_token_ids))
-        self.pad_token_id, self.stop_token_ids = pad_token_id, tuple(stop_token_ids)
+        self.stop_token_ids = tuple(stop_token_ids)
         self._seed, self._threads = seed, threads
         self.max_restarts, self.restarts = max_restarts, 0
         self.version = 0

@@ -10,7 +10,8 @@ import torch
 
 from coati.config import SamplingConfig
 from coati.experience.experience import RolloutSample, per_name
-from coati.experience.scorer import PROMPT_FIELDS, Scorer, Scores
+from coati.dataset.collators import PROMPT_FIELDS
+from coati.experience.scorer import Scorer, Scores
 
 from .pool import RolloutPool
 
@@ -90,7 +91,7 @@ class RLVRWorkflow(RolloutWorkflow):
         n, prompt_ids = self.num_generations, list(sample["input_ids"])
         out = await pool.agenerate(prompt_ids, self.sampling, n)
         samples = [RolloutSample(prompt_ids, ids, [True] * len(ids), logprobs, versions)
-                   for ids, logprobs, versions in map(out.sampled, range(n))]
+                   for ids, logprobs, versions in out.rows]
         prompts = [self.scorer.decode(prompt_ids)] * n
         completions = [self.scorer.decode(s.completion_ids) for s in samples]
         fields = {k: [v] * n for k, v in sample.items() if k not in PROMPT_FIELDS}

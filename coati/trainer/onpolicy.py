@@ -20,7 +20,8 @@ from coati.experience.experience import Experience, ExperienceMaker, completion_
 from coati.experience.metrics import rollout_metrics, tokens_in
 from coati.models.loss import PolicyLoss
 from coati.rollout.workflow import RLVRWorkflow, RolloutWorkflow
-from coati.rollout.evaluation import complete, prompt_rows, record_sampled, record_scores
+from coati.dataset.collators import prompt_rows
+from coati.rollout.evaluation import complete, record_sampled, record_scores
 from coati.utils.cadence import Evaluator, Saver
 from coati.utils.ckpt_io import ModelState, load_checkpoint, read_running_state, save_checkpoint
 from coati.utils.metrics_logger import MetricsLogger

@@ -13,11 +13,11 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from coati.dataset.collators import prompt_rows
 from coati.utils.comm import is_distributed, rank, world_size
 from coati.experience.experience import Experience, ExperienceMaker
 from coati.models.lora import active_adapter, merged_weights
 from coati.utils.ckpt_io import holds_whole_parameters, inner_model, whole_state_dict
-from coati.rollout.evaluation import prompt_rows
 from coati.rollout import (LocalPool, PromptStream, RLVRWorkflow, RolloutPool, RolloutWorkflow, Trajectory,
                            WorkflowExecutor, run_episodes)
 from coati.utils.stats_tracker import StatsTracker
@@ -26,15 +26,15 @@ from .base import move_to_device
 
 
 class CyclingLoader:
-    """Batches from a dataloader with a `StatefulDistributedSampler`, epoch after epoch (reshuffled),
-    with a position (epoch, samples seen in it) that a checkpoint can restore exactly."""
+    """Batches from a dataloader with a `StatefulDistributedSampler` (prompt rows, or ptx batches), epoch after
+    epoch (reshuffled), with a position (epoch, samples seen in it) that a checkpoint can restore exactly."""
 
     def __init__(self, dataloader: Any, device: torch.device) -> None:
         self.dataloader, self.device = dataloader, device
         self.epoch, self.seen = 0, 0
         self._iter = None
 
-    def next(self) -> Dict[str, Any]:
+    def next(self) -> Any:
         while True:
             if self._iter is None:
                 self.dataloader.sampler.set_epoch(self.epoch)
@@ -45,7 +45,7 @@ class CyclingLoader:
                 self.epoch, self.seen, self._iter = self.epoch + 1, 0, None
                 self.dataloader.sampler.set_start_index(0)
                 continue
-            self.seen += batch["input_ids"].size(0)
+            self.seen += len(batch) if isinstance(batch, list) else batch["input_ids"].size(0)
             return move_to_device(batch, self.device)
 
     def restore(self, epoch: int, seen: int) -> None:

@@ -26,12 +26,12 @@ class SelfCheckWorkflow(RolloutWorkflow):
 
     async def _second_turn(self, pool: RolloutPool, prompt: List[int], first: List[int]):
         out = await pool.agenerate(prompt + first + self.follow_up, self.sampling, 1)
-        return out.sampled(0), out.version   # (token ids, their log-probs or None, their versions), the version
+        return out.rows[0], out.version   # (token ids, their log-probs or None, their versions), the version
 
     async def arun_episode(self, pool: RolloutPool, sample: Dict[str, Any]) -> Optional[Trajectory]:
         prompt, n, asked = list(sample["input_ids"]), self.num_generations, len(self.follow_up)
         first = await pool.agenerate(prompt, self.sampling, n)
-        turns = [first.sampled(i) for i in range(n)]
+        turns = first.rows
         seconds = await asyncio.gather(*(self._second_turn(pool, prompt, ids) for ids, _, _ in turns))
         samples = []
         for (ids1, lp1, v1), ((ids2, lp2, v2), _) in zip(turns, seconds):

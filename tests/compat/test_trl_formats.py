@@ -156,7 +156,8 @@ def _scored(prepared, tiny_assets, names, specs, state=None):
     from coati.config import SamplingConfig
     from coati.rewards import WeightedReward
     from coati.rollout import LocalPool, RLVRWorkflow
-    from coati.rollout.evaluation import complete, prompt_rows
+    from coati.dataset.collators import prompt_rows
+    from coati.rollout.evaluation import complete
 
     tokenizer, folders = prepared
     batch = PromptCollator(tokenizer.pad_token_id)([_first(folders, "prompt", name) for name in names])

@@ -103,9 +103,11 @@ class Callback(ABC):
 
 
 def fire(callbacks: Iterable[Callback], hook: str, *args: Any) -> None:
-    """Call `hook(*args)` on every callback, in order, each followed by ColossalChat's name for it, if any."""
-    published = PUBLISHED_NAMES.get(hook)
+    """Call `hook(*args)` on every callback, in order, each followed by ColossalChat's name for it, if any; a hook a
+    callback leaves as `Callback`'s no-op is skipped."""
+    names = (hook, PUBLISHED_NAMES[hook]) if hook in PUBLISHED_NAMES else (hook,)
     for callback in callbacks:
-        getattr(callback, hook)(*args)
-        if published:
-            getattr(callback, published)(*args)
+        for name in names:
+            method = getattr(callback, name)
+            if getattr(method, "__func__", None) is not getattr(Callback, name, None):
+                method(*args)

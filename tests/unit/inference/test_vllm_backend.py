@@ -54,7 +54,7 @@ def served(small_model, tmp_path_factory):
     tokenizer = _tokenizer(small_model)
     logs = tmp_path_factory.mktemp("vllm_logs")
     pool = VLLMPool(VLLMConfig(model=str(small_model), log_dir=str(logs), threads=1, max_restarts=2, timeout_s=30,
-                               enforce_eager=True, max_lora_rank=4), tokenizer.pad_token_id, [tokenizer.eos_token_id])
+                               enforce_eager=True, max_lora_rank=4), [tokenizer.eos_token_id])
     model = AutoModelForCausalLM.from_pretrained(small_model).eval()
     yield pool, model, tokenizer, logs
     pool.shutdown()
@@ -66,11 +66,9 @@ def test_greedy_is_deterministic_and_matches_the_hf_engine(served, tiny_assets):
     greedy = SamplingConfig(max_new_tokens=12, do_sample=False)
     first, again = _generate(pool, prompts, greedy), _generate(pool, prompts, greedy)
     reference = _hf_greedy(model, tokenizer, prompts, greedy)
-    for prompt, ours, repeat, theirs in zip(prompts, first, again, reference):
-        assert ours.sequences[0, :ours.prompt_length].tolist() == prompt and ours.version == 0
-        assert _tokens(ours) == _tokens(repeat) == _tokens(theirs)
-        mask = ours.action_mask[0]
-        assert torch.allclose(ours.logprobs[0][mask], theirs.logprobs[0][theirs.action_mask[0]], atol=1e-4)
+    for ours, repeat, theirs in zip(first, again, reference):
+        assert ours.version == 0 and _tokens(ours) == _tokens(repeat) == _tokens(theirs)
+        assert torch.allclose(torch.tensor(ours.rows[0].logprobs), torch.tensor(theirs.rows[0].logprobs), atol=1e-4)
     assert (logs / "vllm_0.log").read_text().count("ready:") == 1
 
 
@@ -87,13 +85,13 @@ def test_completions_follow_the_sampling_config(served, tiny_assets):
 
     sampled = _generate(pool, prompts, SamplingConfig(max_new_tokens=6, temperature=1.0, stop_token_ids=(stop,)), n=4)
     for completions in sampled:
-        assert completions.sequences.size(0) == 4 and completions.action_mask.size(1) <= 6
+        assert len(completions.rows) == 4
         for row in range(4):
             tokens = _tokens(completions, row)
             assert 1 <= len(tokens) <= 6 and stop not in tokens[:-1]
             assert tokens[-1] == stop or len(tokens) == 6
-            assert (completions.logprobs[row][completions.action_mask[row]] <= 0).all()
-            assert (completions.logprobs[row][~completions.action_mask[row]] == 0).all()
+            logprobs = completions.rows[row].logprobs
+            assert len(logprobs) == len(tokens) and max(logprobs) <= 0
 
 
 def test_published_weights_are_served_with_their_version(served, tiny_assets):
@@ -202,7 +200,7 @@ def test_the_sync_probe_stops_a_publish_that_did_nothing(small_model, tiny_asset
     tokenizer = _tokenizer(small_model)
     model = AutoModelForCausalLM.from_pretrained(small_model).eval()
     pool = VLLMPool(VLLMConfig(model=str(small_model), log_dir=str(tmp_path), threads=1, enforce_eager=True),
-                    tokenizer.pad_token_id, [tokenizer.eos_token_id])
+                    [tokenizer.eos_token_id])
     probe = SyncProbe(_prompts(tiny_assets, 2))
     try:
         synced = pool.publish(model.state_dict(), 1, probe.check(model, 1)).result()
@@ -244,9 +242,9 @@ def test_a_server_that_cannot_start_says_why(small_model, tmp_path):
     left_by_a_killed_run.mkdir(exist_ok=True)
     ours = set(work.glob(f"coati-vllm-{os.getpid()}-*"))   # the module's server
     with pytest.raises(EngineError, match="cannot start the vLLM server with /nonexistent/python"):
-        VLLMPool(VLLMConfig(model=str(small_model), python="/nonexistent/python", log_dir=str(tmp_path)), 0, [1])
+        VLLMPool(VLLMConfig(model=str(small_model), python="/nonexistent/python", log_dir=str(tmp_path)), [1])
     with pytest.raises(EngineError, match=r"could not start: it exited with code 1 while starting \(.*\)"):
-        VLLMPool(VLLMConfig(model=str(tmp_path / "no_model"), log_dir=str(tmp_path)), 0, [1])
+        VLLMPool(VLLMConfig(model=str(tmp_path / "no_model"), log_dir=str(tmp_path)), [1])
     assert set(work.glob(f"coati-vllm-{os.getpid()}-*")) == ours and not left_by_a_killed_run.exists()
 
 

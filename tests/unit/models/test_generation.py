@@ -109,7 +109,8 @@ def test_sampled_log_probs_come_from_the_sampling_forwards_and_match_a_full_forw
 def test_inference_and_logits_forward_batch_sizes_bound_rows_not_results(tiny_assets):
     """`--inference_batch_size` (the engine's `max_batch_rows`) and `--logits_forward_batch_size` (`in_row_chunks`)
     only split the rows: the same tokens, masks and log-probs as all rows at once."""
-    from coati.models.logprobs import action_logps, in_row_chunks
+    from coati.experience.experience import in_row_chunks
+    from coati.models.logprobs import action_logps
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
     model = AutoModelForCausalLM.from_pretrained(tiny_assets["model"]).eval()

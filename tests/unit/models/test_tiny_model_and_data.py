@@ -58,6 +58,17 @@ def test_prompt_collator_left_pads_and_carries_fields(tokenizer):
     assert batch["gt_answer"] == ["3", "1"]
 
 
+def test_prompt_rows_reach_workflows_unpadded_whether_or_not_the_loader_padded_them(tokenizer):
+    """coati's prompt loaders hand rows over as they are (cut to `max_length`, the end kept); a left-padded batch
+    (ColossalChat's prompt collator) is unpadded into the same rows."""
+    from coati.dataset.collators import PromptRows, prompt_rows
+
+    rows = [{"input_ids": [5, 6, 7], "gt_answer": "3"}, {"input_ids": [8], "gt_answer": "1"}]
+    want = [{"input_ids": [6, 7], "gt_answer": "3"}, {"input_ids": [8], "gt_answer": "1"}]
+    assert prompt_rows(PromptRows(max_length=2)(rows)) == want
+    assert prompt_rows(PromptCollator(tokenizer.pad_token_id, max_length=2)(rows)) == want
+
+
 def test_kto_collator_pairs_each_prompt_with_the_next_completion(tokenizer):
     rows = [{"input_ids": [1, 2, 10, 11], "labels": [-100, -100, 10, 11], "prompt_length": 2, "desirable": True},
             {"input_ids": [3, 20], "labels": [-100, 20], "prompt_length": 1, "desirable": False}]

@@ -27,7 +27,8 @@ def _rollout(tiny_assets):
     from coati.models.generation import HFEngine
     from coati.config import SamplingConfig
     from coati.rollout import LocalPool, RLVRWorkflow
-    from coati.rollout.evaluation import complete, prompt_rows
+    from coati.dataset.collators import prompt_rows
+    from coati.rollout.evaluation import complete
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
     policy = AutoModelForCausalLM.from_pretrained(tiny_assets["model"])

@@ -249,7 +249,7 @@ def test_a_request_cancelled_before_its_dispatch_began_does_not_block_later_ones
 
     assert asyncio.run(queue_then_cancel())
     done = asyncio.run(asyncio.wait_for(one_per_generator(), timeout=120))
-    assert [c.sequences.size(0) for c in done] == [2] * len(pool.actors)
+    assert [len(c.rows) for c in done] == [2] * len(pool.actors)
 
 
 def test_the_prompt_stream_resumes_after_the_prompts_pending_at_its_checkpoint():
@@ -298,10 +298,9 @@ def test_partial_rollouts_continue_a_completion_on_the_weights_published_meanwhi
     finally:
         pool.chunk_tokens = 0
     assert len(_tokens(whole)) > chunk
-    assert _tokens(chunked) == _tokens(whole) and chunked.token_versions[0][chunked.action_mask[0]].eq(60).all()
-    assert torch.allclose(chunked.logprobs[0][chunked.action_mask[0]], whole.logprobs[0][whole.action_mask[0]],
-                          atol=1e-5)
-    tokens, versions = _tokens(updated), updated.token_versions[0][updated.action_mask[0]].tolist()
+    assert _tokens(chunked) == _tokens(whole) and set(chunked.rows[0].versions) == {60}
+    assert torch.allclose(torch.tensor(chunked.rows[0].logprobs), torch.tensor(whole.rows[0].logprobs), atol=1e-5)
+    tokens, versions = _tokens(updated), updated.rows[0].versions
     assert tokens[:chunk] == _tokens(whole)[:chunk] and versions == [60] * chunk + [61] * (len(tokens) - chunk)
     assert updated.version == 60   # a completion's version is its oldest tokens'
 

@@ -179,15 +179,7 @@ class _Scripted(RolloutPool):
         self.requests.append((list(prompt_ids), config.max_new_tokens, n))
         self.sessions.add(session)
         rows = [self.turns.pop(0) for _ in range(n)]
-        width = max(len(ids) for ids, _ in rows)
-        sequences = torch.zeros(n, len(prompt_ids) + width, dtype=torch.long)
-        mask, logprobs = torch.zeros(n, width, dtype=torch.bool), torch.zeros(n, width)
-        for i, (ids, lps) in enumerate(rows):
-            sequences[i, :len(prompt_ids)] = torch.tensor(prompt_ids)
-            sequences[i, len(prompt_ids):len(prompt_ids) + len(ids)] = torch.tensor(ids)
-            mask[i, :len(ids)] = True
-            logprobs[i, :len(ids)] = torch.tensor(lps)
-        return Completions(sequences, mask, logprobs, len(prompt_ids), self.version)
+        return Completions.of([ids for ids, _ in rows], [lps for _, lps in rows], self.version)
 
     def publish(self, weights, version):
         raise NotImplementedError
@@ -506,8 +498,7 @@ def test_the_recorded_tokens_are_what_a_real_engine_produced(tiny_assets):
 
         async def agenerate(self, prompt_ids, config, n, session=None, seat=None):
             out = await super().agenerate(prompt_ids, config, n, session)
-            self.outputs.setdefault(session, []).extend(
-                out.sequences[0, out.prompt_length:][out.action_mask[0].bool()].tolist())
+            self.outputs.setdefault(session, []).extend(out.rows[0].token_ids)
             return out
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
