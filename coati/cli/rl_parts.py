@@ -17,7 +17,7 @@ from coati.experience.controllers import KLController
 from coati.experience.distillation import DistillConfig, ModelTeacher, ServedTeacher, Teacher, served_model_name
 from coati.experience.experience import GRPOExperienceMaker
 from coati.experience.scorer import Scorer
-from coati.config import BackendSettings, JudgeSettings, KLSettings, RolloutConfig
+from coati.config import RolloutConfig
 from coati.inference.local_judge import JudgeServerConfig, LocalJudge
 from coati.inference.vllm import VLLMConfig, VLLMPool, default_vllm_python
 from coati.inference.vllm_server import VLLM_LORA_RANKS
@@ -38,7 +38,6 @@ from coati.rollout.chat import ChatTokens
 from coati.rollout.environment import ToolEnvironment, tool_schemas
 from coati.rollout.multiturn import MultiTurnWorkflow
 from coati.rollout.tools import ToolRunner, configure_python_tool, resolve_tools
-from coati.cli.options import settings_from
 from coati.utils.errors import CoatiUsageError
 from coati.utils.registry import AGENTS, TOOL_CALL_PARSERS
 
@@ -117,7 +116,7 @@ def judge(args: argparse.Namespace, serve: bool) -> LLMJudge:
         url, token = local.url, local.token
         if rank() == 0:
             print(f"judge {args.judge_model} serving on {url} (log: {local.log_path})", flush=True)
-    return LLMJudge.from_settings(settings_from(args, JudgeSettings), url or "http://127.0.0.1/v1", rubric, token)
+    return LLMJudge.from_settings(args._run_config.judge, url or "http://127.0.0.1/v1", rubric, token)
 
 
 def judge_server_config(args: argparse.Namespace) -> JudgeServerConfig:
@@ -144,12 +143,10 @@ def check_sandbox(backend: str) -> None:
 
 
 def policy_loss(args: argparse.Namespace) -> PolicyLoss:
-    """The actor's loss as the flags say; options it does not take, or takes with a bad value, are refused."""
+    """The actor's loss as its section says; options it does not take, or takes with a bad value, are refused."""
+    run = args._run_config
     try:
-        return PolicyLoss(clip_eps_low=args.clip_eps_low, clip_eps_high=args.clip_eps_high, aggregation=args.loss_agg,
-                          norm_length=args.max_new_tokens, loss=args.policy_loss, behaviour_cap=args.behaviour_cap,
-                          options=dict(args.policy_loss_option), behaviour_correction=args.behaviour_correction,
-                          behaviour_options=dict(args.behaviour_correction_option))
+        return PolicyLoss.from_settings(run.actor_loss, run.rollout.sampling.max_new_tokens)
     except ValueError as error:
         raise CoatiUsageError(str(error)) from None
 
@@ -158,7 +155,7 @@ def vllm_config(args: argparse.Namespace) -> VLLMConfig:
     """How the flags run vLLM servers: on `--pretrain`, in the trainer's compute precision, logging under the run's
     log folder (else its output or checkpoint folder)."""
     precision = args.mixed_precision if torch.cuda.is_available() else "fp32"
-    return VLLMConfig.from_settings(settings_from(args, BackendSettings), args.pretrain,
+    return VLLMConfig.from_settings(args._run_config.engine, args.pretrain,
                                     args.vllm_python or default_vllm_python(),
                                     args.log_dir or args.output_dir or args.save_dir, f"vllm_rank{rank()}",
                                     {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[precision],
@@ -235,7 +232,7 @@ def ptx_loader(args: argparse.Namespace, setup: Any, tokenizer: Any) -> Optional
 
 def kl_controller(args: argparse.Namespace) -> KLController:
     """`--kl_coef`, adapted towards `--kl_target` when one is given."""
-    return KLController.from_settings(settings_from(args, KLSettings))
+    return KLController.from_settings(args._run_config.kl)
 
 
 def distillation(args: argparse.Namespace, setup: Any, tokenizer: Any, kwargs: Dict[str, Any]) -> Optional[Teacher]:

@@ -432,6 +432,16 @@ class PolicyLoss(torch.nn.Module):
         self.skip_threshold = skip_threshold
         self.aggregation, self.norm_length, self.behaviour_cap = aggregation, norm_length, behaviour_cap
 
+    @classmethod
+    def from_settings(cls, settings: Any, norm_length: int = 0) -> "PolicyLoss":
+        """The loss its settings section (`coati.config.PolicyLossSettings`) describes; `norm_length` is the
+        completion limit a constant-length aggregation divides by."""
+        return cls(clip_eps_low=settings.clip_eps_low, clip_eps_high=settings.clip_eps_high,
+                   aggregation=settings.loss_agg, norm_length=norm_length, behaviour_cap=settings.behaviour_cap,
+                   loss=settings.policy_loss, options=dict(settings.policy_loss_options),
+                   behaviour_correction=settings.behaviour_correction,
+                   behaviour_options=dict(settings.behaviour_correction_options))
+
     @property
     def clip_eps_low(self) -> float:
         return self.config.clip_eps_low
