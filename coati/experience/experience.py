@@ -91,6 +91,7 @@ def collate(samples: Sequence[RolloutSample], pad_token_id: int) -> Collated:
     reported = all(s.logprobs is not None for s in samples)
     return Collated(sequences, attention, action_mask, prompt_length, behaviour if reported else None, token_versions)
 
+
 @dataclass(frozen=True)
 class Experience:
     """Rollouts and everything the update needs, built by pure stages (`ExperienceMaker.from_trajectories`: each
