@@ -59,9 +59,11 @@ class RolloutSample:
 
 
 class Collated(NamedTuple):
-    """Samples as one padded batch: prompts left-padded to `prompt_length`, completions right-padded; `attention_mask`
-    over each prompt and its completion through its last sampled token; `action_mask` over the sampled tokens;
-    `behaviour_log_probs` where every sample has log-probs; per-token weights versions (0 on padding)."""
+    """Samples as one padded batch: prompts left-padded to `prompt_length`, completions right-padded. A row holds its
+    prompt and its completion through the last sampled token (`attention_mask`); what follows, such as a tool's answer
+    that a token budget cut off, is padding, so a reward model reads its score at the last sampled token.
+    `action_mask` marks the sampled tokens; `behaviour_log_probs` are there where every sample has log-probs;
+    `token_versions` are each token's weights version (0 on padding)."""
 
     sequences: torch.Tensor
     attention_mask: torch.Tensor
@@ -81,9 +83,9 @@ def collate(samples: Sequence[RolloutSample], pad_token_id: int) -> Collated:
     behaviour = torch.zeros(len(samples), width)
     token_versions = torch.zeros(len(samples), width, dtype=torch.long)
     for row, s in enumerate(samples):
-        p, c = len(s.prompt_ids), len(s.completion_ids)
-        sequences[row, prompt_length - p:prompt_length + c] = torch.tensor(s.prompt_ids + s.completion_ids)
-        attention[row, prompt_length - p:prompt_length - p + len(s.attended_ids)] = 1
+        p, c, attended = len(s.prompt_ids), len(s.completion_ids), s.attended_ids
+        sequences[row, prompt_length - p:prompt_length - p + len(attended)] = torch.tensor(attended)
+        attention[row, prompt_length - p:prompt_length - p + len(attended)] = 1
         action_mask[row, :c] = torch.tensor(s.completion_mask, dtype=torch.bool)
         token_versions[row, :c] = torch.tensor(s.token_versions, dtype=torch.long)
         if s.logprobs is not None:

@@ -150,3 +150,23 @@ def test_a_loss_reduced_some_other_way_is_refused_by_name(world_of_one, tiny_ass
     trainer._reduction = None
     with pytest.raises(CoatiUsageError, match=r"returned a tensor of shape \(2, 2\) for 3 pairs"):
         trainer._summed_loss(torch.tensor([2.0, -1.0, 0.5]), torch.tensor([0.0, 1.0, 0.2]))
+
+
+def test_the_scorer_reads_rollout_samples_as_they_are_and_pads_them_once(tiny_assets, rm_batch):
+    """Samples of different prompt lengths, one with environment tokens after its last sampled token (a multi-turn
+    episode cut by its token budget): collated once, each gets the score of its own attended tokens alone."""
+    from coati.experience.experience import RolloutSample
+    from coati.experience.scorer import REWARD_MODEL, Scorer
+
+    tokenizer, _ = rm_batch
+    model = load_reward_model(str(tiny_assets["model"]), tokenizer.pad_token_id).eval()
+    samples = [RolloutSample([5, 6, 7], [8, 9], [True, True], None, [0, 0]),
+               RolloutSample([10], [11, 12, 13, 14], [True, False, True, False], None, [0] * 4),
+               RolloutSample([15, 16], [17], [True], None, [0])]
+    total, components = Scorer(tokenizer, reward_model=model).score_texts(["p"] * 3, ["c"] * 3, {}, samples)
+    with torch.no_grad():
+        alone = [sequence_rewards(model, torch.tensor([s.attended_ids]), torch.ones(1, len(s.attended_ids),
+                                                                                     dtype=torch.long)).item()
+                 for s in samples]
+    assert [s.attended_ids for s in samples] == [[5, 6, 7, 8, 9], [10, 11, 12, 13], [15, 16, 17]]
+    assert total == pytest.approx(alone, abs=1e-5) and components[REWARD_MODEL] == total
