@@ -16,8 +16,8 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence
 
 from coati.config import SamplingConfig
 from coati.dataset.prepare import PROMPT_COLUMN
-from coati.experience.experience import RolloutSample
 from coati.dataset.collators import PROMPT_FIELDS
+from coati.experience.experience import RolloutSample
 from coati.experience.scorer import Scorer
 
 from .chat import ChatTokens

@@ -233,7 +233,7 @@ class BatchingPool(RolloutPool):
     `chunk_tokens` at a time, each chunk going on from the tokens so far on whatever weights the generator holds by
     then. A weight update, which a generator loads after the requests it already holds, so waits for one chunk
     instead of whole completions; each token keeps the version and log-prob of the weights that made it
-    (`Completions.token_versions`)."""
+    (`Sampled.versions`)."""
 
     chunk_tokens: int = 0
     stop_token_ids: Tuple[int, ...] = ()

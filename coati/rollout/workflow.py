@@ -9,8 +9,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from coati.config import SamplingConfig
-from coati.experience.experience import RolloutSample, per_name
 from coati.dataset.collators import PROMPT_FIELDS
+from coati.experience.experience import RolloutSample, per_name
 from coati.experience.scorer import Scorer, Scores
 
 from .pool import RolloutPool
