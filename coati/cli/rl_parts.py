@@ -313,7 +313,7 @@ def rollout_side(args: argparse.Namespace, maker: GRPOExperienceMaker, workflow:
 def scorer(args: argparse.Namespace, tokenizer: Any, config: RolloutConfig) -> Scorer:
     """What scores a rollout: the flags' reward functions and the frozen `--rm_pretrain` reward model."""
     return Scorer(tokenizer, reward_fn(args), frozen_reward_model(args, tokenizer), config.forward_batch_size,
-                  config.reward_model_weight)
+                  config.reward_model_weight, config.sampling.max_new_tokens)
 
 
 def frozen_reward_model(args: argparse.Namespace, tokenizer: Any) -> Optional[torch.nn.Module]:

@@ -73,10 +73,13 @@ class Collated(NamedTuple):
     token_versions: torch.Tensor
 
 
-def collate(samples: Sequence[RolloutSample], pad_token_id: int) -> Collated:
-    """The one place rollout samples are padded: for the learner's forwards and for a reward model's."""
+def collate(samples: Sequence[RolloutSample], pad_token_id: int, min_width: int = 0) -> Collated:
+    """The one place rollout samples are padded: for the learner's forwards and for a reward model's. Completions
+    are padded to the longest, and at least to `min_width` (the run's completion limit, `max_new_tokens`: a
+    single-turn batch then always has the one shape generation gives it, as verl's fixed response length, and the
+    same floating-point sums step after step)."""
     prompt_length = max(len(s.prompt_ids) for s in samples)
-    width = max(1, max(len(s.completion_ids) for s in samples))
+    width = max(1, min_width, max(len(s.completion_ids) for s in samples))
     sequences = torch.full((len(samples), prompt_length + width), pad_token_id, dtype=torch.long)
     attention = torch.zeros_like(sequences)
     action_mask = torch.zeros(len(samples), width, dtype=torch.bool)
@@ -218,7 +221,8 @@ class ExperienceMaker:
         the actor's log-probs now are the proximal policy's; the generators' log-probs, where the engine reported
         them (asynchronous rollouts), are its `behaviour_log_probs` for the off-policy correction. `timing` holds the
         seconds the rollouts took, by phase; `extra_rollouts` counts completions drawn beyond the batch."""
-        experience = stack_trajectories(trajectories, device, self.tokenizer.pad_token_id)
+        experience = stack_trajectories(trajectories, device, self.tokenizer.pad_token_id,
+                                        self.config.sampling.max_new_tokens)
         experience = dataclasses.replace(experience, timing={**experience.timing, **(timing or {})},
                                          extra_rollouts=extra_rollouts, packed=self.config.packing)
         experience = dataclasses.replace(experience, terminated=self._terminated(experience))
@@ -319,12 +323,14 @@ class GRPOExperienceMaker(ExperienceMaker):
         return self.teacher.with_advantages(experience) if self.teacher is not None else experience
 
 
-def stack_trajectories(trajectories: Sequence[Any], device: torch.device, pad_token_id: int = 0) -> Experience:
+def stack_trajectories(trajectories: Sequence[Any], device: torch.device, pad_token_id: int = 0,
+                       min_width: int = 0) -> Experience:
     """One experience batch from trajectories (`coati.rollout.Trajectory`, groups of `RolloutSample`s) collated once:
     tokens, masks, rewards, the generating log-probs as `behaviour_log_probs` where every engine reported them, and
-    each row's records (`_with_records`). Its advantages are zeros until a maker computes them."""
+    each row's records (`_with_records`); completions padded at least to `min_width`. Its advantages are zeros until a
+    maker computes them."""
     samples = [s for t in trajectories for s in t.samples]
-    batch = collate(samples, pad_token_id)
+    batch = collate(samples, pad_token_id, min_width)
     rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32, device=device)
     behaviour = None if batch.behaviour_log_probs is None else batch.behaviour_log_probs.to(device)
     tokens = Experience(batch.sequences.to(device), batch.attention_mask.to(device), batch.action_mask.to(device),

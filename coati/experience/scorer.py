@@ -23,16 +23,16 @@ Scores = Tuple[List[float], Dict[str, List[float]]]
 class Scorer:
     """Decodes completions (special tokens left out) and scores them: `reward_fn` on the text with the prompt
     row's other fields, plus `reward_model`'s score of the token sequences (the component `reward_model`) when
-    one is given (`forward_batch_size` rows per forward; 0: all at once; the samples collated as the learner's are),
-    added to the total with
-    `reward_model_weight`. Returns (total per completion, components by name); with neither, every reward is 0
-    (a run that learns from a distillation teacher alone)."""
+    one is given (`forward_batch_size` rows per forward, 0: all at once; the samples collated as the learner's are,
+    at least `completion_width` wide), added to the total with `reward_model_weight`. Returns (total per completion,
+    components by name); with neither, every reward is 0 (a run that learns from a distillation teacher alone)."""
 
     def __init__(self, tokenizer: Any, reward_fn: Optional[WeightedReward] = None,
                  reward_model: Optional[torch.nn.Module] = None, forward_batch_size: int = 0,
-                 reward_model_weight: float = 1.0) -> None:
+                 reward_model_weight: float = 1.0, completion_width: int = 0) -> None:
         self.tokenizer, self.reward_fn, self.reward_model = tokenizer, reward_fn, reward_model
         self.forward_batch_size, self.reward_model_weight = forward_batch_size, reward_model_weight
+        self.completion_width = completion_width
         self.trainer_state: Optional[TrainerState] = None
         """The trainer's progress, for reward functions (TRL's `trainer_state`); the trainer sets it each episode."""
         self._pending: List[Tuple[Sequence[str], Sequence[str], Dict[str, Sequence[Any]],
@@ -65,7 +65,7 @@ class Scorer:
         if self.reward_model is not None:
             if samples is None:
                 raise ValueError("a reward model scores token sequences: pass the rollout samples")
-            batch = collate(samples, self.tokenizer.pad_token_id)
+            batch = collate(samples, self.tokenizer.pad_token_id, self.completion_width)
             scores = in_row_chunks(lambda rows: sequence_rewards(self.reward_model, batch.sequences[rows],
                                                                  batch.attention_mask[rows]),
                                    len(samples), self.forward_batch_size).tolist()

@@ -480,6 +480,8 @@ def test_agent_episodes_keep_prompts_of_their_own_and_are_padded_once_when_colla
     assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 0]]
     assert batch.action_mask.tolist() == [[True, True], [True, False]]
     assert batch.behaviour_log_probs.tolist() == [[-1.0, -2.0], [-3.0, 0.0]]
+    wide = collate(trajectory.samples, 0, min_width=5)   # at least the completion limit wide: one shape every step
+    assert wide.action_mask.shape == (2, 5) and wide.sequences[:, :6].tolist() == batch.sequences.tolist()
 
 
 def test_the_recorded_tokens_are_what_a_real_engine_produced(tiny_assets):
