@@ -336,13 +336,12 @@ def stack_trajectories(trajectories: Sequence[Any], device: torch.device, pad_to
     tokens = Experience(batch.sequences.to(device), batch.attention_mask.to(device), batch.action_mask.to(device),
                         batch.prompt_length, None, rewards, torch.zeros_like(rewards), behaviour_log_probs=behaviour,
                         token_versions=batch.token_versions.to(device))
-    return _with_records(tokens, trajectories)
+    return _with_records(tokens, trajectories, samples)
 
 
-def _with_records(experience: Experience, trajectories: Sequence[Any]) -> Experience:
-    """`experience` with each row's records, for logs and sample tables: its text, reward components and rollout
-    stats, and its trajectory's weights version and streamed prompt's (pass, row)."""
-    samples = [s for t in trajectories for s in t.samples]
+def _with_records(experience: Experience, trajectories: Sequence[Any], samples: Sequence[RolloutSample]) -> Experience:
+    """`experience` with each row's records (`samples`, the trajectories' in order), for logs and sample tables: its
+    text, reward components and rollout stats, and its trajectory's weights version and streamed prompt's (pass, row)."""
     versions = torch.tensor([t.version for t in trajectories for _ in t.samples], device=experience.rewards.device)
     return dataclasses.replace(experience, prompts=[s.prompt for s in samples],
                                completions=[s.completion for s in samples],
