@@ -19,10 +19,11 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase, get_sche
 
 from coati.dataset.collators import COLLATORS
 from coati.dataset.prepare import load_prepared
-from coati.dataset.sampler import StatefulDistributedSampler, TokenBudgetBatchSampler, row_tokens
+from coati.dataset.sampler import StatefulDistributedSampler, TokenBudgetBatchSampler, longest_sequence, row_tokens
 from coati.dataset.tokenization import load_tokenizer
 from coati.utils.comm import is_rank_0, rank, world_size
 from coati.distributed.launch import init_distributed
+from coati.distributed.memory import check_run_memory
 from coati.distributed.plugins import BoostSetup, build_booster, check_first_forward, check_plugin_available
 from coati.models.lora import enable_lora, export_adapter_and_merge
 from coati.models.packing import enable_packed_attention
@@ -223,10 +224,12 @@ def reference_hook(context: RunContext) -> Dict[str, Any]:
 
 
 def preflight(args: argparse.Namespace) -> None:
-    """Everything that can be checked before a process group exists: the plugin, the paths the flags name,
-    and the checkpoint to resume (intact, written for a model of `--pretrain`'s shape)."""
+    """Everything that can be checked before a process group exists: the plugin, the paths the flags name, that the
+    model states fit in memory (`check_run_memory`), and the checkpoint to resume (intact, written for a model of
+    `--pretrain`'s shape)."""
     check_plugin_available(args.plugin)
     configs = check_run_paths(args)
+    check_run_memory(args._run_config, longest_sequence(load_prepared(args.dataset, getattr(args, "data_type", None))))
     checkpoint = resolve_checkpoint(args)
     if checkpoint:
         verify_checkpoint(checkpoint, model_signature(configs["pretrain"]))

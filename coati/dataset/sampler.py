@@ -44,6 +44,15 @@ def row_tokens(dataset: Any, max_length: int = 0) -> List[int]:
     return totals
 
 
+def longest_sequence(dataset: Any) -> int:
+    """The most tokens in one sequence of a prepared dataset (one value of an `*input_ids` column; 0 when empty)."""
+    import pyarrow.compute as pc
+
+    table = dataset.with_format("arrow")
+    lengths = [pc.max(pc.list_value_length(table[c])).as_py() for c in dataset.column_names if c.endswith("input_ids")]
+    return max((n for n in lengths if n is not None), default=0)
+
+
 class TokenBudgetBatchSampler:
     """Micro-batches of whole rows filled up to `max_tokens` packed tokens on every rank, for `--max_tokens_per_batch`.
 

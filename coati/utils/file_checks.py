@@ -28,6 +28,12 @@ class CorruptFileError(CoatiUsageError):
 
 
 def check_safetensors(path: Path) -> None:
+    safetensors_header(path)
+
+
+def safetensors_header(path: Path) -> Dict[str, Any]:
+    """The JSON header of the safetensors file `path` (each tensor's dtype, shape and offsets), once the file is
+    checked to hold everything the header declares."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
@@ -43,6 +49,18 @@ def check_safetensors(path: Path) -> None:
     end = max((entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"), default=0)
     if 8 + header_len + end > size:
         raise CorruptFileError(f"{path} is truncated: {size} bytes of the {8 + header_len + end} its header declares")
+    return header
+
+
+def weight_shapes(folder: Path) -> Optional[Dict[str, List[int]]]:
+    """Every tensor's shape in the safetensors weights of the model folder `folder` (single-file or sharded), read from
+    the headers alone; None where its weights are not safetensors."""
+    index = folder / INDEX_FILES[0]
+    files = _indexed_files(index) if index.is_file() else [folder / WEIGHT_FILES[0]]
+    if not all(path.is_file() for path in files):
+        return None
+    return {name: entry["shape"] for path in files for name, entry in safetensors_header(path).items()
+            if name != "__metadata__"}
 
 
 def check_torch_file(path: Path) -> None:

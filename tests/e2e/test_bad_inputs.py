@@ -60,7 +60,41 @@ def bad(tiny_assets, tmp_path_factory):
     paths.update(_checkpoints(root, tiny_assets))
     paths.update(_raw_files(root, tiny_assets))
     paths.update(_agent_assets(root, tiny_assets))
+    paths["model_70b"] = sparse_model(root / "model_70b", tiny_assets["model"], SHAPE_70B)
     return paths
+
+
+SHAPE_70B = {"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64,
+             "num_key_value_heads": 8}
+"""Llama-2-70B's widths (69 billion parameters at the tiny model's vocabulary): more than any machine's memory
+holds in fp32, so that the refusal does not depend on the machine running the test."""
+
+
+def sparse_model(folder: Path, tiny_model: str, widths: dict) -> str:
+    """The tiny model's tokenizer and config at `widths`, with a bf16 safetensors file whose header declares every
+    weight of that shape and whose size is theirs, but sparse: on disk it takes a few kB, and nothing can read it
+    without noticing. What a large model looks like to every check made before loading."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    shutil.copytree(tiny_model, folder, ignore=shutil.ignore_patterns("model.safetensors"))
+    config = AutoConfig.from_pretrained(folder)
+    for name, value in widths.items():
+        setattr(config, name, value)
+    config.head_dim = config.hidden_size // config.num_attention_heads
+    config.save_pretrained(folder)
+    with torch.device("meta"):
+        state = AutoModelForCausalLM.from_config(config).state_dict()
+    header, offset = {}, 0
+    for name, tensor in state.items():
+        size = tensor.numel() * 2
+        header[name] = {"dtype": "BF16", "shape": list(tensor.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    head = json.dumps(header).encode()
+    with open(folder / "model.safetensors", "wb") as f:
+        f.write(len(head).to_bytes(8, "little") + head)
+        f.truncate(8 + len(head) + offset)
+    return str(folder)
 
 
 def _agent_assets(root: Path, assets) -> dict:
@@ -298,6 +332,13 @@ CASES = [
      "--pretrain"),
     ("pretrain_empty_dir", lambda p: ("train_sft", ["--pretrain", p["empty"], "--dataset", p["sft_train"]]),
      "config.json: file not found"),
+    ("model_too_big_for_memory", lambda p: _sft(p, "--pretrain", p["model_70b"]),
+     "this run cannot fit: before any activation it needs about 1275.9 GiB per process (weights 255.0, gradients "
+     "510.1, optimizer states 510.1, runtime 0.8 GiB, estimated from the model folders and --plugin ddp) and each "
+     "process has "),
+    ("grpo_too_big_for_memory", lambda p: _grpo(p, "--pretrain", p["model_70b"], "--lora_rank", "16"),
+     "this run cannot fit: before any activation it needs about 258.9 GiB per process (weights 255.0, gradients 1.5, "
+     "optimizer states 1.5, runtime 0.8 GiB"),
     ("pretrain_truncated_weights", lambda p: ("train_sft", ["--pretrain", p["truncated_model"], "--dataset", p["sft_train"]]),
      "model.safetensors is truncated"),
     ("pretrain_bad_config", lambda p: ("train_sft", ["--pretrain", p["bad_config_model"], "--dataset", p["sft_train"]]),
@@ -409,7 +450,7 @@ def test_bad_input_found_once_the_run_started_gives_one_error_line_and_status_2(
     _check_error_line(result.stderr, expected)
 
 
-AS_PROCESSES = ["batch_size_0", "num_generations_1", "rl_max_steps", "output_dir_under_file",
+AS_PROCESSES = ["batch_size_0", "num_generations_1", "rl_max_steps", "output_dir_under_file", "model_too_big_for_memory",
                 "pretrain_truncated_weights", "checkpoint_other_size", "prep_binary_file"]
 
 
