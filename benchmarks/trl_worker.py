@@ -1,6 +1,6 @@
 """One rank of a TRL run for benchmarks/bench_training.py, run by TRL's own environment (`make trl-env`) under its
 torchrun: the same model, rows, batch size, learning rate and seed as coati's run of the task, at TRL's best correct
-setting per task (padding-free SFT; padded reward modelling and DPO, whose padding-free mode TRL 1.16 refuses or
+setting per task, on the CPU or (`--gpu`) the GPU in bf16 (padding-free SFT; padded reward modelling and DPO, whose padding-free mode TRL 1.16 refuses or
 lacks; GRPO with HF generation, one update per batch). Writes `rank{r}.json` with each step's end time, tokens and
 peak RSS, as the hand-written loop does.
 
@@ -37,10 +37,10 @@ class StepTimes(TrainerCallback):
 
 
 def _common(args: argparse.Namespace) -> dict:
+    device = dict(bf16=True) if args.gpu else dict(use_cpu=True, ddp_backend="gloo")
     return dict(output_dir=args.worker_out, per_device_train_batch_size=args.batch_size, learning_rate=1e-5, seed=0,
                 num_train_epochs=1, max_steps=args.steps or -1, logging_steps=1, save_strategy="no", report_to=[],
-                use_cpu=True, ddp_backend="gloo", lr_scheduler_type="constant_with_warmup", dataloader_num_workers=0,
-                disable_tqdm=True)
+                lr_scheduler_type="constant_with_warmup", dataloader_num_workers=0, disable_tqdm=True, **device)
 
 
 def _sft(args, tokenizer, callback):
@@ -88,7 +88,7 @@ def _grpo(args, tokenizer, callback):
     data = _raw(args, "prompt.jsonl").rename_column("messages", "prompt")
     config = GRPOConfig(**{**_common(args), "per_device_train_batch_size": args.prompts * args.num_generations},
                         num_generations=args.num_generations, max_completion_length=args.max_new_tokens,
-                        steps_per_generation=1, beta=0.0, temperature=1.0)
+                        steps_per_generation=1, beta=args.beta, temperature=1.0)
     return GRPOTrainer(args.model, reward_funcs=correct, args=config, train_dataset=data, processing_class=tokenizer,
                        callbacks=[callback])
 
@@ -104,6 +104,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=2, help="GRPO: prompts per rank per step")
     parser.add_argument("--num_generations", type=int, default=4)
     parser.add_argument("--max_new_tokens", type=int, default=32)
+    parser.add_argument("--beta", type=float, default=0.0, help="GRPO: KL weight (above 0: a reference model)")
+    parser.add_argument("--gpu", action="store_true", help="train on the GPU in bf16 (default: the CPU, fp32, gloo)")
     args = parser.parse_args()
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     callback = StepTimes()

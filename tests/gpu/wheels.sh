@@ -2,7 +2,8 @@
 # Wheels of the supported stack for a GPU machine that has its own torch (and CUDA) but no package registry, such as
 # the lent H100/H200 (Python 3.12, torch 2.11+cu130): colossalai 0.5.0 built here, transformers 4.51.3 and what coati
 # imports that such an image lacks. bitsandbytes keeps only its CUDA 13.0 library, so everything fits in 64 MiB.
-# Usage: bash tests/gpu/wheels.sh [DIR (default .whl)] [PYTHON_VERSION (default 3.12)]; then tests/gpu/check.sh there.
+# Usage: bash tests/gpu/wheels.sh [DIR (default .whl)] [PYTHON_VERSION (default 3.12)]; then tests/gpu/check.sh or
+# tests/gpu/bench.sh there.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DIR=${1:-.whl}; PYV=${2:-3.12}
@@ -14,6 +15,13 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PYV"
   multiprocess==0.70.19 peft==0.13.2 galore-torch==1.0 bitsandbytes==0.50.2 math-verify==0.9.0 \
   latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 googleapis-common-protos==1.76.0
 python3 -m pip wheel -q --no-deps colossalai==0.5.0 -w "$DIR"
+# TRL for tests/gpu/bench.sh's peer rows, in a folder of its own: it runs on the image's transformers (TRL 1.16 needs
+# >= 4.56), with datasets and the math reward's packages beside it
+mkdir -p "$DIR/trl"
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PYV" --implementation cp --platform any \
+  -d "$DIR/trl" trl==1.16.0
+for name in datasets dill multiprocess math_verify latex2sympy2_extended antlr4_python3_runtime; do
+  cp "$DIR/$name"-*.whl "$DIR/trl/"; done
 python3 - "$DIR" <<'PY'
 import glob, os, sys, zipfile
 src = glob.glob(os.path.join(sys.argv[1], "bitsandbytes-*.whl"))[0]
