@@ -2,7 +2,7 @@
 estimate (`coati.distributed.memory`) beside each measured row.
 
     python benchmarks/bench_gpu.py --out $OUT/bench                      # on a GPU machine: tests/gpu/bench.sh
-    python benchmarks/bench_gpu.py --group large --out $OUT/bench        # the 4B LoRA and 7B rows
+    python benchmarks/bench_gpu.py --group large --out $OUT/bench        # 4B LoRA, 7B SFT (large_grpo: 7B GRPO)
     python benchmarks/bench_gpu.py --group cpu_check --out /tmp/bench    # this script's own check, on a CPU
     python benchmarks/bench_gpu.py --group cpu_memory --seq_len 4096     # the memory estimate against a CPU run
 
@@ -84,9 +84,11 @@ CASES: Dict[str, Case] = {
     "trl grpo 0.6B": Case("qwen3-0.6b", "trl_grpo"),
     "sft 4B LoRA 16 zero2": Case("qwen3-4b", "sft", "zero2", ("--lora_rank", "16", "--grad_checkpoint")),
     "sft 7B gemini": Case("qwen2.5-7b", "sft", "gemini", ("--grad_checkpoint",)),
+    "sft 7B gemini_auto": Case("qwen2.5-7b", "sft", "gemini_auto", ("--grad_checkpoint",)),
     "sft 7B zero2_cpu": Case("qwen2.5-7b", "sft", "zero2_cpu", ("--grad_checkpoint",)),
     "sft 7B LoRA 16 zero2": Case("qwen2.5-7b", "sft", "zero2", ("--lora_rank", "16", "--grad_checkpoint")),
-    "grpo 7B gemini": Case("qwen2.5-7b", "grpo", "gemini", ("--grad_checkpoint",)),
+    "grpo 7B zero2_cpu": Case("qwen2.5-7b", "grpo", "zero2_cpu", ("--grad_checkpoint",)),
+    "grpo 7B LoRA 16 zero2": Case("qwen2.5-7b", "grpo", "zero2", ("--lora_rank", "16", "--grad_checkpoint")),
     "sft tiny ddp": Case("tiny", "sft"),
     "sft tiny ddp, padded rows": Case("tiny", "sft", padded=True),
     "grpo tiny ddp": Case("tiny", "grpo"),
@@ -97,7 +99,8 @@ CASES: Dict[str, Case] = {
 GROUPS = {
     "anchors": ["sft 0.6B ddp", "sft 0.6B zero2", "sft 0.6B gemini", "sft 0.6B zero2, padded rows", "grpo 0.6B zero2",
                 "trl sft 0.6B", "trl grpo 0.6B"],
-    "large": ["sft 4B LoRA 16 zero2", "sft 7B gemini", "sft 7B zero2_cpu", "sft 7B LoRA 16 zero2", "grpo 7B gemini"],
+    "large": ["sft 4B LoRA 16 zero2", "sft 7B gemini", "sft 7B gemini_auto", "sft 7B zero2_cpu"],
+    "large_grpo": ["sft 7B LoRA 16 zero2", "grpo 7B zero2_cpu", "grpo 7B LoRA 16 zero2"],
     "cpu_check": ["sft tiny ddp", "sft tiny ddp, padded rows", "grpo tiny ddp"],
     "cpu_memory": ["sft 100M ddp", "sft 100M ddp, grad checkpoint"],
 }
@@ -121,7 +124,7 @@ def build_model(shape: str, folder: Path, tokenizer: Any, device: str) -> Path:
                                   eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                                   max_position_embeddings=32768, torch_dtype=dtype)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = AutoModelForCausalLM.from_config(config, torch_dtype=getattr(torch, dtype))
     model.to_empty(device=device)
     torch.manual_seed(0)
     with torch.no_grad():
@@ -130,7 +133,7 @@ def build_model(shape: str, folder: Path, tokenizer: Any, device: str) -> Path:
                 param.fill_(1.0)
             else:
                 param.normal_(0.0, 0.02)
-    model.to(torch.bfloat16 if device == "cuda" else torch.float32).save_pretrained(folder)
+    model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # coati's trainer measured on one GPU (benchmarks/bench_gpu.py), on a GPU machine whose Python has torch with CUDA:
 # the wheels of tests/gpu/wheels.sh installed and colossalai's kernels built (tests/gpu/setup.sh), then GROUP's rows
-# (anchors: Qwen3-0.6B's shape on each one-GPU plugin, packed and padded, GRPO, TRL; large: 4B LoRA and the 7B rows)
+# (anchors: Qwen3-0.6B's shape on each one-GPU plugin, packed and padded, GRPO, TRL; large: 4B LoRA and 7B SFT;
+# large_grpo: 7B GRPO)
 # run within DEADLINE seconds. Prints the table; writes it, results.json and the tail of each run's log to $OUT
 # (default output/bench_gpu). Models and data stay in /tmp/bench_gpu.
 set -u
