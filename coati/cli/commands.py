@@ -9,7 +9,7 @@ import contextlib
 import contextvars
 import io
 import sys
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from coati.cli.arguments import run_config_from, run_config_parser
 from coati.cli.colossalchat import add_colossalchat_flags
@@ -53,13 +53,16 @@ class _ParserBuilt(BaseException):
 
 _MODE = contextvars.ContextVar("coati_command_mode", default="run")
 """How far a command goes: `run`; `check` (`check_flags`: parse and check the paths); `parser` (`command_parser`)."""
+_LAUNCH: contextvars.ContextVar = contextvars.ContextVar("coati_launch", default=(1, 1))
+"""In `check` mode, the (world size, processes on this node) the launch will start."""
 
 
-def check_flags(name: str, argv: List[str]) -> None:
-    """Parse training command `name`'s flags and run its path checks, as its run would, printing nothing unless
-    they fail (then one line and exit 2): `coati --nproc_per_node N` does this before it starts any process, so a
-    wrong flag is answered once, not on every rank under torchrun's report."""
-    token, said = _MODE.set("check"), io.StringIO()
+def check_flags(name: str, argv: List[str], launch: Tuple[int, int] = (1, 1)) -> None:
+    """Parse training command `name`'s flags and run its path checks and its memory check for the `launch` (world
+    size, processes on this node), as its run would, printing nothing unless they fail (then one line and exit 2):
+    `coati --nproc_per_node N` does this before it starts any process, so a wrong flag is answered once, not on every
+    rank under torchrun's report."""
+    token, said, launching = _MODE.set("check"), io.StringIO(), _LAUNCH.set(launch)
     try:
         with contextlib.redirect_stderr(said):
             TRAINING[name](argv)
@@ -70,6 +73,7 @@ def check_flags(name: str, argv: List[str]) -> None:
         raise
     finally:
         _MODE.reset(token)
+        _LAUNCH.reset(launching)
 
 
 def command_parser(name: str) -> argparse.ArgumentParser:
@@ -103,6 +107,9 @@ def _finish(parser: argparse.ArgumentParser, argv: Optional[List[str]]) -> argpa
     args._run_config = run_config_from(args, parser.run_config)
     if _MODE.get() == "check":
         _check_plugin(args.plugin)
+        from coati.distributed.memory import check_run_memory
+
+        check_run_memory(args._run_config, launch=_LAUNCH.get())
         raise _FlagsChecked
     return args
 

@@ -52,19 +52,32 @@ def main(argv: Optional[List[str]] = None) -> None:
     except CoatiUsageError as error:
         _refuse(str(error))
     if launch and not any(os.environ.get(v) for v in LAUNCHER_ENV):
-        _check_before_launch(name, rest)
+        _check_before_launch(name, rest, launch)
         sys.exit(subprocess.call(launcher_command(name, launch, rest)))
     sys.argv[0] = f"coati {name}"   # the command's --help and errors name it
     commands[name](rest)
 
 
-def _check_before_launch(name: str, argv: List[str]) -> None:
-    """A training command's flags parsed and its paths checked here, once, before any process starts."""
+def _check_before_launch(name: str, argv: List[str], launch: Dict[str, str]) -> None:
+    """A training command's flags parsed, its paths checked and its memory estimated here, once, for the processes
+    `launch` starts, before any of them starts."""
     from coati.cli.commands import TRAINING, check_flags
 
     if name in TRAINING:
         sys.argv[0] = f"coati {name}"
-        check_flags(name, argv)
+        check_flags(name, argv, launched_processes(launch))
+
+
+def launched_processes(launch: Dict[str, str]) -> Tuple[int, int]:
+    """(world size, processes on each node) of `launch`: `--nproc_per_node` times `--nnodes` (torchrun) or the
+    hostfile's hosts (colossalai run)."""
+    nproc = int(launch.get("--nproc_per_node", "1"))
+    if "--hostfile" in launch:
+        lines = Path(launch["--hostfile"]).read_text().splitlines()
+        nodes = sum(1 for line in lines if line.strip() and not line.lstrip().startswith("#"))
+    else:
+        nodes = int(launch.get("--nnodes", "1"))
+    return nproc * max(nodes, 1), nproc
 
 
 def _refuse(message: str) -> NoReturn:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
@@ -253,10 +254,11 @@ def training_bytes(parallel: PluginConfig) -> int:
     return 2 if parallel.mixed_precision != "fp32" and torch.cuda.is_available() else 4
 
 
-def check_run_memory(run: Any, longest: int = 0) -> None:
-    """`run`'s estimate (over `WORLD_SIZE` processes, on data whose longest sequence has `longest` tokens) against this
-    process's free memory (`check_memory`), before anything loads. Skipped where a model's shape cannot be read from
-    its folder: no estimate beats a wrong one."""
+def check_run_memory(run: Any, longest: int = 0, launch: Optional[Tuple[int, int]] = None) -> None:
+    """`run`'s estimate (on data whose longest sequence has `longest` tokens) against the free memory
+    (`check_memory`), before anything loads: this process's, from torchrun's environment; or, given `launch` (the
+    world size and the processes on this node), before `coati --nproc_per_node N` starts them. Skipped where a model's
+    shape cannot be read from its folder: no estimate beats a wrong one."""
     trained, frozen = held_models(run)
     shapes = {}
     for flag, folder in {**trained, **frozen}.items():
@@ -264,8 +266,11 @@ def check_run_memory(run: Any, longest: int = 0) -> None:
         if shape is None:
             return
         shapes[folder] = shape
-    estimate = estimate_run(run, shapes, training_bytes(run.parallel), int(os.environ.get("WORLD_SIZE", 1)), longest)
-    check_memory(estimate, free_capacity(), run.parallel, run.lora.lora_rank)
+    world, local = launch or (int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    capacity = free_capacity(local, before_launch=launch is not None)
+    if capacity is not None:
+        estimate = estimate_run(run, shapes, training_bytes(run.parallel), world, longest)
+        check_memory(estimate, capacity, run.parallel, run.lora.lora_rank)
 
 
 # ---- the check -------------------------------------------------------------------------------------------------------
@@ -283,16 +288,31 @@ class Capacity:
         return self.host / max(self.processes, 1)
 
 
-def free_capacity() -> Capacity:
-    """This process's `Capacity`: the free memory of its GPU (`LOCAL_RANK`'s) and the node's available CPU memory
-    shared by its `LOCAL_WORLD_SIZE` processes."""
+def free_capacity(processes: int, before_launch: bool = False) -> Optional[Capacity]:
+    """The `Capacity` of each of the node's `processes`: the node's available CPU memory shared by them, and the free
+    memory of this process's GPU (`LOCAL_RANK`'s), or before a launch the least free on the node's GPUs, read with
+    `nvidia-smi` so that the launcher makes no CUDA context (None where it cannot be read then)."""
     import psutil
     import torch
 
     device = None
     if torch.cuda.is_available():
-        device = float(torch.cuda.mem_get_info(int(os.environ.get("LOCAL_RANK", 0)))[0])
-    return Capacity(device, float(psutil.virtual_memory().available), int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        device = _least_free_gpu() if before_launch else float(torch.cuda.mem_get_info(local_rank)[0])
+        if device is None:
+            return None
+    return Capacity(device, float(psutil.virtual_memory().available), processes)
+
+
+def _least_free_gpu() -> Optional[float]:
+    """Bytes free on the node's fullest GPU, from `nvidia-smi` (None without it)."""
+    try:
+        listed = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+                                capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    free = [float(line) for line in listed.stdout.split() if line.replace(".", "", 1).isdigit()]
+    return min(free) * 2**20 if listed.returncode == 0 and free else None
 
 
 def check_memory(estimate: MemoryEstimate, capacity: Capacity, parallel: PluginConfig, lora_rank: int) -> None:

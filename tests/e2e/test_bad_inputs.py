@@ -484,6 +484,21 @@ def test_bad_input_under_torchrun_names_our_error_in_the_summary(bad, name):
     assert "To enable traceback" not in result.stderr
 
 
+@pytest.mark.slow
+def test_a_launch_refuses_a_run_that_cannot_fit_before_starting_any_process(bad):
+    """`coati sft ... --nproc_per_node 2` with a model whose states cannot fit: one line and status 2 from the launcher,
+    the memory shared by the two processes it would start, and no torchrun report."""
+    result = subprocess.run([sys.executable, "-m", "coati.cli.main", "sft", "--pretrain", bad["model_70b"], "--dataset",
+                             bad["sft_train"], "--nproc_per_node", "2"], capture_output=True, text=True, cwd=REPO,
+                            env=child_env(), timeout=120)
+    assert result.returncode == 2
+    lines = (result.stdout + result.stderr).strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: this run cannot fit: before any activation it needs about "
+                                                   "1275.9 GiB per process"), lines
+    assert re.search(r"each process has [0-9.]+ GiB, its share of the [0-9.]+ GiB of CPU memory available to 2 "
+                     r"processes;", lines[0]), lines[0]
+
+
 BAD_REWARDS = '''import math
 import time
 

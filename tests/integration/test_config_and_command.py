@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from conftest import REPO, SCRIPTS, child_env, parsed_args, train_records
-from coati.cli.main import launch_options, launcher_command
+from coati.cli.main import launch_options, launched_processes, launcher_command
 from support import run_coati as _run_coati
 
 
@@ -268,6 +268,9 @@ def test_launch_flags_and_keys_become_torchrun_or_colossalai_run(tmp_path):
     command = launcher_command("sft", {"--hostfile": str(hostfile), "--nproc_per_node": "8"}, ["--lr", "1"])
     assert command[:6] == ["colossalai", "run", "--hostfile", str(hostfile), "--nproc_per_node", "8"]
     assert command[6].endswith("coati/cli/main.py") and command[7:] == ["sft", "--lr", "1"]
+    hostfile.write_text("# the nodes\nnode1\n\nnode2\nnode3\n")   # the memory check's (world size, processes a node)
+    assert launched_processes({"--hostfile": str(hostfile), "--nproc_per_node": "8"}) == (24, 8)
+    assert launched_processes(nodes) == (16, 8) and launched_processes(launch) == (2, 2)
 
 
 def test_the_console_line_shows_a_log_steps_numbers_as_trl_users_read_them():
