@@ -14,11 +14,7 @@ Frozen models (the reference, a reward model, a teacher) take h bytes a paramete
 (`RUNTIME_BYTES`). Activations are those a decoder layer keeps for backward: 7H + 3K + 4I values a token (H hidden,
 K key-value and I MLP width), and in half precision the norms' fp32 copies, 8H bytes; the layer's input alone under
 --grad_checkpoint, plus one layer recomputed. The logits of the micro-batch and their gradient take 2·h bytes a token
-and vocabulary entry.
-
-Checked on this project's 2-core CPU (fp32, ddp, a 145M-parameter Llama at a 32k vocabulary, 4,096 packed tokens a
-micro-batch; `benchmarks/bench_gpu.py --group cpu_memory`): 7.7 GiB estimated against a peak RSS of 6.9 GiB, and
-4.8 against 5.7 with --grad_checkpoint."""
+and vocabulary entry. How close this comes to measured runs is in docs/guides/plugins.md."""
 from __future__ import annotations
 
 import os
@@ -128,9 +124,8 @@ def _numel(shape: List[int]) -> int:
 
 def _lora_params(shapes: Dict[str, List[int]], lora: LoraSettings) -> int:
     """Parameters of rank-`lora_rank` adapters on the linear layers `lora_target_modules` names ('all-linear': every
-    matrix but the embeddings and the output head), at rank 8 where the run sets none (so that the estimate can
-    suggest LoRA)."""
-    rank = lora.lora_rank or 8
+    matrix but the embeddings and the output head, as peft takes it); 0 without LoRA."""
+    rank = lora.lora_rank
     targets = set(lora.lora_target_modules)
     total = 0
     for name, shape in shapes.items():
