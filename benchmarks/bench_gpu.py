@@ -252,12 +252,17 @@ def launch(name: str, case: Case, model: Path, args: argparse.Namespace, data: D
             [str(REPO), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, path))}
     with GpuMemoryPeak() as gpu:
-        done = subprocess.run([sys.executable, "-c", wrapper, *command], capture_output=True, text=True, env=env,
-                              cwd=run_dir, timeout=args.timeout)
+        try:
+            done = subprocess.run([sys.executable, "-c", wrapper, *command], capture_output=True, text=True, env=env,
+                                  cwd=run_dir, timeout=args.timeout)
+        except subprocess.TimeoutExpired as expired:
+            said = f"{expired.stdout or ''}{expired.stderr or ''}"
+            (run_dir / "run.log").write_text(" ".join(command) + "\n" + said)
+            return {"error": f"timed out after {args.timeout} s"}
     output = done.stdout + done.stderr
     (run_dir / "run.log").write_text(" ".join(command) + "\n" + output)
     if done.returncode:
-        return {"error": output.strip().splitlines()[-1] if output.strip() else f"exit {done.returncode}"}
+        return {"error": failure_line(output) or f"exit {done.returncode}"}
     numbers = {"peak_gpu_gib": gpu.peak_mib / 1024 if gpu.peak_mib is not None else None,
                "peak_cpu_gib": int(PEAK_RSS.search(done.stdout).group(1)) / 2**20}
     if case.runner == "sft":
@@ -267,6 +272,15 @@ def launch(name: str, case: Case, model: Path, args: argparse.Namespace, data: D
     else:
         numbers["tokens_per_s"] = trl_rate(run_dir)
     return numbers
+
+
+def failure_line(output: str) -> str:
+    """The line that says why a launch failed: coati's `error:` line (torchrun's report repeats it), else the last
+    exception's, else the last line."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    ours = [line for line in lines if line.startswith("error: ")]
+    raised = [line for line in lines if re.match(r"^\w+(Error|Exception)\b", line)]
+    return (ours or raised or lines or [""])[-1]
 
 
 def grpo_rates(metrics: Path) -> Dict[str, float]:
@@ -387,6 +401,9 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(data["tokenizer"])
+    versions = {"torch": torch.__version__, "cuda": torch.version.cuda,
+                "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+                "date": time.strftime("%Y-%m-%d")}
     results: Dict[str, Dict[str, Any]] = {}
     for name in names:
         case = CASES[name]
@@ -401,15 +418,19 @@ def main() -> None:
             result["estimate"] = estimate(case, model, args, data)
         results[name] = result
         print(f"{name}: {json.dumps(result)}", flush=True)
-    versions = {"torch": torch.__version__, "cuda": torch.version.cuda,
-                "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
-                "date": time.strftime("%Y-%m-%d")}
+        lines = write_results(out, versions, args, results)   # after every row: a deadline keeps the rows done
+    print("\n".join(lines))
+
+
+def write_results(out: Path, versions: Dict[str, Any], args: argparse.Namespace, results: Dict[str, Dict[str, Any]]
+                  ) -> List[str]:
+    """`results.json` and `table.md` in `out`; returns the table's lines."""
     lines = [f"{versions['device']}, torch {versions['torch']} (CUDA {versions['cuda']}), {versions['date']}; "
              f"`python benchmarks/bench_gpu.py {' '.join(sys.argv[1:])}`", "", *table(results, args)]
     (out / "results.json").write_text(json.dumps({"versions": versions, "args": vars(args), "results": results},
                                                  indent=2, default=str))
     (out / "table.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return lines
 
 
 if __name__ == "__main__":

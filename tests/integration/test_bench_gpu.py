@@ -67,6 +67,16 @@ def test_the_table_shows_failed_rows_and_grpos_phases():
     assert lines[6].startswith("| trl sft 0.6B | failed: ModuleNotFoundError")
 
 
+def test_a_failed_row_says_why_in_one_line():
+    bench = _bench()
+    torchrun_report = ("error: this run cannot fit: ...\nTraceback (most recent call last):\n  File x\n"
+                       "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n  traceback : error: this "
+                       "run cannot fit: ...\n=====\n")
+    assert bench.failure_line(torchrun_report) == "error: this run cannot fit: ..."
+    assert bench.failure_line("Traceback\n  File y\nValueError: bad thing\n====\n") == "ValueError: bad thing"
+    assert bench.failure_line("killed\n") == "killed"
+
+
 @pytest.mark.slow
 def test_the_cpu_rows_run_the_training_scripts_and_write_the_table(tmp_path):
     out = tmp_path / "bench"
