@@ -5,6 +5,7 @@ estimate (`coati.distributed.memory`) beside each measured row.
     python benchmarks/bench_gpu.py --group large --out $OUT/bench        # 4B LoRA, 7B SFT (large_grpo: 7B GRPO)
     python benchmarks/bench_gpu.py --group cpu_check --out /tmp/bench    # this script's own check, on a CPU
     python benchmarks/bench_gpu.py --group cpu_memory --seq_len 4096     # the memory estimate against a CPU run
+    python benchmarks/bench_gpu.py --group estimate --estimate_only      # the estimates alone, up to 14B, no run
 
 Each model is built from its config alone (Qwen3-0.6B's and Qwen3-4B's shapes, Qwen2.5-7B's; no download):
 initialised on the meta device, materialised and randomly initialised on the GPU in bf16, then saved, so that
@@ -54,13 +55,15 @@ SHAPES: Dict[str, Dict[str, Any]] = {
                      tie_word_embeddings=True),
     "qwen2.5-7b": dict(model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                        num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
+    "qwen2.5-14b": dict(model_type="qwen2", hidden_size=5120, intermediate_size=13824, num_hidden_layers=48,
+                        num_attention_heads=40, num_key_value_heads=8, vocab_size=152064, tie_word_embeddings=False),
     "llama-100m": dict(model_type="llama", hidden_size=768, intermediate_size=2304, num_hidden_layers=14,
                        num_attention_heads=12, num_key_value_heads=4, vocab_size=32000, tie_word_embeddings=False),
     "tiny": dict(model_type="llama", hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=4096, tie_word_embeddings=False),
 }
-"""Model shapes by name: the published models' configs (Qwen3-0.6B, Qwen3-4B, Qwen2.5-7B), the demo's `100m` size at a
-32k vocabulary (the memory estimate's check on a CPU), and a tiny one for the script's check on a CPU."""
+"""Model shapes by name: the published models' configs (Qwen3-0.6B, Qwen3-4B, Qwen2.5-7B and -14B), the demo's `100m`
+size at a 32k vocabulary (the memory estimate's check on a CPU), and a tiny one for the script's check on a CPU."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,9 @@ CASES: Dict[str, Case] = {
     "sft 7B LoRA 16 zero2": Case("qwen2.5-7b", "sft", "zero2", ("--lora_rank", "16", "--grad_checkpoint")),
     "grpo 7B zero2_cpu": Case("qwen2.5-7b", "grpo", "zero2_cpu", ("--grad_checkpoint",)),
     "grpo 7B LoRA 16 zero2": Case("qwen2.5-7b", "grpo", "zero2", ("--lora_rank", "16", "--grad_checkpoint")),
+    "sft 14B gemini_auto": Case("qwen2.5-14b", "sft", "gemini_auto", ("--grad_checkpoint",)),
+    "sft 14B zero2_cpu": Case("qwen2.5-14b", "sft", "zero2_cpu", ("--grad_checkpoint",)),
+    "sft 14B LoRA 16 zero2": Case("qwen2.5-14b", "sft", "zero2", ("--lora_rank", "16", "--grad_checkpoint")),
     "sft tiny ddp": Case("tiny", "sft"),
     "sft tiny ddp, padded rows": Case("tiny", "sft", padded=True),
     "grpo tiny ddp": Case("tiny", "grpo"),
@@ -103,6 +109,9 @@ GROUPS = {
     "large_grpo": ["sft 7B LoRA 16 zero2", "grpo 7B zero2_cpu", "grpo 7B LoRA 16 zero2"],
     "cpu_check": ["sft tiny ddp", "sft tiny ddp, padded rows", "grpo tiny ddp"],
     "cpu_memory": ["sft 100M ddp", "sft 100M ddp, grad checkpoint"],
+    "estimate": ["sft 0.6B ddp", "sft 0.6B zero2", "sft 0.6B gemini", "grpo 0.6B zero2", "sft 4B LoRA 16 zero2",
+                 "sft 7B gemini", "sft 7B gemini_auto", "sft 7B zero2_cpu", "sft 7B LoRA 16 zero2", "grpo 7B zero2_cpu",
+                 "grpo 7B LoRA 16 zero2", "sft 14B gemini_auto", "sft 14B zero2_cpu", "sft 14B LoRA 16 zero2"],
 }
 GRPO = {"batch_size": 8, "num_generations": 8, "train_batch_size": 16, "kl_coef": 0.04}
 """GRPO rows: prompts per step, completions per prompt, completions per learning micro-batch, the KL weight (a
@@ -336,20 +345,58 @@ def mean_context(case: Case, args: argparse.Namespace, data: Dict[str, Any]) -> 
     return sum(n * n for n in lengths) / sum(lengths)
 
 
-def estimate(case: Case, model: Path, args: argparse.Namespace, data: Dict[str, Any]) -> Optional[Tuple[float, float]]:
-    """(GPU, CPU) GiB that `coati.distributed.memory` estimates for `case`'s run, from the same flags."""
+def estimate(case: Case, model: Path, args: argparse.Namespace, data: Dict[str, Any], half: int) -> Any:
+    """`coati.distributed.memory`'s estimate for `case`'s run on one process, from the same flags, at `half` bytes a
+    value (None for TRL's rows)."""
     if case.runner.startswith("trl"):
         return None
     from coati.cli.arguments import run_config_from
     from coati.cli.commands import command_parser
-    from coati.distributed.memory import GIB, estimate_run, model_shape
+    from coati.distributed.memory import estimate_run, model_shape
     from coati.utils.file_checks import read_json
 
     parser = command_parser("sft" if case.runner == "sft" else "grpo")
     run = run_config_from(parser.parse_args(coati_flags(case, model, Path(args.out), args, data)), parser.run_config)
     shape = model_shape(str(model), read_json(model / "config.json", "config"), run.lora)
-    result = estimate_run(run, {str(model): shape}, 2 if args.device == "cuda" else 4, 1)
+    return estimate_run(run, {str(model): shape}, half, 1)
+
+
+def gib_totals(result: Any) -> Tuple[float, float]:
+    """(GPU, CPU) GiB of an estimate."""
+    from coati.distributed.memory import GIB
+
     return sum(result.device.values()) / GIB, sum(result.host.values()) / GIB
+
+
+def estimates_only(names: List[str], args: argparse.Namespace) -> List[str]:
+    """The estimate of each row in bf16 on one GPU of `args.gpu_gib` GiB free, from the shapes' configs alone (no
+    weights, no run): what it holds before any activation and in all, and whether `coati` would refuse it there."""
+    from coati.distributed.memory import STATE_PARTS, GIB
+
+    data = {"sft": "SFT_DATA", "prompt": "PROMPTS", "sft_lengths": [args.seq_len]}
+    lines = [f"| row | before activations, GPU / CPU GiB | in all, GPU / CPU GiB | on a GPU with {args.gpu_gib:g} GiB "
+             "free |", "|---|---|---|---|"]
+    for name in names:
+        case = CASES[name]
+        folder = Path(args.out) / "configs" / case.shape
+        write_config(case.shape, folder)
+        result = estimate(case, folder, args, data, half=2)
+        states = [sum(part.get(p, 0.0) for p in STATE_PARTS) / GIB for part in (result.device, result.host)]
+        gpu, cpu = gib_totals(result)
+        needed = states[0] + (states[1] if case.plugin == "gemini_auto" else 0.0)
+        verdict = ("refused" if needed > args.gpu_gib and case.plugin != "gemini_auto" else
+                   f"with {needed - args.gpu_gib:.0f} GiB of CPU memory" if needed > args.gpu_gib else
+                   "may not fit (a warning)" if gpu > args.gpu_gib else "fits")
+        lines.append(f"| {name} | {states[0]:.1f} / {states[1]:.1f} | {gpu:.1f} / {cpu:.1f} | {verdict} |")
+    return lines
+
+
+def write_config(shape: str, folder: Path) -> None:
+    """The config of `shape` alone in `folder`: what the estimate reads where there are no weights."""
+    from transformers import AutoConfig
+
+    widths = dict(SHAPES[shape])
+    AutoConfig.for_model(widths.pop("model_type"), **widths).save_pretrained(folder)
 
 
 # ---- the table -------------------------------------------------------------------------------------------------
@@ -387,6 +434,10 @@ def main() -> None:
     parser.add_argument("--peak_tflops", type=float, default=989.0, help="the card's dense bf16 peak (H100/H200 SXM)")
     parser.add_argument("--matmul_tflops", type=float, default=798.0, help="a bf16 matrix product measured on the card")
     parser.add_argument("--timeout", type=int, default=600, help="seconds one launch may take")
+    parser.add_argument("--estimate_only", action="store_true",
+                        help="print the memory estimate of each row for one GPU (bf16), from the configs alone: no run")
+    parser.add_argument("--gpu_gib", type=float, default=79.1, help="with --estimate_only: the GPU's free GiB (an "
+                                                                   "80 GB H100 has about 79.1 free)")
     parser.add_argument("--trl_python", default=sys.executable, help="a Python with TRL (rows without it fail alone)")
     parser.add_argument("--trl_pythonpath", default="", help="PYTHONPATH of the TRL rows (a folder holding TRL beside "
                                                              "another transformers than coati's; default: coati's)")
@@ -395,6 +446,9 @@ def main() -> None:
 
     args.device = "cuda" if torch.cuda.is_available() else "cpu"
     names = args.cases or GROUPS[args.group]
+    if args.estimate_only:
+        print("\n".join(estimates_only(names, args)))
+        return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     data = build_data(out / "data", args.seq_len, args.rows or 4 * (args.steps + 2))
@@ -415,7 +469,8 @@ def main() -> None:
             flops = flops_per_token(case, mean_context(case, args, data), result.get("forwards_without_gradients", 0))
             tflops = result["tokens_per_s"] * flops / 1e12
             result.update(tflops=tflops, mfu_peak=tflops / args.peak_tflops, mfu_matmul=tflops / args.matmul_tflops)
-            result["estimate"] = estimate(case, model, args, data)
+            estimated = estimate(case, model, args, data, 2 if args.device == "cuda" else 4)
+            result["estimate"] = gib_totals(estimated) if estimated is not None else None
         results[name] = result
         print(f"{name}: {json.dumps(result)}", flush=True)
         lines = write_results(out, versions, args, results)   # after every row: a deadline keeps the rows done

@@ -67,6 +67,21 @@ def test_the_table_shows_failed_rows_and_grpos_phases():
     assert lines[6].startswith("| trl sft 0.6B | failed: ModuleNotFoundError")
 
 
+def test_the_estimates_alone_say_what_one_80_gb_gpu_takes(tmp_path):
+    """`--estimate_only` from the configs alone: full fine-tuning of the 7B shape on gemini's static placement is
+    refused on one 80 GB card (16 bytes a parameter), gemini_auto takes it with CPU memory, zero2_cpu and LoRA fit."""
+    done = subprocess.run([sys.executable, str(BENCH), "--estimate_only", "--out", str(tmp_path), "--cases",
+                           "sft 7B gemini", "sft 7B gemini_auto", "sft 7B zero2_cpu", "sft 7B LoRA 16 zero2"],
+                          capture_output=True, text=True, env=child_env(), cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in done.stdout.splitlines()[2:]}
+    params = 7_615_616_512
+    assert rows["sft 7B gemini"][1].startswith(f"{(16 * params + 0.75 * 2**30) / 2**30:.1f} / 0.0")
+    assert rows["sft 7B gemini"][3] == "refused |"
+    assert rows["sft 7B gemini_auto"][3].startswith("with ") and rows["sft 7B zero2_cpu"][3] == "fits |"
+    assert rows["sft 7B LoRA 16 zero2"][3] == "fits |"
+
+
 def test_a_failed_row_says_why_in_one_line():
     bench = _bench()
     torchrun_report = ("error: this run cannot fit: ...\nTraceback (most recent call last):\n  File x\n"
