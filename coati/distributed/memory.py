@@ -285,29 +285,34 @@ class Capacity:
 
 def free_capacity(processes: int, before_launch: bool = False) -> Optional[Capacity]:
     """The `Capacity` of each of the node's `processes`: the node's available CPU memory shared by them, and the free
-    memory of this process's GPU (`LOCAL_RANK`'s), or before a launch the least free on the node's GPUs, read with
-    `nvidia-smi` so that the launcher makes no CUDA context (None where it cannot be read then)."""
+    memory of this process's GPU (`LOCAL_RANK`'s), or before a launch the least free on the GPUs the processes will
+    take, read with `nvidia-smi` so that the launcher makes no CUDA context (None where it cannot be read then)."""
     import psutil
     import torch
 
     device = None
     if torch.cuda.is_available():
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        device = _least_free_gpu() if before_launch else float(torch.cuda.mem_get_info(local_rank)[0])
+        device = _least_free_gpu(processes) if before_launch else float(torch.cuda.mem_get_info(local_rank)[0])
         if device is None:
             return None
     return Capacity(device, float(psutil.virtual_memory().available), processes)
 
 
-def _least_free_gpu() -> Optional[float]:
-    """Bytes free on the node's fullest GPU, from `nvidia-smi` (None without it)."""
+def _least_free_gpu(count: int) -> Optional[float]:
+    """Bytes free on the fullest of the first `count` GPUs this process sees (`CUDA_VISIBLE_DEVICES`, by index or
+    UUID, else all), from `nvidia-smi` (None without it)."""
     try:
-        listed = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+        listed = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid,memory.free", "--format=csv,noheader,nounits"],
                                 capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    free = [float(line) for line in listed.stdout.split() if line.replace(".", "", 1).isdigit()]
-    return min(free) * 2**20 if listed.returncode == 0 and free else None
+    rows = [[field.strip() for field in line.split(",")] for line in listed.stdout.splitlines() if line.count(",") == 2]
+    free = {key: float(row[2]) for row in rows if row[2].replace(".", "", 1).isdigit() for key in row[:2]}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    keys = [key.strip() for key in visible.split(",")] if visible else [row[0] for row in rows]
+    used = [free[key] for key in keys[:max(count, 1)] if key in free]
+    return min(used) * 2**20 if listed.returncode == 0 and used else None
 
 
 def check_memory(estimate: MemoryEstimate, capacity: Capacity, parallel: PluginConfig, lora_rank: int) -> None:

@@ -1,5 +1,6 @@
 """The memory estimate (`coati.distributed.memory`): model shapes read from the folder as the loaded model has them,
 LoRA's trainable count as peft makes it, each plugin's model states by its formula, and the refusal and warning."""
+import os
 import shutil
 
 import pytest
@@ -140,3 +141,21 @@ def _with_train_batch(run, rows):
     from dataclasses import replace
 
     return replace(run, algorithm=replace(run.algorithm, train_batch_size=rows))
+
+
+def test_before_a_launch_the_gpus_the_processes_will_take_are_read_with_nvidia_smi(tmp_path, monkeypatch):
+    """The launcher reads free memory without a CUDA context: from `nvidia-smi`, on the first N GPUs this process
+    sees (`CUDA_VISIBLE_DEVICES` by index or UUID), so a full GPU that the run will not use does not refuse it."""
+    from coati.distributed.memory import _least_free_gpu
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '0, GPU-aaa, 81000'\necho '1, GPU-bbb, 12'\necho '2, GPU-ccc, 40000'\n"
+                   "echo '3, GPU-ddd, 80000'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert _least_free_gpu(1) == 81000 * 2**20 and _least_free_gpu(4) == 12 * 2**20
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,GPU-ccc")
+    assert _least_free_gpu(1) == 80000 * 2**20 and _least_free_gpu(2) == 40000 * 2**20
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert _least_free_gpu(2) is None
