@@ -383,10 +383,11 @@ def estimates_only(names: List[str], args: argparse.Namespace) -> List[str]:
         result = estimate(case, folder, args, data, half=2)
         states = [sum(part.get(p, 0.0) for p in STATE_PARTS) / GIB for part in (result.device, result.host)]
         gpu, cpu = gib_totals(result)
-        needed = states[0] + (states[1] if case.plugin == "gemini_auto" else 0.0)
-        verdict = ("refused" if needed > args.gpu_gib and case.plugin != "gemini_auto" else
-                   f"with {needed - args.gpu_gib:.0f} GiB of CPU memory" if needed > args.gpu_gib else
-                   "may not fit (a warning)" if gpu > args.gpu_gib else "fits")
+        if case.plugin == "gemini_auto":   # what the GPU cannot hold besides the activations goes to CPU memory
+            verdict = f"with {gpu - args.gpu_gib:.0f} GiB of CPU memory" if gpu > args.gpu_gib else "fits"
+        else:
+            verdict = ("refused" if states[0] > args.gpu_gib else "may not fit (a warning)" if gpu > args.gpu_gib
+                       else "fits")
         lines.append(f"| {name} | {states[0]:.1f} / {states[1]:.1f} | {gpu:.1f} / {cpu:.1f} | {verdict} |")
     return lines
 

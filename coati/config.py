@@ -219,6 +219,9 @@ class PluginConfig:
     dist_timeout: float = setting(DEFAULT_DIST_TIMEOUT_S, parse=positive(),
                                   help="seconds a collective waits for a peer before the run stops with an error (a dead "
                                        "or unreachable node); raise it when rank 0 alone writes very large checkpoints")
+    memory_check: bool = setting(True, flag="--no_memory_check", negated=True,
+                                 help="start even where the memory estimate says the model states cannot fit (see "
+                                      "docs/guides/plugins.md)")
     find_unused_parameters: bool = setting(False, flag=NOT_A_FLAG,
                                            help="ddp: tolerate parameters that get no gradient in a step (a library "
                                                 "user's models)")

@@ -4,7 +4,7 @@ one line with the estimate, and one whose activations may not is warned about (`
 
 Model states per process, for P parameters of which T train (all of them, or LoRA's adapters), D data-parallel
 processes and h bytes per half-precision value (4 where training is in fp32):
-- ddp: fp32 weights 4P (and, with bf16 autocast, its bf16 copies 2P), gradients 4T and DDP's buckets 4T, Adam 8T;
+- ddp: fp32 weights 4P (and, with bf16 autocast, its bf16 copies 2P), gradients 4T, DDP's gradient buckets 4T, Adam 8T;
 - zero2: working weights hP, gradients hT/D, fp32 master weights 4T/D and Adam 8T/D; zero2_cpu keeps the master
   weights, fp32 gradients 4T/D and Adam in CPU memory;
 - gemini (static placement): hP/D + hT/D + 12T/D on the GPU; gemini_auto may place any of it in CPU memory;
@@ -29,7 +29,7 @@ from coati.utils.errors import CoatiUsageError, warn_user
 from coati.utils.file_checks import CONFIG_FILE, read_json, weight_shapes
 
 GIB = 2**30
-STATE_PARTS = ("weights", "gradients", "optimizer states", "frozen models", "runtime")
+STATE_PARTS = ("weights", "gradients", "gradient buckets", "optimizer states", "frozen models", "runtime")
 """What a process holds whatever its micro-batch: a run whose parts these cannot fit is refused."""
 ACTIVATION_PARTS = ("activations", "logits")
 RUNTIME_BYTES = 0.75 * GIB
@@ -59,11 +59,12 @@ class ModelShape:
 @dataclass(frozen=True)
 class MemoryEstimate:
     """Bytes each process needs, by part: on its GPU (`device`; on a machine without one, in CPU memory) and in CPU
-    memory besides (`host`, what a plugin offloads), for a micro-batch of `tokens` tokens."""
+    memory besides (`host`, what a plugin offloads), for a micro-batch of `tokens` tokens, which `batch_flag` sets."""
 
     device: Dict[str, float]
     host: Dict[str, float] = field(default_factory=dict)
     tokens: int = 0
+    batch_flag: str = "--batch_size"
 
 
 # ---- the model -------------------------------------------------------------------------------------------------------
@@ -147,7 +148,8 @@ def state_bytes(params: int, trainable: int, parallel: PluginConfig, half: int, 
     plugin, shards = parallel.plugin, max(world_size, 1)
     if plugin == "ddp":
         weights = 4 * params + (2 * params if half == 2 else 0)
-        return {"weights": weights, "gradients": 8 * trainable, "optimizer states": 8 * trainable}, {}
+        return {"weights": weights, "gradients": 4 * trainable, "gradient buckets": 4 * trainable,
+                "optimizer states": 8 * trainable}, {}
     if plugin in ("zero2", "zero2_cpu"):
         device = {"weights": half * params, "gradients": half * trainable / shards}
         master = {"weights": 4 * trainable / shards, "optimizer states": 8 * trainable / shards}
@@ -238,7 +240,14 @@ def estimate_run(run: Any, shapes: Dict[str, ModelShape], half: int, world_size:
     tokens = micro_batch_tokens(run, longest)
     model_shards = run.parallel.tp * run.parallel.sp if run.parallel.plugin == "3d" else 1
     device.update(activation_bytes(shapes[run.model.pretrain], tokens, run.model.grad_checkpoint, half, model_shards))
-    return MemoryEstimate(device, host, tokens)
+    return MemoryEstimate(device, host, tokens, _batch_flag(run))
+
+
+def _batch_flag(run: Any) -> str:
+    """The flag that sizes `run`'s learning micro-batch."""
+    if getattr(run, "rollout", None) is not None:
+        return "--train_batch_size"
+    return "--max_tokens_per_batch" if run.batching.packing and run.batching.max_tokens_per_batch else "--batch_size"
 
 
 def training_bytes(parallel: PluginConfig) -> int:
@@ -253,7 +262,9 @@ def check_run_memory(run: Any, longest: int = 0, launch: Optional[Tuple[int, int
     """`run`'s estimate (on data whose longest sequence has `longest` tokens) against the free memory
     (`check_memory`), before anything loads: this process's, from torchrun's environment; or, given `launch` (the
     world size and the processes on this node), before `coati --nproc_per_node N` starts them. Skipped where a model's
-    shape cannot be read from its folder: no estimate beats a wrong one."""
+    shape cannot be read from its folder (no estimate beats a wrong one), and with `--no_memory_check`."""
+    if not run.parallel.memory_check:
+        return
     trained, frozen = held_models(run)
     shapes = {}
     for flag, folder in {**trained, **frozen}.items():
@@ -321,17 +332,16 @@ def check_memory(estimate: MemoryEstimate, capacity: Capacity, parallel: PluginC
     both = _merged(estimate.device, estimate.host)
     if capacity.device is None:
         room = _share(capacity)
-        _refuse_if(both, capacity.host_share, room, parallel, lora_rank)
-        _warn_if(both, capacity.host_share, room, estimate.tokens)
+        _refuse_if(both, capacity.host_share, room, parallel, lora_rank, on_gpu=False)
+        _warn_if(both, capacity.host_share, room, estimate)
     elif parallel.plugin == "gemini_auto":
         _refuse_if(both, capacity.device + capacity.host_share,
-                   f"{_gib(capacity.device)} free on its GPU and {_share(capacity)} together", parallel,
-                   lora_rank)
+                   f"{_gib(capacity.device)} free on its GPU and {_share(capacity)} together", parallel, lora_rank)
     else:
         _refuse_if(estimate.device, capacity.device, f"{_gib(capacity.device)} free on its GPU", parallel, lora_rank)
         _refuse_if(estimate.host, capacity.host_share,
                    f"{_share(capacity)} for what --plugin {parallel.plugin} offloads", parallel, lora_rank)
-        _warn_if(estimate.device, capacity.device, f"{_gib(capacity.device)} free on its GPU", estimate.tokens)
+        _warn_if(estimate.device, capacity.device, f"{_gib(capacity.device)} free on its GPU", estimate)
 
 
 def _states(parts: Dict[str, float]) -> float:
@@ -355,28 +365,35 @@ def _share(capacity: Capacity) -> str:
     return f"the {available}"
 
 
-def _refuse_if(parts: Dict[str, float], room: float, where: str, parallel: PluginConfig, lora_rank: int) -> None:
+def _refuse_if(parts: Dict[str, float], room: float, where: str, parallel: PluginConfig, lora_rank: int,
+               on_gpu: bool = True) -> None:
     if _states(parts) > room:
         raise CoatiUsageError(f"this run cannot fit: before any activation it needs about {_gib(_states(parts))} per "
-                              f"process ({_listed(parts, STATE_PARTS)} GiB, estimated from the model folders and "
-                              f"--plugin {parallel.plugin}) and each process has {where}; "
-                              f"{_advice(parallel, lora_rank)}")
+                              f"process ({_listed(parts, STATE_PARTS)} GiB, estimated for --plugin {parallel.plugin} "
+                              f"before loading) and each process has {where}; "
+                              f"{_advice(parts, room, parallel, lora_rank, on_gpu)}; or --no_memory_check to start "
+                              "anyway")
 
 
-def _warn_if(parts: Dict[str, float], room: float, where: str, tokens: int) -> None:
+def _warn_if(parts: Dict[str, float], room: float, where: str, estimate: MemoryEstimate) -> None:
     total = sum(parts.values())
     if total > room:
         listed = _listed(parts, STATE_PARTS + ACTIVATION_PARTS)
-        warn_user(f"this run may not fit: about {_gib(total)} per process ({listed} GiB; activations for {tokens} "
-                  f"tokens a micro-batch) and each process has {where}; "
-                  "--grad_checkpoint, a smaller --batch_size (or --train_batch_size) or --max_length lower the "
-                  "activations")
+        warn_user(f"this run may not fit: about {_gib(total)} per process ({listed} GiB; activations for "
+                  f"{estimate.tokens} tokens a micro-batch) and each process has {where}; --grad_checkpoint, a smaller "
+                  f"{estimate.batch_flag} or --max_length lower the activations")
 
 
-def _advice(parallel: PluginConfig, lora_rank: int) -> str:
-    """What would make the states fit, for this plugin and LoRA setting."""
+def _advice(parts: Dict[str, float], room: float, parallel: PluginConfig, lora_rank: int, on_gpu: bool) -> str:
+    """What would make the states fit: where the weights alone (trained and frozen) do not, only sharding them over
+    GPUs does; else fewer trained parameters (LoRA), optimizer states in CPU memory, or more GPUs."""
+    prefix = "" if on_gpu else "this machine's memory cannot hold it: "
+    weights = sum(parts.get(part, 0.0) for part in ("weights", "frozen models", "runtime"))
+    if weights > room:
+        return (f"{prefix}the weights alone need {_gib(weights)}; shard them over GPUs (--plugin gemini or "
+                "gemini_auto, or --plugin 3d --tp N)")
     ways = [] if lora_rank else ["train LoRA adapters only (--lora_rank 16)"]
     if parallel.plugin in ("ddp", "zero2", "gemini", "3d"):
         ways.append("on GPUs, --plugin zero2_cpu (optimizer states in CPU memory) or gemini_auto (parameters too)")
     ways.append("more GPUs (zero2 and gemini shard the states over them)")
-    return "; or ".join(ways)
+    return prefix + "; or ".join(ways)

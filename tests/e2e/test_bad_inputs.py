@@ -334,11 +334,12 @@ CASES = [
      "config.json: file not found"),
     ("model_too_big_for_memory", lambda p: _sft(p, "--pretrain", p["model_70b"]),
      "this run cannot fit: before any activation it needs about 1275.9 GiB per process (weights 255.0, gradients "
-     "510.1, optimizer states 510.1, runtime 0.8 GiB, estimated from the model folders and --plugin ddp) and each "
-     "process has "),
+     "255.0, gradient buckets 255.0, optimizer states 510.1, runtime 0.8 GiB, estimated for --plugin ddp before "
+     "loading) and each process has "),
     ("grpo_too_big_for_memory", lambda p: _grpo(p, "--pretrain", p["model_70b"], "--lora_rank", "16"),
-     "this run cannot fit: before any activation it needs about 258.9 GiB per process (weights 255.0, gradients 1.5, "
-     "optimizer states 1.5, runtime 0.8 GiB"),
+     "this run cannot fit: before any activation it needs about 258.9 GiB per process (weights 255.0, gradients 0.8, "
+     "gradient buckets 0.8, optimizer states 1.5, runtime 0.8 GiB, estimated for --plugin ddp before loading) and "
+     "each process has the "),
     ("pretrain_truncated_weights", lambda p: ("train_sft", ["--pretrain", p["truncated_model"], "--dataset", p["sft_train"]]),
      "model.safetensors is truncated"),
     ("pretrain_bad_config", lambda p: ("train_sft", ["--pretrain", p["bad_config_model"], "--dataset", p["sft_train"]]),
@@ -496,7 +497,8 @@ def test_a_launch_refuses_a_run_that_cannot_fit_before_starting_any_process(bad)
     assert len(lines) == 1 and lines[0].startswith("error: this run cannot fit: before any activation it needs about "
                                                    "1275.9 GiB per process"), lines
     assert re.search(r"each process has [0-9.]+ GiB, its share of the [0-9.]+ GiB of CPU memory available to 2 "
-                     r"processes;", lines[0]), lines[0]
+                     r"processes; this machine's memory cannot hold it: the weights alone need 255.8 GiB; shard them "
+                     r"over GPUs", lines[0]), lines[0]
 
 
 BAD_REWARDS = '''import math

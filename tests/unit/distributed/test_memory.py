@@ -82,14 +82,22 @@ def _estimate(states_gib, activations_gib=0.0, host_gib=0.0):
 def test_states_that_cannot_fit_are_refused_with_the_estimate():
     with pytest.raises(CoatiUsageError, match=r"^this run cannot fit: before any activation it needs about 30.0 GiB per "
                                               r"process \(weights 10.0, gradients 10.0, optimizer states 10.0 GiB, "
-                                              r"estimated from the model folders and --plugin ddp\) and each process has 12.0 "
+                                              r"estimated for --plugin ddp before loading\) and each process has 12.0 "
                                               r"GiB, its share of the 24.0 GiB of CPU memory available to 2 processes; "
-                                              r"train LoRA adapters only \(--lora_rank 16\)"):
+                                              r"this machine's memory cannot hold it: train LoRA adapters only "
+                                              r"\(--lora_rank 16\).*; or --no_memory_check to start anyway$"):
         check_memory(_estimate(30), Capacity(None, 24 * GIB, 2), PluginConfig("ddp"), lora_rank=0)
     with pytest.raises(CoatiUsageError, match="30.0 GiB free on its GPU; train LoRA"):
         check_memory(_estimate(60), Capacity(30 * GIB, 500 * GIB, 8), PluginConfig("zero2"), lora_rank=0)
     with pytest.raises(CoatiUsageError, match=r"needs about 100.0 GiB .* for what --plugin zero2_cpu offloads; more GPUs"):
         check_memory(_estimate(9, host_gib=100), Capacity(30 * GIB, 400 * GIB, 8), PluginConfig("zero2_cpu"), 16)
+
+
+def test_weights_that_alone_cannot_fit_are_told_to_be_sharded():
+    weights = MemoryEstimate({"weights": 100 * GIB, "gradients": 1 * GIB, "optimizer states": 2 * GIB})
+    with pytest.raises(CoatiUsageError, match=r"the weights alone need 100.0 GiB; shard them over GPUs \(--plugin "
+                                              r"gemini or gemini_auto, or --plugin 3d --tp N\); or --no_memory_check"):
+        check_memory(weights, Capacity(79 * GIB, 500 * GIB, 8), PluginConfig("zero2"), lora_rank=16)
 
 
 def test_gemini_auto_may_use_gpu_and_cpu_memory_together(capsys):
@@ -105,7 +113,7 @@ def test_activations_that_may_not_fit_are_a_warning(capsys):
     assert capsys.readouterr().err.startswith(
         "warning: this run may not fit: about 35.0 GiB per process (weights 6.7, gradients 6.7, optimizer states 6.7, "
         "activations 15.0 GiB; activations for 4096 tokens a micro-batch) and each process has 30.0 GiB free on its "
-        "GPU; --grad_checkpoint")
+        "GPU; --grad_checkpoint, a smaller --batch_size or --max_length lower the activations")
 
 
 def _run(command, *argv):
@@ -159,3 +167,18 @@ def test_before_a_launch_the_gpus_the_processes_will_take_are_read_with_nvidia_s
     assert _least_free_gpu(1) == 80000 * 2**20 and _least_free_gpu(2) == 40000 * 2**20
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     assert _least_free_gpu(2) is None
+
+
+def test_no_memory_check_starts_a_run_the_estimate_refuses(tiny_assets, tmp_path):
+    """A 70B-shaped config (no weights: its shapes come from the config) is refused, and with --no_memory_check
+    passes the check."""
+    from transformers import LlamaConfig
+
+    from coati.distributed.memory import check_run_memory
+
+    LlamaConfig(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+                num_key_value_heads=8).save_pretrained(tmp_path)
+    flags = ("--pretrain", str(tmp_path), "--dataset", str(tiny_assets["sft_train"]))
+    with pytest.raises(CoatiUsageError, match="^this run cannot fit: .*; or --no_memory_check to start anyway$"):
+        check_run_memory(_run("sft", *flags))
+    assert check_run_memory(_run("sft", *flags, "--no_memory_check")) is None
