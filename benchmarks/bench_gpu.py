@@ -210,9 +210,13 @@ class GpuMemoryPeak:
             self._thread.join()
 
 
+def rows_per_batch(args: argparse.Namespace, data: Dict[str, Any]) -> int:
+    """SFT rows that hold about `--seq_len` tokens: the padded rows' and TRL's batch size."""
+    return max(1, round(args.seq_len / statistics.mean(data["sft_lengths"])))
+
+
 def _sft_flags(case: Case, args: argparse.Namespace, data: Dict[str, Any]) -> List[str]:
-    mean_row = statistics.mean(data["sft_lengths"])
-    batching = (["--batch_size", str(max(1, round(args.seq_len / mean_row)))] if case.padded else
+    batching = (["--batch_size", str(rows_per_batch(args, data))] if case.padded else
                 ["--packing", "--max_tokens_per_batch", str(args.seq_len), "--batch_size", "1024"])
     return ["--dataset", data["sft"], "--max_length", str(args.seq_len), "--max_steps", str(args.steps), *batching]
 
@@ -240,8 +244,7 @@ def coati_command(case: Case, model: Path, run_dir: Path, args: argparse.Namespa
 
 def trl_command(case: Case, model: Path, run_dir: Path, args: argparse.Namespace, data: Dict[str, Any]) -> List[str]:
     """benchmarks/trl_worker.py's command line for `case`, on the device the machine has."""
-    mean_row = statistics.mean(data["sft_lengths"])
-    batch = max(1, round(args.seq_len / mean_row)) if case.runner == "trl_sft" else GRPO["batch_size"]
+    batch = rows_per_batch(args, data) if case.runner == "trl_sft" else GRPO["batch_size"]
     task = {"trl_sft": ("sft", data["sft"]), "trl_grpo": ("grpo", data["prompt"])}[case.runner]
     return [args.trl_python, str(TRL_WORKER), "--task", task[0], "--model", str(model), "--data", task[1],
             "--worker_out", str(run_dir), "--steps", str(args.steps), "--batch_size", str(batch), "--prompts",

@@ -17,6 +17,7 @@ K key-value and I MLP width), and in half precision the norms' fp32 copies, 8H b
 and vocabulary entry. How close this comes to measured runs is in docs/guides/plugins.md."""
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -77,7 +78,7 @@ def model_shape(folder: str, config: Dict[str, Any], lora: LoraSettings) -> Opti
     shapes = weight_shapes(Path(folder))
     if shapes is None:
         shapes = _decoder_shapes(config, *widths)
-    params = sum(_numel(shape) for shape in shapes.values())
+    params = sum(math.prod(shape) for shape in shapes.values())
     hidden, layers, intermediate, kv_width, vocab = widths
     return ModelShape(params, _lora_params(shapes, lora), hidden, layers, intermediate, kv_width, vocab)
 
@@ -114,13 +115,6 @@ def _decoder_shapes(config: Dict[str, Any], hidden: int, layers: int, intermedia
                     "post_attention_layernorm": [hidden]}
         shapes.update({f"{layer}{name}.weight": shape for name, shape in matrices.items()})
     return shapes
-
-
-def _numel(shape: List[int]) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count
 
 
 def _lora_params(shapes: Dict[str, List[int]], lora: LoraSettings) -> int:
