@@ -29,6 +29,8 @@ PLUGIN_HELP = {
 PLUGINS = tuple(PLUGIN_HELP)
 SP_MODES = ("split_gather", "ring", "all_to_all", "ring_attn")
 REPORT_TO = ("tensorboard", "wandb", "none")
+TINY_VISION_STYLES = ("qwen2_5_vl", "llava")
+"""The vision-language architectures `coati tiny-model --vision` builds: Qwen2.5-VL, and LLaVA (a CLIP tower and a Llama)."""
 PREPARE_MAX_LENGTH = 2048
 """Tokens a row is prepared to at most: `coati prepare`'s default, and raw data's where --max_length does not say."""
 DEFAULT_DIST_TIMEOUT_S = 600
@@ -105,6 +107,24 @@ class DataSettings:
     prepared_cache_dir: Optional[str] = setting(None, help="where raw data given to --dataset (a JSONL file, a folder of "
                                                            "them, a datasets folder) is prepared and kept for the next "
                                                            "run (default: $COATI_CACHE, else ~/.cache/coati/prepared)")
+
+
+@dataclass(frozen=True)
+class VisionSettings:
+    """Vision-language models (a --pretrain folder with an image processor): what trains, and the images' size."""
+
+    freeze_vision_tower: bool = setting(False, help="keep the vision encoder's weights as they are (it still runs)")
+    freeze_multi_modal_projector: bool = setting(False, help="keep the projector from image features into the "
+                                                             "language model as it is")
+    max_pixels: int = setting(0, parse=at_least(0), help="resize each image down to at most this many pixels before "
+                                                         "it becomes image tokens (Qwen2-VL-style processors; 0: the "
+                                                         "processor's own limit)")
+    min_pixels: int = setting(0, parse=at_least(0), help="resize each image up to at least this many pixels "
+                                                         "(Qwen2-VL-style processors; 0: the processor's own)")
+
+    def check(self, run: Any) -> None:
+        if self.max_pixels and self.min_pixels > self.max_pixels:
+            raise CoatiUsageError(f"--min_pixels {self.min_pixels} is above --max_pixels {self.max_pixels}")
 
 
 @dataclass(frozen=True)

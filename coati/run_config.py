@@ -16,7 +16,7 @@ from coati.config import (AgentSettings, AsyncSettings, BackendSettings, Checkpo
                           MaxEntSettings, ModelSettings, OnPolicyConfig, OptimSettings, ORPOLossSettings,
                           PackingSettings, PluginConfig, PolicyLossSettings, PPOConfig, PreferenceLossSettings,
                           ProcessRewardSettings, PtxSettings, ReferenceSettings, RewardModelLossSettings,
-                          RewardSettings, RolloutConfig, SandboxSettings, StepLabelSettings)
+                          RewardSettings, RolloutConfig, SandboxSettings, StepLabelSettings, VisionSettings)
 from coati.utils.errors import CoatiUsageError
 
 ON_POLICY_HELP = {
@@ -136,6 +136,7 @@ class SFTRunConfig(SupervisedRun):
     """Supervised fine-tuning."""
 
     command = "sft"
+    vision: VisionSettings = section(VisionSettings, "vision-language models")
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,7 @@ class DPORunConfig(SupervisedRun):
     """DPO, IPO or SimPO."""
 
     command = "dpo"
+    vision: VisionSettings = section(VisionSettings, "vision-language models")
     loss: PreferenceLossSettings = section(PreferenceLossSettings, "preference loss")
     reference: ReferenceSettings = section(ReferenceSettings, "reference policy")
 
@@ -169,6 +171,7 @@ class ORPORunConfig(SupervisedRun):
     """ORPO."""
 
     command = "orpo"
+    vision: VisionSettings = section(VisionSettings, "vision-language models")
     loss: ORPOLossSettings = section(ORPOLossSettings, "ORPO loss")
 
 

@@ -68,6 +68,27 @@ def build_tiny_assets(root: Path) -> dict:
     return paths
 
 
+@pytest.fixture(scope="session")
+def vision_assets(tmp_path_factory):
+    """Tiny Qwen2.5-VL and LLaVA models with their processors, and TRL-style image rows (SFT, preference, prompt) of
+    drawn arithmetic problems in a folder beside their images, built once per session."""
+    return build_vision_assets(tmp_path_factory.mktemp("vision"))
+
+
+def build_vision_assets(root: Path, rows: int = 32) -> dict:
+    from coati.dataset.demo_data import (generate_problems, image_records, tokenizer_corpus, vision_preference_records,
+                                         vision_prompt_records, vision_sft_records, write_jsonl)
+    from coati.models.tiny import write_tiny_vl_model
+
+    corpus = tokenizer_corpus(400)
+    paths = {style: write_tiny_vl_model(root / style, corpus, style) for style in ("qwen2_5_vl", "llava")}
+    drawn = image_records(generate_problems(rows, "train"), root / "data")
+    paths["sft"] = write_jsonl(vision_sft_records(drawn), root / "data" / "sft.jsonl")
+    paths["preference"] = write_jsonl(vision_preference_records(drawn), root / "data" / "preference.jsonl")
+    paths["prompt"] = write_jsonl(vision_prompt_records(drawn), root / "data" / "prompt.jsonl")
+    return paths
+
+
 def end_turns_early(model: Any) -> Any:
     """`model` (the tiny Llama) with its last norm cut to one channel, which the end-of-turn logit reads: its turns end
     after a few random tokens, so multi-turn episodes last several turns."""

@@ -13,10 +13,11 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from coati.cli.arguments import run_config_from, run_config_parser
 from coati.cli.colossalchat import add_colossalchat_flags
-from coati.cli.preflight import check_paths
+from coati.cli.preflight import check_paths, image_limits
 from coati.cli.trl_names import add_trl_names
-from coati.config import COLOSSALCHAT_MARGIN, DEFAULT_BETA, PREPARE_MAX_LENGTH, PreferenceLossSettings
-from coati.cli.options import CoatiArgumentParser
+from coati.config import (COLOSSALCHAT_MARGIN, DEFAULT_BETA, PREPARE_MAX_LENGTH, TINY_VISION_STYLES,
+                          PreferenceLossSettings, VisionSettings)
+from coati.cli.options import CoatiArgumentParser, add_settings
 from coati.run_config import (RUN_CONFIGS, DPORunConfig, GRPORunConfig, KTORunConfig, ORPORunConfig, PPORunConfig,
                               PRMRunConfig, RMRunConfig, SFTRunConfig)
 from coati.utils.errors import CoatiUsageError, exit_cleanly
@@ -269,6 +270,7 @@ def prepare(argv: Optional[List[str]] = None) -> None:
                         help="also write each part as part-NNNNN.jsonl here, with its text decoded (ColossalChat's check)")
     parser.add_argument("--num_samples_per_datafile", type=at_least(-1), default=-1,
                         help="keep at most this many rows of each part, sampled with a fixed seed (-1 or 0: all)")
+    add_settings(parser, VisionSettings, skip=("freeze_vision_tower", "freeze_multi_modal_projector"))
     args = _parse(parser, argv)
     out_dir = args.data_output_dirs or args.data_arrow_output_dir
     check_writable_dir(out_dir, "--data_arrow_output_dir" if args.data_arrow_output_dir else "--data_output_dirs")
@@ -277,8 +279,10 @@ def prepare(argv: Optional[List[str]] = None) -> None:
     args.tokenizer_dir = resolve_model_dir(args.tokenizer_dir, "--tokenizer_dir")
     from coati.dataset.prepare import OutputLayout, prepare_dataset, truncation_summary   # tokenizers, datasets: once flags are checked
     from coati.dataset.tokenization import load_tokenizer, template_system_message
+    from coati.dataset.vision import ImageProcessing
 
     tokenizer = load_tokenizer(args.tokenizer_dir, args.trust_remote_code, args.conversation_template_config)
+    images = ImageProcessing.load(args.tokenizer_dir, tokenizer, image_limits(args), args.trust_remote_code)
     if not tokenizer.chat_template:
         raise CoatiUsageError(f"the tokenizer in {args.tokenizer_dir} has no chat template; pass --conversation_template_config")
     part_folders = args.data_arrow_output_dir is not None
@@ -287,7 +291,7 @@ def prepare(argv: Optional[List[str]] = None) -> None:
     counts = prepare_dataset([p for group in args.data_input_dirs for p in group], args.type, tokenizer,
                              args.max_length, out_dir, skip_invalid=args.skip_invalid, layout=layout,
                              cache_dir=args.data_cache_dir,
-                             system_message=template_system_message(args.conversation_template_config))
+                             system_message=template_system_message(args.conversation_template_config), images=images)
     sampled = f", {counts['unsampled']} left out by --num_samples_per_datafile" if counts["unsampled"] else ""
     print(f"prepared {args.type} dataset in {out_dir}: {counts['kept']} of {counts['rows']} valid rows kept, "
           f"{truncation_summary(counts, args.max_length)}{sampled}, {counts['skipped']} invalid rows skipped")
@@ -299,11 +303,20 @@ def tiny_model(argv: Optional[List[str]] = None) -> None:
     parser = CoatiArgumentParser(description=_summary(tiny_model))
     parser.add_argument("out", help="the folder to write the model and tokenizer to")
     parser.add_argument("--size", default="tiny", choices=("tiny", "small", "base", "100m"), help="the model's shape")
+    parser.add_argument("--vision", default=None, choices=TINY_VISION_STYLES,
+                        help="a tiny vision-language model of this architecture instead (its processor beside it; "
+                             "tiny size only)")
     args = _parse(parser, argv)
     check_writable_dir(args.out, "OUT")
+    if args.vision and args.size != "tiny":
+        raise CoatiUsageError(f"--vision {args.vision}: vision-language models are built at --size tiny only")
     from coati.dataset.demo_data import tokenizer_corpus
-    from coati.models.tiny import write_tiny_model
+    from coati.models.tiny import write_tiny_model, write_tiny_vl_model
 
+    if args.vision:
+        print(f"wrote a tiny random {args.vision} vision-language model and its processor to "
+              f"{write_tiny_vl_model(args.out, tokenizer_corpus(), args.vision)}")
+        return
     print(f"wrote a {args.size} random Llama and its tokenizer (trained on arithmetic problems) to "
           f"{write_tiny_model(args.out, tokenizer_corpus(), args.size)}")
 

@@ -3,12 +3,15 @@ every path a flag names (models, tokenizer, data, output folders, the checkpoint
 the run stops with one line naming the flag. Every rank runs them, so all ranks stop together."""
 import argparse
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 from coati.config import PREPARE_MAX_LENGTH
 from coati.utils.errors import CoatiUsageError
 from coati.utils.file_checks import (check_data_dirs, check_data_exist, check_model_dir, check_writable_dir,
                                      resolve_model_dir)
+
+if TYPE_CHECKING:
+    from coati.dataset.vision import ImageLimits
 
 MODEL_FLAGS = ("pretrain", "ref_pretrain", "rm_pretrain", "critic_pretrain")
 DATA_FLAGS = ("dataset", "eval_dataset", "ptx_dataset")
@@ -109,14 +112,17 @@ def prepare_raw_data(args: argparse.Namespace) -> None:
                               f"{prepared_folder} is prepared already: give its held-out data with --eval_dataset")
     from coati.dataset.cache import eval_split, prepared
     from coati.dataset.tokenization import load_tokenizer
+    from coati.dataset.vision import ImageProcessing
 
     tokenizer_dir = args.tokenizer_dir or args.pretrain
     tokenizer = load_tokenizer(tokenizer_dir, args.trust_remote_code) if any(raw.values()) else None
+    images = (ImageProcessing.load(tokenizer_dir, tokenizer, image_limits(args), args.trust_remote_code)
+              if tokenizer is not None else None)
 
     def prepare(name: str, inputs: List[str], split_name: Optional[str]) -> str:
         try:
             return str(prepared(inputs, RAW_DATA_FLAGS[name] or data_type, tokenizer, tokenizer_dir,
-                                args.max_length or PREPARE_MAX_LENGTH, args.prepared_cache_dir, split_name))
+                                args.max_length or PREPARE_MAX_LENGTH, args.prepared_cache_dir, split_name, images))
         except CoatiUsageError as error:
             raise CoatiUsageError(f"{_data_flag(args, name)}: {error}") from None
 
@@ -130,3 +136,10 @@ def prepare_raw_data(args: argparse.Namespace) -> None:
     if split:
         train, held_out = eval_split(args.dataset, data_type, split, args.seed, args.prepared_cache_dir)
         args.dataset, args.eval_dataset = [train], [held_out]
+
+
+def image_limits(args: argparse.Namespace) -> "ImageLimits":
+    """The pixel limits --max_pixels and --min_pixels give (0: the processor's own)."""
+    from coati.dataset.vision import ImageLimits
+
+    return ImageLimits(getattr(args, "max_pixels", 0), getattr(args, "min_pixels", 0))

@@ -15,12 +15,13 @@ from colossalai.accelerator import get_accelerator
 from colossalai.booster.plugin import Plugin
 from colossalai.cluster import DistCoordinator
 from torch.utils.data import DataLoader, Dataset
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase, get_scheduler
+from transformers import PreTrainedTokenizerBase, get_scheduler
 
-from coati.dataset.collators import COLLATORS
-from coati.dataset.prepare import load_prepared
+from coati.dataset.collators import COLLATORS, ImageBatches
+from coati.dataset.prepare import load_prepared, prepared_image_limits
 from coati.dataset.sampler import StatefulDistributedSampler, TokenBudgetBatchSampler, longest_sequence, row_tokens
 from coati.dataset.tokenization import load_tokenizer
+from coati.dataset.vision import ImageProcessing
 from coati.utils.comm import is_rank_0, rank, world_size
 from coati.distributed.launch import init_distributed
 from coati.distributed.memory import check_run_memory
@@ -30,18 +31,20 @@ from coati.models.packing import enable_packed_attention
 from coati.models.reference import load_reference_model, with_reference_logps
 from coati.models.reward_model import load_reward_model
 from coati.models.prm import load_prm
+from coati.models.vision import (auto_model_class, freeze_unused_vision_layers, freeze_vision_parts, is_vision_model,
+                                 language_model_lora_targets)
 from coati.trainer.base import SLTrainer
 from coati.trainer.callbacks import Callback, PerformanceEvaluator
 from coati.trainer.callbacks.tokenizer import TokenizerInCheckpoints
 from coati.cli.options import settings_from
-from coati.config import PackingSettings, SupervisedConfig
+from coati.config import PackingSettings, SupervisedConfig, VisionSettings
 from coati.run_config import SupervisedRun
 from coati.utils.ckpt_io import latest_checkpoint, read_running_state, save_hf_model, verify_checkpoint
 from coati.cli.colossalchat import attention_implementation, write_config_file
 from coati.cli.config_file import save_run_record
 from coati.utils.errors import CoatiUsageError, note_user
 from coati.utils.file_checks import model_signature
-from coati.cli.preflight import check_run_paths
+from coati.cli.preflight import check_run_paths, image_limits
 from coati.utils.metrics_logger import MetricsLogger
 
 
@@ -52,9 +55,10 @@ def _require_dir(path: str, what: str) -> str:
 
 
 def load_causal_lm(args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module:
+    """The model to train with its LM head (a vision-language model's image-text-to-text class for such a folder)."""
     path = _require_dir(args.pretrain, "--pretrain model directory")
-    return AutoModelForCausalLM.from_pretrained(path, trust_remote_code=args.trust_remote_code,
-                                                attn_implementation=attention_implementation(args))
+    return auto_model_class(path).from_pretrained(path, trust_remote_code=args.trust_remote_code,
+                                                  attn_implementation=attention_implementation(args))
 
 
 def load_reward_model_from_args(args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module:
@@ -98,14 +102,21 @@ def build_optimizer(model: torch.nn.Module, args: argparse.Namespace, lr: Option
 
 
 def prepare_model(model: torch.nn.Module, args: argparse.Namespace, setup: BoostSetup) -> torch.nn.Module:
-    """Packed attention, gradient checkpointing and LoRA adapters as the flags say, before the model is boosted."""
+    """Packed attention, gradient checkpointing, a vision-language model's frozen parts and LoRA adapters (on its
+    language model only) as the flags say, before the model is boosted."""
     if settings_from(args, PackingSettings).packing:
         enable_packed_attention(model)
     if args.grad_checkpoint:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    vision = settings_from(args, VisionSettings)
+    freeze_unused_vision_layers(model)
+    freeze_vision_parts(model, vision.freeze_vision_tower, vision.freeze_multi_modal_projector)
     if args.lora_rank:
+        targets = args.lora_target_modules
+        if is_vision_model(args.pretrain):
+            targets = language_model_lora_targets(model, targets)
         model = enable_lora(setup.booster, setup.plugin, args.plugin, model, args.lora_rank, args.lora_alpha,
-                            args.lora_dropout, args.lora_target_modules, args.lora_bias, args.lora_init)
+                            args.lora_dropout, targets, args.lora_bias, args.lora_init)
     return model
 
 
@@ -117,10 +128,11 @@ def export_dir(args: argparse.Namespace) -> Optional[Path]:
     return Path(args.save_dir) / "modeling" if args.save_dir else None
 
 
-def export_model(args: argparse.Namespace, setup: BoostSetup, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
+def export_model(args: argparse.Namespace, setup: BoostSetup, model: torch.nn.Module, tokenizer: Any,
                  coordinator: DistCoordinator) -> None:
-    """The final model in HF format at `export_dir(args)` (if any); with LoRA, adapters merged and also kept alone
-    beside it, in `adapter`."""
+    """The final model in HF format at `export_dir(args)` (if any), with `tokenizer` (a vision-language model's
+    processor: tokenizer, image processor and chat template); with LoRA, adapters merged and also kept alone beside
+    it, in `adapter`."""
     target = export_dir(args)
     if target is None:
         return
@@ -223,11 +235,41 @@ def reference_hook(context: RunContext) -> Dict[str, Any]:
     return {"ref_model": frozen_reference(args, context.setup)}
 
 
+def load_images(args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase) -> Optional[ImageProcessing]:
+    """A vision-language model's processor (None for a text model), with the pixel limits the training data's image
+    tokens were counted with; --max_pixels or --min_pixels that say otherwise are refused."""
+    path = args.tokenizer_dir or args.pretrain
+    flags, prepared_with = image_limits(args), prepared_image_limits(args.dataset)
+    for name in ("max_pixels", "min_pixels"):
+        given, found = getattr(flags, name), getattr(prepared_with, name, 0)
+        if given and prepared_with is not None and given != found:
+            raise CoatiUsageError(f"--{name} {given}: the data was prepared with {name} {found or 'the processor default'} "
+                                  "(its image tokens are counted for it); prepare it again, or leave the flag out")
+    images = ImageProcessing.load(path, tokenizer, prepared_with or flags, args.trust_remote_code)
+    vision = settings_from(args, VisionSettings)
+    if images is None and (vision.freeze_vision_tower or vision.freeze_multi_modal_projector):
+        flag = "--freeze_vision_tower" if vision.freeze_vision_tower else "--freeze_multi_modal_projector"
+        raise CoatiUsageError(f"{flag}: {path} is not a vision-language model (no image processor)")
+    if images is not None and args.packing:
+        raise CoatiUsageError("--packing: rows with images are padded, not packed (a vision-language model's image "
+                              "positions are per row); leave --packing out")
+    return images
+
+
+def check_model_kind(args: argparse.Namespace) -> None:
+    """A vision-language --pretrain is refused in one line, before any data is prepared, by the trainers that take
+    no images (those whose run config has no vision section)."""
+    if is_vision_model(args.pretrain) and not hasattr(args._run_config, "vision"):
+        raise CoatiUsageError(f"--pretrain {args.pretrain} is a vision-language model: coati {args._run_config.command} "
+                              "does not train one yet (coati sft, dpo and orpo train on image rows)")
+
+
 def preflight(args: argparse.Namespace) -> None:
     """Everything that can be checked before a process group exists: the plugin, the paths the flags name, that the
     model states fit in memory (`check_run_memory`), and the checkpoint to resume (intact, written for a model of
     `--pretrain`'s shape)."""
     check_plugin_available(args.plugin)
+    check_model_kind(args)
     configs = check_run_paths(args)
     check_run_memory(args._run_config, longest_sequence(load_prepared(args.dataset, getattr(args, "data_type", None))))
     checkpoint = resolve_checkpoint(args)
@@ -281,8 +323,12 @@ def run_supervised(
     `callbacks` run after the built-in performance report. `setup_hook(context)` runs once the process
     group, plugin and tokenizer exist, and returns extra trainer arguments (a reference model)."""
     setup, coordinator, tokenizer = start_run(args, lambda a: check_first_forward(a.plugin, trainer_cls.no_grad_forward_first))
+    images = load_images(args, tokenizer)
     collator = COLLATORS[data_type](tokenizer.pad_token_id, args.max_length, args.disable_loss_mask, args.packing,
                                     share_prompt=not args.use_flash_attn)
+    if images is not None:
+        collator = ImageBatches(collator, images)
+    saved_tokenizer = images.processor if images is not None else tokenizer
     context = RunContext(args, setup, tokenizer, collator, lambda paths: load_prepared(paths, data_type))
     hook_kwargs = setup_hook(context) if setup_hook else {}
     budget = {"max_tokens": args.max_tokens_per_batch, "max_length": args.max_length}
@@ -305,12 +351,12 @@ def run_supervised(
         booster=setup.booster, max_epochs=config.epochs.max_epochs, model=model, optimizer=optimizer,
         plugin=setup.plugin, lr_scheduler=scheduler, config=config, grad_clip=args.grad_clip, coordinator=coordinator,
         callbacks=[PerformanceEvaluator(ignore_steps=1, print_fn=coordinator.print_on_master),
-                   TokenizerInCheckpoints(tokenizer, coordinator.is_master()), *callbacks],
+                   TokenizerInCheckpoints(saved_tokenizer, coordinator.is_master()), *callbacks],
         **(trainer_kwargs or {}), **hook_kwargs,
     )
     if checkpoint:
         trainer.load_checkpoint(checkpoint)
         coordinator.print_on_master(resumed_line(checkpoint, f"epoch {trainer.start_epoch}, step {trainer.step}"))
     trainer.fit(train_loader, eval_loader, metrics_logger=open_logger(args, trainer_cls, trainer.step if checkpoint else None))
-    export_model(args, setup, model, tokenizer, coordinator)
+    export_model(args, setup, model, saved_tokenizer, coordinator)
     return trainer

@@ -13,15 +13,17 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from coati.utils.file_checks import prepared_folders
 
 CACHE_ENV = "COATI_CACHE"
 DEFAULT_CACHE = Path.home() / ".cache" / "coati" / "prepared"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-                   "tokenizer.model", "chat_template.jinja", "chat_template.json")
-"""The files of a tokenizer folder that decide how text becomes tokens (and so a prepared dataset)."""
+                   "tokenizer.model", "chat_template.jinja", "chat_template.json", "preprocessor_config.json",
+                   "processor_config.json")
+"""The files of a tokenizer folder that decide how text (and images, for a vision-language model) become tokens, and
+so a prepared dataset."""
 COMPLETE = "coati_cache_complete"
 """Written last into a cache entry: the entry is whole."""
 
@@ -57,14 +59,15 @@ def _digest(parts: Iterable[bytes]) -> str:
 
 
 def cache_key(inputs: Sequence[str], data_type: str, tokenizer_dir: str, max_length: int,
-              split: Optional[str] = None) -> str:
-    """A name for the prepared form of `inputs`' `split`: their content, the data type, the tokenizer's files and
-    `max_length`."""
+              split: Optional[str] = None, image_limits: Optional[Dict[str, int]] = None) -> str:
+    """A name for the prepared form of `inputs`' `split`: their content (the files of a folder given, its images
+    among them), the data type, the tokenizer's files, `max_length` and a vision-language model's pixel limits."""
     content = [f.relative_to(Path(i)).as_posix().encode() + f.read_bytes() if Path(i).is_dir() else f.read_bytes()
                for i in inputs for f in _files(Path(i))]
     tokenizer = [name.encode() + (Path(tokenizer_dir) / name).read_bytes() for name in TOKENIZER_FILES
                  if (Path(tokenizer_dir) / name).is_file()]
-    settings = json.dumps({"type": data_type, "max_length": max_length, "split": split}).encode()
+    settings = json.dumps({"type": data_type, "max_length": max_length, "split": split,
+                           **({"image_limits": image_limits} if image_limits else {})}).encode()
     return f"{data_type}-{_digest([*content, *tokenizer, settings])}"
 
 
@@ -100,15 +103,16 @@ def _cached(entry: Path, make) -> Path:
 
 
 def prepared(inputs: Sequence[str], data_type: str, tokenizer, tokenizer_dir: str, max_length: int,
-             cache_dir: Optional[str] = None, split: Optional[str] = None) -> Path:
+             cache_dir: Optional[str] = None, split: Optional[str] = None, images: Any = None) -> Path:
     """The prepared dataset of the raw `inputs`' `split` (`coati.dataset.prepare.load_rows`), from the cache or made
-    now (printing what was kept)."""
+    now (printing what was kept); `images`, a vision-language model's `ImageProcessing`."""
     from coati.dataset.prepare import prepare_dataset, truncation_summary
 
-    entry = cache_root(cache_dir) / cache_key(inputs, data_type, tokenizer_dir, max_length, split)
+    limits = images.limits.as_info() if images is not None else None
+    entry = cache_root(cache_dir) / cache_key(inputs, data_type, tokenizer_dir, max_length, split, limits)
 
     def make(folder: Path) -> None:
-        counts = prepare_dataset(list(inputs), data_type, tokenizer, max_length, folder, split=split)
+        counts = prepare_dataset(list(inputs), data_type, tokenizer, max_length, folder, split=split, images=images)
         which = f" ({split} split)" if split not in (None, "train") else ""
         print(f"prepared {data_type} data{which} from {', '.join(inputs)} into {entry}: {counts['kept']} of "
               f"{counts['rows']} rows kept, {truncation_summary(counts, max_length)}", flush=True)

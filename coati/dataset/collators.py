@@ -9,7 +9,10 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
+from coati.utils.errors import CoatiUsageError
+
 from .tokenization import IGNORE_INDEX
+from .vision import IMAGES, ImageProcessing
 
 
 def pad_sequences(sequences: Sequence[Sequence[int]], value: int, left: bool = False,
@@ -227,6 +230,29 @@ def both_sides(batch: Dict[str, torch.Tensor], field: str) -> torch.Tensor:
     """`chosen_<field>` and `rejected_<field>` of a preference batch stacked into one batch (chosen first),
     for the single concatenated forward."""
     return torch.cat([batch[f"chosen_{field}"], batch[f"rejected_{field}"]])
+
+
+class ImageBatches:
+    """`collator`'s batches with the rows' images (in row order) as the model's image inputs (`pixel_values`, and
+    Qwen2-VL's `image_grid_thw`), made by the processor the image tokens were counted with."""
+
+    def __init__(self, collator: _Collator, images: ImageProcessing) -> None:
+        self.collator, self.images = collator, images
+
+    def __call__(self, rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+        batch = self.collator(rows)
+        for key in (k for k in rows[0] if k.endswith("input_ids")):
+            self._check_whole(rows, batch[key], key)
+        return {**batch, **self.images.pixel_inputs([data for row in rows for data in row.get(IMAGES) or ()])}
+
+    def _check_whole(self, rows: List[Dict[str, Any]], ids: torch.Tensor, key: str) -> None:
+        """Refuses a batch whose --max_length cut took some of an image's tokens (the model needs all of them)."""
+        token = self.images.image_token_id
+        given = sum(list(row[key]).count(token) for row in rows)
+        if given != int((ids == token).sum()):
+            raise CoatiUsageError(f"--max_length {self.collator.max_length} cuts into the image tokens of rows "
+                                  "prepared longer; prepare the data at this --max_length (preparation cuts images "
+                                  "whole) or raise it")
 
 
 COLLATORS = {"sft": SupervisedCollator, "preference": PreferenceCollator, "prompt": PromptCollator, "kto": KTOCollator,

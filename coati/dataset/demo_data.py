@@ -10,7 +10,10 @@ import operator
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Sequence, Tuple, Union
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 NAMES = ("Ann", "Ben", "Cat", "Dan", "Eve", "Fay", "Gus", "Hal")
 ITEMS = ("apples", "pens", "books", "coins", "cards", "shells")
@@ -230,3 +233,58 @@ def prm_records(problems: Iterable[Problem], seed: int = 0) -> List[Dict]:
                 ([working, f"#### {slipped[1]}"], [True, False])
         records.append({"prompt": p.question, "completions": steps, "labels": labels})
     return records
+
+
+IMAGE_QUESTION = "What is the answer?"
+"""The text beside each image of the vision task: the problem itself is only in the image."""
+IMAGE_SIZE = (84, 28)
+"""Width and height of a drawn problem (Qwen2.5-VL's 14-pixel patches: 6 x 2, three image tokens after its 2 x 2
+merge; LLaVA's processor resizes it to its square)."""
+
+
+def draw_problem(p: Problem, rng: random.Random) -> "Image.Image":
+    """The problem's expression (`a op b`, from its solution) drawn in black on a light, noisy background, at a
+    position drawn from `rng`."""
+    from PIL import Image, ImageDraw
+
+    width, height = IMAGE_SIZE
+    noise = bytes(rng.randrange(200, 256) for _ in range(width * height))
+    image = Image.merge("RGB", [Image.frombytes("L", IMAGE_SIZE, noise)] * 3)
+    expression = p.solution.split(" = ")[0]
+    ImageDraw.Draw(image).text((rng.randrange(2, 40), rng.randrange(2, 14)), expression, fill=(0, 0, 0))
+    return image
+
+
+def image_records(problems: Iterable[Problem], folder: Union[str, Path], seed: int = 0) -> List[Dict]:
+    """Each problem drawn into `folder/images/` (`draw_problem`) and its row's shared fields: `images` (the path,
+    relative to `folder`, where the JSONL goes), the user turn (the image, then `IMAGE_QUESTION`), the answer."""
+    rng = random.Random(seed)
+    (Path(folder) / "images").mkdir(parents=True, exist_ok=True)
+    rows = []
+    for index, p in enumerate(problems):
+        name = f"images/{seed}-{index:05d}.png"
+        draw_problem(p, rng).save(Path(folder) / name)
+        user = {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": IMAGE_QUESTION}]}
+        rows.append({"images": [name], "prompt": [user], "answer": str(p.answer)})
+    return rows
+
+
+def vision_sft_records(rows: Iterable[Dict]) -> List[Dict]:
+    """TRL's vision SFT rows: `images`, and `messages` whose assistant turn is the answer."""
+    return [{"images": r["images"], "messages": [*r["prompt"], _assistant(r["answer"])]} for r in rows]
+
+
+def vision_preference_records(rows: Iterable[Dict], seed: int = 0) -> List[Dict]:
+    """TRL's vision DPO rows: `images`, `prompt`, the right answer `chosen`, a near miss `rejected`."""
+    rng = random.Random(seed)
+    return [{"images": r["images"], "prompt": r["prompt"], "chosen": [_assistant(r["answer"])],
+             "rejected": [_assistant(str(int(r["answer"]) + rng.choice((-2, -1, 1, 2))))]} for r in rows]
+
+
+def vision_prompt_records(rows: Iterable[Dict]) -> List[Dict]:
+    """TRL's vision GRPO rows: `images`, `prompt`, and the answer as `gt_answer` for the reward."""
+    return [{"images": r["images"], "prompt": r["prompt"], "gt_answer": r["answer"]} for r in rows]
+
+
+def _assistant(text: str) -> Dict:
+    return {"role": "assistant", "content": [{"type": "text", "text": text}]}

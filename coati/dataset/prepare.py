@@ -12,7 +12,7 @@ import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from datasets import Dataset, concatenate_datasets, load_dataset, load_from_disk
 from tqdm import tqdm
@@ -23,7 +23,8 @@ from coati.utils.file_checks import PART_PREFIX, prepared_folders
 
 from .tokenization import (IGNORE_INDEX, tokenize_conversation, tokenize_kto, tokenize_preference, tokenize_steps,
                            tokenize_text)
-from .validation import jsonl_entries, validate_rows
+from .validation import Entry, jsonl_entries, validate_rows
+from .vision import IMAGES, LIMITS_INFO, ImageLimits, ImageProcessing, ImageTokens, prepared_limits
 
 PathLike = Union[str, Path]
 JSONL_SUFFIXES = (".jsonl", ".json")
@@ -69,9 +70,8 @@ def named_splits(folder: Path) -> Dict[str, List[str]]:
             for name, files in DataFilesDict.from_patterns(patterns, base_path=str(folder)).items()}
 
 
-def _dataset_entries(path: Path, cache_dir: Optional[PathLike] = None,
-                     split: str = "train") -> Iterator[Tuple[str, Callable[[], Dict]]]:
-    """(`folder row N`, reader) for every row of `split` of a local dataset folder read by `datasets.load_dataset`."""
+def _dataset_entries(path: Path, cache_dir: Optional[PathLike] = None, split: str = "train") -> Iterator[Entry]:
+    """An `Entry` (`folder row N`) for every row of `split` of a local dataset folder read by `datasets.load_dataset`."""
     if path.is_dir() and not any(path.iterdir()):
         raise CoatiUsageError(f"{path}: the data input folder is empty (expected JSONL files or a dataset folder)")
     try:
@@ -84,7 +84,7 @@ def _dataset_entries(path: Path, cache_dir: Optional[PathLike] = None,
         raise CoatiUsageError(f"{path}: neither JSONL files nor a dataset folder that datasets.load_dataset reads "
                               f"({type(error).__name__}: {first_line(error)})") from None
     for index, row in enumerate(dataset):
-        yield f"{path} row {index}", functools.partial(dict, row)
+        yield f"{path} row {index}", functools.partial(dict, row), path
 
 
 def load_rows(inputs: Sequence[PathLike], data_type: str, skip_invalid: bool = False,
@@ -207,8 +207,9 @@ def truncation_summary(counts: Dict[str, int], max_length: int) -> str:
     return line
 
 
-def _write_info(out_dir: PathLike, data_type: str, max_length: int, counts: Dict[str, int]) -> None:
-    """What the folder holds, so a training script can refuse data of the wrong type by name."""
+def _write_info(out_dir: PathLike, data_type: str, max_length: int, counts: Dict[str, Any]) -> None:
+    """What the folder holds, so a training script can refuse data of the wrong type by name (and, for a
+    vision-language model, the pixel limits its image tokens were counted with)."""
     info = {"type": data_type, "max_length": max_length, **counts}
     (Path(out_dir) / PREPARED_INFO).write_text(json.dumps(info, indent=2) + "\n")
 
@@ -219,24 +220,54 @@ def prepared_type(path: PathLike) -> Optional[str]:
     return json.loads(info.read_text())["type"] if info.is_file() else None
 
 
-def encoder(data_type: str, tokenizer: PreTrainedTokenizerBase, max_length: int) -> Callable[[Dict], Optional[Dict]]:
-    """The function that tokenizes one validated row of `data_type` (a conversation, or TRL's standard text)."""
+def prepared_image_limits(paths: Sequence[PathLike]) -> Optional[ImageLimits]:
+    """The pixel limits the image tokens of the prepared folders `paths` were counted with (the first folder that
+    says; None where none was prepared for a vision-language model)."""
+    for path in paths:
+        for folder in prepared_folders(path) or [Path(path)]:
+            info = Path(folder) / PREPARED_INFO
+            limits = prepared_limits(json.loads(info.read_text())) if info.is_file() else None
+            if limits is not None:
+                return limits
+    return None
+
+
+def encoder(data_type: str, tokenizer: PreTrainedTokenizerBase, max_length: int,
+            images: Optional[ImageProcessing] = None) -> Callable[[Dict], Optional[Dict]]:
+    """The function that tokenizes one validated row of `data_type` (a conversation, or TRL's standard text); with
+    `images` (a vision-language model's processor), a row's images expanded into their tokens and kept under
+    `IMAGES`, every row having the column."""
     def text(prompt: str, completion: str) -> Optional[Dict]:
         return tokenize_text(tokenizer, prompt, completion, max_length)
 
+    def image_tokens(row: Dict) -> Optional[ImageTokens]:
+        return None if images is None else ImageTokens(images.image_token_id, tuple(images.token_counts(row.get(IMAGES, []))))
+
+    def with_images(encoded: Optional[Dict], row: Dict, tokens: Optional[ImageTokens], *sides: str) -> Optional[Dict]:
+        """`encoded` with the images its ids hold whole (every side the same; else the row is dropped)."""
+        if encoded is None or tokens is None:
+            return encoded
+        kept = {len(tokens.spans(encoded[f"{side}input_ids"])) for side in sides or ("",)}
+        return None if len(kept) > 1 else {**encoded, IMAGES: row.get(IMAGES, [])[:kept.pop()]}
+
     def sft(row: Dict) -> Optional[Dict]:
         if "completion_text" in row:
-            return text(row["prompt_text"], row["completion_text"])
-        return tokenize_conversation(tokenizer, row["messages"], max_length, label_from=row.get("label_from", 0),
-                                     tools=row.get("tools"))
+            return with_images(text(row["prompt_text"], row["completion_text"]), row, image_tokens(row))
+        tokens = image_tokens(row)
+        encoded = tokenize_conversation(tokenizer, row["messages"], max_length, label_from=row.get("label_from", 0),
+                                        tools=row.get("tools"), image_tokens=tokens)
+        return with_images(encoded, row, tokens)
 
     def preference(row: Dict) -> Optional[Dict]:
         if "prompt_text" not in row:
-            return tokenize_preference(tokenizer, row["context"], row["chosen"], row["rejected"], max_length)
+            tokens = image_tokens(row)
+            encoded = tokenize_preference(tokenizer, row["context"], row["chosen"], row["rejected"], max_length, tokens)
+            return with_images(encoded, row, tokens, "chosen_", "rejected_")
         sides = {side: text(row["prompt_text"], row[f"{side}_text"]) for side in ("chosen", "rejected")}
         if any(encoded is None for encoded in sides.values()):
             return None
-        return {f"{side}_{name}": values for side, encoded in sides.items() for name, values in encoded.items()}
+        encoded = {f"{side}_{name}": values for side, encoded in sides.items() for name, values in encoded.items()}
+        return with_images(encoded, row, image_tokens(row), "chosen_", "rejected_")
 
     def kto(row: Dict) -> Optional[Dict]:
         if "prompt_text" not in row:
@@ -250,8 +281,12 @@ def encoder(data_type: str, tokenizer: PreTrainedTokenizerBase, max_length: int)
     def prm(row: Dict) -> Optional[Dict]:
         return tokenize_steps(tokenizer, row["prompt_text"], row["steps"], row["step_labels"], max_length)
 
+    def prompt(row: Dict) -> Optional[Dict]:
+        tokens = image_tokens(row)
+        return with_images(encode_prompt(tokenizer, row, max_length, tokens), row, tokens)
+
     encoders = {"sft": sft, "preference": preference, "kto": kto, "prm": prm}
-    return encoders.get(data_type, lambda row: encode_prompt(tokenizer, row, max_length))
+    return encoders.get(data_type, prompt)
 
 
 CUT = "coati_cut"
@@ -261,14 +296,20 @@ PROMPT_COLUMN = "prompt"
 the prompts in the dataset's own format)."""
 
 
-def encode_prompt(tokenizer: PreTrainedTokenizerBase, row: Dict, max_length: int) -> Optional[Dict]:
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, row: Dict, max_length: int,
+                  image_tokens: Optional[ImageTokens] = None) -> Optional[Dict]:
     """The prompt (messages rendered with the generation prompt; standard text as it is), left-truncated to
-    `max_length`; the prompt itself kept as `PROMPT_COLUMN`, other fields kept."""
+    `max_length`; the prompt itself kept as `PROMPT_COLUMN`, other fields kept. A prompt with images
+    (`image_tokens`) is never cut (its images are at its start): one longer than `max_length` is dropped."""
     if "prompt_text" in row:
         ids, prompt = tokenizer(row["prompt_text"], add_special_tokens=True)["input_ids"], row["prompt_text"]
     else:
         ids, prompt = tokenizer.apply_chat_template(row["messages"], tokenize=True, add_generation_prompt=True), row["messages"]
-    extra = {k: v for k, v in row.items() if k not in ("messages", "prompt_text")}
+    if image_tokens:
+        ids, _ = image_tokens.expand(ids, ids, IGNORE_INDEX)
+        if len(ids) > max_length:
+            return None
+    extra = {k: v for k, v in row.items() if k not in ("messages", "prompt_text", IMAGES)}
     encoded = {"input_ids": ids[-max_length:], **extra, PROMPT_COLUMN: json.dumps(prompt)}
     return {**encoded, CUT: True} if len(ids) > max_length else encoded
 
@@ -276,20 +317,26 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, row: Dict, max_length: int
 def prepare_dataset(inputs: Sequence[PathLike], data_type: str, tokenizer: PreTrainedTokenizerBase, max_length: int,
                     out_dir: PathLike, skip_invalid: bool = False, layout: OutputLayout = OutputLayout(),
                     cache_dir: Optional[PathLike] = None, system_message: Optional[str] = None,
-                    split: Optional[str] = None) -> Dict[str, int]:
+                    split: Optional[str] = None, images: Optional[ImageProcessing] = None) -> Dict[str, int]:
     """Validate, tokenize and save (as `layout` says); returns rows read, kept, dropped by truncation, left out by
     sampling, and skipped as invalid. `cache_dir` is `datasets`' cache for input dataset folders;
     `system_message` opens every conversation that has no system turn of its own (ColossalChat's template
-    config field); `split` as `load_rows` takes it."""
+    config field); `split` as `load_rows` takes it; `images`, a vision-language model's processor (None: a text
+    model's folder, which cannot take rows with images)."""
     layout.check_free(out_dir)
     rows, skipped = load_rows(inputs, data_type, skip_invalid, cache_dir, split)
+    if images is None and any(row.get(IMAGES) for row in rows):
+        raise CoatiUsageError("the data has images, and the tokenizer's folder has no image processor "
+                              "(preprocessor_config.json): images need a vision-language model's folder (Qwen2-VL, "
+                              "Qwen2.5-VL, LLaVA)")
     if system_message is not None:
         rows = [with_system_message(row, data_type, system_message) for row in rows]
-    encode = encoder(data_type, tokenizer, max_length)
+    encode = encoder(data_type, tokenizer, max_length, images)
     counts = {**_prepare(rows, encode, out_dir, layout, readable_fields(data_type, tokenizer)), "skipped": skipped}
     folders = [Path(out_dir), *(sorted(Path(out_dir).glob(f"{PART_PREFIX}*")) if layout.part_folders else [])]
+    extra = {LIMITS_INFO: images.limits.as_info()} if images is not None else {}
     for folder in folders:
-        _write_info(folder, data_type, max_length, counts)
+        _write_info(folder, data_type, max_length, {**counts, **extra})
     return counts
 
 
@@ -325,6 +372,10 @@ def readable_fields(data_type: str, tokenizer: PreTrainedTokenizerBase) -> Calla
         return runs
 
     def fields(row: Dict) -> Dict:
+        return {**text_fields(row), **({IMAGES: [f"<image: {len(data)} bytes>" for data in row[IMAGES]]}
+                                        if IMAGES in row else {})}
+
+    def text_fields(row: Dict) -> Dict:
         if data_type == "sft":
             return {"inputs_decode": decode(row["input_ids"]), "labels_decode": label_runs(row["labels"])}
         if data_type == "preference":

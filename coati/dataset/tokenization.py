@@ -8,12 +8,14 @@ from coati.config import DEFAULT_STEP_SEPARATOR
 from coati.utils.errors import CoatiUsageError, first_line
 from coati.utils.file_checks import read_json
 
+from .vision import ImageTokens
+
 IGNORE_INDEX = -100
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False, template_config: Optional[str] = None) -> PreTrainedTokenizerBase:
     """The tokenizer in `path` (EOS standing in for a missing pad token), with the chat template (where the
-    JSON `template_config` has one; the tokenizer's own otherwise, as in ColossalChat) and the optional
+    JSON `template_config` has one; the tokenizer's own otherwise, as in ColossalChat, or its folder's processor's) and the optional
     end-of-turn token of `template_config` when given."""
     if not Path(path).is_dir():
         raise CoatiUsageError(f"tokenizer directory {path} does not exist or is not a directory")
@@ -24,6 +26,8 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, template_config: 
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as error:
         raise CoatiUsageError(f"no tokenizer could be loaded from {path} ({first_line(error)})") from None
+    if not tokenizer.chat_template:
+        tokenizer.chat_template = processor_chat_template(Path(path))
     if config is not None:
         tokenizer.chat_template = config.get("chat_template") or tokenizer.chat_template
         if config.get("end_of_turn_token"):
@@ -33,6 +37,14 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, template_config: 
     if config is not None:
         _check_template(tokenizer, template_config)
     return tokenizer
+
+
+def processor_chat_template(folder: Path) -> Optional[str]:
+    """The chat template a vision-language model's processor keeps in `chat_template.json` (LLaVA's folders hold it
+    there only), or None."""
+    path = folder / "chat_template.json"
+    template = read_json(path, "the processor's chat template").get("chat_template") if path.is_file() else None
+    return template if isinstance(template, str) else None
 
 
 def _check_template(tokenizer: PreTrainedTokenizerBase, template_config: str) -> None:
@@ -83,12 +95,13 @@ def assistant_spans(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Dict[
 
 
 def tokenize_conversation(
-    tokenizer: PreTrainedTokenizerBase, messages: Sequence[Dict[str, str]], max_length: int, label_from: int = 0,
-    tools: Optional[List[Dict[str, Any]]] = None,
+    tokenizer: PreTrainedTokenizerBase, messages: Sequence[Dict[str, Any]], max_length: int, label_from: int = 0,
+    tools: Optional[List[Dict[str, Any]]] = None, image_tokens: Optional[ImageTokens] = None,
 ) -> Optional[Dict[str, List[int]]]:
     """`input_ids` and `labels` for one conversation, truncated to `max_length` tokens from the right, rendered with
     `tools`' schemas where given. Labels cover the assistant turns from message `label_from` on (a response, not its
-    context; tool answers never).
+    context; tool answers never). With `image_tokens`, each image token is repeated as many times as its image has
+    tokens (never labelled) before the cut, and the cut never splits an image (`ImageTokens.cut`).
 
     Markup after the last labelled token (the template's newline after the final end-of-turn) is
     dropped, so a row ends at its end-of-turn token as a rollout does: a reward model then reads its
@@ -97,17 +110,21 @@ def tokenize_conversation(
     Returns None when truncation leaves no assistant token to learn from.
     """
     text = tokenizer.apply_chat_template(list(messages), tools=tools, tokenize=False)
-    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True,
-                        truncation=True, max_length=max_length)
+    cut = {} if image_tokens else {"truncation": True, "max_length": max_length}
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, **cut)
     spans = assistant_spans(tokenizer, messages, label_from, tools)
+    ids = encoded["input_ids"]
     labels = [
         token if any(s <= start and end <= e for s, e in spans) else IGNORE_INDEX
-        for token, (start, end) in zip(encoded["input_ids"], encoded["offset_mapping"])
+        for token, (start, end) in zip(ids, encoded["offset_mapping"])
     ]
+    if image_tokens:
+        ids, labels = image_tokens.expand(ids, labels, IGNORE_INDEX)
+        ids, labels, _ = image_tokens.cut(ids, labels, max_length)
     end = max((i + 1 for i, label in enumerate(labels) if label != IGNORE_INDEX), default=0)
     if end == 0:
         return None
-    return {"input_ids": encoded["input_ids"][:end], "labels": labels[:end]}
+    return {"input_ids": ids[:end], "labels": labels[:end]}
 
 
 def tokenize_text(tokenizer: PreTrainedTokenizerBase, prompt: str, completion: str,
@@ -127,17 +144,19 @@ def tokenize_text(tokenizer: PreTrainedTokenizerBase, prompt: str, completion: s
 
 def tokenize_preference(
     tokenizer: PreTrainedTokenizerBase,
-    context: Sequence[Dict[str, str]],
-    chosen: Sequence[Dict[str, str]],
-    rejected: Sequence[Dict[str, str]],
+    context: Sequence[Dict[str, Any]],
+    chosen: Sequence[Dict[str, Any]],
+    rejected: Sequence[Dict[str, Any]],
     max_length: int,
+    image_tokens: Optional[ImageTokens] = None,
 ) -> Optional[Dict[str, List[int]]]:
     """`chosen_*` and `rejected_*` input_ids/labels for context+chosen and context+rejected; labels
-    cover the response only, not assistant turns of the context.
+    cover the response only, not assistant turns of the context (`image_tokens`: the context's images).
 
     Returns None when truncation leaves either side without a response token.
     """
-    sides = {name: tokenize_conversation(tokenizer, list(context) + list(turns), max_length, label_from=len(context))
+    sides = {name: tokenize_conversation(tokenizer, list(context) + list(turns), max_length, label_from=len(context),
+                                         image_tokens=image_tokens)
              for name, turns in (("chosen", chosen), ("rejected", rejected))}
     if any(encoded is None for encoded in sides.values()):
         return None

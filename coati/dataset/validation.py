@@ -30,6 +30,8 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Sequence, Tupl
 
 from coati.utils.errors import CoatiUsageError
 
+from .vision import IMAGES, ImageError, content_parts, content_text, row_images
+
 ROLE_ALIASES = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant", "system": "system",
                 "tool": "tool", "ipython": "tool", "function_call": "assistant", "observation": "tool"}
 FOLLOWS = {None: ("user",), "user": ("assistant",), "assistant": ("user", "tool"), "tool": ("tool", "assistant")}
@@ -78,7 +80,8 @@ def _require(row: Any, field: str, where: str) -> Any:
 
 
 def normalize_messages(messages: Any, where: str, field: str) -> List[Dict[str, str]]:
-    """Messages with `role`/`content` keys, from either key style; roles and contents checked."""
+    """Messages with `role`/`content` keys, from either key style; roles and contents checked. A content given as
+    parts is its text where it has no image, else its parts (`coati.dataset.vision.content_parts`)."""
     if not isinstance(messages, list) or not messages:
         raise DataValidationError(where, field, "expected a non-empty list of messages")
     normalized = []
@@ -89,8 +92,11 @@ def normalize_messages(messages: Any, where: str, field: str) -> List[Dict[str, 
         content = message.get("content", message.get("value"))
         if role is None:
             raise DataValidationError(where, f"{field}[{i}].role", f"unknown role {message.get('role', message.get('from'))!r}")
-        if not isinstance(content, str):
-            raise DataValidationError(where, f"{field}[{i}].content", "missing or not a string")
+        if isinstance(content, list):
+            content = content_parts(content, where, f"{field}[{i}].content")
+        if not isinstance(content, (str, list)):
+            raise DataValidationError(where, f"{field}[{i}].content", "missing, or neither a string nor a list of "
+                                                                      "content parts")
         name = message.get("name")
         normalized.append({"role": role, "content": content, **({"name": name} if role == "tool" and name else {})})
     return normalized
@@ -109,7 +115,7 @@ def check_turn_order(messages: List[Dict[str, str]], where: str, field: str, las
     if not turns or turns[-1]["role"] != last_role:
         raise DataValidationError(where, field, f"must end with a {last_role} turn")
     for i, message in enumerate(turns):
-        if message["role"] == "assistant" and not message["content"].strip():
+        if message["role"] == "assistant" and not content_text(message["content"]).strip():
             raise DataValidationError(where, field, f"assistant turn {i + 1} is empty")
 
 
@@ -196,7 +202,7 @@ def _response(row: Row, field: str, where: str) -> List[Dict[str, str]]:
     turns = [{"role": "assistant", "content": value}] if isinstance(value, str) else normalize_messages(value, where, field)
     if any(t["role"] != "assistant" for t in turns):
         raise DataValidationError(where, field, "must hold assistant turns only")
-    if not "".join(t["content"] for t in turns).strip():
+    if not "".join(content_text(t["content"]) for t in turns).strip():
         raise DataValidationError(where, field, "empty response")
     return turns
 
@@ -328,25 +334,39 @@ VALIDATORS: Dict[str, Callable[[Any, str], Union[Row, List[Row]]]] = {
 }
 
 
-def validate_rows(entries: Iterable[Tuple[str, Callable[[], Any]]], data_type: str,
-                  skip_invalid: bool = False) -> Tuple[List[Row], int]:
-    """Validated, normalised rows of `entries`, pairs of (where, read) with `read()` giving the raw row;
-    returns (rows, number skipped). Without `skip_invalid` the first bad row raises `DataValidationError`."""
+IMAGE_TYPES = ("sft", "preference", "prompt")
+"""The data types whose rows may hold images."""
+Entry = Tuple[str, Callable[[], Any], Path]
+"""Where a raw row is (`file:line`), how to read it, and the folder its relative image paths are beside."""
+
+
+def validate_rows(entries: Iterable[Entry], data_type: str, skip_invalid: bool = False) -> Tuple[List[Row], int]:
+    """Validated, normalised rows of `entries` (`Entry`), their images read and checked (`row_images`); returns
+    (rows, number skipped). Without `skip_invalid` the first bad row raises `DataValidationError`."""
     validate = VALIDATORS[data_type]
     rows, skipped = [], 0
-    for where, read in entries:
+    for where, read, base in entries:
         try:
-            row = validate(read(), where)
-            rows.extend(row if isinstance(row, list) else [row])
-        except DataValidationError:
+            raw = read()
+            found = validate(raw, where)
+            found = [_with_images(row, raw, where, base, data_type) for row in (found if isinstance(found, list) else [found])]
+            rows.extend(found)
+        except (DataValidationError, ImageError):
             if not skip_invalid:
                 raise
             skipped += 1
     return rows, skipped
 
 
-def jsonl_entries(paths: Iterable[Path]) -> Iterator[Tuple[str, Callable[[], Any]]]:
-    """(`file:line`, parser) for every non-blank line of the JSONL `paths`, for `validate_rows`."""
+def _with_images(row: Row, raw: Any, where: str, base: Path, data_type: str) -> Row:
+    row = row_images(row, raw, where, base)
+    if IMAGES in row and data_type not in IMAGE_TYPES:
+        raise DataValidationError(where, IMAGES, f"{data_type} data takes no images ({', '.join(IMAGE_TYPES)} data do)")
+    return row
+
+
+def jsonl_entries(paths: Iterable[Path]) -> Iterator[Entry]:
+    """An `Entry` for every non-blank line of the JSONL `paths`, for `validate_rows`."""
     for path in paths:
         for where, text in jsonl_lines(path):
-            yield where, functools.partial(parse_json, text, where)
+            yield where, functools.partial(parse_json, text, where), path.parent

@@ -8,6 +8,7 @@ from coati.dataset.collators import both_sides
 from coati.dataset.tokenization import IGNORE_INDEX
 
 from .packing import chosen_then_rejected, is_packed, model_inputs, pack_rollouts, row_sums, shares_prompts
+from .vision import image_inputs
 
 
 def mask_positions(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -104,7 +105,7 @@ def pair_sequence_logps(model: torch.nn.Module, batch: Dict[str, Any]) -> Tuple[
         sums, counts = sequence_logps(model, batch)
         return chosen_then_rejected(sums), chosen_then_rejected(counts)
     both = {field: both_sides(batch, field) for field in ("input_ids", "attention_mask", "labels")}
-    return sequence_logps(model, both)
+    return sequence_logps(model, {**both, **image_inputs(batch, repeat=2)})
 
 
 def action_logps(model: torch.nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,

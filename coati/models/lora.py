@@ -34,9 +34,9 @@ def _task_type(model: torch.nn.Module) -> str:
 
 
 def enable_lora(booster: Booster, plugin: Plugin, plugin_name: str, model: torch.nn.Module, rank: int, alpha: float,
-                dropout: float = 0.0, target_modules: Sequence[str] = ("all-linear",), bias: str = "none",
+                dropout: float = 0.0, target_modules: Union[str, Sequence[str]] = ("all-linear",), bias: str = "none",
                 init: str = "kaiming_uniform") -> torch.nn.Module:
-    """`model` with rank-`rank` adapters on `target_modules` and every other weight frozen (but the biases `bias`
+    """`model` with rank-`rank` adapters on `target_modules` (names, or one pattern peft matches whole) and every other weight frozen (but the biases `bias`
     names: peft's none, all or lora_only), started as `init` says (kaiming_uniform or pissa); call before
     boosting."""
     if not plugin.support_lora():
@@ -44,7 +44,8 @@ def enable_lora(booster: Booster, plugin: Plugin, plugin_name: str, model: torch
                               "use ddp, zero2, zero2_cpu or 3d")
     from peft import LoraConfig as PeftLoraConfig
 
-    targets = "all-linear" if list(target_modules) == ["all-linear"] else list(target_modules)
+    targets = target_modules if isinstance(target_modules, str) else (
+        "all-linear" if list(target_modules) == ["all-linear"] else list(target_modules))
     config = PeftLoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias=bias,
                             init_lora_weights=_peft_init(init), task_type=_task_type(model))
     try:

@@ -20,6 +20,8 @@ import torch.nn.functional as F
 from coati.dataset.collators import pack_sequences
 from coati.utils.errors import CoatiUsageError
 
+from .vision import image_inputs
+
 _PLAIN_SDPA: Optional[Callable[..., Tuple[torch.Tensor, Any]]] = None
 """transformers' own SDPA attention, which `packed_sdpa` hands every unpacked batch to."""
 
@@ -84,10 +86,11 @@ def packed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
 
 
 def model_inputs(batch: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
-    """The forward's keyword arguments for `batch`'s `prefix` rows: ids and attention mask when padded; ids, position
+    """The forward's keyword arguments for `batch`'s `prefix` rows: ids and attention mask (and the images) when padded; ids, position
     ids and cumulative row lengths (FlashAttention-2's varlen keywords, which `packed_sdpa` reads too) when packed."""
     if not is_packed(batch, prefix):
-        return {"input_ids": batch[f"{prefix}input_ids"], "attention_mask": batch[f"{prefix}attention_mask"]}
+        return {"input_ids": batch[f"{prefix}input_ids"], "attention_mask": batch[f"{prefix}attention_mask"],
+                **image_inputs(batch)}
     lengths = batch[f"{prefix}seq_lens"]
     cumulative = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
     longest = int(lengths.max())

@@ -15,12 +15,13 @@ import torch
 import torch.distributed as dist
 from datasets import Dataset, concatenate_datasets, load_from_disk
 from tqdm import tqdm
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import PreTrainedModel
 
 from coati.dataset.collators import batch_rows
 from coati.utils.comm import barrier, is_distributed, is_rank_0, rank, world_size
 
 from .logprobs import pair_sequence_logps
+from .vision import auto_model_class
 
 PathLike = Union[str, Path]
 REF_COLUMNS = ("chosen_ref_logps", "rejected_ref_logps")
@@ -29,7 +30,7 @@ REF_COLUMNS = ("chosen_ref_logps", "rejected_ref_logps")
 def load_reference_model(path: str, device: torch.device, dtype: torch.dtype = torch.float32,
                          trust_remote_code: bool = False) -> PreTrainedModel:
     """The reference policy, frozen, in eval mode, on `device`."""
-    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=dtype, trust_remote_code=trust_remote_code)
+    model = auto_model_class(path).from_pretrained(path, torch_dtype=dtype, trust_remote_code=trust_remote_code)
     model.requires_grad_(False)
     return model.to(device).eval()
 

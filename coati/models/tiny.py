@@ -10,6 +10,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from coati.config import TINY_VISION_STYLES
+
 END_OF_TURN = "<|im_end|>"
 SPECIAL_TOKENS = ["<|pad|>", "<|im_start|>", END_OF_TURN, "<|unk|>"]
 CHAT_TEMPLATE = (
@@ -73,3 +75,69 @@ def write_tiny_model(out_dir: Union[str, Path], corpus: Iterable[str], size: str
     tokenizer.save_pretrained(out)
     return out
 
+
+
+IMAGE_MARKUP = {"qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>", "llava": "<image>"}
+VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>", "<image>"]
+IMAGE_SIDE = 56
+"""LLaVA's square input side, and the Qwen2.5-VL processor's default pixel limit's side (56 x 112 at most)."""
+
+
+def vision_chat_template(style: str) -> str:
+    """The tiny chat template with content parts: text as it is, each image part as the style's image markup."""
+    content = ("{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+               "{% for part in message['content'] %}{% if part['type'] == 'image' %}" + IMAGE_MARKUP[style] +
+               "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}")
+    return CHAT_TEMPLATE.replace("{{ message['content'] }}", content)
+
+
+def write_tiny_vl_model(out_dir: Union[str, Path], corpus: Iterable[str], style: str = "qwen2_5_vl", seed: int = 0,
+                        vocab_size: int = 384) -> Path:
+    """A tiny random vision-language model of `style` with its processor (a slow image processor: no torchvision),
+    saved into `out_dir` so that `AutoModelForImageTextToText` and `AutoProcessor` load them: a Qwen2.5-VL (14-pixel
+    patches merged 2 x 2, images of 28 x 28 to 56 x 112 pixels) or a LLaVA (a CLIP tower on 56 x 56 images, a Llama)."""
+    from transformers import (CLIPImageProcessor, CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration,
+                              LlavaProcessor, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration,
+                              Qwen2_5_VLProcessor, Qwen2TokenizerFast, Qwen2VLImageProcessor)
+
+    if style not in TINY_VISION_STYLES:
+        raise ValueError(f"unknown vision style {style!r}; choose one of {', '.join(TINY_VISION_STYLES)}")
+    text = train_tokenizer(corpus, vocab_size)
+    tokenizer = Qwen2TokenizerFast(tokenizer_object=text.backend_tokenizer, eos_token=END_OF_TURN, pad_token="<|pad|>",
+                                   unk_token="<|unk|>", chat_template=vision_chat_template(style), padding_side="right",
+                                   model_max_length=512)
+    tokenizer.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in VISION_TOKENS}
+    padded_vocab = -(-len(tokenizer) // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+    text_config = dict(vocab_size=padded_vocab, max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
+                       eos_token_id=tokenizer.eos_token_id, bos_token_id=None, tie_word_embeddings=False,
+                       **MODEL_SIZES["tiny"])
+    torch.manual_seed(seed)
+    if style == "qwen2_5_vl":
+        config = Qwen2_5_VLConfig(
+            **text_config, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
+            vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                               patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
+                               fullatt_block_indexes=[1]),
+            image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+            vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
+        model = Qwen2_5_VLForConditionalGeneration(config)
+        processor = Qwen2_5_VLProcessor(Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=IMAGE_SIDE * 2 * IMAGE_SIDE),
+                                        tokenizer, chat_template=tokenizer.chat_template)
+    else:
+        config = LlavaConfig(
+            vision_config=CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                           num_attention_heads=2, image_size=IMAGE_SIDE, patch_size=14, projection_dim=32),
+            text_config=LlamaConfig(**text_config), image_token_index=ids["<image>"], vision_feature_layer=-1,
+            vision_feature_select_strategy="default", pad_token_id=tokenizer.pad_token_id)
+        model = LlavaForConditionalGeneration(config)
+        image_processor = CLIPImageProcessor(size={"shortest_edge": IMAGE_SIDE},
+                                             crop_size={"height": IMAGE_SIDE, "width": IMAGE_SIDE})
+        processor = LlavaProcessor(image_processor, tokenizer, patch_size=14, vision_feature_select_strategy="default",
+                                   image_token="<image>", num_additional_image_tokens=1,
+                                   chat_template=tokenizer.chat_template)
+    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    out = Path(out_dir)
+    model.save_pretrained(out, safe_serialization=True)
+    processor.save_pretrained(out)
+    return out

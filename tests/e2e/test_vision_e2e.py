@@ -1,0 +1,96 @@
+"""Vision-language models trained from TRL-style image rows by two torchrun processes: SFT (Qwen2.5-VL) and DPO
+(LLaVA, LoRA on the language model, the vision tower frozen) train, checkpoint, resume exactly and export a folder
+that transformers loads with its processor; what cannot work is refused in one line before anything loads."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForImageTextToText, AutoProcessor
+
+from conftest import SCRIPTS, assert_same_records, checkpoint_names, torchrun, train_records
+from support import run_coati
+
+
+def _train(script: str, model: Path, data: Path, out: Path, *extra: str):
+    args = ["--pretrain", str(model), "--dataset", str(data), "--plugin", "ddp", "--batch_size", "4", "--max_steps", "4",
+            "--lr", "1e-3", "--log_interval", "1", "--save_interval", "2", "--save_dir", str(out / "ckpt"),
+            "--log_dir", str(out / "logs"), "--output_dir", str(out / "final"), "--prepared_cache_dir",
+            str(out.parent / "cache"), *extra]
+    result = torchrun(SCRIPTS / script, 2, *args)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+def _resumes_exactly(script: str, model: Path, data: Path, tmp_path: Path, *extra: str) -> Path:
+    full = tmp_path / "full"
+    _train(script, model, data, full, *extra)
+    assert checkpoint_names(full / "ckpt") == ["epoch-0_step-2", "epoch-1_step-4"]   # 32 rows: 4 micro-batches a rank
+    resumed = tmp_path / "resumed"
+    result = _train(script, model, data, resumed, "--checkpoint_path", str(full / "ckpt" / "epoch-0_step-2"), *extra)
+    assert "resumed from" in result.stdout
+    assert_same_records(train_records(resumed / "logs"), train_records(full / "logs")[2:], rel=1e-6)
+    return full
+
+
+@pytest.mark.slow
+def test_vision_sft_trains_resumes_exactly_and_exports_with_its_processor(vision_assets, tmp_path):
+    full = _resumes_exactly("train_sft.py", vision_assets["qwen2_5_vl"], vision_assets["sft"], tmp_path,
+                            "--max_pixels", "4704")
+    exported = full / "final" / "model"
+    processor = AutoProcessor.from_pretrained(exported)
+    assert processor.image_processor.max_pixels == 4704   # the limit the image tokens were counted with travels
+    assert (full / "ckpt" / "epoch-0_step-2" / "modeling" / "preprocessor_config.json").is_file()
+    model = AutoModelForImageTextToText.from_pretrained(exported)
+    trained = [r["train/loss"] for r in train_records(full / "logs")]
+    assert trained[-1] < trained[0]
+    start = AutoModelForImageTextToText.from_pretrained(vision_assets["qwen2_5_vl"])
+    assert not torch.equal(model.visual.patch_embed.proj.weight, start.visual.patch_embed.proj.weight)   # the tower trained
+
+
+@pytest.mark.slow
+def test_vision_dpo_with_lora_on_the_language_model_resumes_exactly(vision_assets, tmp_path):
+    full = _resumes_exactly("train_dpo.py", vision_assets["llava"], vision_assets["preference"], tmp_path,
+                            "--lora_rank", "4", "--freeze_vision_tower")
+    adapter = json.loads((full / "final" / "adapter" / "adapter_config.json").read_text())
+    assert "vision_tower" in adapter["target_modules"] and adapter["target_modules"].startswith("^(?!")
+    records = train_records(full / "logs")
+    assert {"train/rewards/margins", "train/logps/chosen"} <= set(records[0])
+    merged = AutoModelForImageTextToText.from_pretrained(full / "final" / "model")
+    start = AutoModelForImageTextToText.from_pretrained(vision_assets["llava"])
+    assert torch.equal(merged.vision_tower.vision_model.embeddings.patch_embedding.weight,
+                       start.vision_tower.vision_model.embeddings.patch_embedding.weight)
+    assert not torch.equal(merged.language_model.model.layers[0].self_attn.q_proj.weight,
+                           start.language_model.model.layers[0].self_attn.q_proj.weight)
+
+
+def test_what_cannot_work_with_images_is_refused_in_one_line(vision_assets, tiny_assets, tmp_path):
+    qwen, sft = str(vision_assets["qwen2_5_vl"]), str(vision_assets["sft"])
+    cache = ["--prepared_cache_dir", str(tmp_path / "cache")]
+    cases = [
+        (["sft", "--pretrain", qwen, "--dataset", sft, "--packing", *cache],
+         "error: --packing: rows with images are padded, not packed"),
+        (["grpo", "--pretrain", qwen, "--prompt_dataset", str(vision_assets["prompt"]), "--reward_fn", "math_answer",
+          *cache], f"error: --pretrain {qwen} is a vision-language model: coati grpo does not train one yet"),
+        (["rm", "--pretrain", qwen, "--dataset", str(vision_assets["preference"]), *cache],
+         f"error: --pretrain {qwen} is a vision-language model: coati rm does not train one yet"),
+        (["sft", "--pretrain", str(tiny_assets["model"]), "--dataset", str(tiny_assets["sft_train"]),
+          "--freeze_vision_tower"], "error: --freeze_vision_tower: " + str(tiny_assets["model"]) +
+         " is not a vision-language model (no image processor)"),
+        (["sft", "--pretrain", str(tiny_assets["model"]), "--dataset", sft, *cache],
+         "the data has images, and the tokenizer's folder has no image processor"),
+    ]
+    for argv, message in cases:
+        result = run_coati(*argv)
+        assert result.returncode == 2, (argv, result.stderr[-2000:])
+        lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert len(lines) == 1 and message in lines[0], result.stderr[-2000:]
+
+    prepared = tmp_path / "prepared"
+    assert run_coati("prepare", "--type", "sft", "--data_input_dirs", sft, "--tokenizer_dir", qwen,
+                     "--data_output_dirs", str(prepared), "--min_pixels", "9408").returncode == 0
+    result = run_coati("sft", "--pretrain", qwen, "--dataset", str(prepared), "--min_pixels", "784")
+    assert result.returncode == 2
+    assert "error: --min_pixels 784: the data was prepared with min_pixels 9408" in result.stderr
+    shutil.rmtree(prepared)
