@@ -227,6 +227,7 @@ class GRPORunConfig(OnPolicyRun):
     """GRPO (and the group-relative estimators of its registry)."""
 
     command = "grpo"
+    vision: VisionSettings = section(VisionSettings, "vision-language models")
     rollout: GRPOConfig = section(GRPOConfig, "rollouts and advantages")
     maxent: MaxEntSettings = section(MaxEntSettings, "maxent advantages")
     asynchronous: AsyncSettings = section(AsyncSettings, "asynchronous rollouts")

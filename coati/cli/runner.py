@@ -250,18 +250,32 @@ def load_images(args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase) ->
     if images is None and (vision.freeze_vision_tower or vision.freeze_multi_modal_projector):
         flag = "--freeze_vision_tower" if vision.freeze_vision_tower else "--freeze_multi_modal_projector"
         raise CoatiUsageError(f"{flag}: {path} is not a vision-language model (no image processor)")
-    if images is not None and args.packing:
-        raise CoatiUsageError("--packing: rows with images are padded, not packed (a vision-language model's image "
-                              "positions are per row); leave --packing out")
     return images
+
+
+VISION_GRPO_BLOCKERS = {"rollout_backend": "vllm", "async_rollout": True, "tools": True, "agent": True,
+                        "teacher_model": True, "prm_pretrain": True, "rm_pretrain": True}
+"""GRPO settings a vision-language policy cannot take yet (a value, or True for any): its rollouts are single-turn,
+synchronous, on the `hf` engine, and scored by reward functions."""
 
 
 def check_model_kind(args: argparse.Namespace) -> None:
     """A vision-language --pretrain is refused in one line, before any data is prepared, by the trainers that take
-    no images (those whose run config has no vision section)."""
-    if is_vision_model(args.pretrain) and not hasattr(args._run_config, "vision"):
-        raise CoatiUsageError(f"--pretrain {args.pretrain} is a vision-language model: coati {args._run_config.command} "
-                              "does not train one yet (coati sft, dpo and orpo train on image rows)")
+    no images (those whose run config has no vision section), and by GRPO with what its image rollouts lack."""
+    if not is_vision_model(args.pretrain):
+        return
+    command = args._run_config.command
+    if not hasattr(args._run_config, "vision"):
+        raise CoatiUsageError(f"--pretrain {args.pretrain} is a vision-language model: coati {command} does not train "
+                              "one yet (coati sft, dpo, orpo and grpo train on image rows)")
+    if args.packing:
+        raise CoatiUsageError("--packing: rows with images are padded, not packed (a vision-language model's image "
+                              "positions are per row); leave --packing out")
+    for name, blocked in (VISION_GRPO_BLOCKERS.items() if command == "grpo" else ()):
+        value = getattr(args, name, None)
+        if value and (blocked is True or value == blocked):
+            raise CoatiUsageError(f"--{name}: GRPO on a vision-language model runs single-turn, synchronous rollouts "
+                                  "on the hf engine, scored by reward functions; leave it out")
 
 
 def preflight(args: argparse.Namespace) -> None:

@@ -199,21 +199,33 @@ class PromptCollator(_Collator):
         return batch
 
 
-PROMPT_FIELDS = ("input_ids", "attention_mask")
+IMAGE_INPUTS = "image_inputs"
+"""A prompt row's image inputs (`ImageProcessing.pixel_inputs`), as `PromptRows` makes them from its images."""
+PROMPT_FIELDS = ("input_ids", "attention_mask", IMAGES, IMAGE_INPUTS)
 """A prompt batch's columns that are the prompt itself; its other fields (e.g. `gt_answer`) go to the rewards."""
 
 
 class PromptRows:
-    """Prompt rows as rollout workflows take them, unpadded: `input_ids` (`max_length` keeps a prompt's end) and
-    the row's other fields (ground truth for a reward function). The on-policy trainers' prompt loaders collate
-    with it: nothing is padded before generation pads what it batches."""
+    """Prompt rows as rollout workflows take them, unpadded: `input_ids` (`max_length` keeps a prompt's end), with
+    `images`, a vision-language model's processor, the row's `IMAGE_INPUTS` (a prompt with images is never cut: one
+    longer than `max_length` is refused), and the row's other fields (ground truth for a reward function). The
+    on-policy trainers' prompt loaders collate with it: nothing is padded before generation pads what it batches."""
 
-    def __init__(self, max_length: int = 0) -> None:
-        self.max_length = max_length
+    def __init__(self, max_length: int = 0, images: Optional[ImageProcessing] = None) -> None:
+        self.max_length, self.images = max_length, images
 
     def __call__(self, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-        return [{"input_ids": list(row["input_ids"])[-self.max_length:] if self.max_length else list(row["input_ids"]),
-                 **{k: v for k, v in row.items() if k not in PROMPT_FIELDS}} for row in rows]
+        return [self._row(row) for row in rows]
+
+    def _row(self, row: Dict[str, Any]) -> Dict[str, Any]:
+        ids = list(row["input_ids"])
+        pictures = row.get(IMAGES) or []
+        if pictures and self.max_length and len(ids) > self.max_length:
+            raise CoatiUsageError(f"--max_length {self.max_length} would cut a prompt with images ({len(ids)} tokens); "
+                                  "raise it, or prepare the prompts at this --max_length (such prompts are dropped)")
+        images = {IMAGE_INPUTS: self.images.pixel_inputs(pictures)} if self.images is not None and pictures else {}
+        return {"input_ids": ids[-self.max_length:] if self.max_length else ids, **images,
+                **{k: v for k, v in row.items() if k not in PROMPT_FIELDS}}
 
 
 def prompt_rows(batch: Any) -> List[Dict[str, Any]]:

@@ -13,6 +13,7 @@ from coati.models.critic import action_values
 from coati.models.generation import GenerationEngine
 from coati.models.logprobs import action_logps
 from coati.models.loss import kl_penalty, masked_mean, masked_var
+from coati.models.vision import joined_image_inputs
 from coati.rewards.registry import table_columns
 from coati.utils.registry import ADVANTAGE_ESTIMATORS
 
@@ -32,7 +33,8 @@ class RolloutSample:
     generating weights (`logprobs`, 0 on the environment's; None from an engine that reports none) and the weights
     version that made each (`token_versions`), and where each model turn starts (`turn_starts`). Once scored: the
     total `reward` and each reward's value (`reward_components`); for logs, the `prompt` and `completion` as text (or
-    messages, for conversational data) and counts of how it was made (`stats`, logged as `rollout/<name>`)."""
+    messages, for conversational data) and counts of how it was made (`stats`, logged as `rollout/<name>`); with
+    images, the prompt's `image_inputs`."""
 
     prompt_ids: List[int]
     completion_ids: List[int]
@@ -45,6 +47,8 @@ class RolloutSample:
     prompt: Any = ""
     completion: Any = ""
     stats: Dict[str, float] = field(default_factory=dict)
+    image_inputs: Dict[str, torch.Tensor] = field(default_factory=dict)
+    """A vision-language prompt's image inputs (`ImageProcessing.pixel_inputs`), shared by its group's samples."""
 
     @property
     def sampled_ids(self) -> List[int]:
@@ -112,7 +116,8 @@ class Experience:
     (`RolloutConfig.old_log_probs_at_collection`). With a distillation teacher (`coati.experience.distillation`):
     its log-probs of the sampled tokens, and its top-k log-probs and token ids per position (batch, N, k) where a
     distillation loss reads them. With a process reward model: each step's score on the token that ends it
-    (`step_rewards`, weighted) and where steps end (`step_mask`)."""
+    (`step_rewards`, weighted) and where steps end (`step_mask`). With images: each row's image inputs
+    (`image_inputs`; `images(rows)` joins them for a forward)."""
 
     sequences: torch.Tensor
     attention_mask: torch.Tensor
@@ -143,6 +148,12 @@ class Experience:
     teacher_top_ids: Optional[torch.Tensor] = None
     step_rewards: Optional[torch.Tensor] = None
     step_mask: Optional[torch.Tensor] = None
+    image_inputs: List[Dict[str, torch.Tensor]] = field(default_factory=list)
+
+    def images(self, rows: slice = slice(None)) -> Optional[Dict[str, torch.Tensor]]:
+        """The image inputs of `rows` as one forward takes them, on the batch's device; None without images."""
+        joined = joined_image_inputs(self.image_inputs[rows], self.sequences.device)
+        return joined or None
 
     def split(self, rows: int) -> List["Experience"]:
         """Consecutive parts of at most `rows` rows (the whole batch when `rows` is 0 or covers it): every
@@ -242,11 +253,13 @@ class ExperienceMaker:
         if self.config.old_log_probs_at_collection or self.ref_model is not None or self.teacher is not None:
             with timed(timing, "actor_forward"):
                 added["action_log_probs"] = self._per_rows(lambda rows: action_logps(
-                    self.actor, e.sequences[rows], e.attention_mask[rows], e.prompt_length, packed=e.packed), e)
+                    self.actor, e.sequences[rows], e.attention_mask[rows], e.prompt_length, packed=e.packed,
+                    images=e.images(rows)), e)
         if self.ref_model is not None:
             with timed(timing, "reference_forward"):
                 added["ref_log_probs"] = self._per_rows(lambda rows: action_logps(
-                    self.ref_model, e.sequences[rows], e.attention_mask[rows], e.prompt_length, packed=e.packed), e)
+                    self.ref_model, e.sequences[rows], e.attention_mask[rows], e.prompt_length, packed=e.packed,
+                    images=e.images(rows)), e)
             added["kl"] = kl_penalty(added["action_log_probs"], added["ref_log_probs"],
                                      self.config.kl_estimator) * e.action_mask
         if self.teacher is not None:
@@ -347,6 +360,7 @@ def _with_records(experience: Experience, trajectories: Sequence[Any], samples: 
                                completions=[s.completion for s in samples],
                                reward_components=per_name(s.reward_components for s in samples),
                                rollout_stats=per_name(s.stats for s in samples), versions=versions,
+                               image_inputs=[s.image_inputs for s in samples] if any(s.image_inputs for s in samples) else [],
                                prompt_ids=[t.prompt_id for t in trajectories for _ in t.samples])
 
 

@@ -6,7 +6,7 @@ each sequence stops at its first end-of-turn/EOS token, and finished rows leave 
 cache rows are dropped), so a finished sequence stops costing compute.
 """
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
+from typing import Any, Callable, Dict, Iterator, Optional, Protocol, Sequence
 
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerBase
@@ -15,6 +15,7 @@ from coati.config import SamplingConfig
 from coati.utils.errors import NonFiniteError
 
 from .logprobs import mask_positions, token_logps
+from .vision import joined_image_inputs, placeholder_token_ids, rope_positions
 
 
 @dataclass
@@ -66,21 +67,29 @@ class HFEngine:
         self.pad_token_id = pad_token_id
         self.stop_token_ids = tuple(stop_token_ids)
         self.max_batch_rows = max_batch_rows
+        self.never_sampled = placeholder_token_ids(model)
 
-    def _forward(self, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
+    def _forward(self, input_ids, attention_mask, position_ids, cache, images=None) -> torch.Tensor:
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=cache, use_cache=True)
+                         past_key_values=cache, use_cache=True, **(images or {}))
         return out.logits[:, -1]
+
+    def _without_placeholders(self, logits: torch.Tensor) -> torch.Tensor:
+        """`logits` with a vision-language model's image placeholder tokens made impossible (`placeholder_token_ids`)."""
+        if self.never_sampled:
+            logits[:, self.never_sampled] = float("-inf")
+        return logits
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, config: SamplingConfig,
-                 logprobs: bool = False) -> GenerationOutput:
+                 logprobs: bool = False, images: Optional[Sequence[Dict[str, torch.Tensor]]] = None) -> GenerationOutput:
         """Completions of the left-padded prompts; with `logprobs`, each sampled token's log-prob, read off the
         sampling step's own logits (at temperature 1, as the trainer computes them), so no second forward is
-        needed for behaviour log-probs."""
+        needed for behaviour log-probs. `images`: each row's image inputs, for a vision-language model."""
         rows = input_ids.size(0)
         size = self.max_batch_rows or rows
-        decoded = [self._decode(input_ids[start:start + size], attention_mask[start:start + size], config, logprobs)
+        decoded = [self._decode(input_ids[start:start + size], attention_mask[start:start + size], config, logprobs,
+                                None if images is None else images[start:start + size])
                    for start in range(0, rows, size)]
         lengths = torch.cat([d.lengths for d in decoded])
         action_mask = torch.arange(config.max_new_tokens, device=input_ids.device) < lengths.unsqueeze(-1)
@@ -95,15 +104,18 @@ class HFEngine:
         )
 
     def _decode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, config: SamplingConfig,
-                logprobs: bool) -> "Decoded":
-        for decoded in self.stream(input_ids, attention_mask, config, logprobs):
+                logprobs: bool, images: Optional[Sequence[Dict[str, torch.Tensor]]] = None) -> "Decoded":
+        for decoded in self.stream(input_ids, attention_mask, config, logprobs, images):
             pass
         return decoded
 
     @torch.no_grad()
     def stream(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, config: SamplingConfig,
-               logprobs: bool = False) -> Iterator["Decoded"]:
-        """The decoding so far, after each step (one token for every row still going; the same object, updated)."""
+               logprobs: bool = False, images: Optional[Sequence[Dict[str, torch.Tensor]]] = None
+               ) -> Iterator["Decoded"]:
+        """The decoding so far, after each step (one token for every row still going; the same object, updated).
+        `images` (each row's image inputs) go into the prompt's forward, with a vision-language model's own positions
+        (`rope_positions`); the tokens after it continue from the prompt's highest position."""
         rows = input_ids.size(0)
         stops = torch.tensor(config.stop_token_ids or self.stop_token_ids, device=input_ids.device)
         decoded = Decoded(tokens=torch.full((rows, config.max_new_tokens), self.pad_token_id, dtype=torch.long,
@@ -111,14 +123,17 @@ class HFEngine:
                           lengths=torch.full((rows,), config.max_new_tokens, dtype=torch.long, device=input_ids.device),
                           logprobs=torch.zeros(rows, config.max_new_tokens, device=input_ids.device) if logprobs else None)
         cache = DynamicCache()
-        positions = mask_positions(attention_mask)
-        logits = self._forward(input_ids, attention_mask, positions, cache)
+        pixels = joined_image_inputs(images or [], input_ids.device)
+        positions = rope_positions(self.model, input_ids, attention_mask, pixels)
+        positions = mask_positions(attention_mask) if positions is None else positions
+        logits = self._forward(input_ids, attention_mask, positions, cache, pixels)
         if not torch.isfinite(logits).all():
             raise NonFiniteError("generation: the policy's next-token logits are NaN or infinite, so its weights "
                                  "diverged at the last update; lower --lr, or resume from the last checkpoint")
         active = torch.arange(rows, device=input_ids.device)
-        mask, next_position = attention_mask, positions[:, -1] + 1
+        mask, next_position = attention_mask, (positions.amax(0) if positions.dim() == 3 else positions)[:, -1] + 1
         for step in range(config.max_new_tokens):
+            logits = self._without_placeholders(logits)
             token = sample_next(logits, config)
             decoded.tokens[active, step] = token
             if decoded.logprobs is not None:
@@ -134,7 +149,10 @@ class HFEngine:
                 cache.batch_select_indices(keep)
                 active, token, mask, next_position = active[keep], token[keep], mask[keep], next_position[keep]
             mask = torch.cat([mask, mask.new_ones(mask.size(0), 1)], dim=-1)
-            logits = self._forward(token.unsqueeze(-1), mask, next_position.unsqueeze(-1), cache)
+            step_positions = next_position.unsqueeze(-1)
+            if positions.dim() == 3:   # every rotary section of a text token takes the same position
+                step_positions = step_positions.unsqueeze(0).expand(3, -1, -1)
+            logits = self._forward(token.unsqueeze(-1), mask, step_positions, cache)
             next_position = next_position + 1
 
 

@@ -8,7 +8,7 @@ from coati.dataset.collators import both_sides
 from coati.dataset.tokenization import IGNORE_INDEX
 
 from .packing import chosen_then_rejected, is_packed, model_inputs, pack_rollouts, row_sums, shares_prompts
-from .vision import image_inputs
+from .vision import image_inputs, rope_positions
 
 
 def mask_positions(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -109,18 +109,22 @@ def pair_sequence_logps(model: torch.nn.Module, batch: Dict[str, Any]) -> Tuple[
 
 
 def action_logps(model: torch.nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
-                 return_logits: bool = False, packed: bool = False):
+                 return_logits: bool = False, packed: bool = False,
+                 images: Optional[Dict[str, torch.Tensor]] = None):
     """Log-probs (batch, N) of the completion tokens `sequences[:, prompt_length:]` given what precedes them,
     for left-padded prompts (positions counted from the mask); with `return_logits`, also their logits. The LM head
     sees the completion's positions only. `packed`: one forward of the rows without padding, each prompt computed
-    once for the completions that follow it (`pack_rollouts`); the same values, laid out as the padded ones."""
+    once for the completions that follow it (`pack_rollouts`); the same values, laid out as the padded ones.
+    `images`: the rows' image inputs (`joined_image_inputs`), for a vision-language model (padded rows only)."""
     if packed:
         rollouts = pack_rollouts(sequences, attention_mask, prompt_length, shares_prompts(model))
         logits = rollouts.rows(tail_logits(model, rollouts.kept, **rollouts.inputs))
     else:
         completion = sequences.size(1) - prompt_length
+        positions = rope_positions(model, sequences, attention_mask, images)
         logits = tail_logits(model, completion + 1, input_ids=sequences, attention_mask=attention_mask,
-                             position_ids=mask_positions(attention_mask))[:, :-1]
+                             position_ids=mask_positions(attention_mask) if positions is None else positions,
+                             **(images or {}))[:, :-1]
     logps = token_logps(logits, sequences[:, prompt_length:])
     return (logps, logits) if return_logits else logps
 

@@ -7,7 +7,7 @@ Qwen2-VL and Qwen2.5-VL hold their vision encoder in `visual` (its `merger` the 
 import json
 import re
 from pathlib import Path
-from typing import Any, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -79,6 +79,38 @@ def language_model_lora_targets(model: nn.Module, targets: Sequence[str]) -> str
         names = set(targets)
     outside = "|".join(re.escape(p) for p in VISION_TOWERS + PROJECTORS)
     return rf"^(?!(?:{outside})\.).*\.(?:{'|'.join(sorted(map(re.escape, names)))})$"
+
+
+PLACEHOLDER_KEYS = ("image_token_id", "image_token_index", "video_token_id")
+"""Config keys of the token ids that stand for an image's (or video's) features."""
+
+
+def placeholder_token_ids(model: nn.Module) -> List[int]:
+    """The token ids that a vision-language model reads as image (or video) features: generation never samples them,
+    since a completion holding one would no longer match its images. [] for a text model."""
+    config = getattr(model, "config", None)
+    return [value for key in PLACEHOLDER_KEYS if isinstance(value := getattr(config, key, None), int)]
+
+
+def joined_image_inputs(rows: Sequence[Dict[str, torch.Tensor]], device: Optional[torch.device] = None
+                        ) -> Dict[str, torch.Tensor]:
+    """The image inputs of several rows (each row's `ImageProcessing.pixel_inputs`) as one forward takes them, in row
+    order, on `device`: {} where no row has an image."""
+    keys = [key for key in VISION_KEYS if any(key in row for row in rows)]
+    return {key: torch.cat([row[key] for row in rows if key in row]).to(device) for key in keys}
+
+
+def rope_positions(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   images: Optional[Dict[str, torch.Tensor]]) -> Optional[torch.Tensor]:
+    """Qwen2-VL's 3-D rotary positions (3, batch, length) of left-padded rows with images, as the model computes them
+    for itself (`get_rope_index`), so that generation, which passes positions, and training agree; None for a model
+    without them (its positions are the text's)."""
+    inner = model.unwrap(unwrap_peft=False) if hasattr(model, "unwrap") else model
+    inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    if not images or not hasattr(inner, "get_rope_index"):
+        return None
+    positions, _ = inner.get_rope_index(input_ids, images.get("image_grid_thw"), None, None, attention_mask)
+    return positions
 
 
 def image_inputs(batch: dict, repeat: int = 1) -> dict:

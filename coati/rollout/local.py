@@ -24,6 +24,7 @@ class _Request:
     n: int
     seat: Optional[int]
     future: asyncio.Future
+    image_inputs: Optional[Dict[str, torch.Tensor]] = None
 
 
 class LocalPool(RolloutPool):
@@ -61,9 +62,12 @@ class LocalPool(RolloutPool):
         self._flush_when_all_asked()
 
     async def agenerate(self, prompt_ids: List[int], config: SamplingConfig, n: int,
-                        session: Optional[str] = None, seat: Optional[int] = None) -> Completions:
+                        session: Optional[str] = None, seat: Optional[int] = None,
+                        image_inputs: Optional[Dict[str, torch.Tensor]] = None) -> Completions:
+        """As `RolloutPool.agenerate`; `image_inputs`, a vision-language prompt's (the training model's own engine is
+        the one pool that takes images)."""
         future = asyncio.get_running_loop().create_future()
-        self._pending.append(_Request(list(prompt_ids), config, n, seat, future))
+        self._pending.append(_Request(list(prompt_ids), config, n, seat, future, image_inputs))
         self._flush_when_all_asked()
         return await future
 
@@ -88,7 +92,9 @@ class LocalPool(RolloutPool):
             batch = [r for r in pending if r.config == config]
             pending = [r for r in pending if r.config != config]
             try:
-                results = generate_requests(self.engine, [(r.prompt_ids, r.n) for r in batch], config, self.version)
+                images = [r.image_inputs or {} for r in batch] if any(r.image_inputs for r in batch) else None
+                results = generate_requests(self.engine, [(r.prompt_ids, r.n) for r in batch], config, self.version,
+                                            images=images)
             except Exception as error:   # the awaiting episodes raise it
                 for request in batch:
                     request.future.set_exception(error)

@@ -125,17 +125,19 @@ def all_of(futures: Sequence["Future[Any]"]) -> "Future[List[Any]]":
 
 @torch.no_grad()
 def generate_requests(engine: HFEngine, requests: Sequence[Tuple[List[int], int]], config: SamplingConfig,
-                      version: int, logprobs: bool = False) -> List[Completions]:
+                      version: int, logprobs: bool = False,
+                      images: Optional[Sequence[Dict[str, torch.Tensor]]] = None) -> List[Completions]:
     """Completions for several (prompt, n) requests in one batched generation (prompts left-padded for the engine, each
     completion handed back unpadded), marked as made by weights `version`; with `logprobs`, their tokens' log-probs
-    under the generating weights (else None)."""
+    under the generating weights (else None); `images`, each request's image inputs (a vision-language model's)."""
     prompts = [list(prompt) for prompt, n in requests for _ in range(n)]
+    rows_images = None if images is None else [images[i] for i, (_, n) in enumerate(requests) for _ in range(n)]
     width = max(len(p) for p in prompts)
     pad = engine.pad_token_id
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     device = next(engine.model.parameters()).device
-    out = engine.generate(ids.to(device), mask.to(device), config, logprobs=logprobs)
+    out = engine.generate(ids.to(device), mask.to(device), config, logprobs=logprobs, images=rows_images)
     generated, action_mask = out.sequences[:, out.prompt_length:], out.action_mask.bool()
     tokens = [row[m].tolist() for row, m in zip(generated, action_mask)]
     logps = None if out.logprobs is None else [row[m].tolist() for row, m in zip(out.logprobs, action_mask)]

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from coati.config import SamplingConfig
-from coati.dataset.collators import PROMPT_FIELDS
+from coati.dataset.collators import IMAGE_INPUTS, PROMPT_FIELDS
 from coati.experience.experience import RolloutSample, per_name
 from coati.experience.scorer import Scorer, Scores
 
@@ -88,9 +88,9 @@ class RLVRWorkflow(RolloutWorkflow):
         self.scorer, self.sampling, self.num_generations = scorer, sampling, num_generations
 
     async def arun_episode(self, pool: RolloutPool, sample: Dict[str, Any]) -> Optional[Trajectory]:
-        n, prompt_ids = self.num_generations, list(sample["input_ids"])
-        out = await pool.agenerate(prompt_ids, self.sampling, n)
-        samples = [RolloutSample(prompt_ids, ids, [True] * len(ids), logprobs, versions)
+        n, prompt_ids, images = self.num_generations, list(sample["input_ids"]), sample.get(IMAGE_INPUTS)
+        out = await pool.agenerate(prompt_ids, self.sampling, n, **({IMAGE_INPUTS: images} if images else {}))
+        samples = [RolloutSample(prompt_ids, ids, [True] * len(ids), logprobs, versions, image_inputs=images or {})
                    for ids, logprobs, versions in out.rows]
         prompts = [self.scorer.decode(prompt_ids)] * n
         completions = [self.scorer.decode(s.completion_ids) for s in samples]

@@ -176,7 +176,7 @@ class PolicyGradient:
     def __call__(self, actor: torch.nn.Module, experience: Experience) -> ObjectiveOutput:
         mask = experience.loss_mask if experience.loss_mask is not None else experience.action_mask
         logps, logits = action_logps(actor, experience.sequences, experience.attention_mask, experience.prompt_length,
-                                     return_logits=True, packed=experience.packed)
+                                     return_logits=True, packed=experience.packed, images=experience.images())
         old_logps = experience.action_log_probs if experience.action_log_probs is not None else logps.detach()
         loss, stats = self.policy_loss(logps, old_logps, experience.advantages, mask, experience.behaviour_log_probs)
         metrics = {"loss/policy": (loss.item(), 1), **policy_loss_metrics(stats)}

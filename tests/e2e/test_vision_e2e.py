@@ -1,6 +1,7 @@
-"""Vision-language models trained from TRL-style image rows by two torchrun processes: SFT (Qwen2.5-VL) and DPO
-(LLaVA, LoRA on the language model, the vision tower frozen) train, checkpoint, resume exactly and export a folder
-that transformers loads with its processor; what cannot work is refused in one line before anything loads."""
+"""Vision-language models trained from TRL-style image rows by two torchrun processes: SFT (Qwen2.5-VL), DPO (LLaVA,
+LoRA on the language model, the vision tower frozen) and GRPO (Qwen2.5-VL, image prompts on the hf engine) train,
+checkpoint, resume exactly and export a folder that transformers loads with its processor; what cannot work is refused
+in one line before anything loads."""
 import json
 import shutil
 from pathlib import Path
@@ -65,14 +66,38 @@ def test_vision_dpo_with_lora_on_the_language_model_resumes_exactly(vision_asset
                            start.language_model.model.layers[0].self_attn.q_proj.weight)
 
 
+@pytest.mark.slow
+def test_vision_grpo_trains_on_image_prompts_and_resumes_exactly(vision_assets, tmp_path):
+    def grpo(out: Path, *extra: str):
+        args = ["--pretrain", str(vision_assets["qwen2_5_vl"]), "--prompt_dataset", str(vision_assets["prompt"]),
+                "--reward_fn", "math_answer", "answer_format", "--num_episodes", "4", "--batch_size", "2",
+                "--num_generations", "4", "--max_new_tokens", "6", "--kl_coef", "0.05", "--save_interval", "2",
+                "--save_dir", str(out / "ckpt"), "--log_dir", str(out / "logs"), "--output_dir", str(out / "final"),
+                "--prepared_cache_dir", str(tmp_path / "cache"), *extra]
+        result = torchrun(SCRIPTS / "train_grpo.py", 2, *args)
+        assert result.returncode == 0, result.stderr[-4000:]
+        return result
+
+    grpo(tmp_path / "full")
+    records = train_records(tmp_path / "full" / "logs")
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert records[0]["train/kl"] == 0   # policy and reference read the same pixels: the same log-probs before any update
+    result = grpo(tmp_path / "resumed", "--checkpoint_path", str(tmp_path / "full" / "ckpt" / "epoch-0_step-2"))
+    assert "resumed from" in result.stdout
+    assert_same_records(train_records(tmp_path / "resumed" / "logs"), records[2:], rel=1e-5)
+    assert AutoProcessor.from_pretrained(tmp_path / "full" / "final" / "model").image_processor is not None
+
+
 def test_what_cannot_work_with_images_is_refused_in_one_line(vision_assets, tiny_assets, tmp_path):
     qwen, sft = str(vision_assets["qwen2_5_vl"]), str(vision_assets["sft"])
     cache = ["--prepared_cache_dir", str(tmp_path / "cache")]
     cases = [
         (["sft", "--pretrain", qwen, "--dataset", sft, "--packing", *cache],
          "error: --packing: rows with images are padded, not packed"),
+        (["ppo", "--pretrain", qwen, "--prompt_dataset", str(vision_assets["prompt"]), "--reward_fn", "math_answer",
+          *cache], f"error: --pretrain {qwen} is a vision-language model: coati ppo does not train one yet"),
         (["grpo", "--pretrain", qwen, "--prompt_dataset", str(vision_assets["prompt"]), "--reward_fn", "math_answer",
-          *cache], f"error: --pretrain {qwen} is a vision-language model: coati grpo does not train one yet"),
+          "--tools", "calculator", *cache], "error: --tools: GRPO on a vision-language model runs single-turn"),
         (["rm", "--pretrain", qwen, "--dataset", str(vision_assets["preference"]), *cache],
          f"error: --pretrain {qwen} is a vision-language model: coati rm does not train one yet"),
         (["sft", "--pretrain", str(tiny_assets["model"]), "--dataset", str(tiny_assets["sft_train"]),

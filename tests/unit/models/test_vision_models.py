@@ -90,3 +90,48 @@ def test_frozen_parts_and_lora_targets_keep_to_what_the_flags_name(vision_assets
     assert len(chosen) == 2 * 7   # two layers: q, k, v, o, gate, up, down
     assert [n for n in linear if re.fullmatch(language_model_lora_targets(llava, ["q_proj"]), n)] == [
         "language_model.model.layers.0.self_attn.q_proj", "language_model.model.layers.1.self_attn.q_proj"]
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_the_engine_generates_from_image_prompts_as_transformers_does(vision_assets, style, tmp_path):
+    """Greedy tokens of `HFEngine` (its own positions: Qwen2-VL's 3-D rotary ones) equal `model.generate`'s on left-padded
+    image prompts of different lengths, and `action_logps` of the result equals transformers' own forward; an image
+    placeholder token is never sampled, however likely."""
+    from coati.config import SamplingConfig
+    from coati.models.generation import HFEngine
+    from coati.models.logprobs import action_logps, mask_positions
+    from coati.models.vision import joined_image_inputs
+
+    images = ImageProcessing.load(str(vision_assets[style]), load_tokenizer(str(vision_assets[style])))
+    prepare_dataset([vision_assets["prompt"]], "prompt", images.processor.tokenizer, 256, tmp_path / "prompts",
+                    images=images)
+    rows = list(load_from_disk(str(tmp_path / "prompts")))[:3]
+    rows[1]["input_ids"] = rows[1]["input_ids"][:-3] + rows[1]["input_ids"][-2:]   # one token shorter: left padding
+    model = AutoModelForImageTextToText.from_pretrained(vision_assets[style]).eval()
+    with torch.no_grad():
+        for param in model.parameters():   # weights that make different rows say different things
+            if param.dim() > 1:
+                param.normal_(0, 0.5)
+    pad = images.processor.tokenizer.pad_token_id
+    width = max(len(r["input_ids"]) for r in rows)
+    ids = torch.tensor([[pad] * (width - len(r["input_ids"])) + r["input_ids"] for r in rows])
+    mask = torch.tensor([[0] * (width - len(r["input_ids"])) + [1] * len(r["input_ids"]) for r in rows])
+    per_row = [images.pixel_inputs(r["images"]) for r in rows]
+    engine = HFEngine(model, pad, [])
+    out = engine.generate(ids, mask, SamplingConfig(max_new_tokens=6, do_sample=False), images=per_row)
+    pixels = joined_image_inputs(per_row)
+    expected = model.generate(input_ids=ids, attention_mask=mask, **pixels, max_new_tokens=6, do_sample=False,
+                              eos_token_id=None, pad_token_id=pad)
+    assert torch.equal(out.sequences[:, width:], expected[:, width:])
+    with torch.no_grad():
+        ours = action_logps(model, out.sequences, out.attention_mask, width, images=pixels)
+        logits = model(input_ids=out.sequences, attention_mask=out.attention_mask, **pixels,
+                       **({} if style == "qwen2_5_vl" else {"position_ids": mask_positions(out.attention_mask)})).logits
+        theirs = logits[:, width - 1:-1].log_softmax(-1).gather(-1, out.sequences[:, width:, None]).squeeze(-1)
+    assert torch.allclose(ours, theirs, atol=1e-5)
+
+    with torch.no_grad():   # the image token made the likeliest next token everywhere
+        model.get_output_embeddings().bias = torch.nn.Parameter(torch.zeros(model.get_output_embeddings().out_features))
+        model.get_output_embeddings().bias[images.image_token_id] = 1e4
+    sampled = engine.generate(ids, mask, SamplingConfig(max_new_tokens=4, do_sample=True), images=per_row)
+    assert not (sampled.sequences[:, width:] == images.image_token_id).any()
