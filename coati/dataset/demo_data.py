@@ -237,21 +237,29 @@ def prm_records(problems: Iterable[Problem], seed: int = 0) -> List[Dict]:
 
 IMAGE_QUESTION = "What is the answer?"
 """The text beside each image of the vision task: the problem itself is only in the image."""
-IMAGE_SIZE = (84, 28)
-"""Width and height of a drawn problem (Qwen2.5-VL's 14-pixel patches: 6 x 2, three image tokens after its 2 x 2
+IMAGE_SIZE = (112, 56)
+"""Width and height of a drawn problem (Qwen2.5-VL's 14-pixel patches: 8 x 4, eight image tokens after its 2 x 2
 merge; LLaVA's processor resizes it to its square)."""
+FONT_SIZES = (18, 20, 22, 24)
 
 
 def draw_problem(p: Problem, rng: random.Random) -> "Image.Image":
-    """The problem's expression (`a op b`, from its solution) drawn in black on a light, noisy background, at a
-    position drawn from `rng`."""
-    from PIL import Image, ImageDraw
+    """The problem's expression (`a op b`, from its solution) drawn in a dark ink on a light, noisy background: the
+    font's size and weight, the ink, the position and the noise drawn from `rng` (PIL's own font, so that every
+    machine draws the same images)."""
+    from PIL import Image, ImageDraw, ImageFont
 
     width, height = IMAGE_SIZE
-    noise = bytes(rng.randrange(200, 256) for _ in range(width * height))
+    noise = bytes(rng.randrange(190, 256) for _ in range(width * height))
     image = Image.merge("RGB", [Image.frombytes("L", IMAGE_SIZE, noise)] * 3)
     expression = p.solution.split(" = ")[0]
-    ImageDraw.Draw(image).text((rng.randrange(2, 40), rng.randrange(2, 14)), expression, fill=(0, 0, 0))
+    font = ImageFont.load_default(size=rng.choice(FONT_SIZES))
+    stroke = rng.choice((0, 1))
+    left, top, right, bottom = ImageDraw.Draw(image).textbbox((0, 0), expression, font=font, stroke_width=stroke)
+    x = rng.randrange(0, max(1, width - (right - left))) - left
+    y = rng.randrange(0, max(1, height - (bottom - top))) - top
+    ink = tuple(rng.randrange(0, 90) for _ in range(3))
+    ImageDraw.Draw(image).text((x, y), expression, font=font, fill=ink, stroke_width=stroke, stroke_fill=ink)
     return image
 
 

@@ -152,8 +152,9 @@ class Experience:
 
     def images(self, rows: slice = slice(None)) -> Optional[Dict[str, torch.Tensor]]:
         """The image inputs of `rows` as one forward takes them, on the batch's device; None without images."""
-        joined = joined_image_inputs(self.image_inputs[rows], self.sequences.device)
-        return joined or None
+        if not self.image_inputs:
+            return None
+        return joined_image_inputs(self.image_inputs[rows], self.sequences.device) or None
 
     def split(self, rows: int) -> List["Experience"]:
         """Consecutive parts of at most `rows` rows (the whole batch when `rows` is 0 or covers it): every

@@ -123,8 +123,8 @@ class HFEngine:
                           lengths=torch.full((rows,), config.max_new_tokens, dtype=torch.long, device=input_ids.device),
                           logprobs=torch.zeros(rows, config.max_new_tokens, device=input_ids.device) if logprobs else None)
         cache = DynamicCache()
-        pixels = joined_image_inputs(images or [], input_ids.device)
-        positions = rope_positions(self.model, input_ids, attention_mask, pixels)
+        pixels = joined_image_inputs(images, input_ids.device) if images else {}
+        positions = rope_positions(self.model, input_ids, attention_mask, pixels) if pixels else None
         positions = mask_positions(attention_mask) if positions is None else positions
         logits = self._forward(input_ids, attention_mask, positions, cache, pixels)
         if not torch.isfinite(logits).all():

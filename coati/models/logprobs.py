@@ -121,7 +121,7 @@ def action_logps(model: torch.nn.Module, sequences: torch.Tensor, attention_mask
         logits = rollouts.rows(tail_logits(model, rollouts.kept, **rollouts.inputs))
     else:
         completion = sequences.size(1) - prompt_length
-        positions = rope_positions(model, sequences, attention_mask, images)
+        positions = rope_positions(model, sequences, attention_mask, images) if images else None
         logits = tail_logits(model, completion + 1, input_ids=sequences, attention_mask=attention_mask,
                              position_ids=mask_positions(attention_mask) if positions is None else positions,
                              **(images or {}))[:, :-1]

@@ -91,11 +91,19 @@ def vision_chat_template(style: str) -> str:
     return CHAT_TEMPLATE.replace("{{ message['content'] }}", content)
 
 
+def mrope_sections(head_dim: int) -> list:
+    """Qwen2-VL's split of a head's rotary frequencies between time, height and width (1/4, 3/8, 3/8 of them)."""
+    half = head_dim // 2
+    time = half // 4
+    return [time, (half - time) // 2, half - time - (half - time) // 2]
+
+
 def write_tiny_vl_model(out_dir: Union[str, Path], corpus: Iterable[str], style: str = "qwen2_5_vl", seed: int = 0,
-                        vocab_size: int = 384) -> Path:
-    """A tiny random vision-language model of `style` with its processor (a slow image processor: no torchvision),
-    saved into `out_dir` so that `AutoModelForImageTextToText` and `AutoProcessor` load them: a Qwen2.5-VL (14-pixel
-    patches merged 2 x 2, images of 28 x 28 to 56 x 112 pixels) or a LLaVA (a CLIP tower on 56 x 56 images, a Llama)."""
+                        vocab_size: int = 384, size: str = "tiny") -> Path:
+    """A small random vision-language model of `style` with its processor (a slow image processor: no torchvision),
+    its language model sized by `MODEL_SIZES[size]` and its vision tower half as wide, saved into `out_dir` so that
+    `AutoModelForImageTextToText` and `AutoProcessor` load them: a Qwen2.5-VL (14-pixel patches merged 2 x 2, images of
+    28 x 28 to 56 x 112 pixels) or a LLaVA (a CLIP tower on 56 x 56 images, a Llama)."""
     from transformers import (CLIPImageProcessor, CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration,
                               LlavaProcessor, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration,
                               Qwen2_5_VLProcessor, Qwen2TokenizerFast, Qwen2VLImageProcessor)
@@ -111,14 +119,16 @@ def write_tiny_vl_model(out_dir: Union[str, Path], corpus: Iterable[str], style:
     padded_vocab = -(-len(tokenizer) // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
     text_config = dict(vocab_size=padded_vocab, max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
                        eos_token_id=tokenizer.eos_token_id, bos_token_id=None, tie_word_embeddings=False,
-                       **MODEL_SIZES["tiny"])
+                       **MODEL_SIZES[size])
+    hidden = MODEL_SIZES[size]["hidden_size"]
+    vision = dict(hidden_size=hidden // 2, intermediate_size=hidden, num_heads=2)
     torch.manual_seed(seed)
     if style == "qwen2_5_vl":
         config = Qwen2_5_VLConfig(
-            **text_config, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
-            vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
-                               patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
-                               fullatt_block_indexes=[1]),
+            **text_config,
+            rope_scaling={"type": "mrope", "mrope_section": mrope_sections(hidden // MODEL_SIZES[size]["num_attention_heads"])},
+            vision_config=dict(depth=2, out_hidden_size=hidden, patch_size=14, spatial_merge_size=2,
+                               temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1], **vision),
             image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
             vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
         model = Qwen2_5_VLForConditionalGeneration(config)
@@ -126,8 +136,9 @@ def write_tiny_vl_model(out_dir: Union[str, Path], corpus: Iterable[str], style:
                                         tokenizer, chat_template=tokenizer.chat_template)
     else:
         config = LlavaConfig(
-            vision_config=CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                           num_attention_heads=2, image_size=IMAGE_SIDE, patch_size=14, projection_dim=32),
+            vision_config=CLIPVisionConfig(hidden_size=vision["hidden_size"], intermediate_size=vision["intermediate_size"],
+                                           num_hidden_layers=2, num_attention_heads=vision["num_heads"],
+                                           image_size=IMAGE_SIDE, patch_size=14, projection_dim=vision["hidden_size"]),
             text_config=LlamaConfig(**text_config), image_token_index=ids["<image>"], vision_feature_layer=-1,
             vision_feature_select_strategy="default", pad_token_id=tokenizer.pad_token_id)
         model = LlavaForConditionalGeneration(config)

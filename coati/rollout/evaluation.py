@@ -9,15 +9,16 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 from torch.utils.data import DataLoader
 from tqdm import tqdm
-from transformers import AutoModelForCausalLM
 
 from coati.dataset.collators import PromptRows
-from coati.dataset.prepare import load_prepared
+from coati.dataset.prepare import load_prepared, prepared_image_limits
 from coati.dataset.tokenization import load_tokenizer
+from coati.dataset.vision import ImageLimits, ImageProcessing
 from coati.experience.evaluation import sampled_metrics
 from coati.experience.experience import per_name
 from coati.experience.scorer import Scorer
 from coati.models.generation import HFEngine
+from coati.models.vision import auto_model_class
 from coati.config import SamplingConfig
 from coati.rewards import WeightedReward
 from coati.rewards.math import extract_answer
@@ -85,14 +86,16 @@ def evaluate_model(model_dir: str, prompt_dirs: Sequence[str], reward_specs: Seq
                    max_turns: int = 4) -> EvalResult:
     """Greedy completions of the prepared prompt sets `prompt_dirs` by the model in `model_dir` (loaded
     with `from_pretrained`), scored like rollouts by `reward_specs`; with `tools`, greedy multi-turn episodes of at
-    most `max_turns` model turns that may call them."""
+    most `max_turns` model turns that may call them. A vision-language model reads the prompts' images, made into
+    pixels as the prompts' image tokens were counted."""
     tokenizer = load_tokenizer(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    model = auto_model_class(model_dir).from_pretrained(model_dir).eval()
+    images = ImageProcessing.load(model_dir, tokenizer, prepared_image_limits(prompt_dirs) or ImageLimits())
     pool = LocalPool(HFEngine(model, tokenizer.pad_token_id, [tokenizer.eos_token_id]))
     greedy = SamplingConfig(max_new_tokens=max_new_tokens, do_sample=False)
     scorer = Scorer(tokenizer, WeightedReward.from_specs(list(reward_specs)))
     loader = DataLoader(load_prepared(list(prompt_dirs), "prompt"), batch_size=batch_size,
-                        collate_fn=PromptRows())
+                        collate_fn=PromptRows(images=images))
     samples: List[Dict[str, object]] = []
     workflow = _tool_workflow(scorer, greedy, tools, max_turns) if tools else RLVRWorkflow(scorer, greedy, 1)
     for batch in tqdm(loader, desc=f"evaluating {model_dir}", leave=False):

@@ -60,13 +60,13 @@ def test_preference_and_prompt_rows_keep_their_images(vision_assets, tmp_path):
     prepare_dataset([vision_assets["preference"]], "preference", tokenizer, 256, tmp_path / "pref", images=images)
     pair = load_from_disk(str(tmp_path / "pref"))[0]
     for side in ("chosen", "rejected"):
-        assert pair[f"{side}_input_ids"].count(images.image_token_id) == 3   # 84 x 28 pixels: 6 x 2 patches, 2 x 2 merged
+        assert pair[f"{side}_input_ids"].count(images.image_token_id) == 8   # 112 x 56 pixels: 8 x 4 patches, 2 x 2 merged
         assert all(label == IGNORE_INDEX for token, label in zip(pair[f"{side}_input_ids"], pair[f"{side}_labels"])
                    if token == images.image_token_id)
     assert len(pair["images"]) == 1
     prepare_dataset([vision_assets["prompt"]], "prompt", tokenizer, 256, tmp_path / "prompt", images=images)
     prompt = load_from_disk(str(tmp_path / "prompt"))[0]
-    assert prompt["input_ids"].count(images.image_token_id) == 3 and len(prompt["images"]) == 1
+    assert prompt["input_ids"].count(images.image_token_id) == 8 and len(prompt["images"]) == 1
     assert prompt["gt_answer"] == _rows(vision_assets["prompt"])[0]["gt_answer"]
 
 
@@ -149,10 +149,10 @@ def test_truncation_never_splits_an_image_and_pixel_limits_change_the_token_coun
     larger = _processing(vision_assets["qwen2_5_vl"], ImageLimits(min_pixels=56 * 168))
     prepare_dataset([vision_assets["sft"]], "sft", tokenizer, 256, tmp_path / "larger", images=larger)
     row = load_from_disk(str(tmp_path / "larger"))[0]
-    assert row["input_ids"].count(images.image_token_id) == 12   # 84 x 28 resized to 168 x 56: 12 x 4 patches, 2 x 2 merged
+    assert row["input_ids"].count(images.image_token_id) == 15   # 112 x 56 resized to 140 x 84: 10 x 6 patches, 2 x 2 merged
     assert prepared_image_limits([tmp_path / "larger"]) == ImageLimits(min_pixels=56 * 168)
     too_small = _processing(vision_assets["qwen2_5_vl"], ImageLimits(max_pixels=28 * 28))
-    with pytest.raises(CoatiUsageError, match="Qwen2VLImageProcessor cannot resize a 84 x 28 image within max_pixels "
+    with pytest.raises(CoatiUsageError, match="Qwen2VLImageProcessor cannot resize a 112 x 56 image within max_pixels "
                                               "784, min_pixels default"):
         prepare_dataset([vision_assets["sft"]], "sft", tokenizer, 256, tmp_path / "small", images=too_small)
     with pytest.raises(CoatiUsageError, match="--max_pixels: CLIPImageProcessor resizes every image to a fixed size"):

@@ -135,3 +135,16 @@ def test_the_engine_generates_from_image_prompts_as_transformers_does(vision_ass
         model.get_output_embeddings().bias[images.image_token_id] = 1e4
     sampled = engine.generate(ids, mask, SamplingConfig(max_new_tokens=4, do_sample=True), images=per_row)
     assert not (sampled.sequences[:, width:] == images.image_token_id).any()
+
+
+def test_held_out_evaluation_reads_the_prompts_images(vision_assets, tmp_path):
+    """`evaluate_model` (the demos' held-out accuracy) loads a vision-language folder with its processor and generates
+    from each prompt with its image."""
+    from coati.rollout.evaluation import evaluate_model
+
+    images = ImageProcessing.load(str(vision_assets["qwen2_5_vl"]), load_tokenizer(str(vision_assets["qwen2_5_vl"])))
+    prepare_dataset([vision_assets["prompt"]], "prompt", images.processor.tokenizer, 256, tmp_path / "prompts",
+                    images=images)
+    result = evaluate_model(str(vision_assets["qwen2_5_vl"]), [str(tmp_path / "prompts")], ["math_answer"], 4)
+    assert len(result.samples) == 32 and 0 <= result.components["math_answer"] <= 1
+    assert all("<|image_pad|>" not in sample["completion"] for sample in result.samples)
