@@ -12,7 +12,6 @@ processor with the same limits.
 import base64
 import contextlib
 import io
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -34,10 +33,6 @@ class ImageError(CoatiUsageError):
 
     def __init__(self, where: str, field: str, problem: str) -> None:
         super().__init__(f"{where}: field '{field}': {problem}")
-
-
-def is_image_part(part: Any) -> bool:
-    return isinstance(part, dict) and part.get("type") in ("image", "image_url")
 
 
 def content_parts(content: List[Any], where: str, field: str) -> Any:
@@ -250,9 +245,6 @@ class ImageProcessing:
                                   f"min_pixels {self.limits.min_pixels or 'default'} ({first_line(error)}); change "
                                   "--max_pixels or --min_pixels") from None
 
-    def save_pretrained(self, path: str) -> None:
-        """The processor (tokenizer, image processor with its limits, chat template) written for `from_pretrained`."""
-        self.processor.save_pretrained(path)
 
 
 @dataclass(frozen=True)
@@ -306,7 +298,3 @@ def prepared_limits(info: Dict[str, Any]) -> Optional[ImageLimits]:
     """The pixel limits a prepared folder's image tokens were counted with (None: no images)."""
     limits = info.get(LIMITS_INFO)
     return ImageLimits(**limits) if limits else None
-
-
-def limits_json(limits: ImageLimits) -> str:
-    return json.dumps(limits.as_info(), sort_keys=True)
