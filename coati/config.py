@@ -111,7 +111,7 @@ class DataSettings:
 
 @dataclass(frozen=True)
 class VisionSettings:
-    """Vision-language models (a --pretrain folder with an image processor): what trains, and the images' size."""
+    """Vision-language models (a model folder with an image processor): what trains, and the images' size."""
 
     freeze_vision_tower: bool = setting(False, help="keep the vision encoder's weights as they are (it still runs)")
     freeze_multi_modal_projector: bool = setting(False, help="keep the projector from image features into the "

@@ -245,12 +245,7 @@ def load_images(args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase) ->
         if given and prepared_with is not None and given != found:
             raise CoatiUsageError(f"--{name} {given}: the data was prepared with {name} {found or 'the processor default'} "
                                   "(its image tokens are counted for it); prepare it again, or leave the flag out")
-    images = ImageProcessing.load(path, tokenizer, prepared_with or flags, args.trust_remote_code)
-    vision = settings_from(args, VisionSettings)
-    if images is None and (vision.freeze_vision_tower or vision.freeze_multi_modal_projector):
-        flag = "--freeze_vision_tower" if vision.freeze_vision_tower else "--freeze_multi_modal_projector"
-        raise CoatiUsageError(f"{flag}: {path} is not a vision-language model (no image processor)")
-    return images
+    return ImageProcessing.load(path, tokenizer, prepared_with or flags, args.trust_remote_code)
 
 
 VISION_GRPO_BLOCKERS = {"rollout_backend": "vllm", "async_rollout": True, "tools": True, "agent": True,
@@ -260,9 +255,15 @@ synchronous, on the `hf` engine, and scored by reward functions."""
 
 
 def check_model_kind(args: argparse.Namespace) -> None:
-    """A vision-language --pretrain is refused in one line, before any data is prepared, by the trainers that take
-    no images (those whose run config has no vision section), and by GRPO with what its image rollouts lack."""
+    """Before any data is prepared: the vision settings of a text --pretrain, and a vision-language one in trainers
+    that take no images (those whose run config has no vision section) or in GRPO with what its image rollouts
+    lack, are refused in one line."""
     if not is_vision_model(args.pretrain):
+        vision = settings_from(args, VisionSettings)
+        given = [f"--{name}" for name, value in vars(vision).items() if value]
+        if given:
+            raise CoatiUsageError(f"{given[0]}: {args.pretrain} is not a vision-language model (its config has no "
+                                  "vision_config)")
         return
     command = args._run_config.command
     if not hasattr(args._run_config, "vision"):

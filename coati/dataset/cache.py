@@ -35,13 +35,31 @@ def cache_root(cache_dir: Optional[str] = None) -> Path:
 
 def is_raw(path: str) -> bool:
     """Whether `path` is data to prepare: a file, or a folder that is neither a prepared dataset nor a model (whose
-    config.json is no data). A saved `DatasetDict` (splits) is raw: prepared data is one dataset."""
+    config.json is no data). A saved `DatasetDict` (splits) is raw: prepared data is one dataset; so is a dataset that
+    `save_to_disk` wrote of raw rows (no column that prepared data has)."""
     folder = Path(path)
     if folder.is_dir() and (folder / "config.json").is_file():
         return False
-    if (folder / "dataset_dict.json").is_file():
+    if (folder / "dataset_dict.json").is_file() or is_saved_raw(folder):
         return True
     return folder.exists() and not prepared_folders(path)
+
+
+PREPARED_COLUMN_ENDINGS = ("input_ids", "labels", "loss_mask", "_decode", "seq_category", "prompt_length")
+"""How the columns of prepared data end (coati's, and ColossalChat's): a saved dataset with none is raw rows."""
+
+
+def is_saved_raw(folder: Path) -> bool:
+    """Whether `folder` is one dataset `save_to_disk` wrote of raw rows (TRL's or ColossalChat's columns), not
+    prepared by coati (no `coati_prepared.json`) and holding no prepared column."""
+    info = folder / "dataset_info.json"
+    if not (folder / "state.json").is_file() or not info.is_file() or (folder / "coati_prepared.json").is_file():
+        return False
+    try:
+        columns = json.loads(info.read_text()).get("features") or {}
+    except json.JSONDecodeError:
+        return False
+    return bool(columns) and not any(name.endswith(PREPARED_COLUMN_ENDINGS) for name in columns)
 
 
 def _files(path: Path) -> List[Path]:

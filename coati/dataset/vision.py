@@ -118,8 +118,8 @@ def read_image(source: Any, where: str, field: str, base: Optional[Path] = None)
         with Image.open(io.BytesIO(data)) as image:
             image.load()
     except (UnidentifiedImageError, OSError, ValueError) as error:
-        raise ImageError(where, field, f"not an image PIL can read ({type(error).__name__}: "
-                                       f"{str(error).splitlines()[0] if str(error) else 'unreadable'})") from None
+        named = f"{source} is " if isinstance(source, str) and not source.startswith("data:") else ""
+        raise ImageError(where, field, f"{named}not an image PIL can read ({type(error).__name__})") from None
     return data
 
 
@@ -154,8 +154,9 @@ def _file_bytes(path: str, where: str, field: str, base: Optional[Path]) -> byte
     candidates = [Path(path)] if Path(path).is_absolute() or base is None else [base / path, Path(path)]
     found = next((p for p in candidates if p.is_file()), None)
     if found is None:
-        looked = " or ".join(str(p) for p in dict.fromkeys(candidates))
-        raise ImageError(where, field, f"image file not found: {path} (looked for {looked})")
+        looked = [str(p) for p in dict.fromkeys(candidates)]
+        tried = f" (looked for {' or '.join(looked)})" if looked != [path] else ""
+        raise ImageError(where, field, f"image file not found: {path}{tried}")
     return found.read_bytes()
 
 

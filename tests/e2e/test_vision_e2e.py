@@ -102,7 +102,9 @@ def test_what_cannot_work_with_images_is_refused_in_one_line(vision_assets, tiny
          f"error: --pretrain {qwen} is a vision-language model: coati rm does not train one yet"),
         (["sft", "--pretrain", str(tiny_assets["model"]), "--dataset", str(tiny_assets["sft_train"]),
           "--freeze_vision_tower"], "error: --freeze_vision_tower: " + str(tiny_assets["model"]) +
-         " is not a vision-language model (no image processor)"),
+         " is not a vision-language model (its config has no vision_config)"),
+        (["sft", "--pretrain", str(tiny_assets["model"]), "--dataset", str(tiny_assets["sft_train"]),
+          "--max_pixels", "1000"], "error: --max_pixels: " + str(tiny_assets["model"]) + " is not a vision-language model"),
         (["sft", "--pretrain", str(tiny_assets["model"]), "--dataset", sft, *cache],
          "the data has images, and the tokenizer's folder has no image processor"),
     ]

@@ -10,6 +10,7 @@ import pytest
 from datasets import Dataset, load_from_disk
 from PIL import Image
 
+from coati.dataset.cache import is_raw
 from coati.dataset.prepare import load_prepared, prepare_dataset, prepared_image_limits
 from coati.dataset.tokenization import IGNORE_INDEX, load_tokenizer
 from coati.dataset.vision import ImageLimits, ImageProcessing, ImageTokens
@@ -92,13 +93,19 @@ def test_every_image_source_trl_and_openai_rows_use_gives_the_same_row(vision_as
     assert all(row["images"] == [data] for row in prepared)
     assert len({tuple(row["input_ids"]) for row in prepared}) == 1
 
-    # a local datasets folder with an image column (parquet, as `datasets` saves images), decoded by datasets
+    # local datasets folders with an image column, decoded by datasets: parquet files, and a folder save_to_disk wrote
     picture = Image.open(folder / name)
     Dataset.from_list([{**_one_image_row([picture])}]).to_parquet(str(tmp_path / "hub" / "train.parquet"))
-    prepare_dataset([tmp_path / "hub"], "sft", tokenizer, 256, tmp_path / "from_hub", images=images)
-    from_hub = load_from_disk(str(tmp_path / "from_hub"))[0]
-    assert from_hub["input_ids"] == prepared[0]["input_ids"]
-    assert Image.open(io.BytesIO(from_hub["images"][0])).tobytes() == picture.convert("RGB").tobytes()
+    Dataset.from_list([{**_one_image_row([picture])}]).save_to_disk(str(tmp_path / "saved"))
+    for given in ("hub", "saved"):
+        prepare_dataset([tmp_path / given], "sft", tokenizer, 256, tmp_path / f"from_{given}", images=images)
+        from_hub = load_from_disk(str(tmp_path / f"from_{given}"))[0]
+        assert from_hub["input_ids"] == prepared[0]["input_ids"]
+        assert Image.open(io.BytesIO(from_hub["images"][0])).tobytes() == picture.convert("RGB").tobytes()
+    assert is_raw(str(tmp_path / "saved")) and not is_raw(str(tmp_path / "from_saved"))
+    with pytest.raises(CoatiUsageError, match=r"train.parquet: a .parquet file is read as part of its folder: give the "
+                                              r"folder \(.*hub\)"):
+        prepare_dataset([tmp_path / "hub" / "train.parquet"], "sft", tokenizer, 256, tmp_path / "never", images=images)
 
 
 def test_each_bad_image_input_is_one_line_naming_file_line_and_field(vision_assets, tmp_path):
@@ -111,7 +118,8 @@ def test_each_bad_image_input_is_one_line_naming_file_line_and_field(vision_asse
     cases = [
         (_one_image_row(["missing.png"]), "field 'images[0]': image file not found: missing.png (looked for "
                                           f"{tmp_path / 'missing.png'} or missing.png)"),
-        (_one_image_row(["notes.png"]), "field 'images[0]': not an image PIL can read (UnidentifiedImageError"),
+        (_one_image_row(["notes.png"]), "field 'images[0]': notes.png is not an image PIL can read "
+                                        "(UnidentifiedImageError)"),
         (_one_image_row([str(good), str(good)]), "field 'images': 2 images for 1 {\"type\": \"image\"} placeholder"),
         (two_placeholders, "field 'images': 1 image for 2 {\"type\": \"image\"} placeholders"),
         (_one_image_row(["https://example.com/a.png"]), "images are not downloaded; save it and give its path"),
