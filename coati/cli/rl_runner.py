@@ -35,7 +35,7 @@ from coati.trainer.sources import AsyncRollouts
 
 from .runner import (_require_dir, build_dataloader, build_optimizer, build_scheduler, eval_batch_size, export_dir,
                      export_model, finished_run, frozen_reference, load_causal_lm, load_images, open_logger,
-                     prepare_model, resolve_checkpoint, resumed_line, start_run)
+                     prepare_model, resolve_checkpoint, resumed_line, start_run, tokenizer_to_save)
 
 from .rl_checks import check_on_policy_flags, check_run
 from .rl_parts import (distillation, health_monitor, kl_controller, policy_loss, ptx_loader, rollout_side, scorer,
@@ -78,6 +78,7 @@ def _run(args: argparse.Namespace, build: Callable[..., OLTrainer]) -> Optional[
         return None
     tokenizer = with_template(args, tokenizer)
     images = load_images(args, tokenizer)
+    saved_tokenizer = tokenizer_to_save(tokenizer, images)
     collator = PromptRows(args.max_length, images)
     rows = load_prepared(args.dataset, "prompt")
     _note_cut_prompts(rows, args.max_length)
@@ -94,8 +95,7 @@ def _run(args: argparse.Namespace, build: Callable[..., OLTrainer]) -> Optional[
     monitor = health_monitor(args)
     kwargs = dict(config=_trainer_config(args, setup), policy_loss=policy_loss(args), eval_dataloader=held_out,
                   coordinator=coordinator, ptx_dataloader=ptx_loader(args, setup, tokenizer),
-                  callbacks=[monitor, TokenizerInCheckpoints(images.processor if images else tokenizer,
-                                                               coordinator.is_master())])
+                  callbacks=[monitor, TokenizerInCheckpoints(saved_tokenizer, coordinator.is_master())])
     if args.rollout_backend == "vllm" and not getattr(args, "async_rollout", False):
         kwargs["rollout_pool"] = vllm_pool(args, tokenizer)
     if args.save_best:
@@ -117,7 +117,7 @@ def _run(args: argparse.Namespace, build: Callable[..., OLTrainer]) -> Optional[
     if monitor.stopped_by:
         where = f"resume it from {args.save_dir} with --checkpoint_path latest" if args.save_dir else "no --save_dir"
         fail(f"error: stopped by alarm {monitor.stopped_by} (--stop_on_alarm); {where}", ALARM_EXIT_CODE)
-    export_model(args, setup, actor, images.processor if images else tokenizer, coordinator)
+    export_model(args, setup, actor, saved_tokenizer, coordinator)
     return trainer
 
 

@@ -248,6 +248,12 @@ def load_images(args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase) ->
     return ImageProcessing.load(path, tokenizer, prepared_with or flags, args.trust_remote_code)
 
 
+def tokenizer_to_save(tokenizer: PreTrainedTokenizerBase, images: Optional[ImageProcessing]) -> Any:
+    """What checkpoints and the export save beside the model: a vision-language model's processor (its tokenizer,
+    image processor and chat template), else the tokenizer."""
+    return images.processor if images is not None else tokenizer
+
+
 VISION_GRPO_BLOCKERS = {"rollout_backend": "vllm", "async_rollout": True, "tools": True, "agent": True,
                         "teacher_model": True, "prm_pretrain": True, "rm_pretrain": True}
 """GRPO settings a vision-language policy cannot take yet (a value, or True for any): its rollouts are single-turn,
@@ -343,7 +349,7 @@ def run_supervised(
                                     share_prompt=not args.use_flash_attn)
     if images is not None:
         collator = ImageBatches(collator, images)
-    saved_tokenizer = images.processor if images is not None else tokenizer
+    saved_tokenizer = tokenizer_to_save(tokenizer, images)
     context = RunContext(args, setup, tokenizer, collator, lambda paths: load_prepared(paths, data_type))
     hook_kwargs = setup_hook(context) if setup_hook else {}
     budget = {"max_tokens": args.max_tokens_per_batch, "max_length": args.max_length}

@@ -40,18 +40,23 @@ def is_raw(path: str) -> bool:
     folder = Path(path)
     if folder.is_dir() and (folder / "config.json").is_file():
         return False
-    if (folder / "dataset_dict.json").is_file() or is_saved_raw(folder):
+    if is_saved_raw(folder):
         return True
     return folder.exists() and not prepared_folders(path)
 
 
-PREPARED_COLUMN_ENDINGS = ("input_ids", "labels", "loss_mask", "_decode", "seq_category", "prompt_length")
+COLOSSALCHAT_COLUMNS = ("loss_mask", "inputs_decode", "labels_decode", "label_decode", "seq_category")
+"""Column-name endings that ColossalChat's prepare_dataset.py writes and coati's never does."""
+PREPARED_COLUMN_ENDINGS = ("input_ids", "labels", "prompt_length", *COLOSSALCHAT_COLUMNS)
 """How the columns of prepared data end (coati's, and ColossalChat's): a saved dataset with none is raw rows."""
 
 
 def is_saved_raw(folder: Path) -> bool:
-    """Whether `folder` is one dataset `save_to_disk` wrote of raw rows (TRL's or ColossalChat's columns), not
-    prepared by coati (no `coati_prepared.json`) and holding no prepared column."""
+    """Whether `save_to_disk` wrote `folder` of raw rows (TRL's or ColossalChat's columns): a dataset dict (splits;
+    prepared data is one dataset), or one dataset not prepared by coati (no `coati_prepared.json`) and holding no
+    prepared column. `load_from_disk` reads it."""
+    if (folder / "dataset_dict.json").is_file():
+        return True
     info = folder / "dataset_info.json"
     if not (folder / "state.json").is_file() or not info.is_file() or (folder / "coati_prepared.json").is_file():
         return False

@@ -23,7 +23,7 @@ from coati.utils.file_checks import PART_PREFIX, prepared_folders
 
 from .tokenization import (IGNORE_INDEX, tokenize_conversation, tokenize_kto, tokenize_preference, tokenize_steps,
                            tokenize_text)
-from .cache import is_saved_raw
+from .cache import COLOSSALCHAT_COLUMNS, is_saved_raw
 from .validation import Entry, jsonl_entries, validate_rows
 from .vision import IMAGES, LIMITS_INFO, ImageLimits, ImageProcessing, ImageTokens, prepared_limits
 
@@ -32,8 +32,6 @@ JSONL_SUFFIXES = (".jsonl", ".json")
 DATASET_FILE_SUFFIXES = (".parquet", ".arrow", ".csv", ".tsv")
 """Data files that are not JSON Lines: `datasets.load_dataset` reads the folder that holds them."""
 PREPARED_INFO = "coati_prepared.json"
-COLOSSALCHAT_COLUMNS = ("loss_mask", "inputs_decode", "labels_decode", "label_decode", "seq_category")
-"""Column-name endings that ColossalChat's prepare_dataset.py writes and coati's never does."""
 
 
 def _jsonl_files(path: Path, split: Optional[str] = None) -> List[Path]:
@@ -47,7 +45,7 @@ def _jsonl_files(path: Path, split: Optional[str] = None) -> List[Path]:
             raise CoatiUsageError(f"{path}: a {path.suffix} file is read as part of its folder: give the folder "
                                   f"({path.parent}), which datasets.load_dataset reads, or JSONL files")
         return [path]
-    if path.is_dir() and ((path / "dataset_dict.json").is_file() or is_saved_raw(path)):
+    if is_saved_raw(path):
         return []   # save_to_disk's own JSON files are no data: load_from_disk reads the folder
     files = sorted(p for p in path.iterdir() if p.suffix in JSONL_SUFFIXES) if path.is_dir() else []
     if files and split is not None:
@@ -83,7 +81,7 @@ def _dataset_entries(path: Path, cache_dir: Optional[PathLike] = None, split: st
     if path.is_dir() and not any(path.iterdir()):
         raise CoatiUsageError(f"{path}: the data input folder is empty (expected JSONL files or a dataset folder)")
     try:
-        if (path / "dataset_dict.json").is_file() or is_saved_raw(path):
+        if is_saved_raw(path):
             dataset = _saved_split(path, split)
         else:
             dataset = load_dataset(str(path), split=split, cache_dir=None if cache_dir is None else str(cache_dir))

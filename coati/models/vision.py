@@ -12,6 +12,8 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import torch
 from torch import nn
 
+from coati.utils.modules import inner_model
+
 VISION_TOWERS = ("visual", "vision_tower", "vision_model")
 PROJECTORS = ("multi_modal_projector", "visual.merger", "mm_projector")
 VISION_KEYS = ("pixel_values", "image_grid_thw")
@@ -105,8 +107,7 @@ def rope_positions(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
     """Qwen2-VL's 3-D rotary positions (3, batch, length) of left-padded rows with images, as the model computes them
     for itself (`get_rope_index`), so that generation, which passes positions, and training agree; None for a model
     without them (its positions are the text's)."""
-    inner = model.unwrap(unwrap_peft=False) if hasattr(model, "unwrap") else model
-    inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    inner = inner_model(model)
     if not images or not hasattr(inner, "get_rope_index"):
         return None
     positions, _ = inner.get_rope_index(input_ids, images.get("image_grid_thw"), None, None, attention_mask)

@@ -36,6 +36,7 @@ from colossalai.tensor.padded_tensor import is_padded_tensor, to_unpadded_tensor
 from colossalai.zero import GeminiDDP
 
 from coati.utils.comm import barrier, is_distributed, rank, world_size
+from coati.utils.modules import inner_model
 from coati.utils.errors import CoatiUsageError
 from coati.utils.file_checks import (CorruptFileError, check_weight_file, check_weights_dir, model_signature,
                                      read_json, signature_mismatch)
@@ -108,12 +109,6 @@ def _write_json_atomic(path: Path, data: Dict[str, Any]) -> None:
 
 def _shard_optimizer() -> bool:
     return torch.cuda.is_available()
-
-
-def inner_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The HF model inside a boosted one, and inside its peft wrapper when LoRA is on."""
-    inner = model.unwrap(unwrap_peft=False) if hasattr(model, "unwrap") else model
-    return inner.get_base_model() if hasattr(inner, "get_base_model") else inner
 
 
 def whole_state_dict(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
