@@ -2,6 +2,7 @@
 import json
 
 import torch
+import wandb
 
 from coati.trainer.callbacks import PerformanceEvaluator, count_samples_and_tokens
 from coati.utils import MetricsLogger
@@ -22,6 +23,7 @@ def test_wandb_offline_run_is_written_without_secrets(tmp_path, monkeypatch):
     logger = MetricsLogger(log_dir=str(tmp_path), use_wandb=True, config={"plugin_choice": "ddp", "wandb_api_key": "s3cret"})
     logger.log({"train/loss": 1.5}, step=1)
     logger.close()
+    wandb.teardown()      # run.finish() only informs W&B's service; its shutdown is what closes the run file
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert runs, "an offline W&B run directory is written under log_dir"
     run_file = next(runs[0].glob("run-*.wandb")).read_bytes()
