@@ -83,13 +83,15 @@ def language_model_lora_targets(model: nn.Module, targets: Sequence[str]) -> str
     return rf"^(?!(?:{outside})\.).*\.(?:{'|'.join(sorted(map(re.escape, names)))})$"
 
 
-PLACEHOLDER_KEYS = ("image_token_id", "image_token_index", "video_token_id")
-"""Config keys of the token ids that stand for an image's (or video's) features."""
+PLACEHOLDER_KEYS = ("image_token_id", "image_token_index", "video_token_id", "vision_start_token_id",
+                    "vision_end_token_id")
+"""Config keys of the token ids that stand for an image's (or video's) features, and of Qwen2-VL's markers around them
+(its `get_rope_index` reads the token after each `vision_start` as an image's: a completion ending in one fails)."""
 
 
 def placeholder_token_ids(model: nn.Module) -> List[int]:
-    """The token ids that a vision-language model reads as image (or video) features: generation never samples them,
-    since a completion holding one would no longer match its images. [] for a text model."""
+    """The token ids that a vision-language model reads as image (or video) features or their markers: generation
+    never samples them, since a completion holding one would no longer match its images. [] for a text model."""
     config = getattr(model, "config", None)
     return [value for key in PLACEHOLDER_KEYS if isinstance(value := getattr(config, key, None), int)]
 
