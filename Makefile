@@ -7,6 +7,7 @@ STAMP := $(VENV)/.installed
 DEMO_OUT ?= output/demo
 DEMO_AGENT_OUT ?= output/demo_agent
 DEMO_REWARDS_OUT ?= output/demo_rewards
+DEMO_VISION_OUT ?= output/demo_vision
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
@@ -20,7 +21,7 @@ DOCS_STAMP := $(DOCS_VENV)/.installed
 SYSTEM_TOOLS := /usr/sbin/sshd /usr/sbin/ip
 BWRAP := /usr/bin/bwrap
 
-.PHONY: install vllm-env trl-env docs demo demo-agent demo-rewards test test-extended test-setup test-fast clean
+.PHONY: install vllm-env trl-env docs demo demo-agent demo-rewards demo-vision test test-extended test-setup test-fast clean
 
 install: $(STAMP) $(BWRAP)
 
@@ -71,6 +72,10 @@ demo-agent: install
 # An LLM judge, a process reward model and on-policy distillation, each against plain GRPO (applications/demo).
 demo-rewards: install
 	$(PY) applications/demo/run_rewards_demo.py --out $(DEMO_REWARDS_OUT)
+
+# A vision-language model learns to read drawn arithmetic problems: SFT, then GRPO on the images (applications/demo).
+demo-vision: install
+	$(PY) applications/demo/run_vision_demo.py --out $(DEMO_VISION_OUT)
 
 # bubblewrap contains the programs the code_tests reward runs (coati.rewards.sandbox); without it, root falls back
 # to coati's own namespaces and another user is refused unless it passes --sandbox unisolated.

@@ -240,32 +240,42 @@ IMAGE_QUESTION = "What is the answer?"
 IMAGE_SIZE = (112, 56)
 """Width and height of a drawn problem (Qwen2.5-VL's 14-pixel patches: 8 x 4, eight image tokens after its 2 x 2
 merge; LLaVA's processor resizes it to its square)."""
+GLYPH_CELL = 28
+"""Each character of a drawn problem sits in its own 28 x 28 cell, the area one image token covers after Qwen2.5-VL's
+2 x 2 merge: a tiny random vision tower learns to read glyphs laid out so within minutes, and did not learn to read
+text drawn at any offset (the first digit stayed at chance over 800 steps)."""
 FONT_SIZES = (18, 20, 22, 24)
 
 
 def draw_problem(p: Problem, rng: random.Random) -> "Image.Image":
-    """The problem's expression (`a op b`, from its solution) drawn in a dark ink on a light, noisy background: the
-    font's size and weight, the ink, the position and the noise drawn from `rng` (PIL's own font, so that every
-    machine draws the same images)."""
+    """The problem's expression (`a op b`, from its solution) drawn one character per cell (`GLYPH_CELL`) in a dark
+    ink on a mid-grey noisy background; the row, the first cell, the font's size and weight, the ink, a jitter of up
+    to 3 pixels and the noise drawn from `rng` (PIL's own font, so that every machine draws the same images). A
+    mid-grey background keeps the normalised pixels near zero: on a light one the tower learned far more slowly."""
     from PIL import Image, ImageDraw, ImageFont
 
     width, height = IMAGE_SIZE
-    noise = bytes(rng.randrange(190, 256) for _ in range(width * height))
+    noise = bytes(rng.randrange(100, 156) for _ in range(width * height))
     image = Image.merge("RGB", [Image.frombytes("L", IMAGE_SIZE, noise)] * 3)
-    expression = p.solution.split(" = ")[0]
+    draw = ImageDraw.Draw(image)
+    glyphs = p.solution.split(" = ")[0].replace(" ", "")
     font = ImageFont.load_default(size=rng.choice(FONT_SIZES))
     stroke = rng.choice((0, 1))
-    left, top, right, bottom = ImageDraw.Draw(image).textbbox((0, 0), expression, font=font, stroke_width=stroke)
-    x = rng.randrange(0, max(1, width - (right - left))) - left
-    y = rng.randrange(0, max(1, height - (bottom - top))) - top
-    ink = tuple(rng.randrange(0, 90) for _ in range(3))
-    ImageDraw.Draw(image).text((x, y), expression, font=font, fill=ink, stroke_width=stroke, stroke_fill=ink)
+    ink = tuple(rng.randrange(0, 40) for _ in range(3))
+    row = rng.randrange(height // GLYPH_CELL)
+    first = rng.randrange(width // GLYPH_CELL - len(glyphs) + 1)
+    for index, glyph in enumerate(glyphs):
+        left, top, right, bottom = draw.textbbox((0, 0), glyph, font=font, stroke_width=stroke)
+        x = (first + index) * GLYPH_CELL + (GLYPH_CELL - (right - left)) // 2 - left + rng.randint(-3, 3)
+        y = row * GLYPH_CELL + (GLYPH_CELL - (bottom - top)) // 2 - top + rng.randint(-3, 3)
+        draw.text((x, y), glyph, font=font, fill=ink, stroke_width=stroke, stroke_fill=ink)
     return image
 
 
 def image_records(problems: Iterable[Problem], folder: Union[str, Path], seed: int = 0) -> List[Dict]:
     """Each problem drawn into `folder/images/` (`draw_problem`) and its row's shared fields: `images` (the path,
-    relative to `folder`, where the JSONL goes), the user turn (the image, then `IMAGE_QUESTION`), the answer."""
+    relative to `folder`, where the JSONL goes), the user turn (the image, then `IMAGE_QUESTION`), the worked solution
+    and the answer."""
     rng = random.Random(seed)
     (Path(folder) / "images").mkdir(parents=True, exist_ok=True)
     rows = []
@@ -273,13 +283,14 @@ def image_records(problems: Iterable[Problem], folder: Union[str, Path], seed: i
         name = f"images/{seed}-{index:05d}.png"
         draw_problem(p, rng).save(Path(folder) / name)
         user = {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": IMAGE_QUESTION}]}
-        rows.append({"images": [name], "prompt": [user], "answer": str(p.answer)})
+        rows.append({"images": [name], "prompt": [user], "solution": p.solution, "answer": str(p.answer)})
     return rows
 
 
 def vision_sft_records(rows: Iterable[Dict]) -> List[Dict]:
-    """TRL's vision SFT rows: `images`, and `messages` whose assistant turn is the answer."""
-    return [{"images": r["images"], "messages": [*r["prompt"], _assistant(r["answer"])]} for r in rows]
+    """TRL's vision SFT rows: `images`, and `messages` whose assistant turn is the worked solution (`3 + 4 = 7. #### 7`:
+    what the image says, then the answer)."""
+    return [{"images": r["images"], "messages": [*r["prompt"], _assistant(r["solution"])]} for r in rows]
 
 
 def vision_preference_records(rows: Iterable[Dict], seed: int = 0) -> List[Dict]:

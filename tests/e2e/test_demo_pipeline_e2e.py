@@ -72,3 +72,26 @@ def test_rewards_demo_runs_the_judge_the_prm_and_distillation_and_writes_the_rep
     markdown = (out / "REPORT.md").read_text()
     assert all(f"| {name} | {results[name]:.3f} |" in markdown for name in models)
     assert (out / "grpo_judge" / "logs" / "judge_rank1.log").read_text().count("serving judge") == 1
+
+
+@pytest.mark.slow
+def test_vision_demo_trains_on_drawn_problems_and_reports_sample_images(tmp_path):
+    out = tmp_path / "demo_vision"
+    result = subprocess.run([sys.executable, str(REPO / "applications" / "demo" / "run_vision_demo.py"), "--out",
+                             str(out), "--sft_rows", "64", "--sft_steps", "4", "--episodes", "2"],
+                            capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    for stage in ("sft", "grpo"):
+        assert f"[demo] {stage}: done in " in result.stdout, stage
+        assert (out / stage / "model" / "preprocessor_config.json").is_file(), stage   # exported with its processor
+    assert len(list((out / "raw" / "images").glob("*.png"))) == 64 + 2048 + 256
+    accuracy = json.loads((out / "heldout_accuracy.json").read_text())
+    assert set(accuracy) == {"initial", "sft", "grpo"}
+    markdown = (out / "REPORT.md").read_text()
+    for name, value in accuracy.items():
+        assert f"| {name} | {value:.3f} | 256 |" in markdown
+    images = sorted(p.name for p in (out / "plots").glob("*.png"))
+    assert images == ["grpo.png", "heldout_accuracy.png", "samples.png", "sft_loss.png"]
+    with Image.open(out / "plots" / "samples.png") as sheet:
+        assert sheet.size[0] >= 800 and len(set(sheet.convert("L").getdata())) > 50   # the drawn problems are on it
+    assert (out / "REPORT.html").read_text().count("data:image/png;base64,") == 4
