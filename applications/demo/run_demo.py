@@ -159,12 +159,14 @@ def run_stage(name: str, out: Path, steps: int, nproc: int, seed: int = 42, extr
                  "--save_interval", str(max(steps // 2, 1)), "--sample_log_interval", str(max(steps // 2, 1)))
 
 
-def evaluate_all(out: Path) -> Dict[str, Dict]:
-    """Greedy held-out accuracy (exact answer) of every model the run has, with its completions."""
+def evaluate_all(out: Path, models: Dict[str, str] = MODELS, max_new_tokens: int = MAX_NEW_TOKENS) -> Dict[str, Dict]:
+    """Greedy held-out accuracy (exact answer) of every model of `models` (name -> folder under `out`) the run has,
+    with its completions."""
     results = {}
-    for name, folder in MODELS.items():
+    for name, folder in models.items():
         if (out / folder / "config.json").is_file():
-            result = evaluate_model(str(out / folder), [str(out / "data" / "prompt_eval")], ["math_answer"], MAX_NEW_TOKENS)
+            result = evaluate_model(str(out / folder), [str(out / "data" / "prompt_eval")], ["math_answer"],
+                                    max_new_tokens)
             results[name] = {"accuracy": result.components["math_answer"], "samples": result.samples}
             print(f"[demo] held-out accuracy of the {name} model: {results[name]['accuracy']:.3f}", flush=True)
     (out / "heldout_accuracy.json").write_text(json.dumps({k: v["accuracy"] for k, v in results.items()}, indent=2))

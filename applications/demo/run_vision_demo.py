@@ -23,12 +23,12 @@ from coati.dataset.demo_data import (IMAGE_QUESTION, generate_problems, image_re
 from coati.dataset.prepare import prepare_dataset
 from coati.dataset.vision import ImageLimits, ImageProcessing
 from coati.models.tiny import MODEL_SIZES, write_tiny_vl_model
-from coati.rollout.evaluation import evaluate_model
 from coati.utils.ranges import at_least
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report import bar_chart, plot, read_metrics, reward_vs_accuracy, write_report  # noqa: E402
-from run_demo import _torchrun_with, common_flags, evaluate_and_report, stage, use_portable_cpu_kernels  # noqa: E402
+from run_demo import (_torchrun_with, common_flags, evaluate_all, evaluate_and_report, stage,  # noqa: E402
+                      use_portable_cpu_kernels)
 
 MODELS = {"initial": "model_init", "sft": "sft/model", "grpo": "grpo/model"}
 DATASETS = {"sft_train": "sft", "prompt_train": "prompt", "prompt_eval": "prompt"}
@@ -65,7 +65,8 @@ def run_stage(name: str, out: Path, args: argparse.Namespace) -> None:
     data = out / "data"
     torchrun = functools.partial(_torchrun_with, extra=common_flags(out, name, args.seed))
     if name == "sft":
-        torchrun("train_sft.py", args.nproc, "--pretrain", str(out / "model_init"), "--dataset", str(data / "sft_train"),
+        torchrun("train_sft.py", args.nproc, "--pretrain", str(out / "model_init"),
+                 "--dataset", str(data / "sft_train"),
                  "--batch_size", "16", "--max_epochs", "100", "--max_steps", str(args.sft_steps), "--lr", "1e-3",
                  "--warmup_steps", "10", "--log_interval", "10", "--max_length", str(MAX_LENGTH))
     else:
@@ -76,19 +77,6 @@ def run_stage(name: str, out: Path, args: argparse.Namespace) -> None:
                  "--max_new_tokens", str(MAX_NEW_TOKENS), "--eval_interval", str(max(args.episodes // 4, 1)),
                  "--save_interval", str(max(args.episodes // 2, 1)),
                  "--sample_log_interval", str(max(args.episodes // 4, 1)))
-
-
-def evaluate_all(out: Path) -> Dict[str, Dict]:
-    """Greedy held-out accuracy (exact answer) of every model the run has, with its completions."""
-    results = {}
-    for name, folder in MODELS.items():
-        if (out / folder / "config.json").is_file():
-            result = evaluate_model(str(out / folder), [str(out / "data" / "prompt_eval")], ["math_answer"],
-                                    MAX_NEW_TOKENS)
-            results[name] = {"accuracy": result.components["math_answer"], "samples": result.samples}
-            print(f"[demo-vision] held-out accuracy of the {name} model: {results[name]['accuracy']:.3f}", flush=True)
-    (out / "heldout_accuracy.json").write_text(json.dumps({k: v["accuracy"] for k, v in results.items()}, indent=2))
-    return results
 
 
 def sample_sheet(path: Path, out: Path, results: Dict[str, Dict], count: int = 8) -> Path:
@@ -170,7 +158,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     for name in ("sft", "grpo"):
         with stage(name, timings):
             run_stage(name, out, args)
-    evaluate_and_report(out, timings, evaluate_all, report)
+    evaluate_and_report(out, timings, functools.partial(evaluate_all, models=MODELS, max_new_tokens=MAX_NEW_TOKENS),
+                        report)
 
 
 if __name__ == "__main__":
