@@ -44,7 +44,7 @@ from coati.utils.registry import AGENTS, TOOL_CALL_PARSERS
 from coati.trainer.components import DistillTerm
 from coati.trainer.callbacks.health import AlarmThresholds, HealthMonitor
 
-from .runner import _require_dir, build_dataloader, frozen_dtype, frozen_model, run_device
+from .runner import _require_dir, build_dataloader, frozen_dtype, frozen_model, load_images, run_device
 
 
 
@@ -260,10 +260,11 @@ def step_scorer(args: argparse.Namespace, setup: Any, tokenizer: Any) -> Optiona
 
 def chat_tokens(args: argparse.Namespace, tokenizer: Any) -> ChatTokens:
     """How multi-turn episodes render and tokenize: `tokenizer`'s chat template (`with_template` has put
-    `--chat_template`'s there) with `--tools`' schemas."""
+    `--chat_template`'s there) with `--tools`' schemas, and a vision-language model's processor for prompts' images."""
     name = (f"the chat template {args.chat_template}" if args.chat_template
             else f"the chat template of {args.tokenizer_dir or args.pretrain}")
-    return ChatTokens(tokenizer, stop_ids(args, tokenizer), tool_schemas(resolve_tools(args.tools)), name)
+    return ChatTokens(tokenizer, stop_ids(args, tokenizer), tool_schemas(resolve_tools(args.tools)), name,
+                      load_images(args, tokenizer))
 
 
 def with_template(args: argparse.Namespace, tokenizer: Any) -> Any:

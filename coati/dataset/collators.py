@@ -207,8 +207,9 @@ PROMPT_FIELDS = ("input_ids", "attention_mask", IMAGES, IMAGE_INPUTS)
 
 class PromptRows:
     """Prompt rows as rollout workflows take them, unpadded: `input_ids` (`max_length` keeps a prompt's end), with
-    `images`, a vision-language model's processor, the row's `IMAGE_INPUTS` (a prompt with images is never cut: one
-    longer than `max_length` is refused), and the row's other fields (ground truth for a reward function). The
+    `images`, a vision-language model's processor, the row's `IMAGE_INPUTS` and its `IMAGES` (a multi-turn episode
+    renders its prompt again; a prompt with images is never cut: one longer than `max_length` is refused), and the
+    row's other fields (ground truth for a reward function). The
     on-policy trainers' prompt loaders collate with it: nothing is padded before generation pads what it batches."""
 
     def __init__(self, max_length: int = 0, images: Optional[ImageProcessing] = None) -> None:
@@ -223,7 +224,8 @@ class PromptRows:
         if pictures and self.max_length and len(ids) > self.max_length:
             raise CoatiUsageError(f"--max_length {self.max_length} would cut a prompt with images ({len(ids)} tokens); "
                                   "raise it, or prepare the prompts at this --max_length (such prompts are dropped)")
-        images = {IMAGE_INPUTS: self.images.pixel_inputs(pictures)} if self.images is not None and pictures else {}
+        images = ({IMAGE_INPUTS: self.images.pixel_inputs(pictures), IMAGES: pictures}
+                  if self.images is not None and pictures else {})
         return {"input_ids": ids[-self.max_length:] if self.max_length else ids, **images,
                 **{k: v for k, v in row.items() if k not in PROMPT_FIELDS}}
 

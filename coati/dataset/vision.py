@@ -226,6 +226,11 @@ class ImageProcessing:
             counts.append(sum(1 for i in ids if i == self.image_token_id))
         return counts
 
+    def expanded(self, ids: List[int], images: Sequence[bytes]) -> List[int]:
+        """Rendered `ids` with each image token repeated as many times as its image (of `images`, in order) becomes,
+        as preparation expands a prompt's."""
+        return ImageTokens(self.image_token_id, tuple(self.token_counts(images))).expand(ids, ids, -1)[0]
+
     def pixel_inputs(self, images: Sequence[bytes]) -> Dict[str, Any]:
         """The model's image inputs for `images` (a batch's, in order): {} for none."""
         if not images:

@@ -11,6 +11,7 @@ of the whole conversation, and refuses a template that rewrites history (Qwen3's
 import json
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from coati.dataset.vision import ImageProcessing
 from coati.utils.errors import CoatiUsageError
 
 Message = Dict[str, Any]
@@ -20,11 +21,12 @@ PLACEHOLDER = "\u2063coati-turn\u2063"
 
 class ChatTokens:
     """Renders prompts and the environment's additions with `tokenizer`'s chat template and `tools`' schemas; `stop_ids`
-    end a model turn."""
+    end a model turn; `images`, a vision-language model's processor, expands a prompt's image tokens."""
 
     def __init__(self, tokenizer: Any, stop_ids: Sequence[int], tools: Optional[List[Dict[str, Any]]] = None,
-                 template_name: str = "the chat template") -> None:
+                 template_name: str = "the chat template", images: Optional[ImageProcessing] = None) -> None:
         self.tokenizer, self.stop_ids, self.tools, self.template_name = tokenizer, list(stop_ids), tools, template_name
+        self.images = images
         self.closing = self._closing()
 
     def render(self, messages: List[Message], generation_prompt: bool, tools: Any = None) -> str:
@@ -34,10 +36,16 @@ class ChatTokens:
     def encode(self, text: str) -> List[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def prompt_ids(self, messages: List[Message], tools: Any = None) -> List[int]:
-        """The prompt with the tools and the assistant header, as the template renders it."""
-        return self.tokenizer.apply_chat_template(messages, tools=tools if tools is not None else self.tools,
-                                                  add_generation_prompt=True, tokenize=True)
+    def prompt_ids(self, messages: List[Message], tools: Any = None, pictures: Sequence[bytes] = ()) -> List[int]:
+        """The prompt with the tools and the assistant header, as the template renders it; with `pictures` (the
+        images of its `{"type": "image"}` parts, in order) each image token repeated as its image becomes."""
+        ids = self.tokenizer.apply_chat_template(messages, tools=tools if tools is not None else self.tools,
+                                                 add_generation_prompt=True, tokenize=True)
+        if not pictures:
+            return ids
+        if self.images is None:
+            raise CoatiUsageError("a prompt with images needs a vision-language model's processor")
+        return self.images.expanded(ids, pictures)
 
     def after_turn(self, history: List[Message], stop_id: int, observation: List[Message],
                    tools: Any = None) -> List[int]:

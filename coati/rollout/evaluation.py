@@ -97,7 +97,7 @@ def evaluate_model(model_dir: str, prompt_dirs: Sequence[str], reward_specs: Seq
     loader = DataLoader(load_prepared(list(prompt_dirs), "prompt"), batch_size=batch_size,
                         collate_fn=PromptRows(images=images))
     samples: List[Dict[str, object]] = []
-    workflow = _tool_workflow(scorer, greedy, tools, max_turns) if tools else RLVRWorkflow(scorer, greedy, 1)
+    workflow = _tool_workflow(scorer, greedy, tools, max_turns, images) if tools else RLVRWorkflow(scorer, greedy, 1)
     for batch in tqdm(loader, desc=f"evaluating {model_dir}", leave=False):
         for t in complete(pool, workflow, batch, greedy):
             samples.append({"prompt": t.prompts[0], "completion": t.completions[0],
@@ -107,10 +107,13 @@ def evaluate_model(model_dir: str, prompt_dirs: Sequence[str], reward_specs: Seq
     return EvalResult(_mean(samples, "reward"), {k: v for k, v in means.items() if v is not None}, samples)
 
 
-def _tool_workflow(scorer: Scorer, sampling: SamplingConfig, tools: Sequence[str], max_turns: int) -> RolloutWorkflow:
-    """One greedy multi-turn episode per prompt, calling `tools` (hermes calls) for at most `max_turns` turns."""
+def _tool_workflow(scorer: Scorer, sampling: SamplingConfig, tools: Sequence[str], max_turns: int,
+                   images: Optional[ImageProcessing]) -> RolloutWorkflow:
+    """One greedy multi-turn episode per prompt, calling `tools` (hermes calls) for at most `max_turns` turns; `images`,
+    a vision-language model's processor."""
     runner = ToolRunner(resolve_tools(list(tools)))
-    chat = ChatTokens(scorer.tokenizer, [scorer.tokenizer.eos_token_id], tool_schemas(list(runner.tools.values())))
+    chat = ChatTokens(scorer.tokenizer, [scorer.tokenizer.eos_token_id], tool_schemas(list(runner.tools.values())),
+                      images=images)
     return MultiTurnWorkflow(scorer, chat, functools.partial(ToolEnvironment, runner, hermes), sampling, 1, max_turns, 0)
 
 

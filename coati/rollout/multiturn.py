@@ -16,7 +16,8 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence
 
 from coati.config import SamplingConfig
 from coati.dataset.prepare import PROMPT_COLUMN
-from coati.dataset.collators import PROMPT_FIELDS
+from coati.dataset.collators import IMAGE_INPUTS, PROMPT_FIELDS
+from coati.dataset.vision import IMAGES
 from coati.experience.experience import RolloutSample
 from coati.experience.scorer import Scorer
 
@@ -88,12 +89,13 @@ class MultiTurnWorkflow(RolloutWorkflow):
         for environment in environments:
             environment.reset(sample)
         tools = environments[0].tools()
-        prompt = self.chat.prompt_ids(messages, tools)
+        prompt = self.chat.prompt_ids(messages, tools, sample.get(IMAGES) or ())
+        images = {IMAGE_INPUTS: sample[IMAGE_INPUTS]} if sample.get(IMAGE_INPUTS) else {}   # every turn sees them
         session = uuid.uuid4().hex   # every turn of the group on one copy of the model, which caches the prompt
-        first = await pool.agenerate(prompt, self._turn_sampling(0), self.num_generations, session)
+        first = await pool.agenerate(prompt, self._turn_sampling(0), self.num_generations, session, **images)
         seats = [pool.take_seat() for _ in range(self.num_generations)]   # before any episode's tools run
         episodes = await asyncio.gather(*(seated(pool, seats[i], self._play(pool, environments[i], messages, prompt,
-                                                                              tools, first, i, session, seats[i]))
+                                                                              tools, first, i, session, seats[i], images))
                                           for i in range(self.num_generations)))
         return await assemble(self.scorer, sample, messages, [prompt] * len(episodes), episodes, first.version)
 
@@ -103,7 +105,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
 
     async def _play(self, pool: RolloutPool, environment: Environment, prompt_messages: List[Message],
                     prompt: List[int], tools: Any, first: Completions, row: int, session: str,
-                    seat: Optional[int]) -> Episode:
+                    seat: Optional[int], images: Dict[str, Any]) -> Episode:
         episode, out = Episode(), first
         history = list(prompt_messages)
         while True:
@@ -135,7 +137,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
                 episode.ended = "max_total_tokens"
                 return episode
             out, row = await pool.agenerate(prompt + episode.ids, self._turn_sampling(len(episode.ids)), 1, session,
-                                              seat), 0
+                                              seat, **images), 0
 
 
 async def seated(pool: RolloutPool, seat: Optional[int], play: Awaitable[Episode]) -> Episode:
@@ -153,7 +155,8 @@ async def assemble(scorer: Scorer, sample: Dict[str, Any], messages: List[Messag
     n = len(episodes)
     reported = all(e.logprobs is not None for e in episodes)
     samples = [RolloutSample(prompt, e.ids, e.sampled, e.logprobs if reported else None,
-                             [v if v >= 0 else version for v in e.versions], tuple(e.turn_starts), stats=e.stats(endings))
+                             [v if v >= 0 else version for v in e.versions], tuple(e.turn_starts), stats=e.stats(endings),
+                             image_inputs=sample.get(IMAGE_INPUTS) or {})
                for prompt, e in zip(prompts, episodes)]
     fields = {k: [v] * n for k, v in sample.items() if k not in PROMPT_FIELDS}
     total, components = await scorer.ascore([scorer.decode(p) for p in prompts], [e.final_text for e in episodes],

@@ -1,7 +1,7 @@
 """Vision-language models trained from TRL-style image rows by two torchrun processes: SFT (Qwen2.5-VL), DPO (LLaVA,
-LoRA on the language model, the vision tower frozen) and GRPO (Qwen2.5-VL, image prompts on the hf engine) train,
-checkpoint, resume exactly and export a folder that transformers loads with its processor; what cannot work is refused
-in one line before anything loads."""
+LoRA on the language model, the vision tower frozen) and GRPO (Qwen2.5-VL, image prompts on the hf engine, with and
+without tools) train, checkpoint, resume exactly and export a folder that transformers loads with its processor; what
+cannot work is refused in one line before anything loads."""
 import json
 import shutil
 from pathlib import Path
@@ -88,6 +88,22 @@ def test_vision_grpo_trains_on_image_prompts_and_resumes_exactly(vision_assets, 
     assert AutoProcessor.from_pretrained(tmp_path / "full" / "final" / "model").image_processor is not None
 
 
+@pytest.mark.slow
+def test_vision_grpo_with_tools_runs_tool_episodes_on_image_prompts(vision_assets, tmp_path):
+    """`--tools` on a vision-language model: the prompts rendered with the tools and their images train under
+    torchrun, the episodes logged as multi-turn ones."""
+    args = ["--pretrain", str(vision_assets["qwen2_5_vl"]), "--prompt_dataset", str(vision_assets["prompt"]),
+            "--reward_fn", "math_answer", "--tools", "calculator", "--max_turns", "3", "--num_episodes", "2",
+            "--batch_size", "2", "--num_generations", "4", "--max_new_tokens", "6", "--log_dir", str(tmp_path / "logs"),
+            "--prepared_cache_dir", str(tmp_path / "cache")]
+    result = torchrun(SCRIPTS / "train_grpo.py", 2, *args)
+    assert result.returncode == 0, result.stderr[-4000:]
+    records = train_records(tmp_path / "logs")
+    assert [r["step"] for r in records] == [1, 2]
+    for record in records:
+        assert 1 <= record["train/rollout/turns"] <= 3 and record["train/rollout/sampled_tokens"] > 0
+
+
 def test_what_cannot_work_with_images_is_refused_in_one_line(vision_assets, tiny_assets, tmp_path):
     qwen, sft = str(vision_assets["qwen2_5_vl"]), str(vision_assets["sft"])
     cache = ["--prepared_cache_dir", str(tmp_path / "cache")]
@@ -97,7 +113,7 @@ def test_what_cannot_work_with_images_is_refused_in_one_line(vision_assets, tiny
         (["ppo", "--pretrain", qwen, "--prompt_dataset", str(vision_assets["prompt"]), "--reward_fn", "math_answer",
           *cache], f"error: --pretrain {qwen} is a vision-language model: coati ppo does not train one yet"),
         (["grpo", "--pretrain", qwen, "--prompt_dataset", str(vision_assets["prompt"]), "--reward_fn", "math_answer",
-          "--tools", "calculator", *cache], "error: --tools: GRPO on a vision-language model runs single-turn"),
+          "--async_rollout", *cache], "error: --async_rollout: GRPO on a vision-language model runs synchronous"),
         (["rm", "--pretrain", qwen, "--dataset", str(vision_assets["preference"]), *cache],
          f"error: --pretrain {qwen} is a vision-language model: coati rm does not train one yet"),
         (["sft", "--pretrain", str(tiny_assets["model"]), "--dataset", str(tiny_assets["sft_train"]),

@@ -153,3 +153,80 @@ def test_held_out_evaluation_reads_the_prompts_images(vision_assets, tmp_path):
     result = evaluate_model(str(vision_assets["qwen2_5_vl"]), [str(tmp_path / "prompts")], ["math_answer"], 4)
     assert len(result.samples) == 32 and 0 <= result.components["math_answer"] <= 1
     assert all("<|image_pad|>" not in sample["completion"] for sample in result.samples)
+
+
+def test_a_tool_episode_on_an_image_prompt_generates_and_trains_every_turn_with_the_image(vision_assets, tmp_path):
+    """With tools, the prompt is rendered again (the tools' system turn first): its image tokens are expanded as
+    preparation counted them, so the model's image features fill them; every turn of the episode is generated with
+    the row's pixels; the trained sample carries them, and the learner's log-probs of the multi-turn sequence equal
+    transformers' own forward with the pixels (and differ without them)."""
+    from coati.config import SamplingConfig
+    from coati.dataset.collators import IMAGE_INPUTS, PromptRows
+    from coati.experience.experience import collate
+    from coati.experience.scorer import Scorer
+    from coati.models.generation import HFEngine
+    from coati.models.logprobs import action_logps
+    from coati.models.vision import joined_image_inputs
+    from coati.rewards import WeightedReward
+    from coati.rollout.chat import ChatTokens
+    from coati.rollout.environment import EnvStep, Environment, tool_schemas
+    from coati.rollout.local import LocalPool, run_episodes
+    from coati.rollout.multiturn import MultiTurnWorkflow
+    from coati.rollout.tools import resolve_tools
+
+    class Answering(Environment):
+        def step(self, turn):
+            return EnvStep([{"role": "tool", "name": "calculator", "content": "12"}])
+
+    class Recording(LocalPool):
+        def __init__(self, engine):
+            super().__init__(engine)
+            self.requests = []
+
+        async def agenerate(self, prompt_ids, config, n, session=None, seat=None, image_inputs=None):
+            self.requests.append((list(prompt_ids), image_inputs))
+            return await super().agenerate(prompt_ids, config, n, session, seat, image_inputs)
+
+    images = ImageProcessing.load(str(vision_assets["qwen2_5_vl"]), load_tokenizer(str(vision_assets["qwen2_5_vl"])))
+    tokenizer = images.processor.tokenizer
+    prepare_dataset([vision_assets["prompt"]], "prompt", tokenizer, 256, tmp_path / "prompts", images=images)
+    rows = PromptRows(images=images)(list(load_from_disk(str(tmp_path / "prompts")))[:2])
+    model = AutoModelForImageTextToText.from_pretrained(vision_assets["qwen2_5_vl"]).eval()
+    closer = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    head = model.get_output_embeddings()
+    with torch.no_grad():   # weights that read the image, and turns that end at once: three turns an episode
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.normal_(0, 0.5)
+        head.bias = torch.nn.Parameter(torch.zeros(head.out_features))
+        head.bias[closer] = 1e4
+    pool = Recording(HFEngine(model, tokenizer.pad_token_id, [closer]))
+    chat = ChatTokens(tokenizer, [closer], tool_schemas(resolve_tools(["calculator"])), images=images)
+    workflow = MultiTurnWorkflow(Scorer(tokenizer, WeightedReward.from_specs(["math_answer"])), chat, Answering,
+                                 SamplingConfig(max_new_tokens=4, do_sample=False), 2, 3, 0)
+    trajectories = run_episodes(workflow, pool, rows)
+
+    image_token = images.image_token_id
+    for row, trajectory in zip(rows, trajectories):
+        prompt = trajectory.samples[0].prompt_ids
+        assert prompt.count(image_token) == row["input_ids"].count(image_token) > 0
+        assert "calculator" in tokenizer.decode(prompt[:prompt.index(image_token)])   # the tools come first
+        assert trajectory.rollout_stats["turns"] == [3.0, 3.0]
+        assert all(s.image_inputs is row[IMAGE_INPUTS] for s in trajectory.samples)
+    asked = {id(pixels) for _, pixels in pool.requests}
+    assert len(pool.requests) == 2 + 2 * 2 * 2 and asked == {id(row[IMAGE_INPUTS]) for row in rows}   # every turn
+
+    samples = [s for t in trajectories for s in t.samples]
+    batch = collate(samples, tokenizer.pad_token_id)
+    pixels = joined_image_inputs([s.image_inputs for s in samples])
+    with torch.no_grad():
+        head.bias.zero_()
+        ours = action_logps(model, batch.sequences, batch.attention_mask, batch.prompt_length, images=pixels)
+        logits = model(input_ids=batch.sequences, attention_mask=batch.attention_mask, **pixels).logits
+        theirs = logits[:, batch.prompt_length - 1:-1].log_softmax(-1).gather(
+            -1, batch.sequences[:, batch.prompt_length:, None]).squeeze(-1)
+        blind = action_logps(model, batch.sequences, batch.attention_mask, batch.prompt_length)
+    mask = batch.action_mask
+    assert mask.sum() == 3 * len(samples)
+    assert torch.allclose(ours[mask], theirs[mask], atol=1e-5)
+    assert not torch.allclose(ours[mask], blind[mask], atol=1e-3)
