@@ -11,7 +11,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from coati.dataset.collators import SupervisedCollator
+from coati.dataset.collators import PromptRows, SupervisedCollator
+from coati.dataset.vision import ImageProcessing
 from coati.dataset.prepare import load_prepared
 from coati.experience.controllers import KLController
 from coati.experience.distillation import DistillConfig, ModelTeacher, ServedTeacher, Teacher, served_model_name
@@ -44,7 +45,7 @@ from coati.utils.registry import AGENTS, TOOL_CALL_PARSERS
 from coati.trainer.components import DistillTerm
 from coati.trainer.callbacks.health import AlarmThresholds, HealthMonitor
 
-from .runner import _require_dir, build_dataloader, frozen_dtype, frozen_model, load_images, run_device
+from .runner import _require_dir, build_dataloader, frozen_dtype, frozen_model, run_device
 
 
 
@@ -258,13 +259,13 @@ def step_scorer(args: argparse.Namespace, setup: Any, tokenizer: Any) -> Optiona
     return StepScorer(model, tokenizer, args.prm_coef)
 
 
-def chat_tokens(args: argparse.Namespace, tokenizer: Any) -> ChatTokens:
+def chat_tokens(args: argparse.Namespace, tokenizer: Any, images: Optional[ImageProcessing] = None) -> ChatTokens:
     """How multi-turn episodes render and tokenize: `tokenizer`'s chat template (`with_template` has put
-    `--chat_template`'s there) with `--tools`' schemas, and a vision-language model's processor for prompts' images."""
+    `--chat_template`'s there) with `--tools`' schemas, and `images`, a vision-language model's processor for the
+    prompts' images."""
     name = (f"the chat template {args.chat_template}" if args.chat_template
             else f"the chat template of {args.tokenizer_dir or args.pretrain}")
-    return ChatTokens(tokenizer, stop_ids(args, tokenizer), tool_schemas(resolve_tools(args.tools)), name,
-                      load_images(args, tokenizer))
+    return ChatTokens(tokenizer, stop_ids(args, tokenizer), tool_schemas(resolve_tools(args.tools)), name, images)
 
 
 def with_template(args: argparse.Namespace, tokenizer: Any) -> Any:
@@ -274,10 +275,10 @@ def with_template(args: argparse.Namespace, tokenizer: Any) -> Any:
     return tokenizer
 
 
-def workflow(args: argparse.Namespace, maker: Any) -> RolloutWorkflow:
-    """What turns a prompt row into a trajectory: single-turn RLVR, with `--tools` a multi-turn episode with a tool
-    environment, or with `--agent` the user's agent program against the run's endpoint; scored by the maker's
-    scorer."""
+def workflow(args: argparse.Namespace, maker: Any, prompt_rows: PromptRows) -> RolloutWorkflow:
+    """What turns a prompt row (made by `prompt_rows`) into a trajectory: single-turn RLVR, with `--tools` a
+    multi-turn episode with a tool environment, or with `--agent` the user's agent program against the run's
+    endpoint; scored by the maker's scorer."""
     sampling, parser = maker.config.sampling, TOOL_CALL_PARSERS.get(args.tool_parser)
     if args.agent:
         return AgentWorkflow(maker.scorer, chat_tokens(args, maker.tokenizer), AGENTS.get(args.agent), sampling,
@@ -288,14 +289,16 @@ def workflow(args: argparse.Namespace, maker: Any) -> RolloutWorkflow:
     if "python" in args.tools:
         configure_python_tool(sandbox_limits(args), args.sandbox)
     environment = functools.partial(ToolEnvironment, runner, parser, args.malformed_tool_penalty)
-    return MultiTurnWorkflow(maker.scorer, chat_tokens(args, maker.tokenizer), environment, sampling,
+    return MultiTurnWorkflow(maker.scorer, chat_tokens(args, maker.tokenizer, prompt_rows.images), environment, sampling,
                              maker.num_generations, args.max_turns, args.max_total_tokens)
 
 
-def rollout_side(args: argparse.Namespace, maker: GRPOExperienceMaker, workflow: RolloutWorkflow) -> Dict[str, Any]:
+def rollout_side(args: argparse.Namespace, maker: GRPOExperienceMaker, workflow: RolloutWorkflow,
+                 prompt_rows: PromptRows) -> Dict[str, Any]:
     """Rank 0's generator pool (Ray actors, or vLLM servers with `--rollout_backend vllm`, started from
     `--pretrain`), the executor running `workflow` (the trainer's own, which it also evaluates with) and the prompt
-    stream for `--async_rollout`; nothing on the other ranks."""
+    stream for `--async_rollout`, its rows made by `prompt_rows` (the synchronous loader's); nothing on the other
+    ranks."""
     if rank() != 0:
         return {}
     tokenizer = maker.tokenizer
@@ -308,7 +311,8 @@ def rollout_side(args: argparse.Namespace, maker: GRPOExperienceMaker, workflow:
     executor = WorkflowExecutor(pool, workflow, args.batch_size * world_size(),
                                 args.max_concurrent_rollouts or 2 * args.batch_size * world_size(), args.max_staleness,
                                 batches_per_version=args.num_collect_steps)
-    return dict(executor=executor, pool=pool, stream=PromptStream(load_prepared(args.dataset, "prompt"), args.seed))
+    stream = PromptStream(load_prepared(args.dataset, "prompt"), args.seed, prompt_rows)
+    return dict(executor=executor, pool=pool, stream=stream)
 
 
 def scorer(args: argparse.Namespace, tokenizer: Any, config: RolloutConfig) -> Scorer:

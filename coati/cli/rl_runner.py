@@ -136,10 +136,10 @@ def _build_grpo(args, setup, tokenizer, actor, optimizer, scheduler, engine, ref
     maker = GRPOExperienceMaker(actor, engine, scorer(args, tokenizer, config), config, reference,
                                 temperature=temperature, teacher=distillation(args, setup, tokenizer, kwargs),
                                 step_scorer=step_scorer(args, setup, tokenizer))
-    kwargs["workflow"] = workflow(args, maker)
+    kwargs["workflow"] = workflow(args, maker, prompts.collate_fn)
     if args.async_rollout:
         kwargs["source"] = AsyncRollouts(maker, actor, len(prompts.dataset),
-                                         **rollout_side(args, maker, kwargs["workflow"]))
+                                         **rollout_side(args, maker, kwargs["workflow"], prompts.collate_fn))
     return GRPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler,
                        kl_controller=kl_controller(args), **kwargs)
 
@@ -166,7 +166,7 @@ def _build_ppo(args, setup, tokenizer, actor, optimizer, scheduler, engine, refe
     maker = PPOExperienceMaker(actor, critic, engine, scorer(args, tokenizer, config), config, reference,
                                kl_controller=kl_controller(args), step_scorer=step_scorer(args, setup, tokenizer),
                                teacher=distillation(args, setup, tokenizer, kwargs))
-    kwargs["workflow"] = workflow(args, maker)
+    kwargs["workflow"] = workflow(args, maker, prompts.collate_fn)
     return PPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler, **kwargs,
                       critic=CriticParts(critic, critic_optim, critic_setup.booster, critic_scheduler,
                                          args._run_config.critic))

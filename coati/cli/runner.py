@@ -254,11 +254,11 @@ def tokenizer_to_save(tokenizer: PreTrainedTokenizerBase, images: Optional[Image
     return images.processor if images is not None else tokenizer
 
 
-VISION_GRPO_BLOCKERS = {"rollout_backend": "vllm", "async_rollout": True, "agent": True,
-                        "teacher_model": True, "prm_pretrain": True, "rm_pretrain": True}
+VISION_GRPO_BLOCKERS = {"rollout_backend": "vllm", "agent": True, "teacher_model": True, "prm_pretrain": True,
+                        "rm_pretrain": True}
 """GRPO settings a vision-language policy cannot take yet (a value, or True for any): its rollouts (single-turn, or
-multi-turn with `--tools`, the images in the first turn) are synchronous, on the `hf` engine, and scored by reward
-functions and the tools' environment."""
+multi-turn with `--tools`, the images in the first turn; synchronous or `--async_rollout`) run on the `hf` engine and
+Ray generators, scored by reward functions and the tools' environment."""
 
 
 def check_model_kind(args: argparse.Namespace) -> None:
@@ -282,8 +282,8 @@ def check_model_kind(args: argparse.Namespace) -> None:
     for name, blocked in (VISION_GRPO_BLOCKERS.items() if command == "grpo" else ()):
         value = getattr(args, name, None)
         if value and (blocked is True or value == blocked):
-            raise CoatiUsageError(f"--{name}: GRPO on a vision-language model runs synchronous rollouts (single-turn, "
-                                  "or with --tools) on the hf engine, scored by reward functions; leave it out")
+            raise CoatiUsageError(f"--{name}: GRPO on a vision-language model generates on the hf engine (and its Ray "
+                                  "generators), scored by reward functions and tools; leave it out")
 
 
 def preflight(args: argparse.Namespace) -> None:

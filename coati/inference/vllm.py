@@ -365,8 +365,12 @@ class VLLMPool(BatchingPool):
         self.servers[index] = fresh
 
     # ---- generation --------------------------------------------------------------------------------
-    async def _generate_batch(self, index: int, requests: List[Tuple[List[int], int]], config: Any) -> List[Any]:
-        """One engine call on server `index` (in its worker thread, behind the loads queued before it)."""
+    async def _generate_batch(self, index: int, requests: List[Tuple[List[int], int]], config: Any,
+                              images: Optional[List[Any]] = None) -> List[Any]:
+        """One engine call on server `index` (in its worker thread, behind the loads queued before it); image inputs
+        are refused (vision-language policies generate on the `hf` engine)."""
+        if images is not None:
+            raise ValueError("the vLLM pool takes no image inputs: a vision-language policy generates on the hf engine")
         message = {"op": "generate", "prompts": [prompt for prompt, _ in requests], "n": [n for _, n in requests],
                    "sampling": {**asdict(config), "stop_token_ids": list(config.stop_token_ids or self.stop_token_ids)}}
         start = time.perf_counter()

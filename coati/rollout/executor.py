@@ -61,12 +61,14 @@ class PromptRow(dict):
 class PromptStream:
     """Rows of a prompt dataset in a seeded order, reshuffled every epoch, with a position a checkpoint
     restores (`state`, `restore`); rows to hand out again first (`replay`: the prompts a killed run had handed out
-    and not trained on)."""
+    and not trained on). `collate` makes each row what workflows take, as the synchronous prompt loader's does
+    (`PromptRows`: the prompt cut to `max_length`, a vision-language prompt's image inputs made)."""
 
-    def __init__(self, dataset: Sequence[Dict[str, Any]], seed: int) -> None:
+    def __init__(self, dataset: Sequence[Dict[str, Any]], seed: int,
+                 collate: Callable[[List[Dict[str, Any]]], List[Dict[str, Any]]] = list) -> None:
         if len(dataset) == 0:
             raise ValueError("the prompt dataset is empty")
-        self.dataset, self.seed = dataset, seed
+        self.dataset, self.seed, self.collate = dataset, seed, collate
         self.epoch, self.index = 0, 0
         self._order: Optional[torch.Tensor] = None
         self._replay: Deque[PromptId] = deque()
@@ -83,7 +85,7 @@ class PromptStream:
         return row
 
     def row(self, prompt_id: PromptId) -> PromptRow:
-        return PromptRow(self.dataset[prompt_id[1]], prompt_id)
+        return PromptRow(self.collate([self.dataset[prompt_id[1]]])[0], prompt_id)
 
     def replay(self, prompt_ids: Iterable[Sequence[int]]) -> None:
         """Hand out these prompts (in this order) before any further one."""

@@ -12,7 +12,7 @@ import torch
 from coati.models.generation import HFEngine
 from coati.config import SamplingConfig
 
-from .pool import Completions, RolloutPool, generate_requests
+from .pool import Completions, ImageInputs, RolloutPool, generate_requests, requests_images
 from .probe import ProbeCheck
 from .workflow import RolloutWorkflow, Trajectory
 
@@ -24,7 +24,7 @@ class _Request:
     n: int
     seat: Optional[int]
     future: asyncio.Future
-    image_inputs: Optional[Dict[str, torch.Tensor]] = None
+    image_inputs: Optional[ImageInputs] = None
 
 
 class LocalPool(RolloutPool):
@@ -63,9 +63,8 @@ class LocalPool(RolloutPool):
 
     async def agenerate(self, prompt_ids: List[int], config: SamplingConfig, n: int,
                         session: Optional[str] = None, seat: Optional[int] = None,
-                        image_inputs: Optional[Dict[str, torch.Tensor]] = None) -> Completions:
-        """As `RolloutPool.agenerate`; `image_inputs`, a vision-language prompt's (the training model's own engine is
-        the one pool that takes images)."""
+                        image_inputs: Optional[ImageInputs] = None) -> Completions:
+        """As `RolloutPool.agenerate`."""
         future = asyncio.get_running_loop().create_future()
         self._pending.append(_Request(list(prompt_ids), config, n, seat, future, image_inputs))
         self._flush_when_all_asked()
@@ -92,9 +91,8 @@ class LocalPool(RolloutPool):
             batch = [r for r in pending if r.config == config]
             pending = [r for r in pending if r.config != config]
             try:
-                images = [r.image_inputs or {} for r in batch] if any(r.image_inputs for r in batch) else None
                 results = generate_requests(self.engine, [(r.prompt_ids, r.n) for r in batch], config, self.version,
-                                            images=images)
+                                            images=requests_images([r.image_inputs for r in batch]))
             except Exception as error:   # the awaiting episodes raise it
                 for request in batch:
                     request.future.set_exception(error)

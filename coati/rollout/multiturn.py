@@ -24,7 +24,7 @@ from coati.experience.scorer import Scorer
 from .chat import ChatTokens
 from .pool import Completions, RolloutPool
 from .environment import ERROR_KINDS, Environment, Message
-from .workflow import RolloutWorkflow, Trajectory, scored
+from .workflow import RolloutWorkflow, Trajectory, prompt_images, scored
 
 ENDINGS = ("answer", "max_turns", "max_total_tokens", "truncated")
 """How an episode ends: an answer without a tool call (or a turn ended by a stop token that closes no turn, such as
@@ -90,7 +90,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
             environment.reset(sample)
         tools = environments[0].tools()
         prompt = self.chat.prompt_ids(messages, tools, sample.get(IMAGES) or ())
-        images = {IMAGE_INPUTS: sample[IMAGE_INPUTS]} if sample.get(IMAGE_INPUTS) else {}   # every turn sees them
+        images = prompt_images(sample)   # every turn is generated with them
         session = uuid.uuid4().hex   # every turn of the group on one copy of the model, which caches the prompt
         first = await pool.agenerate(prompt, self._turn_sampling(0), self.num_generations, session, **images)
         seats = [pool.take_seat() for _ in range(self.num_generations)]   # before any episode's tools run
@@ -156,7 +156,7 @@ async def assemble(scorer: Scorer, sample: Dict[str, Any], messages: List[Messag
     reported = all(e.logprobs is not None for e in episodes)
     samples = [RolloutSample(prompt, e.ids, e.sampled, e.logprobs if reported else None,
                              [v if v >= 0 else version for v in e.versions], tuple(e.turn_starts), stats=e.stats(endings),
-                             image_inputs=sample.get(IMAGE_INPUTS) or {})
+                             image_inputs=prompt_images(sample).get(IMAGE_INPUTS, {}))
                for prompt, e in zip(prompts, episodes)]
     fields = {k: [v] * n for k, v in sample.items() if k not in PROMPT_FIELDS}
     total, components = await scorer.ascore([scorer.decode(p) for p in prompts], [e.final_text for e in episodes],

@@ -21,10 +21,13 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple
 import torch
 
 from coati.models.generation import HFEngine
+from coati.models.vision import auto_model_class
 from coati.config import SamplingConfig
 
 from .probe import ProbeCheck, SyncProbe
 
+ImageInputs = Dict[str, torch.Tensor]
+"""A vision-language prompt's image inputs, as `ImageProcessing.pixel_inputs` makes them."""
 MAX_SESSIONS = 4096
 """Sessions a pool remembers the generator of (a conversation's turns go to one generator)."""
 
@@ -75,10 +78,13 @@ class RolloutPool(ABC):
 
     @abstractmethod
     async def agenerate(self, prompt_ids: List[int], config: SamplingConfig, n: int,
-                        session: Optional[str] = None, seat: Optional[int] = None) -> Completions:
+                        session: Optional[str] = None, seat: Optional[int] = None,
+                        image_inputs: Optional[ImageInputs] = None) -> Completions:
         """`n` completions of one unpadded prompt. Requests that name the same `session` (the turns of one
         conversation) go to the same copy of the model where the pool holds several, so its prefix cache holds
-        the conversation. `seat` is the asking conversation's seat (`take_seat`), if it holds one."""
+        the conversation. `seat` is the asking conversation's seat (`take_seat`), if it holds one. `image_inputs`:
+        a vision-language prompt's (`ImageProcessing.pixel_inputs`); a pool whose engine takes no images refuses
+        them."""
 
     def take_seat(self) -> Optional[int]:
         """A seat for a conversation that will ask for further turns after work of its own (tool calls). A pool
@@ -123,10 +129,15 @@ def all_of(futures: Sequence["Future[Any]"]) -> "Future[List[Any]]":
     return combined
 
 
+def requests_images(image_inputs: Sequence[Optional[ImageInputs]]) -> Optional[List[ImageInputs]]:
+    """Each of a batch's requests' image inputs ({} for a request without), or None where no request has any."""
+    return [inputs or {} for inputs in image_inputs] if any(image_inputs) else None
+
+
 @torch.no_grad()
 def generate_requests(engine: HFEngine, requests: Sequence[Tuple[List[int], int]], config: SamplingConfig,
                       version: int, logprobs: bool = False,
-                      images: Optional[Sequence[Dict[str, torch.Tensor]]] = None) -> List[Completions]:
+                      images: Optional[Sequence[ImageInputs]] = None) -> List[Completions]:
     """Completions for several (prompt, n) requests in one batched generation (prompts left-padded for the engine, each
     completion handed back unpadded), marked as made by weights `version`; with `logprobs`, their tokens' log-probs
     under the generating weights (else None); `images`, each request's image inputs (a vision-language model's)."""
@@ -149,23 +160,24 @@ def generate_requests(engine: HFEngine, requests: Sequence[Tuple[List[int], int]
 
 
 class GeneratorWorker:
-    """What runs inside one Ray actor: an HF causal LM loaded from `model_path`, generating with `HFEngine`."""
+    """What runs inside one Ray actor: the HF model loaded from `model_path` with its LM head (a causal LM, or a
+    vision-language model, which generates from image inputs too), generating with `HFEngine`."""
 
     def __init__(self, model_path: str, pad_token_id: int, stop_token_ids: Sequence[int], seed: int, threads: int) -> None:
-        from transformers import AutoModelForCausalLM
-
         torch.set_num_threads(threads)
         torch.manual_seed(seed)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path).eval()
+        self.model = auto_model_class(model_path).from_pretrained(model_path).eval()
         self.engine = HFEngine(self.model, pad_token_id, stop_token_ids)
         self.version = 0
 
     def generate(self, prompt_ids: List[int], config: SamplingConfig, n: int) -> Completions:
         return self.generate_many([(prompt_ids, n)], config)[0]
 
-    def generate_many(self, requests: List[Tuple[List[int], int]], config: SamplingConfig) -> List[Completions]:
-        """Completions for several (prompt, n) requests in one batched generation, with their log-probs."""
-        return generate_requests(self.engine, requests, config, self.version, logprobs=True)
+    def generate_many(self, requests: List[Tuple[List[int], int]], config: SamplingConfig,
+                      images: Optional[List[ImageInputs]] = None) -> List[Completions]:
+        """Completions for several (prompt, n) requests in one batched generation, with their log-probs; `images`,
+        each request's image inputs."""
+        return generate_requests(self.engine, requests, config, self.version, logprobs=True, images=images)
 
     def load_weights(self, state_dict: Dict[str, torch.Tensor], version: int) -> int:
         self.model.load_state_dict(state_dict)
@@ -195,6 +207,7 @@ class _Request:
     config: SamplingConfig
     n: int
     future: asyncio.Future
+    image_inputs: Optional[ImageInputs] = None
 
 
 @dataclass
@@ -246,18 +259,19 @@ class BatchingPool(RolloutPool):
         self._sessions: "OrderedDict[str, int]" = OrderedDict()
 
     async def agenerate(self, prompt_ids: List[int], config: SamplingConfig, n: int,
-                        session: Optional[str] = None, seat: Optional[int] = None) -> Completions:
+                        session: Optional[str] = None, seat: Optional[int] = None,
+                        image_inputs: Optional[ImageInputs] = None) -> Completions:
         if 0 < self.chunk_tokens < config.max_new_tokens:
-            return await self._in_chunks(list(prompt_ids), config, n, session)
-        return await self._queued(list(prompt_ids), config, n, session)
+            return await self._in_chunks(list(prompt_ids), config, n, session, image_inputs)
+        return await self._queued(list(prompt_ids), config, n, session, image_inputs)
 
-    async def _in_chunks(self, prompt: List[int], config: SamplingConfig, n: int,
-                         session: Optional[str]) -> Completions:
+    async def _in_chunks(self, prompt: List[int], config: SamplingConfig, n: int, session: Optional[str],
+                         image_inputs: Optional[ImageInputs]) -> Completions:
         """`n` completions of `prompt`, `chunk_tokens` at a time: the first chunk as one request of n, then each
         unfinished completion's next chunk from its own tokens so far (one request each, batched together)."""
         stops = set(config.stop_token_ids or self.stop_token_ids)
         parts = [_Partial() for _ in range(n)]
-        first = await self._queued(prompt, replace(config, max_new_tokens=self.chunk_tokens), n, session)
+        first = await self._queued(prompt, replace(config, max_new_tokens=self.chunk_tokens), n, session, image_inputs)
         for row, part in enumerate(parts):
             part.extend(first, row, self.chunk_tokens)
         while True:
@@ -266,16 +280,16 @@ class BatchingPool(RolloutPool):
                 return _joined(parts)
             asks = [min(self.chunk_tokens, config.max_new_tokens - len(part.tokens)) for part in open_parts]
             outs = await asyncio.gather(*(self._queued(prompt + part.tokens, replace(config, max_new_tokens=ask), 1,
-                                                       session) for part, ask in zip(open_parts, asks)))
+                                                       session, image_inputs) for part, ask in zip(open_parts, asks)))
             for part, out, ask in zip(open_parts, outs, asks):
                 part.extend(out, 0, ask)
 
-    async def _queued(self, prompt_ids: List[int], config: SamplingConfig, n: int,
-                      session: Optional[str]) -> Completions:
+    async def _queued(self, prompt_ids: List[int], config: SamplingConfig, n: int, session: Optional[str],
+                      image_inputs: Optional[ImageInputs] = None) -> Completions:
         """One request, queued for its generator's dispatcher."""
         index = self._generator_for(session)
         loop = asyncio.get_running_loop()
-        request = _Request(list(prompt_ids), config, n, loop.create_future())
+        request = _Request(list(prompt_ids), config, n, loop.create_future(), image_inputs)
         self._queues[index].append(request)
         dispatcher = self._dispatchers[index]
         if dispatcher is None or dispatcher.done():   # a dispatcher cancelled before its first step is done too
@@ -305,7 +319,8 @@ class BatchingPool(RolloutPool):
             config = queue[0].config
             batch = [r for r in queue if r.config == config]
             try:
-                results = await self._generate_batch(index, [(r.prompt_ids, r.n) for r in batch], config)
+                results = await self._generate_batch(index, [(r.prompt_ids, r.n) for r in batch], config,
+                                                     requests_images([r.image_inputs for r in batch]))
             except Exception as error:   # every waiting episode of the batch raises it
                 results = [error] * len(batch)
             for request, result in zip(batch, results):
@@ -316,9 +331,10 @@ class BatchingPool(RolloutPool):
                 else:
                     request.future.set_result(result)
 
-    async def _generate_batch(self, index: int, requests: List[Tuple[List[int], int]],
-                              config: SamplingConfig) -> List[Completions]:
-        """Generator `index`'s completions of (prompt, n) `requests`, in order."""
+    async def _generate_batch(self, index: int, requests: List[Tuple[List[int], int]], config: SamplingConfig,
+                              images: Optional[List[ImageInputs]] = None) -> List[Completions]:
+        """Generator `index`'s completions of (prompt, n) `requests`, in order; `images`, each request's image
+        inputs (None: none has any)."""
         raise NotImplementedError
 
 
@@ -352,14 +368,14 @@ class GeneratorPool(BatchingPool):
             actor.load_weights.remote(self._weights, self.version)
         return actor
 
-    async def _generate_batch(self, index: int, requests: List[Tuple[List[int], int]],
-                              config: SamplingConfig) -> List[Completions]:
+    async def _generate_batch(self, index: int, requests: List[Tuple[List[int], int]], config: SamplingConfig,
+                              images: Optional[List[ImageInputs]] = None) -> List[Completions]:
         """One batched generation on actor `index`; an actor that died is replaced and the batch sent again."""
         from ray.exceptions import RayActorError
 
         while True:
             try:
-                return await self.actors[index].generate_many.remote(requests, config)
+                return await self.actors[index].generate_many.remote(requests, config, images)
             except RayActorError as error:
                 self._replace(index, error)
 

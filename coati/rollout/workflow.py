@@ -10,6 +10,7 @@ import torch
 
 from coati.config import SamplingConfig
 from coati.dataset.collators import IMAGE_INPUTS, PROMPT_FIELDS
+from coati.dataset.vision import IMAGES
 from coati.experience.experience import RolloutSample, per_name
 from coati.experience.scorer import Scorer, Scores
 
@@ -61,6 +62,16 @@ def scored(samples: Sequence[RolloutSample], prompts: Sequence[Any], completions
                             for i, (s, p, c, r) in enumerate(zip(samples, prompts, completions, total))), version)
 
 
+def prompt_images(sample: Dict[str, Any]) -> Dict[str, Any]:
+    """A prompt row's image inputs as a pool request takes them (`{"image_inputs": ...}`; {} for a text prompt). A
+    row with images but no image inputs (not made by `PromptRows` with the model's processor) is refused: its image
+    tokens would be read as text."""
+    if sample.get(IMAGES) and not sample.get(IMAGE_INPUTS):
+        raise ValueError("a prompt row with images reached a rollout without its image inputs; make prompt rows with "
+                         "coati.dataset.collators.PromptRows(images=ImageProcessing.load(...))")
+    return {IMAGE_INPUTS: sample[IMAGE_INPUTS]} if sample.get(IMAGE_INPUTS) else {}
+
+
 class RolloutWorkflow(ABC):
     """Subclass and implement `arun_episode`; the executor runs many at once. A workflow samples with `sampling`,
     `num_generations` samples per prompt, so that held-out evaluation can run it greedily (`resampled`)."""
@@ -88,9 +99,10 @@ class RLVRWorkflow(RolloutWorkflow):
         self.scorer, self.sampling, self.num_generations = scorer, sampling, num_generations
 
     async def arun_episode(self, pool: RolloutPool, sample: Dict[str, Any]) -> Optional[Trajectory]:
-        n, prompt_ids, images = self.num_generations, list(sample["input_ids"]), sample.get(IMAGE_INPUTS)
-        out = await pool.agenerate(prompt_ids, self.sampling, n, **({IMAGE_INPUTS: images} if images else {}))
-        samples = [RolloutSample(prompt_ids, ids, [True] * len(ids), logprobs, versions, image_inputs=images or {})
+        n, prompt_ids, images = self.num_generations, list(sample["input_ids"]), prompt_images(sample)
+        out = await pool.agenerate(prompt_ids, self.sampling, n, **images)
+        samples = [RolloutSample(prompt_ids, ids, [True] * len(ids), logprobs, versions,
+                                 image_inputs=images.get(IMAGE_INPUTS, {}))
                    for ids, logprobs, versions in out.rows]
         prompts = [self.scorer.decode(prompt_ids)] * n
         completions = [self.scorer.decode(s.completion_ids) for s in samples]

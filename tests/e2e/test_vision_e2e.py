@@ -1,7 +1,7 @@
 """Vision-language models trained from TRL-style image rows by two torchrun processes: SFT (Qwen2.5-VL), DPO (LLaVA,
 LoRA on the language model, the vision tower frozen) and GRPO (Qwen2.5-VL, image prompts on the hf engine, with and
-without tools) train, checkpoint, resume exactly and export a folder that transformers loads with its processor; what
-cannot work is refused in one line before anything loads."""
+without tools, synchronous and asynchronous) train, checkpoint, resume exactly and export a folder that transformers
+loads with its processor; what cannot work is refused in one line before anything loads."""
 import json
 import shutil
 from pathlib import Path
@@ -88,20 +88,31 @@ def test_vision_grpo_trains_on_image_prompts_and_resumes_exactly(vision_assets, 
     assert AutoProcessor.from_pretrained(tmp_path / "full" / "final" / "model").image_processor is not None
 
 
+ASYNC = ("--async_rollout", "--max_staleness", "1", "--partial_rollout_tokens", "3")
+
+
 @pytest.mark.slow
-def test_vision_grpo_with_tools_runs_tool_episodes_on_image_prompts(vision_assets, tmp_path):
+@pytest.mark.parametrize("mode", [(), ASYNC], ids=["synchronous", "asynchronous"])
+def test_vision_grpo_with_tools_runs_tool_episodes_on_image_prompts(vision_assets, tmp_path, mode):
     """`--tools` on a vision-language model: the prompts rendered with the tools and their images train under
-    torchrun, the episodes logged as multi-turn ones."""
+    torchrun, the episodes logged as multi-turn ones; asynchronously, Ray generators make them in partial chunks,
+    within the staleness bound."""
     args = ["--pretrain", str(vision_assets["qwen2_5_vl"]), "--prompt_dataset", str(vision_assets["prompt"]),
-            "--reward_fn", "math_answer", "--tools", "calculator", "--max_turns", "3", "--num_episodes", "2",
+            "--reward_fn", "math_answer", "--tools", "calculator", "--max_turns", "3", "--num_episodes", "3",
             "--batch_size", "2", "--num_generations", "4", "--max_new_tokens", "6", "--log_dir", str(tmp_path / "logs"),
-            "--prepared_cache_dir", str(tmp_path / "cache")]
+            "--prepared_cache_dir", str(tmp_path / "cache"), *mode]
     result = torchrun(SCRIPTS / "train_grpo.py", 2, *args)
     assert result.returncode == 0, result.stderr[-4000:]
     records = train_records(tmp_path / "logs")
-    assert [r["step"] for r in records] == [1, 2]
+    assert [r["step"] for r in records] == [1, 2, 3]
     for record in records:
         assert 1 <= record["train/rollout/turns"] <= 3 and record["train/rollout/sampled_tokens"] > 0
+    if mode:
+        assert all(r["train/rollout/staleness@token/max"] <= 1 for r in records)
+        assert records[0]["train/rollout/staleness@token/max"] == 0
+        # the generators' log-probs are those of the distribution they sample, without the image tokens and markers:
+        # the tiny random model puts about 1 % of its mass there
+        assert 0.95 < records[0]["train/behaviour_ratio/min"] <= records[0]["train/behaviour_ratio/max"] <= 1.0 + 1e-5
 
 
 def test_what_cannot_work_with_images_is_refused_in_one_line(vision_assets, tiny_assets, tmp_path):
@@ -113,7 +124,8 @@ def test_what_cannot_work_with_images_is_refused_in_one_line(vision_assets, tiny
         (["ppo", "--pretrain", qwen, "--prompt_dataset", str(vision_assets["prompt"]), "--reward_fn", "math_answer",
           *cache], f"error: --pretrain {qwen} is a vision-language model: coati ppo does not train one yet"),
         (["grpo", "--pretrain", qwen, "--prompt_dataset", str(vision_assets["prompt"]), "--reward_fn", "math_answer",
-          "--async_rollout", *cache], "error: --async_rollout: GRPO on a vision-language model runs synchronous"),
+          "--rollout_backend", "vllm", *cache], "error: --rollout_backend: GRPO on a vision-language model generates "
+         "on the hf engine"),
         (["rm", "--pretrain", qwen, "--dataset", str(vision_assets["preference"]), *cache],
          f"error: --pretrain {qwen} is a vision-language model: coati rm does not train one yet"),
         (["sft", "--pretrain", str(tiny_assets["model"]), "--dataset", str(tiny_assets["sft_train"]),

@@ -230,3 +230,48 @@ def test_a_tool_episode_on_an_image_prompt_generates_and_trains_every_turn_with_
     assert mask.sum() == 3 * len(samples)
     assert torch.allclose(ours[mask], theirs[mask], atol=1e-5)
     assert not torch.allclose(ours[mask], blind[mask], atol=1e-3)
+
+
+def test_ray_generators_generate_from_image_prompts_whole_and_in_partial_chunks(vision_assets, tmp_path):
+    """Asynchronous GRPO's Ray generators load the vision-language model and generate from each request's pixels:
+    greedy tokens, in one piece and in partial-rollout chunks, equal transformers' `generate` with the pixels (and
+    differ from it without them)."""
+    import asyncio
+
+    import ray
+
+    from coati.config import SamplingConfig
+    from coati.dataset.collators import IMAGE_INPUTS, PromptRows
+    from coati.rollout import GeneratorPool
+
+    images = ImageProcessing.load(str(vision_assets["qwen2_5_vl"]), load_tokenizer(str(vision_assets["qwen2_5_vl"])))
+    tokenizer = images.processor.tokenizer
+    prepare_dataset([vision_assets["prompt"]], "prompt", tokenizer, 256, tmp_path / "prompts", images=images)
+    row = PromptRows(images=images)(list(load_from_disk(str(tmp_path / "prompts")))[:1])[0]
+    model = AutoModelForImageTextToText.from_pretrained(vision_assets["qwen2_5_vl"]).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():   # weights that read the image
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.normal_(0, 0.5)
+    ids = torch.tensor([row["input_ids"]])
+
+    def transformers_greedy(**pixels):
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **pixels, max_new_tokens=6,
+                             do_sample=False, eos_token_id=None, pad_token_id=tokenizer.pad_token_id)
+        return out[0, ids.size(1):].tolist()
+
+    with torch.no_grad():
+        expected = transformers_greedy(**row[IMAGE_INPUTS])
+        assert expected != transformers_greedy()
+    pool = GeneratorPool(str(vision_assets["qwen2_5_vl"]), tokenizer.pad_token_id, [], num_generators=1)
+    try:
+        pool.publish(model.state_dict(), 1).result(timeout=120)
+        greedy = SamplingConfig(max_new_tokens=6, do_sample=False)
+        whole = asyncio.run(pool.agenerate(row["input_ids"], greedy, 1, image_inputs=row[IMAGE_INPUTS]))
+        pool.chunk_tokens = 2
+        chunked = asyncio.run(pool.agenerate(row["input_ids"], greedy, 1, image_inputs=row[IMAGE_INPUTS]))
+    finally:
+        pool.shutdown()
+        ray.shutdown()
+    assert whole.rows[0].token_ids == expected and chunked.rows[0].token_ids == expected

@@ -340,7 +340,7 @@ class _Routed(BatchingPool):
     def __init__(self, count):
         self._start_queues(count)
 
-    async def _generate_batch(self, index, requests, config):
+    async def _generate_batch(self, index, requests, config, images=None):
         await asyncio.sleep(0.01)
         return [index] * len(requests)
 
