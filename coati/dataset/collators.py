@@ -209,8 +209,8 @@ class PromptRows:
     """Prompt rows as rollout workflows take them, unpadded: `input_ids` (`max_length` keeps a prompt's end), with
     `images`, a vision-language model's processor, the row's `IMAGE_INPUTS` and its `IMAGES` (a multi-turn episode
     renders its prompt again; a prompt with images is never cut: one longer than `max_length` is refused), and the
-    row's other fields (ground truth for a reward function). The
-    on-policy trainers' prompt loaders collate with it: nothing is padded before generation pads what it batches."""
+    row's other fields (ground truth for a reward function). The on-policy trainers' prompt loaders and the
+    asynchronous prompt stream collate with it: nothing is padded before generation pads what it batches."""
 
     def __init__(self, max_length: int = 0, images: Optional[ImageProcessing] = None) -> None:
         self.max_length, self.images = max_length, images
