@@ -175,3 +175,30 @@ def test_vision_trainer_on_plugin_trains_and_resumes(trainer, plugin, vision_ass
     resumed = run(tmp_path / "resumed", "--checkpoint_path", str(tmp_path / "full" / "ckpt" / "epoch-0_step-4"))
     assert [r["step"] for r in resumed] == list(range(5, 9))
     assert resumed[0]["train/loss"] == pytest.approx(records[4]["train/loss"], rel=2e-2)
+
+
+VISION_GRPO = {"single_turn": (), "tools": ("--tools", "calculator", "--max_turns", "2"),
+               "async": ("--async_rollout", "--max_staleness", "1", "--partial_rollout_tokens", "3")}
+"""GRPO on image prompts, by how its rollouts run -> its flags."""
+
+
+@pytest.mark.parametrize("plugin", ["ddp", "zero2"])
+@pytest.mark.parametrize("mode", sorted(VISION_GRPO))
+def test_vision_grpo_on_plugin_trains(mode, plugin, vision_assets, tmp_path):
+    """GRPO on image prompts (Qwen2.5-VL, bf16) on one GPU, single-turn, with tools and asynchronously (Ray
+    generators, partial rollouts, where the machine has Ray): four episodes train and export the model with its
+    processor."""
+    if mode == "async":
+        pytest.importorskip("ray")
+    args = ["--pretrain", str(vision_assets["qwen2_5_vl"]), "--prompt_dataset", str(vision_assets["prompt"]),
+            "--reward_fn", "math_answer", "--batch_size", "2", "--num_generations", "4", "--max_new_tokens", "6",
+            "--num_episodes", str(RL_EPISODES), "--lr", "1e-3", "--log_dir", str(tmp_path / "logs"), "--output_dir",
+            str(tmp_path / "final"), "--prepared_cache_dir", str(tmp_path / "cache"), *PLUGIN_FLAGS[plugin],
+            *VISION_GRPO[mode]]
+    result = torchrun(SCRIPTS / "train_grpo.py", 1, *args)
+    assert result.returncode == 0, result.stderr[-6000:]
+    records = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    records = [r for r in records if "train/loss" in r]
+    assert [r["step"] for r in records] == list(range(1, RL_EPISODES + 1))
+    assert all(torch.isfinite(torch.tensor(r["train/loss"])) for r in records)
+    assert (tmp_path / "final" / "model" / "preprocessor_config.json").is_file()

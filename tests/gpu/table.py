@@ -13,7 +13,8 @@ PLUGINS = ("ddp", "zero2", "zero2_cpu", "gemini", "gemini_auto", "3d")
 CHECKS = {"test_trainer_on_plugin_trains_checkpoints_exports_and_resumes": "",
           "test_packed_grpo_on_plugin_trains": "grpo, packed",
           "test_lora_on_plugin_trains_and_exports_the_adapter": "LoRA",
-          "test_vision_trainer_on_plugin_trains_and_resumes": "images"}
+          "test_vision_trainer_on_plugin_trains_and_resumes": "images",
+          "test_vision_grpo_on_plugin_trains": "grpo, images"}
 """Test function -> what its row says beside its parameters ("" for the plain trainer runs)."""
 
 

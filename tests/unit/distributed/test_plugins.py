@@ -123,6 +123,7 @@ def test_the_gpu_check_prints_every_case_in_one_table(tmp_path):
     assert "| sft | skip 41s | FAIL 41s | skip 41s | skip 41s | skip 41s | skip 41s |" in table
     assert "| grpo, LoRA | skip 41s | skip 41s | skip 41s | skip 41s |  | pass 41s |" in table
     assert "| grpo, packed | skip 41s | skip 41s | skip 41s | skip 41s |  | skip 41s |" in table
+    assert "| tools, grpo, images | skip 41s | skip 41s |  |  |  |  |" in table
     assert table[-1] == f"1 pass, 1 FAIL, {len(names) - 2} skip"
 
 
