@@ -22,6 +22,9 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 VOCAB_MULTIPLE = 64
+MODEL_MAX_LENGTH = 2048
+"""The tokenizers' stated context, the trainers' default --max_length: a prompt with the tools' schemas is 544 tokens
+with this vocabulary. The models' rotary positions have no table, so they read beyond `max_position_embeddings`."""
 MODEL_SIZES: Dict[str, Dict[str, int]] = {
     "tiny": dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
     "small": dict(hidden_size=128, intermediate_size=352, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2),
@@ -43,7 +46,7 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int = 384) -> PreTrainedT
     tokenizer.train_from_iterator(corpus, trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=END_OF_TURN, pad_token="<|pad|>",
                                    unk_token="<|unk|>", chat_template=CHAT_TEMPLATE, padding_side="right",
-                                   model_max_length=512)
+                                   model_max_length=MODEL_MAX_LENGTH)
 
 
 def build_tiny_llama(tokenizer: PreTrainedTokenizerFast, size: str = "tiny", seed: int = 0,
@@ -113,7 +116,7 @@ def write_tiny_vl_model(out_dir: Union[str, Path], corpus: Iterable[str], style:
     text = train_tokenizer(corpus, vocab_size)
     tokenizer = Qwen2TokenizerFast(tokenizer_object=text.backend_tokenizer, eos_token=END_OF_TURN, pad_token="<|pad|>",
                                    unk_token="<|unk|>", chat_template=vision_chat_template(style), padding_side="right",
-                                   model_max_length=512)
+                                   model_max_length=MODEL_MAX_LENGTH)
     tokenizer.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in VISION_TOKENS}
     padded_vocab = -(-len(tokenizer) // VOCAB_MULTIPLE) * VOCAB_MULTIPLE

@@ -196,6 +196,7 @@ def start_ray() -> None:
 
     if ray.is_initialized():
         return
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")   # Ray forks after tokenizers ran: each fork would warn
     local = {} if os.environ.get("RAY_ADDRESS") else {"_node_ip_address": "127.0.0.1",
                                                       "_system_config": {"worker_niceness": 0}}
     ray.init(include_dashboard=False, logging_level="WARNING", **local)
