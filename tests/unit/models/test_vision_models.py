@@ -144,7 +144,7 @@ def test_the_engine_generates_from_image_prompts_as_transformers_does(vision_ass
 
 def test_held_out_evaluation_reads_the_prompts_images(vision_assets, tmp_path):
     """`evaluate_model` (the demos' held-out accuracy) loads a vision-language folder with its processor and generates
-    from each prompt with its image."""
+    from each prompt with its image, in single-turn and in tool episodes."""
     from coati.rollout.evaluation import evaluate_model
 
     images = ImageProcessing.load(str(vision_assets["qwen2_5_vl"]), load_tokenizer(str(vision_assets["qwen2_5_vl"])))
@@ -153,6 +153,9 @@ def test_held_out_evaluation_reads_the_prompts_images(vision_assets, tmp_path):
     result = evaluate_model(str(vision_assets["qwen2_5_vl"]), [str(tmp_path / "prompts")], ["math_answer"], 4)
     assert len(result.samples) == 32 and 0 <= result.components["math_answer"] <= 1
     assert all("<|image_pad|>" not in sample["completion"] for sample in result.samples)
+    with_tools = evaluate_model(str(vision_assets["qwen2_5_vl"]), [str(tmp_path / "prompts")], ["math_answer"], 4,
+                                tools=["calculator"], max_turns=2)   # the prompts rendered again with the tools
+    assert len(with_tools.samples) == 32 and "environment" in with_tools.components
 
 
 def test_a_tool_episode_on_an_image_prompt_generates_and_trains_every_turn_with_the_image(vision_assets, tmp_path):
