@@ -239,6 +239,7 @@ class PPORunConfig(OnPolicyRun):
     `--reward_fn` is optional."""
 
     command = "ppo"
+    vision: VisionSettings = section(VisionSettings, "vision-language models")
     rollout: PPOConfig = section(PPOConfig, "rollouts and advantages")
     kl: KLSettings = section(KLSettings, "KL to the reference", defaults={"kl_coef": 0.05})
     reward: RewardSettings = section(RewardSettings, "rewards", defaults={"reward_fn": ()})

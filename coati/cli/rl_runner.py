@@ -34,8 +34,8 @@ from coati.trainer.ppo import CriticParts, PPOTrainer
 from coati.trainer.sources import AsyncRollouts
 
 from .runner import (_require_dir, build_dataloader, build_optimizer, build_scheduler, eval_batch_size, export_dir,
-                     export_model, finished_run, frozen_reference, load_causal_lm, load_images, open_logger,
-                     prepare_model, resolve_checkpoint, resumed_line, start_run, tokenizer_to_save)
+                     export_model, finished_run, freeze_vision_layers, frozen_reference, load_causal_lm, load_images,
+                     open_logger, prepare_model, resolve_checkpoint, resumed_line, start_run, tokenizer_to_save)
 
 from .rl_checks import check_on_policy_flags, check_run
 from .rl_parts import (distillation, health_monitor, kl_controller, policy_loss, ptx_loader, rollout_side, scorer,
@@ -158,6 +158,7 @@ def _build_ppo(args, setup, tokenizer, actor, optimizer, scheduler, engine, refe
         enable_packed_attention(critic)
     if args.grad_checkpoint:
         critic.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    freeze_vision_layers(critic, args)
     critic_optim = build_optimizer(critic, args, lr=args.critic_lr or args.lr)
     critic_scheduler = build_scheduler(critic_optim, args, _total_steps(args))
     critic_setup = build_booster(args._run_config.parallel)

@@ -108,9 +108,7 @@ def prepare_model(model: torch.nn.Module, args: argparse.Namespace, setup: Boost
         enable_packed_attention(model)
     if args.grad_checkpoint:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    vision = settings_from(args, VisionSettings)
-    freeze_unused_vision_layers(model)
-    freeze_vision_parts(model, vision.freeze_vision_tower, vision.freeze_multi_modal_projector)
+    freeze_vision_layers(model, args)
     if args.lora_rank:
         targets = args.lora_target_modules
         if is_vision_model(args.pretrain):
@@ -118,6 +116,14 @@ def prepare_model(model: torch.nn.Module, args: argparse.Namespace, setup: Boost
         model = enable_lora(setup.booster, setup.plugin, args.plugin, model, args.lora_rank, args.lora_alpha,
                             args.lora_dropout, targets, args.lora_bias, args.lora_init)
     return model
+
+
+def freeze_vision_layers(model: torch.nn.Module, args: argparse.Namespace) -> None:
+    """A vision-language model's (the policy's or PPO's critic's) tower layers that nothing reads, and the parts
+    `--freeze_vision_tower` / `--freeze_multi_modal_projector` name, kept as they are; nothing for a text model."""
+    vision = settings_from(args, VisionSettings)
+    freeze_unused_vision_layers(model)
+    freeze_vision_parts(model, vision.freeze_vision_tower, vision.freeze_multi_modal_projector)
 
 
 def export_dir(args: argparse.Namespace) -> Optional[Path]:
@@ -254,17 +260,17 @@ def tokenizer_to_save(tokenizer: PreTrainedTokenizerBase, images: Optional[Image
     return images.processor if images is not None else tokenizer
 
 
-VISION_GRPO_BLOCKERS = {"rollout_backend": "vllm", "agent": True, "teacher_model": True, "prm_pretrain": True,
-                        "rm_pretrain": True}
-"""GRPO settings a vision-language policy cannot take yet (a value, or True for any): its rollouts (single-turn, or
-multi-turn with `--tools`, the images in the first turn; synchronous or `--async_rollout`) run on the `hf` engine and
-Ray generators, scored by reward functions and the tools' environment."""
+VISION_ON_POLICY_BLOCKERS = {"rollout_backend": "vllm", "agent": True, "teacher_model": True, "prm_pretrain": True,
+                             "rm_pretrain": True}
+"""GRPO and PPO settings a vision-language policy cannot take yet (a value, or True for any): its rollouts
+(single-turn, or multi-turn with `--tools`, the images in the first turn; GRPO's also with `--async_rollout`) run on
+the `hf` engine and Ray generators, scored by reward functions and the tools' environment."""
 
 
 def check_model_kind(args: argparse.Namespace) -> None:
     """Before any data is prepared: the vision settings of a text --pretrain, and a vision-language one in trainers
-    that take no images (those whose run config has no vision section) or in GRPO with what its image rollouts
-    lack, are refused in one line."""
+    that take no images (those whose run config has no vision section), in GRPO or PPO with what their image
+    rollouts lack, or with a text critic, are refused in one line."""
     if not is_vision_model(args.pretrain):
         vision = settings_from(args, VisionSettings)
         given = [f"--{name}" for name, value in vars(vision).items() if value]
@@ -275,15 +281,19 @@ def check_model_kind(args: argparse.Namespace) -> None:
     command = args._run_config.command
     if not hasattr(args._run_config, "vision"):
         raise CoatiUsageError(f"--pretrain {args.pretrain} is a vision-language model: coati {command} does not train "
-                              "one yet (coati sft, dpo, orpo and grpo train on image rows)")
+                              "one yet (coati sft, dpo, orpo, grpo and ppo train on image rows)")
     if args.packing:
         raise CoatiUsageError("--packing: rows with images are padded, not packed (a vision-language model's image "
                               "positions are per row); leave --packing out")
-    for name, blocked in (VISION_GRPO_BLOCKERS.items() if command == "grpo" else ()):
+    for name, blocked in (VISION_ON_POLICY_BLOCKERS.items() if command in ("grpo", "ppo") else ()):
         value = getattr(args, name, None)
         if value and (blocked is True or value == blocked):
-            raise CoatiUsageError(f"--{name}: GRPO on a vision-language model generates on the hf engine (and its Ray "
-                                  "generators), scored by reward functions and tools; leave it out")
+            raise CoatiUsageError(f"--{name}: {command.upper()} on a vision-language model generates on the hf engine "
+                                  "(and GRPO's Ray generators), scored by reward functions and tools; leave it out")
+    critic = getattr(args, "critic_pretrain", None)
+    if critic and Path(critic).is_dir() and not is_vision_model(critic):
+        raise CoatiUsageError(f"--critic_pretrain {critic}: the critic of a vision-language policy must read its "
+                              "images; give a vision-language model (default: --pretrain)")
 
 
 def preflight(args: argparse.Namespace) -> None:

@@ -407,7 +407,7 @@ class PPOExperienceMaker(ExperienceMaker):
         e, mask, timing = experience, experience.action_mask, dict(experience.timing)
         with timed(timing, "critic_forward"):
             values = self._per_rows(lambda rows: action_values(self.critic, e.sequences[rows], e.attention_mask[rows],
-                                                               e.prompt_length, packed=e.packed), e) * mask
+                                                               e.prompt_length, e.packed, e.images(rows)), e) * mask
         token_rewards = last_token_rewards(e.rewards, mask)
         if e.step_rewards is not None:
             token_rewards = token_rewards + e.step_rewards

@@ -2,9 +2,11 @@
 
 Stored that way, `from_pretrained` loads any causal LM or reward model as a critic: a reward model's
 `score` head becomes the value head (ColossalChat starts the critic from the reward model), and a
-causal LM gets a new head.
+causal LM gets a new head. A vision-language model, which transformers has no token classifier for, is its
+image-text-to-text model with a one-output head in place of its LM head, so that it reads the images as the policy
+does.
 """
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 import torch
 from transformers import AutoConfig, AutoModelForTokenClassification, PretrainedConfig, PreTrainedModel
@@ -12,10 +14,14 @@ from transformers import AutoConfig, AutoModelForTokenClassification, Pretrained
 from .logprobs import mask_positions
 from .packing import pack_rollouts, shares_prompts
 from .reward_model import from_pretrained_with_head, model_with_head
+from .vision import auto_model_class, is_vision_model, rope_positions
 
 
 def load_critic(path: str, pad_token_id: int, trust_remote_code: bool = False) -> PreTrainedModel:
-    """A critic from `path` (reward model, earlier critic or causal LM), with no dropout on its values."""
+    """A critic from `path` (reward model, earlier critic, causal LM or vision-language model), with no dropout on
+    its values."""
+    if is_vision_model(path):
+        return _vision_critic(path, pad_token_id, trust_remote_code)
     config = AutoConfig.from_pretrained(path, num_labels=1, trust_remote_code=trust_remote_code)
     config.classifier_dropout = 0.0
     model = from_pretrained_with_head(AutoModelForTokenClassification, path, "critic", config=config,
@@ -24,22 +30,41 @@ def load_critic(path: str, pad_token_id: int, trust_remote_code: bool = False) -
     return model
 
 
+def _vision_critic(path: str, pad_token_id: int, trust_remote_code: bool) -> PreTrainedModel:
+    """The vision-language model of `path` with a new one-output value head as its LM head (initialised as HF
+    initialises a token classifier's), untied from the input embeddings."""
+    model = auto_model_class(path).from_pretrained(path, trust_remote_code=trust_remote_code)
+    config = getattr(model.config, "text_config", None) or model.config
+    head = torch.nn.Linear(model.get_output_embeddings().in_features, 1, bias=False)
+    torch.nn.init.normal_(head.weight, std=getattr(config, "initializer_range", 0.02))
+    model.config.tie_word_embeddings = config.tie_word_embeddings = False
+    model.set_output_embeddings(head)
+    model.config.pad_token_id = pad_token_id
+    return model
+
+
 def action_values(critic: torch.nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor,
-                  prompt_length: int, packed: bool = False) -> torch.Tensor:
+                  prompt_length: int, packed: bool = False,
+                  images: Optional[Dict[str, torch.Tensor]] = None) -> torch.Tensor:
     """V(s_t) for each completion token t of `sequences[:, prompt_length:]`: the value read at the token
     before it, so values line up with `action_logps`. (batch, N), float32. `packed`: one forward without padding,
-    each prompt once (`pack_rollouts`; a token classifier takes no row lengths, its rows are told by positions)."""
+    each prompt once (`pack_rollouts`; a token classifier takes no row lengths, its rows are told by positions).
+    `images`: the rows' image inputs, for a vision-language critic (padded rows only)."""
     if packed:
         rollouts = pack_rollouts(sequences, attention_mask, prompt_length, shares_prompts(critic))
         inputs = {name: rollouts.inputs[name] for name in ("input_ids", "position_ids")}
         return rollouts.rows(critic(**inputs).logits[:, rollouts.kept].squeeze(-1)).float()
-    return token_values(critic, sequences, attention_mask)[:, prompt_length - 1:-1].float()
+    return token_values(critic, sequences, attention_mask, images)[:, prompt_length - 1:-1].float()
 
 
-def token_values(critic: torch.nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """The critic's value at every position of left- or right-padded `sequences`, (batch, length)."""
+def token_values(critic: torch.nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor,
+                 images: Optional[Dict[str, torch.Tensor]] = None) -> torch.Tensor:
+    """The critic's value at every position of left- or right-padded `sequences`, (batch, length); with `images`,
+    read with them (at Qwen2-VL's 3-D positions where the critic has them, as `action_logps` reads the policy)."""
+    positions = rope_positions(critic, sequences, attention_mask, images) if images else None
     return critic(input_ids=sequences, attention_mask=attention_mask,
-                  position_ids=mask_positions(attention_mask)).logits.squeeze(-1)
+                  position_ids=mask_positions(attention_mask) if positions is None else positions,
+                  **(images or {})).logits.squeeze(-1)
 
 
 class Critic(torch.nn.Module):

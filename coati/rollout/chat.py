@@ -11,7 +11,8 @@ of the whole conversation, and refuses a template that rewrites history (Qwen3's
 import json
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from coati.dataset.vision import ImageProcessing
+from coati.dataset.collators import IMAGE_INPUTS
+from coati.dataset.vision import IMAGES, ImageProcessing
 from coati.utils.errors import CoatiUsageError
 
 Message = Dict[str, Any]
@@ -80,6 +81,16 @@ class ChatTokens:
         stops = ", ".join(repr(self.tokenizer.decode([s])) for s in self.stop_ids)
         raise CoatiUsageError(f"{self.template_name} closes an assistant turn with {self.closing[:20]!r}, but generation "
                               f"stops only at {stops}; add the turn's end token to the stop tokens")
+
+
+def prompt_images(sample: Dict[str, Any]) -> Dict[str, Any]:
+    """A prompt row's image inputs as a pool request takes them (`{"image_inputs": ...}`; {} for a text prompt). A
+    row with images but no image inputs (not made by `PromptRows` with the model's processor) is refused: its image
+    tokens would be read as text."""
+    if sample.get(IMAGES) and not sample.get(IMAGE_INPUTS):
+        raise ValueError("a prompt row with images reached a rollout without its image inputs; make prompt rows with "
+                         "coati.dataset.collators.PromptRows(images=ImageProcessing.load(...))")
+    return {IMAGE_INPUTS: sample[IMAGE_INPUTS]} if sample.get(IMAGE_INPUTS) else {}
 
 
 def check_tools_rendered(chat: ChatTokens) -> None:

@@ -21,10 +21,10 @@ from coati.dataset.vision import IMAGES
 from coati.experience.experience import RolloutSample
 from coati.experience.scorer import Scorer
 
-from .chat import ChatTokens
+from .chat import ChatTokens, prompt_images
 from .pool import Completions, RolloutPool
 from .environment import ERROR_KINDS, Environment, Message
-from .workflow import RolloutWorkflow, Trajectory, prompt_images, scored
+from .workflow import RolloutWorkflow, Trajectory, scored
 
 ENDINGS = ("answer", "max_turns", "max_total_tokens", "truncated")
 """How an episode ends: an answer without a tool call (or a turn ended by a stop token that closes no turn, such as

@@ -10,10 +10,10 @@ import torch
 
 from coati.config import SamplingConfig
 from coati.dataset.collators import IMAGE_INPUTS, PROMPT_FIELDS
-from coati.dataset.vision import IMAGES
 from coati.experience.experience import RolloutSample, per_name
 from coati.experience.scorer import Scorer, Scores
 
+from .chat import prompt_images
 from .pool import RolloutPool
 
 
@@ -60,16 +60,6 @@ def scored(samples: Sequence[RolloutSample], prompts: Sequence[Any], completions
     return Trajectory(tuple(dataclasses.replace(s, prompt=p, completion=c, reward=float(r),
                                                 reward_components={name: v[i] for name, v in components.items()})
                             for i, (s, p, c, r) in enumerate(zip(samples, prompts, completions, total))), version)
-
-
-def prompt_images(sample: Dict[str, Any]) -> Dict[str, Any]:
-    """A prompt row's image inputs as a pool request takes them (`{"image_inputs": ...}`; {} for a text prompt). A
-    row with images but no image inputs (not made by `PromptRows` with the model's processor) is refused: its image
-    tokens would be read as text."""
-    if sample.get(IMAGES) and not sample.get(IMAGE_INPUTS):
-        raise ValueError("a prompt row with images reached a rollout without its image inputs; make prompt rows with "
-                         "coati.dataset.collators.PromptRows(images=ImageProcessing.load(...))")
-    return {IMAGE_INPUTS: sample[IMAGE_INPUTS]} if sample.get(IMAGE_INPUTS) else {}
 
 
 class RolloutWorkflow(ABC):

@@ -300,7 +300,7 @@ class CriticUpdate:
         gradient norm, and this micro-batch's time."""
         start, mask = time.perf_counter(), experience.action_mask
         values = action_values(self.model, experience.sequences, experience.attention_mask, experience.prompt_length,
-                               experience.packed)
+                               experience.packed, experience.images())
         loss = self.value_loss(values, experience.values, experience.returns - experience.values, mask)
         record = {"loss/value": (loss.item(), 1),
                   "explained_variance": (explained_variance(values.detach(), experience.returns, mask), 1),

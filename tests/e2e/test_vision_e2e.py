@@ -1,7 +1,8 @@
 """Vision-language models trained from TRL-style image rows by two torchrun processes: SFT (Qwen2.5-VL), DPO (LLaVA,
-LoRA on the language model, the vision tower frozen) and GRPO (Qwen2.5-VL, image prompts on the hf engine, with and
-without tools, synchronous and asynchronous) train, checkpoint, resume exactly and export a folder that transformers
-loads with its processor; what cannot work is refused in one line before anything loads."""
+LoRA on the language model, the vision tower frozen), GRPO (Qwen2.5-VL, image prompts on the hf engine, with and
+without tools, synchronous and asynchronous) and PPO (a critic that reads the images) train, checkpoint, resume
+exactly and export a folder that transformers loads with its processor; what cannot work is refused in one line
+before anything loads."""
 import json
 import shutil
 from pathlib import Path
@@ -66,26 +67,42 @@ def test_vision_dpo_with_lora_on_the_language_model_resumes_exactly(vision_asset
                            start.language_model.model.layers[0].self_attn.q_proj.weight)
 
 
-@pytest.mark.slow
-def test_vision_grpo_trains_on_image_prompts_and_resumes_exactly(vision_assets, tmp_path):
-    def grpo(out: Path, *extra: str):
+def _on_policy_resumes_exactly(script: str, vision_assets, tmp_path: Path, *extra: str) -> list:
+    """Four episodes of `script` on the image prompts, then the run resumed from its step-2 checkpoint logging the
+    same records; the export carries the processor. The full run's records."""
+    def run(out: Path, *more: str):
         args = ["--pretrain", str(vision_assets["qwen2_5_vl"]), "--prompt_dataset", str(vision_assets["prompt"]),
                 "--reward_fn", "math_answer", "answer_format", "--num_episodes", "4", "--batch_size", "2",
-                "--num_generations", "4", "--max_new_tokens", "6", "--kl_coef", "0.05", "--save_interval", "2",
-                "--save_dir", str(out / "ckpt"), "--log_dir", str(out / "logs"), "--output_dir", str(out / "final"),
-                "--prepared_cache_dir", str(tmp_path / "cache"), *extra]
-        result = torchrun(SCRIPTS / "train_grpo.py", 2, *args)
+                "--max_new_tokens", "6", "--save_interval", "2", "--save_dir", str(out / "ckpt"), "--log_dir",
+                str(out / "logs"), "--output_dir", str(out / "final"), "--prepared_cache_dir", str(tmp_path / "cache"),
+                *extra, *more]
+        result = torchrun(SCRIPTS / script, 2, *args)
         assert result.returncode == 0, result.stderr[-4000:]
         return result
 
-    grpo(tmp_path / "full")
+    run(tmp_path / "full")
     records = train_records(tmp_path / "full" / "logs")
     assert [r["step"] for r in records] == [1, 2, 3, 4]
-    assert records[0]["train/kl"] == 0   # policy and reference read the same pixels: the same log-probs before any update
-    result = grpo(tmp_path / "resumed", "--checkpoint_path", str(tmp_path / "full" / "ckpt" / "epoch-0_step-2"))
+    result = run(tmp_path / "resumed", "--checkpoint_path", str(tmp_path / "full" / "ckpt" / "epoch-0_step-2"))
     assert "resumed from" in result.stdout
     assert_same_records(train_records(tmp_path / "resumed" / "logs"), records[2:], rel=1e-5)
     assert AutoProcessor.from_pretrained(tmp_path / "full" / "final" / "model").image_processor is not None
+    return records
+
+
+@pytest.mark.slow
+def test_vision_grpo_trains_on_image_prompts_and_resumes_exactly(vision_assets, tmp_path):
+    records = _on_policy_resumes_exactly("train_grpo.py", vision_assets, tmp_path, "--num_generations", "4",
+                                         "--kl_coef", "0.05")
+    assert records[0]["train/kl"] == 0   # policy and reference read the same pixels: the same log-probs before any update
+
+
+@pytest.mark.slow
+def test_vision_ppo_trains_a_critic_that_reads_the_images_and_resumes_exactly(vision_assets, tmp_path):
+    """PPO on image prompts: the critic (the policy's image-text model with a value head) reads the same pixels as
+    the policy and trains beside it."""
+    records = _on_policy_resumes_exactly("train_ppo.py", vision_assets, tmp_path)
+    assert all(r["train/loss/value"] > 0 for r in records) and records[0]["train/kl"] == 0
 
 
 ASYNC = ("--async_rollout", "--max_staleness", "1", "--partial_rollout_tokens", "3")
@@ -122,7 +139,8 @@ def test_what_cannot_work_with_images_is_refused_in_one_line(vision_assets, tiny
         (["sft", "--pretrain", qwen, "--dataset", sft, "--packing", *cache],
          "error: --packing: rows with images are padded, not packed"),
         (["ppo", "--pretrain", qwen, "--prompt_dataset", str(vision_assets["prompt"]), "--reward_fn", "math_answer",
-          *cache], f"error: --pretrain {qwen} is a vision-language model: coati ppo does not train one yet"),
+          "--critic_pretrain", str(tiny_assets["model"]), *cache],
+         f"error: --critic_pretrain {tiny_assets['model']}: the critic of a vision-language policy must read its images"),
         (["grpo", "--pretrain", qwen, "--prompt_dataset", str(vision_assets["prompt"]), "--reward_fn", "math_answer",
           "--rollout_backend", "vllm", *cache], "error: --rollout_backend: GRPO on a vision-language model generates "
          "on the hf engine"),

@@ -228,7 +228,9 @@ def test_a_tool_episode_on_an_image_prompt_generates_and_trains_every_turn_with_
         logits = model(input_ids=batch.sequences, attention_mask=batch.attention_mask, **pixels).logits
         theirs = logits[:, batch.prompt_length - 1:-1].log_softmax(-1).gather(
             -1, batch.sequences[:, batch.prompt_length:, None]).squeeze(-1)
-        blind = action_logps(model, batch.sequences, batch.attention_mask, batch.prompt_length)
+        text_logits = model(input_ids=batch.sequences, attention_mask=batch.attention_mask).logits
+        blind = text_logits[:, batch.prompt_length - 1:-1].log_softmax(-1).gather(
+            -1, batch.sequences[:, batch.prompt_length:, None]).squeeze(-1)
     mask = batch.action_mask
     assert mask.sum() == 3 * len(samples)
     assert torch.allclose(ours[mask], theirs[mask], atol=1e-5)
@@ -278,3 +280,41 @@ def test_ray_generators_generate_from_image_prompts_whole_and_in_partial_chunks(
         pool.shutdown()
         ray.shutdown()
     assert whole.rows[0].token_ids == expected and chunked.rows[0].token_ids == expected
+
+
+def test_a_vision_language_critic_reads_the_images_with_a_value_head_on_the_policys_backbone(vision_assets, tmp_path):
+    """PPO's critic of a vision-language policy is its image-text model with a one-output head in place of the LM
+    head: its values on left-padded image prompts are that head on transformers' own last hidden states (3-D
+    positions and all), they depend on the pixels, and the head is not tied to the embeddings."""
+    from coati.dataset.collators import IMAGE_INPUTS, PromptRows
+    from coati.models.critic import action_values, load_critic
+    from coati.models.vision import joined_image_inputs
+
+    images = ImageProcessing.load(str(vision_assets["qwen2_5_vl"]), load_tokenizer(str(vision_assets["qwen2_5_vl"])))
+    pad = images.processor.tokenizer.pad_token_id
+    prepare_dataset([vision_assets["prompt"]], "prompt", images.processor.tokenizer, 256, tmp_path / "prompts",
+                    images=images)
+    rows = PromptRows(images=images)(list(load_from_disk(str(tmp_path / "prompts")))[:2])
+    rows[1]["input_ids"] = rows[1]["input_ids"][:-3] + rows[1]["input_ids"][-2:]   # one token shorter: left padding
+    width = max(len(r["input_ids"]) for r in rows)
+    ids = torch.tensor([[pad] * (width - len(r["input_ids"])) + r["input_ids"] for r in rows])
+    mask = torch.tensor([[0] * (width - len(r["input_ids"])) + [1] * len(r["input_ids"]) for r in rows])
+    pixels = joined_image_inputs([r[IMAGE_INPUTS] for r in rows])
+
+    critic = load_critic(str(vision_assets["qwen2_5_vl"]), pad).eval()
+    backbone = AutoModelForImageTextToText.from_pretrained(vision_assets["qwen2_5_vl"]).eval()
+    with torch.no_grad():
+        for (name, param), (_, same) in zip(critic.named_parameters(), backbone.named_parameters()):
+            if param.dim() > 1 and "lm_head" not in name:   # weights that read the image, in both
+                param.normal_(0, 0.5)
+                same.copy_(param)
+        values = action_values(critic, ids, mask, 1, images=pixels)
+        hidden = backbone(input_ids=ids, attention_mask=mask, **pixels, output_hidden_states=True).hidden_states[-1]
+        expected = critic.get_output_embeddings()(hidden).squeeze(-1)[:, :-1]
+        blind = critic.get_output_embeddings()(backbone(input_ids=ids, attention_mask=mask,
+                                                        output_hidden_states=True).hidden_states[-1]).squeeze(-1)[:, :-1]
+    assert critic.get_output_embeddings().weight.shape == (1, backbone.config.hidden_size)
+    assert not critic.config.tie_word_embeddings
+    real = mask[:, :-1].bool()
+    assert torch.allclose(values[real], expected[real], atol=1e-4)
+    assert not torch.allclose(values[real], blind[real], atol=1e-3)
