@@ -11,10 +11,10 @@ from typing import Any, Dict, Optional
 import torch
 from transformers import AutoConfig, AutoModelForTokenClassification, PretrainedConfig, PreTrainedModel
 
-from .logprobs import mask_positions
+from .logprobs import padded_positions
 from .packing import pack_rollouts, shares_prompts
 from .reward_model import from_pretrained_with_head, model_with_head
-from .vision import auto_model_class, is_vision_model, rope_positions
+from .vision import auto_model_class, is_vision_model
 
 
 def load_critic(path: str, pad_token_id: int, trust_remote_code: bool = False) -> PreTrainedModel:
@@ -61,9 +61,8 @@ def token_values(critic: torch.nn.Module, sequences: torch.Tensor, attention_mas
                  images: Optional[Dict[str, torch.Tensor]] = None) -> torch.Tensor:
     """The critic's value at every position of left- or right-padded `sequences`, (batch, length); with `images`,
     read with them (at Qwen2-VL's 3-D positions where the critic has them, as `action_logps` reads the policy)."""
-    positions = rope_positions(critic, sequences, attention_mask, images) if images else None
     return critic(input_ids=sequences, attention_mask=attention_mask,
-                  position_ids=mask_positions(attention_mask) if positions is None else positions,
+                  position_ids=padded_positions(critic, sequences, attention_mask, images),
                   **(images or {})).logits.squeeze(-1)
 
 

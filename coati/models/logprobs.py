@@ -16,6 +16,14 @@ def mask_positions(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def padded_positions(model: torch.nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor,
+                     images: Optional[Dict[str, torch.Tensor]] = None) -> torch.Tensor:
+    """The position ids of padded rows: Qwen2-VL's 3-D ones where the rows have `images` and the model reads them
+    so, else those of `mask_positions`."""
+    positions = rope_positions(model, sequences, attention_mask, images) if images else None
+    return mask_positions(attention_mask) if positions is None else positions
+
+
 LOGP_CHUNK_ROWS = 1024
 """Positions whose log-softmax (or entropy) is taken at once: the float copy and exp() of a chunk's logits are the
 only vocabulary-sized temporaries, and with gradients each chunk is recomputed in backward where it would keep one."""
@@ -121,9 +129,8 @@ def action_logps(model: torch.nn.Module, sequences: torch.Tensor, attention_mask
         logits = rollouts.rows(tail_logits(model, rollouts.kept, **rollouts.inputs))
     else:
         completion = sequences.size(1) - prompt_length
-        positions = rope_positions(model, sequences, attention_mask, images) if images else None
         logits = tail_logits(model, completion + 1, input_ids=sequences, attention_mask=attention_mask,
-                             position_ids=mask_positions(attention_mask) if positions is None else positions,
+                             position_ids=padded_positions(model, sequences, attention_mask, images),
                              **(images or {}))[:, :-1]
     logps = token_logps(logits, sequences[:, prompt_length:])
     return (logps, logits) if return_logits else logps

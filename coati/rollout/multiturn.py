@@ -154,9 +154,10 @@ async def assemble(scorer: Scorer, sample: Dict[str, Any], messages: List[Messag
     the final answers plus each episode's own reward (`environment`)."""
     n = len(episodes)
     reported = all(e.logprobs is not None for e in episodes)
+    image_inputs = prompt_images(sample).get(IMAGE_INPUTS, {})   # the group's, shared by its samples
     samples = [RolloutSample(prompt, e.ids, e.sampled, e.logprobs if reported else None,
                              [v if v >= 0 else version for v in e.versions], tuple(e.turn_starts), stats=e.stats(endings),
-                             image_inputs=prompt_images(sample).get(IMAGE_INPUTS, {}))
+                             image_inputs=image_inputs)
                for prompt, e in zip(prompts, episodes)]
     fields = {k: [v] * n for k, v in sample.items() if k not in PROMPT_FIELDS}
     total, components = await scorer.ascore([scorer.decode(p) for p in prompts], [e.final_text for e in episodes],
