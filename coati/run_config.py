@@ -144,6 +144,7 @@ class RMRunConfig(SupervisedRun):
     """Reward-model training."""
 
     command = "rm"
+    vision: VisionSettings = section(VisionSettings, "vision-language models")
     loss: RewardModelLossSettings = section(RewardModelLossSettings, "reward model loss")
 
 

@@ -260,17 +260,17 @@ def tokenizer_to_save(tokenizer: PreTrainedTokenizerBase, images: Optional[Image
     return images.processor if images is not None else tokenizer
 
 
-VISION_ON_POLICY_BLOCKERS = {"rollout_backend": "vllm", "agent": True, "teacher_model": True, "prm_pretrain": True,
-                             "rm_pretrain": True}
+VISION_ON_POLICY_BLOCKERS = {"rollout_backend": "vllm", "agent": True, "teacher_model": True, "prm_pretrain": True}
 """GRPO and PPO settings a vision-language policy cannot take yet (a value, or True for any): its rollouts
 (single-turn, or multi-turn with `--tools`, the images in the first turn; GRPO's also with `--async_rollout`) run on
-the `hf` engine and Ray generators, scored by reward functions and the tools' environment."""
+the `hf` engine and Ray generators, scored by reward functions, the tools' environment and a vision-language reward
+model."""
 
 
 def check_model_kind(args: argparse.Namespace) -> None:
     """Before any data is prepared: the vision settings of a text --pretrain, and a vision-language one in trainers
     that take no images (those whose run config has no vision section), in GRPO or PPO with what their image
-    rollouts lack, or with a text critic, are refused in one line."""
+    rollouts lack, or with a text critic or reward model, are refused in one line."""
     if not is_vision_model(args.pretrain):
         vision = settings_from(args, VisionSettings)
         given = [f"--{name}" for name, value in vars(vision).items() if value]
@@ -281,7 +281,7 @@ def check_model_kind(args: argparse.Namespace) -> None:
     command = args._run_config.command
     if not hasattr(args._run_config, "vision"):
         raise CoatiUsageError(f"--pretrain {args.pretrain} is a vision-language model: coati {command} does not train "
-                              "one yet (coati sft, dpo, orpo, grpo and ppo train on image rows)")
+                              "one yet (coati sft, rm, dpo, orpo, grpo and ppo train on image rows)")
     if args.packing:
         raise CoatiUsageError("--packing: rows with images are padded, not packed (a vision-language model's image "
                               "positions are per row); leave --packing out")
@@ -290,10 +290,11 @@ def check_model_kind(args: argparse.Namespace) -> None:
         if value and (blocked is True or value == blocked):
             raise CoatiUsageError(f"--{name}: {command.upper()} on a vision-language model generates on the hf engine "
                                   "(and GRPO's Ray generators), scored by reward functions and tools; leave it out")
-    critic = getattr(args, "critic_pretrain", None)
-    if critic and Path(critic).is_dir() and not is_vision_model(critic):
-        raise CoatiUsageError(f"--critic_pretrain {critic}: the critic of a vision-language policy must read its "
-                              "images; give a vision-language model (default: --pretrain)")
+    for name, role, default in (("critic_pretrain", "critic", " (default: --pretrain)"), ("rm_pretrain", "reward model", "")):
+        path = getattr(args, name, None)
+        if path and Path(path).is_dir() and not is_vision_model(path):
+            raise CoatiUsageError(f"--{name} {path}: the {role} of a vision-language policy must read its images; "
+                                  f"give a vision-language model{default}")
 
 
 def preflight(args: argparse.Namespace) -> None:

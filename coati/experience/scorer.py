@@ -8,6 +8,7 @@ import torch
 from transformers import TrainerState
 
 from coati.models.reward_model import sequence_rewards
+from coati.models.vision import joined_image_inputs
 from coati.dataset.prepare import PROMPT_COLUMN
 from coati.rewards import WeightedReward
 from coati.rewards.registry import RewardInputs
@@ -54,7 +55,7 @@ class Scorer:
     def score_texts(self, prompts: Sequence[str], completions: Sequence[str], fields: Dict[str, Sequence[Any]],
                     samples: Optional[Sequence[RolloutSample]] = None) -> Scores:
         """Scores of `completions` of `prompts`; `fields` are the rows' other columns; the reward model, if any,
-        reads the `samples`' token sequences."""
+        reads the `samples`' token sequences (with their images)."""
         fields = dict(fields)
         originals = fields.pop(PROMPT_COLUMN, None)
         total, components = [0.0] * len(completions), {}
@@ -66,9 +67,10 @@ class Scorer:
             if samples is None:
                 raise ValueError("a reward model scores token sequences: pass the rollout samples")
             batch = collate(samples, self.tokenizer.pad_token_id, self.completion_width)
-            scores = in_row_chunks(lambda rows: sequence_rewards(self.reward_model, batch.sequences[rows],
-                                                                 batch.attention_mask[rows]),
-                                   len(samples), self.forward_batch_size).tolist()
+            scores = in_row_chunks(lambda rows: sequence_rewards(
+                self.reward_model, batch.sequences[rows], batch.attention_mask[rows],
+                joined_image_inputs([s.image_inputs for s in samples[rows]], batch.sequences.device) or None),
+                len(samples), self.forward_batch_size).tolist()
             components = {**components, REWARD_MODEL: scores}
             total = [t + self.reward_model_weight * s for t, s in zip(total, scores)]
         return total, components

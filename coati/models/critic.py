@@ -4,7 +4,7 @@ Stored that way, `from_pretrained` loads any causal LM or reward model as a crit
 `score` head becomes the value head (ColossalChat starts the critic from the reward model), and a
 causal LM gets a new head. A vision-language model, which transformers has no token classifier for, is its
 image-text-to-text model with a one-output head in place of its LM head, so that it reads the images as the policy
-does.
+does (`load_vision_value_model`: a vision-language reward model's head becomes the value head there too).
 """
 from typing import Any, Dict, Optional
 
@@ -13,32 +13,20 @@ from transformers import AutoConfig, AutoModelForTokenClassification, Pretrained
 
 from .logprobs import padded_positions
 from .packing import pack_rollouts, shares_prompts
-from .reward_model import from_pretrained_with_head, model_with_head
-from .vision import auto_model_class, is_vision_model
+from .reward_model import from_pretrained_with_head, load_vision_value_model, model_with_head
+from .vision import is_vision_model
 
 
 def load_critic(path: str, pad_token_id: int, trust_remote_code: bool = False) -> PreTrainedModel:
     """A critic from `path` (reward model, earlier critic, causal LM or vision-language model), with no dropout on
     its values."""
     if is_vision_model(path):
-        return _vision_critic(path, pad_token_id, trust_remote_code)
-    config = AutoConfig.from_pretrained(path, num_labels=1, trust_remote_code=trust_remote_code)
-    config.classifier_dropout = 0.0
-    model = from_pretrained_with_head(AutoModelForTokenClassification, path, "critic", config=config,
-                                      trust_remote_code=trust_remote_code)
-    model.config.pad_token_id = pad_token_id
-    return model
-
-
-def _vision_critic(path: str, pad_token_id: int, trust_remote_code: bool) -> PreTrainedModel:
-    """The vision-language model of `path` with a new one-output value head as its LM head (initialised as HF
-    initialises a token classifier's), untied from the input embeddings."""
-    model = auto_model_class(path).from_pretrained(path, trust_remote_code=trust_remote_code)
-    config = getattr(model.config, "text_config", None) or model.config
-    head = torch.nn.Linear(model.get_output_embeddings().in_features, 1, bias=False)
-    torch.nn.init.normal_(head.weight, std=getattr(config, "initializer_range", 0.02))
-    model.config.tie_word_embeddings = config.tie_word_embeddings = False
-    model.set_output_embeddings(head)
+        model = load_vision_value_model(path, "critic", trust_remote_code=trust_remote_code)
+    else:
+        config = AutoConfig.from_pretrained(path, num_labels=1, trust_remote_code=trust_remote_code)
+        config.classifier_dropout = 0.0
+        model = from_pretrained_with_head(AutoModelForTokenClassification, path, "critic", config=config,
+                                          trust_remote_code=trust_remote_code)
     model.config.pad_token_id = pad_token_id
     return model
 

@@ -1,19 +1,22 @@
 """Reward models: a causal-LM backbone with a scalar head, stored as HF `*ForSequenceClassification` (one label).
 
 Stored that way, `from_pretrained` loads the backbone and its head, and any causal-LM checkpoint starts
-one (the head is then new). The reward of a sequence is read at its last non-pad token.
+one (the head is then new). The reward of a sequence is read at its last non-pad token. A vision-language model,
+which transformers has no sequence classifier for, is its image-text-to-text model with a one-output head in place of
+its LM head (`load_vision_value_model`), so that it reads the images as the policy does.
 """
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import transformers
-from transformers import AutoModelForSequenceClassification, PretrainedConfig, PreTrainedModel
+from transformers import AutoConfig, AutoModelForSequenceClassification, PretrainedConfig, PreTrainedModel
 
 from coati.dataset.collators import both_sides, row_ends
 from coati.utils.errors import CoatiUsageError, warn_user
 
-from .logprobs import mask_positions
+from .logprobs import mask_positions, padded_positions
 from .packing import chosen_then_rejected, is_packed
+from .vision import auto_model_class, image_inputs, is_vision_model
 
 
 def from_pretrained_with_head(auto_cls: Any, path: str, role: str, **kwargs: Any) -> PreTrainedModel:
@@ -25,33 +28,73 @@ def from_pretrained_with_head(auto_cls: Any, path: str, role: str, **kwargs: Any
         model, info = auto_cls.from_pretrained(path, output_loading_info=True, **kwargs)
     finally:
         transformers.logging.set_verbosity(verbosity)
-    if info["missing_keys"]:
-        warn_user(f"{role}: {path} has no {', '.join(sorted(info['missing_keys']))}; it starts from random weights "
-                  "(as expected when starting from a causal LM)")
+    new = sorted([*info["missing_keys"], *info.get("mismatched_keys", ())])
+    if new:
+        warn_user(f"{role}: {', '.join(new)} start from random weights ({path} has none of that shape, as expected "
+                  "when starting from a language model)")
     return model
 
 
 def load_reward_model(path: str, pad_token_id: int, trust_remote_code: bool = False,
                       attn_implementation: Optional[str] = None) -> PreTrainedModel:
-    """A reward model from `path`: an earlier reward model, or a causal LM to start one from."""
-    model = from_pretrained_with_head(AutoModelForSequenceClassification, path, "reward model", num_labels=1,
-                                      trust_remote_code=trust_remote_code, attn_implementation=attn_implementation)
+    """A reward model from `path`: an earlier reward model, or a causal LM (or vision-language model) to start one
+    from."""
+    if is_vision_model(path):
+        model = load_vision_value_model(path, "reward model", trust_remote_code=trust_remote_code,
+                                        attn_implementation=attn_implementation)
+    else:
+        model = from_pretrained_with_head(AutoModelForSequenceClassification, path, "reward model", num_labels=1,
+                                          trust_remote_code=trust_remote_code, attn_implementation=attn_implementation)
     model.config.pad_token_id = pad_token_id
     return model
 
 
-def sequence_rewards(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+def load_vision_value_model(path: str, role: str, trust_remote_code: bool = False, **kwargs: Any) -> PreTrainedModel:
+    """The vision-language model of `path` with a one-output head in place of its LM head, untied from the input
+    embeddings: a reward model or critic that reads the images. A folder saved from one (coati's reward model or
+    critic) loads with its head; a policy's folder starts a new head, initialised as HF initialises a classifier's."""
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    for part in (config, config.get_text_config()):
+        part.tie_word_embeddings = False
+    mapping = auto_model_class(path)._model_mapping
+    if type(config) not in mapping:
+        raise CoatiUsageError(f"{role}: {path} is a vision-language model ({config.model_type}) that transformers has "
+                              "no image-text-to-text class for")
+    return from_pretrained_with_head(_with_value_head(mapping[type(config)]), path, role, config=config,
+                                     ignore_mismatched_sizes=True, trust_remote_code=trust_remote_code, **kwargs)
+
+
+def _with_value_head(model_class: Any) -> Any:
+    """`model_class` (an image-text-to-text model) under its own name, built with a one-output LM head."""
+
+    def __init__(self: PreTrainedModel, config: PretrainedConfig, *args: Any, **kwargs: Any) -> None:
+        model_class.__init__(self, config, *args, **kwargs)
+        head = torch.nn.Linear(self.get_output_embeddings().in_features, 1, bias=False)
+        torch.nn.init.normal_(head.weight, std=getattr(config.get_text_config(), "initializer_range", 0.02))
+        self.set_output_embeddings(head)
+
+    return type(model_class.__name__, (model_class,), {"__init__": __init__})
+
+
+def sequence_rewards(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                     images: Optional[Dict[str, torch.Tensor]] = None) -> torch.Tensor:
     """One scalar reward per row, in float32, read at the row's last non-pad token. Positions count real
     tokens only, so a left-padded row (as rollouts are) scores as it would unpadded, for absolute
-    position embeddings too."""
-    position_ids = mask_positions(attention_mask)
-    return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits.squeeze(-1).float()
+    position embeddings too. `images`: the rows' image inputs, for a vision-language reward model (which scores
+    every position: the row's last is read)."""
+    scores = model(input_ids=input_ids, attention_mask=attention_mask,
+                   position_ids=padded_positions(model, input_ids, attention_mask, images), **(images or {})).logits
+    if scores.dim() == 3:
+        last = (attention_mask * torch.arange(input_ids.size(1), device=input_ids.device)).argmax(-1)
+        scores = scores[torch.arange(input_ids.size(0), device=input_ids.device), last]
+    return scores.squeeze(-1).float()
 
 
 def pair_rewards(model: torch.nn.Module, batch: Dict[str, Any]) -> torch.Tensor:
     """Rewards of a preference batch's chosen rows then rejected rows, in one forward (padded or packed)."""
     if not is_packed(batch):
-        return sequence_rewards(model, both_sides(batch, "input_ids"), both_sides(batch, "attention_mask"))
+        return sequence_rewards(model, both_sides(batch, "input_ids"), both_sides(batch, "attention_mask"),
+                                image_inputs(batch, repeat=2))
     return packed_rewards(model, batch)
 
 

@@ -1,8 +1,8 @@
 """Vision-language models trained from TRL-style image rows by two torchrun processes: SFT (Qwen2.5-VL), DPO (LLaVA,
-LoRA on the language model, the vision tower frozen), GRPO (Qwen2.5-VL, image prompts on the hf engine, with and
-without tools, synchronous and asynchronous) and PPO (a critic that reads the images) train, checkpoint, resume
-exactly and export a folder that transformers loads with its processor; what cannot work is refused in one line
-before anything loads."""
+LoRA on the language model, the vision tower frozen), reward models and GRPO (Qwen2.5-VL, image prompts on the hf
+engine, with and without tools, synchronous and asynchronous) and PPO (scored by that reward model, its critic started
+from it) train, checkpoint, resume exactly and export a folder with its processor; what cannot work is refused in one
+line before anything loads."""
 import json
 import shutil
 from pathlib import Path
@@ -98,11 +98,18 @@ def test_vision_grpo_trains_on_image_prompts_and_resumes_exactly(vision_assets, 
 
 
 @pytest.mark.slow
-def test_vision_ppo_trains_a_critic_that_reads_the_images_and_resumes_exactly(vision_assets, tmp_path):
-    """PPO on image prompts: the critic (the policy's image-text model with a value head) reads the same pixels as
-    the policy and trains beside it."""
-    records = _on_policy_resumes_exactly("train_ppo.py", vision_assets, tmp_path)
+def test_vision_reward_model_resumes_exactly_then_scores_ppos_rollouts_and_starts_its_critic(vision_assets, tmp_path):
+    """A reward model of the vision-language model trains on image preference pairs and resumes exactly; PPO on image
+    prompts then scores its rollouts with it (reading their pixels) and starts its critic from it, as ColossalChat's
+    recipe does; the critic reads the same pixels as the policy and trains beside it."""
+    rm = _resumes_exactly("train_rm.py", vision_assets["qwen2_5_vl"], vision_assets["preference"], tmp_path / "rm")
+    assert {"train/accuracy", "train/margin"} <= set(train_records(rm / "logs")[0])
+    exported = rm / "final" / "model"
+    assert AutoProcessor.from_pretrained(exported).image_processor is not None
+    records = _on_policy_resumes_exactly("train_ppo.py", vision_assets, tmp_path / "ppo", "--rm_pretrain",
+                                         str(exported), "--critic_pretrain", str(exported))
     assert all(r["train/loss/value"] > 0 for r in records) and records[0]["train/kl"] == 0
+    assert all("train/rewards/reward_model/mean" in r for r in records)
 
 
 ASYNC = ("--async_rollout", "--max_staleness", "1", "--partial_rollout_tokens", "3")
@@ -144,8 +151,11 @@ def test_what_cannot_work_with_images_is_refused_in_one_line(vision_assets, tiny
         (["grpo", "--pretrain", qwen, "--prompt_dataset", str(vision_assets["prompt"]), "--reward_fn", "math_answer",
           "--rollout_backend", "vllm", *cache], "error: --rollout_backend: GRPO on a vision-language model generates "
          "on the hf engine"),
-        (["rm", "--pretrain", qwen, "--dataset", str(vision_assets["preference"]), *cache],
-         f"error: --pretrain {qwen} is a vision-language model: coati rm does not train one yet"),
+        (["kto", "--pretrain", qwen, "--dataset", str(vision_assets["preference"]), *cache],
+         f"error: --pretrain {qwen} is a vision-language model: coati kto does not train one yet"),
+        (["grpo", "--pretrain", qwen, "--prompt_dataset", str(vision_assets["prompt"]), "--rm_pretrain",
+          str(tiny_assets["model"]), *cache], f"error: --rm_pretrain {tiny_assets['model']}: the reward model of a "
+         "vision-language policy must read its images"),
         (["sft", "--pretrain", str(tiny_assets["model"]), "--dataset", str(tiny_assets["sft_train"]),
           "--freeze_vision_tower"], "error: --freeze_vision_tower: " + str(tiny_assets["model"]) +
          " is not a vision-language model (its config has no vision_config)"),

@@ -282,39 +282,97 @@ def test_ray_generators_generate_from_image_prompts_whole_and_in_partial_chunks(
     assert whole.rows[0].token_ids == expected and chunked.rows[0].token_ids == expected
 
 
-def test_a_vision_language_critic_reads_the_images_with_a_value_head_on_the_policys_backbone(vision_assets, tmp_path):
-    """PPO's critic of a vision-language policy is its image-text model with a one-output head in place of the LM
-    head: its values on left-padded image prompts are that head on transformers' own last hidden states (3-D
-    positions and all), they depend on the pixels, and the head is not tied to the embeddings."""
+def _left_padded_image_prompts(vision_assets, tmp_path):
+    """Two prepared image prompts of the tiny Qwen2.5-VL, left-padded (the second one token shorter), with each row's
+    image inputs, and the pad id."""
     from coati.dataset.collators import IMAGE_INPUTS, PromptRows
-    from coati.models.critic import action_values, load_critic
-    from coati.models.vision import joined_image_inputs
 
     images = ImageProcessing.load(str(vision_assets["qwen2_5_vl"]), load_tokenizer(str(vision_assets["qwen2_5_vl"])))
     pad = images.processor.tokenizer.pad_token_id
     prepare_dataset([vision_assets["prompt"]], "prompt", images.processor.tokenizer, 256, tmp_path / "prompts",
                     images=images)
     rows = PromptRows(images=images)(list(load_from_disk(str(tmp_path / "prompts")))[:2])
-    rows[1]["input_ids"] = rows[1]["input_ids"][:-3] + rows[1]["input_ids"][-2:]   # one token shorter: left padding
+    rows[1]["input_ids"] = rows[1]["input_ids"][:-3] + rows[1]["input_ids"][-2:]
     width = max(len(r["input_ids"]) for r in rows)
     ids = torch.tensor([[pad] * (width - len(r["input_ids"])) + r["input_ids"] for r in rows])
     mask = torch.tensor([[0] * (width - len(r["input_ids"])) + [1] * len(r["input_ids"]) for r in rows])
-    pixels = joined_image_inputs([r[IMAGE_INPUTS] for r in rows])
+    return ids, mask, [r[IMAGE_INPUTS] for r in rows], pad
 
-    critic = load_critic(str(vision_assets["qwen2_5_vl"]), pad).eval()
-    backbone = AutoModelForImageTextToText.from_pretrained(vision_assets["qwen2_5_vl"]).eval()
+
+def _with_shared_random_weights(model, backbone):
+    """Give `model` and the image-text `backbone` the same large random weights (the LM head apart), so that what the
+    image contributes is far above float noise."""
     with torch.no_grad():
-        for (name, param), (_, same) in zip(critic.named_parameters(), backbone.named_parameters()):
-            if param.dim() > 1 and "lm_head" not in name:   # weights that read the image, in both
+        for (name, param), (_, same) in zip(model.named_parameters(), backbone.named_parameters()):
+            if param.dim() > 1 and "lm_head" not in name:
                 param.normal_(0, 0.5)
                 same.copy_(param)
+
+
+def _last_hidden(backbone, ids, mask, pixels=None):
+    return backbone(input_ids=ids, attention_mask=mask, **(pixels or {}), output_hidden_states=True).hidden_states[-1]
+
+
+def test_a_vision_language_critic_reads_the_images_with_a_value_head_on_the_policys_backbone(vision_assets, tmp_path):
+    """PPO's critic of a vision-language policy is its image-text model with a one-output head in place of the LM
+    head: its values on left-padded image prompts are that head on transformers' own last hidden states (3-D
+    positions and all), they depend on the pixels, and the head is not tied to the embeddings."""
+    from coati.models.critic import action_values, load_critic
+    from coati.models.vision import joined_image_inputs
+
+    ids, mask, row_images, pad = _left_padded_image_prompts(vision_assets, tmp_path)
+    pixels = joined_image_inputs(row_images)
+    critic = load_critic(str(vision_assets["qwen2_5_vl"]), pad).eval()
+    backbone = AutoModelForImageTextToText.from_pretrained(vision_assets["qwen2_5_vl"]).eval()
+    _with_shared_random_weights(critic, backbone)
+    with torch.no_grad():
         values = action_values(critic, ids, mask, 1, images=pixels)
-        hidden = backbone(input_ids=ids, attention_mask=mask, **pixels, output_hidden_states=True).hidden_states[-1]
-        expected = critic.get_output_embeddings()(hidden).squeeze(-1)[:, :-1]
-        blind = critic.get_output_embeddings()(backbone(input_ids=ids, attention_mask=mask,
-                                                        output_hidden_states=True).hidden_states[-1]).squeeze(-1)[:, :-1]
+        expected = critic.get_output_embeddings()(_last_hidden(backbone, ids, mask, pixels)).squeeze(-1)[:, :-1]
+        blind = critic.get_output_embeddings()(_last_hidden(backbone, ids, mask)).squeeze(-1)[:, :-1]
     assert critic.get_output_embeddings().weight.shape == (1, backbone.config.hidden_size)
     assert not critic.config.tie_word_embeddings
     real = mask[:, :-1].bool()
     assert torch.allclose(values[real], expected[real], atol=1e-4)
     assert not torch.allclose(values[real], blind[real], atol=1e-3)
+
+
+def test_a_vision_language_reward_model_scores_with_the_images_and_loads_back_with_its_head(vision_assets, tmp_path,
+                                                                                            capsys):
+    """A reward model of a vision-language model is its image-text model with a one-output head: the reward of a
+    left-padded image row is that head on transformers' last hidden state of the row's last token, with the pixels;
+    saved, it loads back with its head (no new weights said), as a reward model and as PPO's critic (ColossalChat
+    starts the critic from the reward model); the scorer of rollouts passes each sample's pixels."""
+    from coati.experience.experience import RolloutSample
+    from coati.experience.scorer import REWARD_MODEL, Scorer
+    from coati.models.critic import load_critic
+    from coati.models.reward_model import load_reward_model, sequence_rewards
+    from coati.models.vision import joined_image_inputs
+
+    ids, mask, row_images, pad = _left_padded_image_prompts(vision_assets, tmp_path)
+    pixels = joined_image_inputs(row_images)
+    model = load_reward_model(str(vision_assets["qwen2_5_vl"]), pad).eval()
+    assert "lm_head.weight start from random weights" in capsys.readouterr().err
+    backbone = AutoModelForImageTextToText.from_pretrained(vision_assets["qwen2_5_vl"]).eval()
+    _with_shared_random_weights(model, backbone)
+    head = model.get_output_embeddings()
+    with torch.no_grad():
+        rewards = sequence_rewards(model, ids, mask, pixels)
+        expected = head(_last_hidden(backbone, ids, mask, pixels)[:, -1]).squeeze(-1)
+        blind = head(_last_hidden(backbone, ids, mask)[:, -1]).squeeze(-1)
+    assert head.weight.shape == (1, backbone.config.hidden_size) and not model.config.tie_word_embeddings
+    assert torch.allclose(rewards, expected, atol=1e-4) and not torch.allclose(rewards, blind, atol=1e-3)
+
+    model.save_pretrained(tmp_path / "rm")
+    reloaded = load_reward_model(str(tmp_path / "rm"), pad).eval()
+    critic = load_critic(str(tmp_path / "rm"), pad)
+    assert "random weights" not in capsys.readouterr().err
+    with torch.no_grad():
+        assert torch.allclose(sequence_rewards(reloaded, ids, mask, pixels), rewards, atol=1e-5)
+    assert torch.equal(critic.get_output_embeddings().weight, head.weight)
+
+    rows = [ids[row][mask[row].bool()].tolist() for row in range(len(ids))]
+    samples = [RolloutSample(row[:-2], row[-2:], [True, True], None, [0, 0], image_inputs=inputs)
+               for row, inputs in zip(rows, row_images)]   # the same rows, their last two tokens as the completion
+    scorer = Scorer(load_tokenizer(str(vision_assets["qwen2_5_vl"])), reward_model=reloaded)
+    _, components = scorer.score_texts(["", ""], ["", ""], {}, samples)
+    assert components[REWARD_MODEL] == pytest.approx(rewards.tolist(), abs=1e-5)
