@@ -260,17 +260,22 @@ def tokenizer_to_save(tokenizer: PreTrainedTokenizerBase, images: Optional[Image
     return images.processor if images is not None else tokenizer
 
 
-VISION_ON_POLICY_BLOCKERS = {"rollout_backend": "vllm", "agent": True, "teacher_model": True, "prm_pretrain": True}
-"""GRPO and PPO settings a vision-language policy cannot take yet (a value, or True for any): its rollouts
+VISION_ON_POLICY_BLOCKERS = {
+    "rollout_backend": ("vllm", "generates on the hf engine (and GRPO's Ray generators); leave it out"),
+    "agent": (True, "generates on the hf engine, not through an OpenAI-client agent; leave it out"),
+    "teacher_url": (True, "cannot send a served teacher the images; give a vision-language --teacher_model"),
+    "prm_pretrain": (True, "takes no process reward model yet (PRMs do not read images); leave it out"),
+}
+"""GRPO and PPO settings a vision-language policy cannot take yet (a value, or True for any), with why: its rollouts
 (single-turn, or multi-turn with `--tools`, the images in the first turn; GRPO's also with `--async_rollout`) run on
 the `hf` engine and Ray generators, scored by reward functions, the tools' environment and a vision-language reward
-model."""
+model, distilled from a vision-language teacher in the trainer's processes."""
 
 
 def check_model_kind(args: argparse.Namespace) -> None:
     """Before any data is prepared: the vision settings of a text --pretrain, and a vision-language one in trainers
     that take no images (those whose run config has no vision section), in GRPO or PPO with what their image
-    rollouts lack, or with a text critic or reward model, are refused in one line."""
+    rollouts lack, or with a text critic, reward model or teacher, are refused in one line."""
     if not is_vision_model(args.pretrain):
         vision = settings_from(args, VisionSettings)
         given = [f"--{name}" for name, value in vars(vision).items() if value]
@@ -285,12 +290,12 @@ def check_model_kind(args: argparse.Namespace) -> None:
     if args.packing:
         raise CoatiUsageError("--packing: rows with images are padded, not packed (a vision-language model's image "
                               "positions are per row); leave --packing out")
-    for name, blocked in (VISION_ON_POLICY_BLOCKERS.items() if command in ("grpo", "ppo") else ()):
+    for name, (blocked, why) in (VISION_ON_POLICY_BLOCKERS.items() if command in ("grpo", "ppo") else ()):
         value = getattr(args, name, None)
         if value and (blocked is True or value == blocked):
-            raise CoatiUsageError(f"--{name}: {command.upper()} on a vision-language model generates on the hf engine "
-                                  "(and GRPO's Ray generators), scored by reward functions and tools; leave it out")
-    for name, role, default in (("critic_pretrain", "critic", " (default: --pretrain)"), ("rm_pretrain", "reward model", "")):
+            raise CoatiUsageError(f"--{name}: {command.upper()} on a vision-language model {why}")
+    for name, role, default in (("critic_pretrain", "critic", " (default: --pretrain)"), ("rm_pretrain", "reward model", ""),
+                                ("teacher_model", "distillation teacher", "")):
         path = getattr(args, name, None)
         if path and Path(path).is_dir() and not is_vision_model(path):
             raise CoatiUsageError(f"--{name} {path}: the {role} of a vision-language policy must read its images; "

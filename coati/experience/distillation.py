@@ -100,7 +100,8 @@ class Teacher:
 
 
 class ModelTeacher(Teacher):
-    """A frozen `model` in the trainer's processes, whose vocabulary starts with the policy's `vocab_size` tokens."""
+    """A frozen `model` in the trainer's processes, whose vocabulary starts with the policy's `vocab_size` tokens (a
+    vision-language teacher reads the rows' images, as the policy does)."""
 
     def __init__(self, model: torch.nn.Module, config: DistillConfig, vocab_size: int) -> None:
         super().__init__(config, vocab_size)
@@ -115,7 +116,7 @@ class ModelTeacher(Teacher):
         e = experience
         logps, top_logps, top_ids = per_rows(lambda rows: action_top_k(
             self.model, e.sequences[rows], e.attention_mask[rows], e.prompt_length, self.config.top_k, self.vocab_size,
-            packed=e.packed), e)
+            packed=e.packed, images=e.images(rows)), e)
         return {"teacher_log_probs": logps, "teacher_top_logps": top_logps, "teacher_top_ids": top_ids}
 
 

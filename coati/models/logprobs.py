@@ -144,12 +144,13 @@ def logps_at(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def action_top_k(model: torch.nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
-                 k: int, vocab_size: int, packed: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor],
-                                                                         Optional[torch.Tensor]]:
+                 k: int, vocab_size: int, packed: bool = False, images: Optional[Dict[str, torch.Tensor]] = None,
+                 ) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
     """`model`'s log-probs of the completion tokens (batch, N), and for `k` > 0 its `k` likeliest tokens at each
     completion position among the first `vocab_size` (another model's vocabulary): their log-probs and ids
-    (batch, N, k); else None, None."""
-    logps, logits = action_logps(model, sequences, attention_mask, prompt_length, return_logits=True, packed=packed)
+    (batch, N, k); else None, None. `images`: the rows' image inputs, as `action_logps` takes them."""
+    logps, logits = action_logps(model, sequences, attention_mask, prompt_length, return_logits=True, packed=packed,
+                                 images=images)
     if k <= 0:
         return logps, None, None
     logits = logits[..., :vocab_size].float()

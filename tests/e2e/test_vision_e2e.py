@@ -1,8 +1,8 @@
 """Vision-language models trained from TRL-style image rows by two torchrun processes: SFT (Qwen2.5-VL), DPO (LLaVA,
 LoRA on the language model, the vision tower frozen), reward models and GRPO (Qwen2.5-VL, image prompts on the hf
-engine, with and without tools, synchronous and asynchronous) and PPO (scored by that reward model, its critic started
-from it) train, checkpoint, resume exactly and export a folder with its processor; what cannot work is refused in one
-line before anything loads."""
+engine, with and without tools, synchronously and asynchronously, distilled from a vision-language teacher) and PPO
+(scored by that reward model, its critic started from it) train, checkpoint, resume exactly and export a folder with
+its processor; what cannot work is refused in one line before anything loads."""
 import json
 import shutil
 from pathlib import Path
@@ -115,22 +115,36 @@ def test_vision_reward_model_resumes_exactly_then_scores_ppos_rollouts_and_start
 ASYNC = ("--async_rollout", "--max_staleness", "1", "--partial_rollout_tokens", "3")
 
 
+def _vision_teacher(vision_assets, folder: Path) -> Path:
+    """The tiny Qwen2.5-VL with its weights moved by seeded noise, saved with its processor: a teacher to distil from."""
+    model = AutoModelForImageTextToText.from_pretrained(vision_assets["qwen2_5_vl"])
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.02)
+    model.save_pretrained(folder)
+    AutoProcessor.from_pretrained(vision_assets["qwen2_5_vl"]).save_pretrained(folder)
+    return folder
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", [(), ASYNC], ids=["synchronous", "asynchronous"])
 def test_vision_grpo_with_tools_runs_tool_episodes_on_image_prompts(vision_assets, tmp_path, mode):
     """`--tools` on a vision-language model: the prompts rendered with the tools and their images train under
-    torchrun, the episodes logged as multi-turn ones; asynchronously, Ray generators make them in partial chunks,
-    within the staleness bound."""
+    torchrun, the episodes logged as multi-turn ones, distilled from a vision-language teacher; asynchronously, Ray
+    generators make them in partial chunks, within the staleness bound."""
+    teacher = _vision_teacher(vision_assets, tmp_path / "teacher")
     args = ["--pretrain", str(vision_assets["qwen2_5_vl"]), "--prompt_dataset", str(vision_assets["prompt"]),
             "--reward_fn", "math_answer", "--tools", "calculator", "--max_turns", "3", "--num_episodes", "3",
             "--batch_size", "2", "--num_generations", "4", "--max_new_tokens", "6", "--log_dir", str(tmp_path / "logs"),
-            "--prepared_cache_dir", str(tmp_path / "cache"), *mode]
+            "--prepared_cache_dir", str(tmp_path / "cache"), "--teacher_model", str(teacher), *mode]
     result = torchrun(SCRIPTS / "train_grpo.py", 2, *args)
     assert result.returncode == 0, result.stderr[-4000:]
     records = train_records(tmp_path / "logs")
     assert [r["step"] for r in records] == [1, 2, 3]
     for record in records:
         assert 1 <= record["train/rollout/turns"] <= 3 and record["train/rollout/sampled_tokens"] > 0
+        assert record["train/rollout/distill_reverse_kl"] != 0
     if mode:
         assert all(r["train/rollout/staleness@token/max"] <= 1 for r in records)
         assert records[0]["train/rollout/staleness@token/max"] == 0
@@ -156,6 +170,9 @@ def test_what_cannot_work_with_images_is_refused_in_one_line(vision_assets, tiny
         (["grpo", "--pretrain", qwen, "--prompt_dataset", str(vision_assets["prompt"]), "--rm_pretrain",
           str(tiny_assets["model"]), *cache], f"error: --rm_pretrain {tiny_assets['model']}: the reward model of a "
          "vision-language policy must read its images"),
+        (["grpo", "--pretrain", qwen, "--prompt_dataset", str(vision_assets["prompt"]), "--teacher_url",
+          "http://127.0.0.1:9/v1", *cache], "error: --teacher_url: GRPO on a vision-language model cannot send a served "
+         "teacher the images"),
         (["sft", "--pretrain", str(tiny_assets["model"]), "--dataset", str(tiny_assets["sft_train"]),
           "--freeze_vision_tower"], "error: --freeze_vision_tower: " + str(tiny_assets["model"]) +
          " is not a vision-language model (its config has no vision_config)"),

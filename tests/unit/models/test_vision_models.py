@@ -376,3 +376,27 @@ def test_a_vision_language_reward_model_scores_with_the_images_and_loads_back_wi
     scorer = Scorer(load_tokenizer(str(vision_assets["qwen2_5_vl"])), reward_model=reloaded)
     _, components = scorer.score_texts(["", ""], ["", ""], {}, samples)
     assert components[REWARD_MODEL] == pytest.approx(rewards.tolist(), abs=1e-5)
+
+
+def test_a_vision_language_distillation_teacher_reads_each_rows_images(vision_assets, tmp_path):
+    """On-policy distillation of a vision-language policy: the teacher's log-probs (and top-k) of the sampled tokens
+    are those of its forward with each row's pixels, not of the image tokens read as text."""
+    from coati.experience.distillation import DistillConfig, ModelTeacher
+    from coati.experience.experience import Experience
+    from coati.models.logprobs import action_logps
+    from coati.models.vision import joined_image_inputs
+
+    ids, mask, row_images, pad = _left_padded_image_prompts(vision_assets, tmp_path)
+    teacher = AutoModelForImageTextToText.from_pretrained(vision_assets["qwen2_5_vl"]).eval()
+    _with_shared_random_weights(teacher, AutoModelForImageTextToText.from_pretrained(vision_assets["qwen2_5_vl"]))
+    prompt_length = ids.size(1) - 2   # the rows' last two tokens taken as their completion
+    experience = Experience(ids, mask, torch.ones(2, 2, dtype=torch.bool), prompt_length, None, torch.zeros(2),
+                            torch.zeros(2), image_inputs=row_images)
+    vocab = teacher.config.vocab_size
+    with torch.no_grad():
+        scores = ModelTeacher(teacher, DistillConfig(top_k=3), vocab).scores(experience, lambda forward, e: forward(slice(None)))
+        seen = action_logps(teacher, ids, mask, prompt_length, images=joined_image_inputs(row_images))
+        blind = action_logps(teacher, ids, mask, prompt_length)
+    assert torch.allclose(scores["teacher_log_probs"], seen, atol=1e-6)
+    assert not torch.allclose(scores["teacher_log_probs"], blind, atol=1e-3)
+    assert scores["teacher_top_logps"].shape == (2, 2, 3) and scores["teacher_top_ids"].max() < vocab
