@@ -1,6 +1,6 @@
 """LoRA through colossalai's `booster.enable_lora` (HF peft underneath): adapters on, and merged for export.
 
-Only the adapters (and, for a reward model, its score head) train. Checkpoints keep the whole
+Only the adapters (and, for a reward model, its score or value head) train. Checkpoints keep the whole
 adapted model, so a run resumes exactly; the export merges the adapters into the base weights so
 that `from_pretrained` loads a plain model, and also writes the adapters alone in peft's format.
 ColossalChat's LoRA names (`LoraConfig`, `LoraLinear`, `LoraEmbedding`, `convert_to_lora_module`) are here
@@ -27,10 +27,16 @@ __all__ = ["LoraConfig", "LoraEmbedding", "LoraLinear", "convert_to_lora_module"
            "export_adapter_and_merge", "merged_weights", "peft_model_of", "active_adapter"]
 
 
-def _task_type(model: torch.nn.Module) -> str:
-    """peft's task type: SEQ_CLS keeps a reward model's score head trainable and saved."""
-    classifiers = set(MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.values())
-    return "SEQ_CLS" if type(model).__name__ in classifiers else "CAUSAL_LM"
+def _task_settings(model: torch.nn.Module) -> Dict[str, Any]:
+    """peft's task type and the heads that train and save beside the adapters: SEQ_CLS keeps a reward model's score
+    head; a one-output head in place of an LM head (a vision-language reward model's) is named to keep."""
+    if type(model).__name__ in set(MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.values()):
+        return {"task_type": "SEQ_CLS"}
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if isinstance(head, nn.Linear) and head.out_features == 1:
+        return {"task_type": "CAUSAL_LM", "modules_to_save": [name for name, module in model.named_modules()
+                                                              if module is head]}
+    return {"task_type": "CAUSAL_LM"}
 
 
 def enable_lora(booster: Booster, plugin: Plugin, plugin_name: str, model: torch.nn.Module, rank: int, alpha: float,
@@ -47,7 +53,7 @@ def enable_lora(booster: Booster, plugin: Plugin, plugin_name: str, model: torch
     targets = target_modules if isinstance(target_modules, str) else (
         "all-linear" if list(target_modules) == ["all-linear"] else list(target_modules))
     config = PeftLoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias=bias,
-                            init_lora_weights=_peft_init(init), task_type=_task_type(model))
+                            init_lora_weights=_peft_init(init), **_task_settings(model))
     try:
         return booster.enable_lora(model, lora_config=config)
     except ValueError as error:

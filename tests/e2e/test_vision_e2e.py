@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from peft import PeftModel
 from transformers import AutoModelForImageTextToText, AutoProcessor
+
+from coati.models.reward_model import load_reward_model
 
 from conftest import SCRIPTS, assert_same_records, checkpoint_names, torchrun, train_records
 from support import run_coati
@@ -99,13 +102,21 @@ def test_vision_grpo_trains_on_image_prompts_and_resumes_exactly(vision_assets, 
 
 @pytest.mark.slow
 def test_vision_reward_model_resumes_exactly_then_scores_ppos_rollouts_and_starts_its_critic(vision_assets, tmp_path):
-    """A reward model of the vision-language model trains on image preference pairs and resumes exactly; PPO on image
-    prompts then scores its rollouts with it (reading their pixels) and starts its critic from it, as ColossalChat's
-    recipe does; the critic reads the same pixels as the policy and trains beside it."""
-    rm = _resumes_exactly("train_rm.py", vision_assets["qwen2_5_vl"], vision_assets["preference"], tmp_path / "rm")
+    """A reward model of the vision-language model trains (LoRA, its value head trained and saved beside the adapters)
+    on image preference pairs and resumes exactly; PPO on image prompts then scores its rollouts with it (reading
+    their pixels) and starts its critic from it, as ColossalChat's recipe does; the critic reads the same pixels as
+    the policy and trains beside it."""
+    rm = _resumes_exactly("train_rm.py", vision_assets["qwen2_5_vl"], vision_assets["preference"], tmp_path / "rm",
+                          "--lora_rank", "4")
     assert {"train/accuracy", "train/margin"} <= set(train_records(rm / "logs")[0])
     exported = rm / "final" / "model"
     assert AutoProcessor.from_pretrained(exported).image_processor is not None
+    # the value head trains and is saved beside the adapters: the base with them is the merged export
+    model = load_reward_model(str(exported), 0).eval()
+    rebuilt = PeftModel.from_pretrained(load_reward_model(str(vision_assets["qwen2_5_vl"]), 0),
+                                        rm / "final" / "adapter").merge_and_unload().eval()
+    for name, tensor in model.state_dict().items():
+        assert torch.allclose(tensor, rebuilt.state_dict()[name], atol=1e-6), name
     records = _on_policy_resumes_exactly("train_ppo.py", vision_assets, tmp_path / "ppo", "--rm_pretrain",
                                          str(exported), "--critic_pretrain", str(exported))
     assert all(r["train/loss/value"] > 0 for r in records) and records[0]["train/kl"] == 0
