@@ -12,6 +12,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
+from coati.cli.main import main
 from coati.models.reward_model import load_reward_model
 
 from conftest import SCRIPTS, assert_same_records, checkpoint_names, torchrun, train_records
@@ -164,7 +165,7 @@ def test_vision_grpo_with_tools_runs_tool_episodes_on_image_prompts(vision_asset
         assert 0.95 < records[0]["train/behaviour_ratio/min"] <= records[0]["train/behaviour_ratio/max"] <= 1.0 + 1e-5
 
 
-def test_what_cannot_work_with_images_is_refused_in_one_line(vision_assets, tiny_assets, tmp_path):
+def test_what_cannot_work_with_images_is_refused_in_one_line(vision_assets, tiny_assets, tmp_path, capsys):
     qwen, sft = str(vision_assets["qwen2_5_vl"]), str(vision_assets["sft"])
     cache = ["--prepared_cache_dir", str(tmp_path / "cache")]
     cases = [
@@ -192,11 +193,13 @@ def test_what_cannot_work_with_images_is_refused_in_one_line(vision_assets, tiny
         (["sft", "--pretrain", str(tiny_assets["model"]), "--dataset", sft, *cache],
          "the data has images, and the tokenizer's folder has no image processor"),
     ]
-    for argv, message in cases:
-        result = run_coati(*argv)
-        assert result.returncode == 2, (argv, result.stderr[-2000:])
-        lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-        assert len(lines) == 1 and message in lines[0], result.stderr[-2000:]
+    for argv, message in cases:   # in this process, through the `coati` command's own entry point
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        err = capsys.readouterr().err
+        assert exited.value.code == 2, (argv, err[-2000:])
+        lines = [line for line in err.splitlines() if line.startswith("error:")]
+        assert len(lines) == 1 and message in lines[0], err[-2000:]
 
     prepared = tmp_path / "prepared"
     assert run_coati("prepare", "--type", "sft", "--data_input_dirs", sft, "--tokenizer_dir", qwen,
