@@ -30,8 +30,8 @@ def from_pretrained_with_head(auto_cls: Any, path: str, role: str, **kwargs: Any
         transformers.logging.set_verbosity(verbosity)
     new = sorted([*info["missing_keys"], *info.get("mismatched_keys", ())])
     if new:
-        warn_user(f"{role}: {', '.join(new)} start from random weights ({path} has none of that shape, as expected "
-                  "when starting from a language model)")
+        warn_user(f"{role}: {', '.join(new)} start from random weights ({path} does not hold them in this shape, as "
+                  "expected when starting from a language model)")
     return model
 
 

@@ -292,21 +292,22 @@ def _left_padded_image_prompts(vision_assets, tmp_path):
     prepare_dataset([vision_assets["prompt"]], "prompt", images.processor.tokenizer, 256, tmp_path / "prompts",
                     images=images)
     rows = PromptRows(images=images)(list(load_from_disk(str(tmp_path / "prompts")))[:2])
-    rows[1]["input_ids"] = rows[1]["input_ids"][:-3] + rows[1]["input_ids"][-2:]
+    rows[1]["input_ids"] = rows[1]["input_ids"][:-3] + rows[1]["input_ids"][-2:]   # one token shorter: left padding
     width = max(len(r["input_ids"]) for r in rows)
     ids = torch.tensor([[pad] * (width - len(r["input_ids"])) + r["input_ids"] for r in rows])
     mask = torch.tensor([[0] * (width - len(r["input_ids"])) + [1] * len(r["input_ids"]) for r in rows])
     return ids, mask, [r[IMAGE_INPUTS] for r in rows], pad
 
 
-def _with_shared_random_weights(model, backbone):
-    """Give `model` and the image-text `backbone` the same large random weights (the LM head apart), so that what the
-    image contributes is far above float noise."""
+def _with_shared_random_weights(model, backbone=None):
+    """Give `model` (and the image-text `backbone`, where given) the same large random weights, the LM head apart, so
+    that what the image contributes is far above float noise."""
     with torch.no_grad():
-        for (name, param), (_, same) in zip(model.named_parameters(), backbone.named_parameters()):
+        for name, param in model.named_parameters():
             if param.dim() > 1 and "lm_head" not in name:
                 param.normal_(0, 0.5)
-                same.copy_(param)
+                if backbone is not None:
+                    backbone.get_parameter(name).copy_(param)
 
 
 def _last_hidden(backbone, ids, mask, pixels=None):
@@ -388,7 +389,7 @@ def test_a_vision_language_distillation_teacher_reads_each_rows_images(vision_as
 
     ids, mask, row_images, pad = _left_padded_image_prompts(vision_assets, tmp_path)
     teacher = AutoModelForImageTextToText.from_pretrained(vision_assets["qwen2_5_vl"]).eval()
-    _with_shared_random_weights(teacher, AutoModelForImageTextToText.from_pretrained(vision_assets["qwen2_5_vl"]))
+    _with_shared_random_weights(teacher)
     prompt_length = ids.size(1) - 2   # the rows' last two tokens taken as their completion
     experience = Experience(ids, mask, torch.ones(2, 2, dtype=torch.bool), prompt_length, None, torch.zeros(2),
                             torch.zeros(2), image_inputs=row_images)
