@@ -147,15 +147,17 @@ def test_lora_on_plugin_trains_and_exports_the_adapter(trainer, plugin, assets, 
     assert _weights(trainer, tmp_path / "final" / "model").keys() == _weights(trainer, assets["model"]).keys()
 
 
-VISION = {"sft": ("train_sft.py", "qwen2_5_vl", "sft"), "dpo": ("train_dpo.py", "llava", "preference")}
+VISION = {"sft": ("train_sft.py", "qwen2_5_vl", "sft"), "dpo": ("train_dpo.py", "llava", "preference"),
+          "rm": ("train_rm.py", "qwen2_5_vl", "preference")}
 """Vision-language trainer -> (script, tiny model, image rows): 32 rows, batch 4: eight optimizer steps."""
 
 
 @pytest.mark.parametrize("plugin", ["ddp", "zero2", "gemini"])
 @pytest.mark.parametrize("trainer", sorted(VISION))
 def test_vision_trainer_on_plugin_trains_and_resumes(trainer, plugin, vision_assets, tmp_path):
-    """Image rows on the plugins that hold a whole model on one GPU, in bf16: SFT (Qwen2.5-VL) and DPO (LLaVA) train,
-    export with the processor and resume from a mid-run checkpoint."""
+    """Image rows on the plugins that hold a whole model on one GPU, in bf16: SFT (Qwen2.5-VL), DPO (LLaVA) and the
+    reward model (Qwen2.5-VL with a value head) train, export with the processor and resume from a mid-run
+    checkpoint."""
     script, model, data = VISION[trainer]
 
     def run(out: Path, *extra: str) -> list:
