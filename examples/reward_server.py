@@ -25,6 +25,7 @@ from coati.dataset.collators import pad_sequences
 from coati.utils import http_json
 from coati.utils.http_json import JsonHandler
 from coati.models.reward_model import load_reward_model, sequence_rewards
+from coati.models.vision import is_vision_model
 from coati.rewards.remote import TOKEN_ENV
 from coati.cli.options import CoatiArgumentParser
 from coati.utils.ranges import at_least
@@ -113,6 +114,9 @@ def main() -> None:
     args = parse_args()
     if not (Path(args.model) / "config.json").is_file():
         raise CoatiUsageError(f"--model {args.model} is not a model directory (no config.json)")
+    if is_vision_model(args.model):
+        raise CoatiUsageError(f"--model {args.model} is a vision-language reward model: requests carry token ids, not "
+                              "the images it reads; give it to the trainer as --rm_pretrain instead")
     token = server_token(args)
     scorer = RewardModelScorer(args.model, args.batch_size)
     try:

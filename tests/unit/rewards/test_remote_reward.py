@@ -76,6 +76,16 @@ def test_the_server_will_not_listen_beyond_loopback_without_a_token(reward_model
                                    f"{TOKEN_ENV}), or pass --allow_unauthenticated")
 
 
+def test_the_server_refuses_a_vision_language_reward_model_in_one_line(vision_assets):
+    """Requests carry token ids only: a reward model that reads images would score their placeholders as text."""
+    model = vision_assets["qwen2_5_vl"]
+    done = subprocess.run([sys.executable, str(SERVER), "--model", str(model)], capture_output=True, text=True,
+                          env=child_env(), cwd=REPO, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (f"error: --model {model} is a vision-language reward model: requests carry token "
+                                   "ids, not the images it reads; give it to the trainer as --rm_pretrain instead")
+
+
 class _Handler(BaseHTTPRequestHandler):
     """Answers as the class attributes say: `delay_s` first, then `statuses` in turn (the last one repeats), with
     `extra` added to a 200 answer."""
