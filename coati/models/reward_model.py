@@ -76,6 +76,11 @@ def _with_value_head(model_class: Any) -> Any:
     return type(model_class.__name__, (model_class,), {"__init__": __init__})
 
 
+def last_attended(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Each row's index of its last attended token, left- or right-padded."""
+    return (attention_mask * torch.arange(attention_mask.size(1), device=attention_mask.device)).argmax(-1)
+
+
 def sequence_rewards(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                      images: Optional[Dict[str, torch.Tensor]] = None) -> torch.Tensor:
     """One scalar reward per row, in float32, read at the row's last non-pad token. Positions count real
@@ -85,7 +90,7 @@ def sequence_rewards(model: torch.nn.Module, input_ids: torch.Tensor, attention_
     scores = model(input_ids=input_ids, attention_mask=attention_mask,
                    position_ids=padded_positions(model, input_ids, attention_mask, images), **(images or {})).logits
     if scores.dim() == 3:
-        last = (attention_mask * torch.arange(input_ids.size(1), device=input_ids.device)).argmax(-1)
+        last = last_attended(attention_mask)
         scores = scores[torch.arange(input_ids.size(0), device=input_ids.device), last]
     return scores.squeeze(-1).float()
 
@@ -147,7 +152,7 @@ class RewardModel(torch.nn.Module):
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
         hidden = self.model.base_model(input_ids=input_ids, attention_mask=mask,
                                        position_ids=mask_positions(mask)).last_hidden_state
-        last = (mask * torch.arange(input_ids.size(1), device=input_ids.device)).argmax(-1)
+        last = last_attended(mask)
         return _score_head(self.model)(hidden[torch.arange(input_ids.size(0)), last]).squeeze(-1)
 
     def get_input_embeddings(self) -> torch.nn.Module:
