@@ -1,9 +1,12 @@
 """What several test files use: a GRPO trainer on the tiny model, a supervised trainer on a linear regression, a
 hook recorder, the sandbox's limits and process census, a teacher model, the `coati` command in a fresh process, and
 the vLLM environment check. Test files import from here, never from one another."""
+import contextlib
+import io
 import os
 import subprocess
 import sys
+from typing import Callable, List
 
 import psutil
 import pytest
@@ -132,6 +135,19 @@ COATI = [sys.executable, "-m", "coati.cli.main"]
 def run_coati(*argv, cwd=REPO, timeout=600):
     """`coati ARGV` run in a fresh process from `cwd`, its output captured."""
     return subprocess.run([*COATI, *argv], capture_output=True, text=True, env=child_env(), cwd=cwd, timeout=timeout)
+
+
+def run_main(main: Callable[[List[str]], None], argv: List[str]) -> subprocess.CompletedProcess:
+    """A script's `main(argv)` (the code path of its command line) run in this process, returned as a finished
+    process: its exit status and what it printed. It saves the ~10 s a new Python process takes to import torch."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(argv)
+            code = 0
+        except SystemExit as exited:
+            code = exited.code if isinstance(exited.code, int) else int(exited.code is not None)
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 def need_vllm_environment():

@@ -8,7 +8,8 @@ from datasets import load_from_disk
 
 from coati.dataset.prepare import PROMPT_COLUMN, prepare_dataset
 from coati.dataset.tokenization import IGNORE_INDEX, load_tokenizer
-from conftest import REPO, SCRIPTS, child_env, torchrun_cmd
+from coati.cli import commands
+from support import run_main
 
 SKY = [{"role": "user", "content": "What color is the sky?"}]
 BLUE = [{"role": "assistant", "content": "It is blue."}]
@@ -103,13 +104,11 @@ TRAINERS = {"sft": ("sft", ["--batch_size", "8"]), "rm": ("preference", ["--batc
 written for one format (2 for conversational, 3 and 6 for standard) are in `test_format_specific_trl_examples`."""
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("script", sorted(TRAINERS))
-def test_every_format_trains_on_its_trainers(script, prepared, tiny_assets, tmp_path):
+def test_every_format_trains_on_its_trainers(script, prepared, tiny_assets, tmp_path, world_of_one):
     """One run per trainer over every format it takes, each format's folder one of its --dataset folders; GRPO
-    scores with TRL's documented reward functions, unchanged."""
-    import subprocess
-
+    scores with TRL's documented reward functions, unchanged. The trainers run in this process, as
+    `coati.cli.commands` (what train_<trainer>.py is) on a world of one."""
     _, folders = prepared
     kind, extra = TRAINERS[script]
     data = [str(folder) for (k, _), folder in folders.items() if k == kind]
@@ -120,8 +119,7 @@ def test_every_format_trains_on_its_trainers(script, prepared, tiny_assets, tmp_
         argv += ["--ptx_dataset", str(folders["sft", "text"]), "--ptx_coef", "0.1"]
     else:
         argv += ["--max_epochs", "1"]
-    result = subprocess.run(torchrun_cmd(SCRIPTS / f"train_{script}.py", 1, *argv), capture_output=True, text=True,
-                            timeout=600, env=child_env(PYTHONPATH=str(REPO / "tests")), cwd=REPO)
+    result = run_main(getattr(commands, script), argv)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     records = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
     assert records and all(math.isfinite(r["loss"]) for r in records if "loss" in r)

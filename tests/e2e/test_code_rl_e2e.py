@@ -26,6 +26,7 @@ def code_assets(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_grpo_learns_from_code_tests_and_logs_the_pass_rate(code_assets, tmp_path):
     sft = torchrun(SCRIPTS / "train_sft.py", 2, "--pretrain", str(code_assets / "model"), "--dataset",
                    str(code_assets / "sft"), "--plugin", "ddp", "--batch_size", "8", "--max_epochs", "24", "--lr", "3e-3",

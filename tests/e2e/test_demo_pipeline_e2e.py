@@ -14,7 +14,7 @@ from conftest import REPO, child_env
 def test_demo_runs_every_stage_and_writes_the_report(tmp_path):
     out = tmp_path / "demo"
     result = subprocess.run([sys.executable, str(REPO / "applications" / "demo" / "run_demo.py"), "--out", str(out),
-                             "--steps", "12", "--model_size", "tiny"], capture_output=True, text=True, cwd=REPO,
+                             "--steps", "4", "--model_size", "tiny"], capture_output=True, text=True, cwd=REPO,
                             env=child_env(), timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     lines = [line for line in result.stdout.splitlines() if line.startswith("[demo]")]
@@ -75,6 +75,7 @@ def test_rewards_demo_runs_the_judge_the_prm_and_distillation_and_writes_the_rep
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_vision_demo_trains_on_drawn_problems_and_reports_sample_images(tmp_path):
     out = tmp_path / "demo_vision"
     result = subprocess.run([sys.executable, str(REPO / "applications" / "demo" / "run_vision_demo.py"), "--out",

@@ -55,6 +55,7 @@ def _held_out_logp_margin(model_dir: Path, data: Path) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_dpo_raises_held_out_reward_accuracy_and_log_prob_margin(sft_and_data, tmp_path):
     train, held_out = _run("train_dpo.py", sft_and_data, tmp_path)
     assert held_out["rewards/accuracies"] > 0.9 and held_out["rewards/margins"] > 0
@@ -88,6 +89,7 @@ def test_precomputed_reference_matches_the_live_reference_and_resumes_exactly(sf
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_simpo_orpo_and_kto_move_their_metrics_the_right_way(sft_and_data, tmp_path):
     simpo, _ = _run("train_dpo.py", sft_and_data, tmp_path / "simpo", "pref", "--loss_type", "simpo")
     assert simpo[-1]["train/rewards/margins"] > simpo[0]["train/rewards/margins"] + 1.0

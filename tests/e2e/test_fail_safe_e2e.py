@@ -77,6 +77,7 @@ def test_an_on_policy_run_without_save_interval_checkpoints_at_its_end(tiny_asse
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_async_grpo_with_two_collect_steps_per_episode_runs_to_the_end(tiny_assets, tmp_path):
     result = _python(SCRIPTS / "train_grpo.py", *_grpo_args(tiny_assets, "--num_episodes", "3", "--num_collect_steps",
                                                             "2", "--async_rollout", "--max_staleness", "1",

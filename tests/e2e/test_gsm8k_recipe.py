@@ -13,7 +13,8 @@ RECIPE = REPO / "applications" / "gsm8k_rlvr" / "run_gsm8k.py"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("rollout", [[], ["--async_rollout", "1"]], ids=["sync", "async"])
+@pytest.mark.parametrize("rollout", [[], pytest.param(["--async_rollout", "1"], marks=pytest.mark.extended)],
+                         ids=["sync", "async"])
 def test_gsm8k_recipe_saves_and_evaluates_on_its_cadence(tiny_assets, tmp_path, rollout):
     train = write_jsonl(gsm8k_records(generate_problems(16, "train")), tmp_path / "train.jsonl")   # 4 episodes
     test = write_jsonl(gsm8k_records(generate_problems(16, "eval")), tmp_path / "test.jsonl")

@@ -24,8 +24,8 @@ def _losses(out: Path):
 @pytest.mark.slow
 @pytest.mark.parametrize("script,data,extra", [
     ("train_sft.py", "sft_train", []),
-    ("train_rm.py", "pref_train", []),
-    ("train_dpo.py", "pref_train", ["--precompute_ref_logps"]),
+    pytest.param("train_rm.py", "pref_train", [], marks=pytest.mark.extended),
+    pytest.param("train_dpo.py", "pref_train", ["--precompute_ref_logps"], marks=pytest.mark.extended),
 ], ids=["sft", "rm", "dpo-precomputed-reference"])
 def test_packed_run_logs_the_unpacked_losses(tiny_assets, tmp_path, script, data, extra):
     runs = {}

@@ -29,14 +29,9 @@ def test_every_recipe_is_taken_as_written(monkeypatch):
         assert (args.save_dir, args.checkpoint_path) == (f"{args.output_dir}/checkpoints", "latest"), recipe.name
 
 
-IN_MAKE_TEST = ("sft_lora.yaml", "grpo.yaml")
-"""The recipes `make test` trains (a supervised one with LoRA and an on-policy one); the others train in `make
-test-extended`: their trainers are each covered by faster tests, and every recipe's keys by the test above."""
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", [pytest.param(r.name, marks=() if r.name in IN_MAKE_TEST else pytest.mark.extended)
-                                    for r in sorted(RECIPES.glob("*.yaml")) if r.name not in GPU_OR_CLUSTER])
+@pytest.mark.extended   # every recipe's keys are checked by the test above, config files run in test_quickstart.py
+@pytest.mark.parametrize("recipe", [r.name for r in sorted(RECIPES.glob("*.yaml")) if r.name not in GPU_OR_CLUSTER])
 def test_a_recipe_trains_on_a_cpu_with_the_model_and_data_overridden(recipe, tiny_assets, tmp_path):
     command = _command(RECIPES / recipe)
     data = {"sft": "sft_train", "rm": "pref_train", "dpo": "pref_train", "grpo": "prompt_train",

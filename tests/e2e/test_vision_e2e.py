@@ -102,6 +102,7 @@ def test_vision_grpo_trains_on_image_prompts_and_resumes_exactly(vision_assets, 
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_vision_reward_model_resumes_exactly_then_scores_ppos_rollouts_and_starts_its_critic(vision_assets, tmp_path):
     """A reward model of the vision-language model trains (LoRA, its value head trained and saved beside the adapters)
     on image preference pairs and resumes exactly; PPO on image prompts then scores its rollouts with it (reading
@@ -140,7 +141,7 @@ def _vision_teacher(vision_assets, folder: Path) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", [(), ASYNC], ids=["synchronous", "asynchronous"])
+@pytest.mark.parametrize("mode", [(), pytest.param(ASYNC, marks=pytest.mark.extended)], ids=["synchronous", "asynchronous"])
 def test_vision_grpo_with_tools_runs_tool_episodes_on_image_prompts(vision_assets, tmp_path, mode):
     """`--tools` on a vision-language model: the prompts rendered with the tools and their images train under
     torchrun, the episodes logged as multi-turn ones, distilled from a vision-language teacher; asynchronously, Ray

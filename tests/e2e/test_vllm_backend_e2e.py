@@ -85,6 +85,7 @@ def test_multi_turn_grpo_trains_on_vllm_rollouts_and_resumes_exactly(tiny_assets
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_async_grpo_on_one_vllm_generator_stays_within_its_staleness(tiny_assets, own_model, tmp_path):
     """Asynchronous multi-turn LoRA GRPO on one vLLM generator (sent the merged weights, as auto picks on a CPU): the
     staleness bound holds, IcePop weighs the behaviour ratios, and every publish passes the sync probe."""

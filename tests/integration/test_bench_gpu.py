@@ -92,6 +92,7 @@ def test_a_failed_row_says_why_in_one_line():
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_the_cpu_rows_run_the_training_scripts_and_write_the_table(tmp_path):
     out = tmp_path / "bench"
     done = subprocess.run([sys.executable, str(BENCH), "--group", "cpu_check", "--out", str(out), "--seq_len", "512",

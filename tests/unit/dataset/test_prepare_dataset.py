@@ -1,17 +1,15 @@
 """prepare_dataset.py: accepted shapes, one-line errors with file/line/field and exit 2, skip counts."""
 import json
-import subprocess
-import sys
 
 import pytest
 from datasets import Dataset, load_from_disk
 from transformers import AutoTokenizer
 
+from coati.cli.commands import prepare, rm
 from coati.dataset import load_prepared
 from coati.models.tiny import END_OF_TURN
-from conftest import REPO
+from support import run_main
 
-SCRIPT = REPO / "examples" / "data_preparation_scripts" / "prepare_dataset.py"
 GOOD_SFT = {"messages": [{"role": "user", "content": "1 + 1?"}, {"role": "assistant", "content": "2"}]}
 
 
@@ -21,9 +19,10 @@ def _write(path, rows):
 
 
 def _prepare(tiny_assets, data_type, inputs, out, *extra):
-    cmd = [sys.executable, str(SCRIPT), "--type", data_type, "--data_input_dirs", *map(str, inputs),
-           "--tokenizer_dir", str(tiny_assets["model"]), "--data_output_dirs", str(out), "--max_length", "64", *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env={"PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore"})
+    """prepare_dataset.py with these flags, in this process (`examples/.../prepare_dataset.py` is `coati prepare`;
+    `tests/e2e/test_bad_inputs.py` runs it as a process of its own)."""
+    return run_main(prepare, ["--type", data_type, "--data_input_dirs", *map(str, inputs), "--tokenizer_dir",
+                              str(tiny_assets["model"]), "--data_output_dirs", str(out), "--max_length", "64", *extra])
 
 
 BAD_ROWS = [
@@ -104,9 +103,8 @@ def test_prompt_sets_with_different_fields_mix_in_one_dataset(tiny_assets, tmp_p
 
 
 def test_training_script_refuses_data_of_another_type_by_name(tiny_assets):
-    cmd = [sys.executable, str(REPO / "examples" / "training_scripts" / "train_rm.py"), "--pretrain", str(tiny_assets["model"]),
-           "--dataset", str(tiny_assets["pref_train"]), str(tiny_assets["sft_train"]), "--plugin", "ddp"]
-    result = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env={"PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore"})
+    result = run_main(rm, ["--pretrain", str(tiny_assets["model"]), "--dataset", str(tiny_assets["pref_train"]),
+                           str(tiny_assets["sft_train"]), "--plugin", "ddp"])
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (f"error: dataset {tiny_assets['sft_train']} was prepared as sft data; "
                                                       "this script needs preference data (prepare_dataset.py --type preference)")

@@ -248,6 +248,7 @@ def test_a_server_that_cannot_start_says_why(small_model, tmp_path):
     assert set(work.glob(f"coati-vllm-{os.getpid()}-*")) == ours and not left_by_a_killed_run.exists()
 
 
+@pytest.mark.extended
 def test_a_judge_served_on_vllm_answers_as_the_hf_one(small_model, monkeypatch):
     """And, as a distillation teacher, scores the same prompt log-probs and top tokens, and tokenizes as the policy."""
     from transformers import AutoTokenizer
