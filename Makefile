@@ -1,6 +1,6 @@
-# `make demo` and `make test` set up .venv first when it is missing or out of date; `make test` also
-# builds vLLM's own environment (.venv-vllm, for --rollout_backend vllm) and installs the Debian packages the
-# multi-node tests need (sshd, ip) when it runs as root.
+# `make demo` and `make test` set up .venv first when it is missing or out of date; `make test` also installs the
+# Debian packages the multi-node tests need (sshd, ip) when it runs as root, and `make test-extended` builds vLLM's
+# own environment (.venv-vllm, for --rollout_backend vllm), whose tests are among the ones it runs.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -91,18 +91,19 @@ $(SYSTEM_TOOLS):
 		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends openssh-server iproute2; \
 	else echo "not root: $@ is missing, so the multi-node tests will skip"; fi
 
-# The two environments build side by side (they share nothing); the system packages first, one apt at a time.
-# `make test` (CI) leaves out the tests marked `extended`: the longest fault and compatibility runs, which
-# `make test-extended` runs (about 5 more minutes).
+# The environments build side by side (they share nothing); the system packages first, one apt at a time.
+# `make test` (CI) leaves out the tests marked `extended`: the longest runs, those of vLLM among them, which
+# `make test-extended` runs (docs/development/tests.md).
 test: test-setup
 	$(PY) -m pytest -m "not extended" tests
 
 test-extended: test-setup
+	$(MAKE) $(VLLM_STAMP)
 	$(PY) -m pytest -m extended tests
 
 test-setup: $(SYSTEM_TOOLS)
-	$(MAKE) -j2 $(STAMP) $(VLLM_STAMP)
-	$(MAKE) install $(DOCS_STAMP)
+	$(MAKE) -j2 $(STAMP) $(DOCS_STAMP)
+	$(MAKE) install
 
 test-fast: install
 	$(PY) -m pytest -m "not slow" tests

@@ -197,6 +197,18 @@ def small_model(tiny_assets, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def vllm_environment():
+    """For the tests that start vLLM servers (all `extended`: `make test-extended` builds vLLM's environment): skips
+    them where that environment is missing, and fails them instead on CI."""
+    from coati.inference.vllm import default_vllm_python
+
+    if not os.access(default_vllm_python(), os.X_OK):
+        if os.environ.get("CI"):
+            raise RuntimeError(f"CI runs these vLLM tests: {default_vllm_python()} is missing (make vllm-env builds it)")
+        pytest.skip("no vLLM environment: `make vllm-env` builds it")
+
+
+@pytest.fixture(scope="session")
 def world_of_one():
     """colossalai's process group with one CPU rank, for trainer tests that run in this process."""
     from coati.distributed.launch import init_distributed

@@ -9,7 +9,6 @@ import sys
 from typing import Callable, List
 
 import psutil
-import pytest
 import torch
 from colossalai.booster import Booster
 from colossalai.booster.plugin import TorchDDPPlugin
@@ -149,13 +148,3 @@ def run_main(main: Callable[[List[str]], None], argv: List[str]) -> subprocess.C
             code = exited.code if isinstance(exited.code, int) else int(exited.code is not None)
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
-
-def need_vllm_environment():
-    """Skips the test module that calls it where vLLM's own environment is missing; on CI, which runs the vLLM tests,
-    fails it instead."""
-    from coati.inference.vllm import default_vllm_python
-
-    if not os.access(default_vllm_python(), os.X_OK):
-        if os.environ.get("CI"):
-            raise RuntimeError(f"CI runs the vLLM tests: {default_vllm_python()} is missing (make vllm-env builds it)")
-        pytest.skip("no vLLM environment: `make vllm-env` builds it", allow_module_level=True)

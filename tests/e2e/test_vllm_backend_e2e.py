@@ -9,9 +9,8 @@ import psutil
 import pytest
 
 from conftest import SCRIPTS, assert_same_records, kill_run, start_torchrun, torchrun, train_records
-from support import need_vllm_environment
 
-need_vllm_environment()
+pytestmark = [pytest.mark.extended, pytest.mark.usefixtures("vllm_environment")]
 
 SERVER_MODULE = "coati.inference.vllm_server"
 
@@ -85,7 +84,6 @@ def test_multi_turn_grpo_trains_on_vllm_rollouts_and_resumes_exactly(tiny_assets
 
 
 @pytest.mark.slow
-@pytest.mark.extended
 def test_async_grpo_on_one_vllm_generator_stays_within_its_staleness(tiny_assets, own_model, tmp_path):
     """Asynchronous multi-turn LoRA GRPO on one vLLM generator (sent the merged weights, as auto picks on a CPU): the
     staleness bound holds, IcePop weighs the behaviour ratios, and every publish passes the sync probe."""
@@ -114,7 +112,6 @@ def _wait_for(predicate, timeout: float, what: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.extended
 def test_killing_the_trainer_leaves_no_engine_behind(tiny_assets, own_model, tmp_path):
     """PPO on vLLM rollouts of multi-turn episodes (a critic and a reward model beside the engine) through its first
     episode, whose weights went to the servers in memory with no name in /dev/shm (so no kill can leave them there);
@@ -140,7 +137,6 @@ def test_killing_the_trainer_leaves_no_engine_behind(tiny_assets, own_model, tmp
 
 
 @pytest.mark.slow
-@pytest.mark.extended
 def test_an_engine_that_dies_ends_the_run_with_one_line(tiny_assets, own_model, tmp_path):
     """Also the one run of vLLM compiled (its default), which the other tests start eager to save time."""
     log = tmp_path / "run.log"

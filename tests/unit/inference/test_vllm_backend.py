@@ -15,9 +15,8 @@ from coati.inference.vllm import EngineError, VLLMConfig, VLLMPool
 from coati.models.generation import HFEngine
 from coati.config import SamplingConfig
 from coati.rollout.pool import generate_requests
-from support import need_vllm_environment
 
-need_vllm_environment()
+pytestmark = [pytest.mark.extended, pytest.mark.usefixtures("vllm_environment")]
 
 
 def _tokenizer(model_dir):
@@ -248,7 +247,6 @@ def test_a_server_that_cannot_start_says_why(small_model, tmp_path):
     assert set(work.glob(f"coati-vllm-{os.getpid()}-*")) == ours and not left_by_a_killed_run.exists()
 
 
-@pytest.mark.extended
 def test_a_judge_served_on_vllm_answers_as_the_hf_one(small_model, monkeypatch):
     """And, as a distillation teacher, scores the same prompt log-probs and top tokens, and tokenizes as the policy."""
     from transformers import AutoTokenizer
