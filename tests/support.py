@@ -1,6 +1,6 @@
 """What several test files use: a GRPO trainer on the tiny model, a supervised trainer on a linear regression, a
-hook recorder, the sandbox's limits and process census, a teacher model, the `coati` command in a fresh process, and
-the vLLM environment check. Test files import from here, never from one another."""
+hook recorder, the sandbox's limits and process census, a teacher model, the `coati` command in a fresh process, and a
+script's `main` in this one. Test files import from here, never from one another."""
 import contextlib
 import io
 import os
@@ -138,7 +138,7 @@ def run_coati(*argv, cwd=REPO, timeout=600):
 
 def run_main(main: Callable[[List[str]], None], argv: List[str]) -> subprocess.CompletedProcess:
     """A script's `main(argv)` (the code path of its command line) run in this process, returned as a finished
-    process: its exit status and what it printed. It saves the ~10 s a new Python process takes to import torch."""
+    process: its exit status and what it printed. It saves the ~11 s a new Python process takes to import torch and the rest."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
