@@ -13,9 +13,8 @@ from coati.inference.vllm import default_vllm_python
 from coati.models.prm import is_prm_folder
 from coati.distributed.plugins import check_first_forward
 from coati.rollout.chat import check_appending
-from coati.rollout.environment import row_tools
 from coati.rollout.multiturn import conversation
-from coati.rollout.tools import resolve_tools
+from coati.rollout.tools import resolve_tools, row_tools
 from coati.utils.errors import CoatiUsageError, warn_user
 
 from coati.trainer.onpolicy import OLTrainer

@@ -36,9 +36,8 @@ from coati.rollout import GeneratorPool, PromptStream, RLVRWorkflow, RolloutWork
 from coati.rollout.agent import AgentWorkflow
 from coati.rollout.probe import SyncProbe
 from coati.rollout.chat import ChatTokens
-from coati.rollout.environment import ToolEnvironment, tool_schemas
 from coati.rollout.multiturn import MultiTurnWorkflow
-from coati.rollout.tools import ToolRunner, configure_python_tool, resolve_tools
+from coati.rollout.tools import ToolEnvironment, ToolRunner, configure_python_tool, resolve_tools, tool_schemas
 from coati.utils.errors import CoatiUsageError
 from coati.utils.registry import AGENTS, TOOL_CALL_PARSERS
 

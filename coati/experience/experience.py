@@ -11,11 +11,11 @@ import torch
 from coati.config import GRPOConfig, PPOConfig, RolloutConfig
 from coati.models.critic import action_values
 from coati.models.generation import GenerationEngine
-from coati.models.logprobs import action_logps
-from coati.models.loss import kl_penalty, masked_mean, masked_var
+from coati.models.logprobs import action_logps, kl_penalty
+from coati.models.loss import masked_mean, masked_var
 from coati.models.vision import joined_image_inputs
 from coati.rewards.registry import table_columns
-from coati.utils.registry import ADVANTAGE_ESTIMATORS
+from coati.utils.registry import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS
 
 from .advantages import AdvantageConfig, compute_gae, tied_groups
 from .controllers import KL_DEFAULTS, KLController, TemperatureController
@@ -156,26 +156,19 @@ class Experience:
             return None
         return joined_image_inputs(self.image_inputs[rows], self.sequences.device) or None
 
-    def split(self, rows: int) -> List["Experience"]:
-        """Consecutive parts of at most `rows` rows (the whole batch when `rows` is 0 or covers it): every
-        per-row tensor, list and dict of lists is sliced, everything else (the prompt length, timings) is shared."""
-        total = self.sequences.size(0)
-        if rows <= 0 or rows >= total:
-            return [self]
-        return [_slice_rows(self, start, min(start + rows, total)) for start in range(0, total, rows)]
+    def rows(self, start: int, end: int) -> "Experience":
+        """Rows `start:end`: every per-row tensor, list and dict of lists is sliced, everything else (the prompt
+        length, timings) is shared."""
+        def part(value: Any) -> Any:
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
+                return value[start:end]
+            if isinstance(value, list):
+                return value[start:end]
+            if isinstance(value, dict) and value and all(isinstance(v, list) for v in value.values()):
+                return {k: v[start:end] for k, v in value.items()}
+            return value
 
-
-def _slice_rows(experience: Experience, start: int, end: int) -> Experience:
-    def part(value: Any) -> Any:
-        if isinstance(value, torch.Tensor) and value.dim() > 0:
-            return value[start:end]
-        if isinstance(value, list):
-            return value[start:end]
-        if isinstance(value, dict) and value and all(isinstance(v, list) for v in value.values()):
-            return {k: v[start:end] for k, v in value.items()}
-        return value
-
-    return Experience(**{f.name: part(getattr(experience, f.name)) for f in dataclasses.fields(experience)})
+        return Experience(**{f.name: part(getattr(self, f.name)) for f in dataclasses.fields(self)})
 
 
 def through_last(mask: torch.Tensor) -> torch.Tensor:
@@ -214,6 +207,7 @@ class ExperienceMaker:
                  step_scorer: Optional[Any] = None) -> None:
         self.actor, self.engine, self.scorer, self.tokenizer = actor, engine, scorer, scorer.tokenizer
         self.config, self.ref_model, self.teacher, self.step_scorer = config, ref_model, teacher, step_scorer
+        self.kl_estimator = KL_ESTIMATORS.get(config.kl_estimator)
 
     @property
     def group_size(self) -> int:
@@ -261,8 +255,7 @@ class ExperienceMaker:
                 added["ref_log_probs"] = self._per_rows(lambda rows: action_logps(
                     self.ref_model, e.sequences[rows], e.attention_mask[rows], e.prompt_length, packed=e.packed,
                     images=e.images(rows)), e)
-            added["kl"] = kl_penalty(added["action_log_probs"], added["ref_log_probs"],
-                                     self.config.kl_estimator) * e.action_mask
+            added["kl"] = kl_penalty(added["action_log_probs"], added["ref_log_probs"], self.kl_estimator) * e.action_mask
         if self.teacher is not None:
             with timed(timing, "teacher_forward"):
                 added.update(self.teacher.scores(e, self._per_rows))
@@ -306,6 +299,7 @@ class GRPOExperienceMaker(ExperienceMaker):
         if self.config.advantage_estimator == "maxent" and temperature is None:
             temperature = TemperatureController()
         self.temperature = temperature
+        self.advantage_estimator = ADVANTAGE_ESTIMATORS.get(self.config.advantage_estimator)
 
     @property
     def group_size(self) -> int:
@@ -329,7 +323,7 @@ class GRPOExperienceMaker(ExperienceMaker):
             lengths = through_last(experience.action_mask.bool()).sum(-1)
             rewards = shape_rewards(raw, experience.reward_components, lengths, config.reward_shaping,
                                     config.shaping.resolved(config.sampling.max_new_tokens))
-        advantages = ADVANTAGE_ESTIMATORS.get(config.advantage_estimator)(rewards, self.advantage_config(experience))
+        advantages = self.advantage_estimator(rewards, self.advantage_config(experience))
         loss_mask = experience.action_mask.clone()
         if config.drop_tied_groups or config.dynamic_sampling:
             loss_mask[tied_groups(raw, config.num_generations)] = False

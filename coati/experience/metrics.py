@@ -1,13 +1,14 @@
 """Per-rollout statistics over every rank's samples, under the names of the published GRPO logging module
 (`reward_p50`, `rewards/<name>/mean`, `completions/mean_length_sampled`, `completions/diversity/...`)."""
+import math
 from itertools import combinations
-from typing import Dict, List, Sequence
+from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from coati.utils.comm import gather_lists
-from coati.rewards.registry import EXTRA_PREFIX, component_metrics
+from coati.rewards.registry import EXTRA_PREFIX, METRIC_PREFIX
 
 from .experience import Experience
 
@@ -18,6 +19,17 @@ def quantiles(prefix: str, values: Sequence[float]) -> Dict[str, float]:
     """`<prefix>NN` for each percentile NN of QUANTILES, linearly interpolated between order statistics."""
     array = np.asarray(values, dtype=np.float64)
     return {f"{prefix}{q:02d}": float(np.percentile(array, q)) for q in QUANTILES}
+
+
+def component_metrics(components: Dict[str, Sequence[Any]]) -> Iterator[Tuple[str, List[float]]]:
+    """(metric name, values) of each numeric component, the rows a function returned None for left out:
+    `rewards/<component>`, or a `log_metric` value under its own name; `log_extra` columns are not metrics."""
+    for name, values in components.items():
+        if name.startswith(EXTRA_PREFIX):
+            continue
+        kept = [float(v) for v in values if not math.isnan(v)]
+        if kept:
+            yield (name[len(METRIC_PREFIX):] if name.startswith(METRIC_PREFIX) else f"rewards/{name}"), kept
 
 
 def reward_stats(rewards: Sequence[float], components: Dict[str, Sequence[float]]) -> Dict[str, float]:

@@ -42,10 +42,6 @@ class Scorer:
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
-    @property
-    def _fn_reads_sequences(self) -> bool:
-        return bool(getattr(self.reward_fn, "takes_sequences", False))
-
     def sequences(self, samples: Sequence[RolloutSample]) -> Sequences:
         """The samples' full sequences (prompt and completion) as ids and as text with special tokens."""
         ids = [s.attended_ids for s in samples]
@@ -60,9 +56,10 @@ class Scorer:
         originals = fields.pop(PROMPT_COLUMN, None)
         total, components = [0.0] * len(completions), {}
         if self.reward_fn is not None:
-            sequences = {"sequences": self.sequences(samples)} if samples is not None and self._fn_reads_sequences else {}
-            inputs = self.reward_inputs(prompts, completions, originals, samples)
-            total, components = self.reward_fn(list(prompts), list(completions), inputs=inputs, **fields, **sequences)
+            fn = self.reward_fn   # TRL's arguments and the sequences are made only where a part reads them
+            sequences = {"sequences": self.sequences(samples)} if samples is not None and fn.takes_sequences else {}
+            inputs = self.reward_inputs(prompts, completions, originals, samples) if fn.takes_inputs else None
+            total, components = fn(list(prompts), list(completions), inputs=inputs, **fields, **sequences)
         if self.reward_model is not None:
             if samples is None:
                 raise ValueError("a reward model scores token sequences: pass the rollout samples")

@@ -39,7 +39,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from coati.rollout.pool import BatchingPool, Completions, all_of
+from coati.rollout.generators import BatchingPool
+from coati.rollout.pool import Completions, all_of
 from coati.rollout.probe import EngineSyncError, ProbeCheck
 from coati.utils.errors import CoatiUsageError
 

@@ -14,8 +14,8 @@ from transformers import DynamicCache, PreTrainedTokenizerBase
 from coati.config import SamplingConfig
 from coati.utils.errors import NonFiniteError
 
-from .logprobs import mask_positions, token_logps
-from .vision import joined_image_inputs, placeholder_token_ids, rope_positions
+from .logprobs import padded_positions, token_logps
+from .vision import joined_image_inputs, placeholder_token_ids
 
 
 @dataclass
@@ -124,8 +124,7 @@ class HFEngine:
                           logprobs=torch.zeros(rows, config.max_new_tokens, device=input_ids.device) if logprobs else None)
         cache = DynamicCache()
         pixels = joined_image_inputs(images, input_ids.device) if images else {}
-        positions = rope_positions(self.model, input_ids, attention_mask, pixels) if pixels else None
-        positions = mask_positions(attention_mask) if positions is None else positions
+        positions = padded_positions(self.model, input_ids, attention_mask, pixels)
         logits = self._forward(input_ids, attention_mask, positions, cache, pixels)
         if not torch.isfinite(logits).all():
             raise NonFiniteError("generation: the policy's next-token logits are NaN or infinite, so its weights "

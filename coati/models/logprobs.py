@@ -1,4 +1,5 @@
-"""Log-probabilities of label tokens: the quantity every preference and policy loss is built on."""
+"""Log-probabilities of label tokens: the quantity every preference and policy loss is built on; and the per-token
+KL estimates between two models from their log-probs of the same tokens (`KL_ESTIMATORS`)."""
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import torch
@@ -22,6 +23,31 @@ def padded_positions(model: torch.nn.Module, sequences: torch.Tensor, attention_
     so, else those of `mask_positions`."""
     positions = rope_positions(model, sequences, attention_mask, images) if images else None
     return mask_positions(attention_mask) if positions is None else positions
+
+
+def kl_k1(log_ratio: torch.Tensor) -> torch.Tensor:
+    """k1 = log r: unbiased, high variance, can be negative."""
+    return log_ratio
+
+
+def kl_k2(log_ratio: torch.Tensor) -> torch.Tensor:
+    """k2 = (log r)^2 / 2: biased, low variance, never negative."""
+    return 0.5 * log_ratio ** 2
+
+
+def kl_k3(log_ratio: torch.Tensor) -> torch.Tensor:
+    """k3 = e^{-log r} - 1 + log r: unbiased for samples from pi, never negative."""
+    return torch.exp(-log_ratio) - 1 + log_ratio
+
+
+KLEstimator = Callable[[torch.Tensor], torch.Tensor]
+"""A per-token KL estimate from the log ratio log pi - log ref (`KL_ESTIMATORS`' functions)."""
+
+
+def kl_penalty(logps: torch.Tensor, ref_logps: torch.Tensor, estimator: KLEstimator = kl_k3) -> torch.Tensor:
+    """Per-token estimate of KL(pi || ref) from log-probs of the sampled tokens, by `estimator` (resolved from its
+    registered name once, where the part that uses it is built: `KL_ESTIMATORS.get(name)`)."""
+    return estimator(logps - ref_logps)
 
 
 LOGP_CHUNK_ROWS = 1024

@@ -1,5 +1,6 @@
 """Every training loss in one place: pairwise reward-model losses, the DPO family, and PPO/GRPO's policy
-and value losses with their KL estimators and aggregation. Each states its equation in its docstring."""
+and value losses with their aggregation (the KL estimators they use are with the log-probs, `coati.models.logprobs`).
+Each states its equation in its docstring."""
 import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, NamedTuple, Optional, Tuple
@@ -8,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from coati.utils.errors import CoatiUsageError
-from coati.utils.registry import AGGREGATIONS, BEHAVIOUR_CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES
+from coati.utils.registry import AGGREGATIONS, BEHAVIOUR_CORRECTIONS, POLICY_LOSSES
 
 from .logprobs import over_chunks
 
@@ -189,33 +190,6 @@ def seq_mean_token_sum_norm(token_losses: torch.Tensor, mask: torch.Tensor, norm
     """Token sums over batch x a constant length, so no length bias (Dr. GRPO, Liu et al. 2025):
     sum_i,t l_it / (B * L), L = `norm_length` (the completion limit) or the padded width."""
     return (token_losses * mask).sum() / (token_losses.size(0) * (norm_length or token_losses.size(-1)))
-
-
-def aggregate(token_losses: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", norm_length: int = 0) -> torch.Tensor:
-    """One loss from per-token losses (batch, T) under `mask`, by the registered aggregation `mode`."""
-    return AGGREGATIONS.get(mode)(token_losses, mask.to(token_losses.dtype), norm_length)
-
-
-
-def kl_k1(log_ratio: torch.Tensor) -> torch.Tensor:
-    """k1 = log r: unbiased, high variance, can be negative."""
-    return log_ratio
-
-
-def kl_k2(log_ratio: torch.Tensor) -> torch.Tensor:
-    """k2 = (log r)^2 / 2: biased, low variance, never negative."""
-    return 0.5 * log_ratio ** 2
-
-
-def kl_k3(log_ratio: torch.Tensor) -> torch.Tensor:
-    """k3 = e^{-log r} - 1 + log r: unbiased for samples from pi, never negative."""
-    return torch.exp(-log_ratio) - 1 + log_ratio
-
-
-def kl_penalty(logps: torch.Tensor, ref_logps: torch.Tensor, kind: str = "k3") -> torch.Tensor:
-    """Per-token estimate of KL(pi || ref) from log-probs of the sampled tokens, by the registered estimator `kind`."""
-    return KL_ESTIMATORS.get(kind)(logps - ref_logps)
-
 
 
 def _on_support(logps: torch.Tensor) -> torch.Tensor:
@@ -431,6 +405,7 @@ class PolicyLoss(torch.nn.Module):
                                        clip_eps if clip_eps_high is None else clip_eps_high, dict(options or {}))
         self.skip_threshold = skip_threshold
         self.aggregation, self.norm_length, self.behaviour_cap = aggregation, norm_length, behaviour_cap
+        self.aggregation_fn = AGGREGATIONS.get(aggregation)
 
     @classmethod
     def from_settings(cls, settings: Any, norm_length: int = 0) -> "PolicyLoss":
@@ -453,7 +428,7 @@ class PolicyLoss(torch.nn.Module):
     def aggregate(self, token_values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Per-token values (the policy term, or the KL and entropy terms beside it) as one number, by this loss's
         aggregation, so every term of the actor's loss weighs tokens alike."""
-        return aggregate(token_values, mask, self.aggregation, self.norm_length)
+        return self.aggregation_fn(token_values, mask.to(token_values.dtype), self.norm_length)
 
     def forward(self, logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 behaviour_logps: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:

@@ -23,7 +23,7 @@ import threading
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from coati.utils.errors import CoatiUsageError, warn_user
 from coati.utils.registry import REWARD_FUNCTIONS
@@ -138,6 +138,14 @@ class WeightedReward:
     specs: Dict[str, str] = field(default_factory=dict)
     """Each part's label -> the name it was given by (`package.module:function`), which error messages use."""
     _warned_unscored: bool = field(default=False, repr=False)
+    takes_sequences: bool = field(init=False, repr=False)
+    """Whether a part (a `RemoteReward`) reads the full token sequences: then pass `sequences`."""
+    takes_inputs: bool = field(init=False, repr=False)
+    """Whether a part is a function of yours, which reads TRL's arguments: then pass `inputs`."""
+
+    def __post_init__(self) -> None:
+        self.takes_sequences = any(getattr(fn, "takes_sequences", False) for _, fn, _ in self.parts)
+        self.takes_inputs = any(label not in self.builtin for label, _, _ in self.parts)
 
     @classmethod
     def from_specs(cls, specs: Sequence[str], timeout_s: Optional[float] = None,
@@ -158,11 +166,6 @@ class WeightedReward:
             if name in (BUILTIN if builtins is None else builtins) or is_url(name):
                 builtin.append(label)
         return cls(parts, timeout_s, builtin, names)
-
-    @property
-    def takes_sequences(self) -> bool:
-        """Whether a part (a `RemoteReward`) reads the full token sequences: then pass `sequences`."""
-        return any(getattr(fn, "takes_sequences", False) for _, fn, _ in self.parts)
 
     def __call__(self, prompts: Sequence[str], completions: Sequence[str], sequences: Optional[Sequences] = None,
                  inputs: Optional[RewardInputs] = None, **fields: Sequence[object]) -> Tuple[List[float], Dict[str, List[Any]]]:
@@ -207,17 +210,6 @@ class WeightedReward:
                 "log_extra": log_extra, "log_metric": log_metric}
 
 
-def component_metrics(components: Dict[str, Sequence[Any]]) -> Iterator[Tuple[str, List[float]]]:
-    """(metric name, values) of each numeric component, the rows a function returned None for left out:
-    `rewards/<component>`, or a `log_metric` value under its own name; `log_extra` columns are not metrics."""
-    for name, values in components.items():
-        if name.startswith(EXTRA_PREFIX):
-            continue
-        kept = [float(v) for v in values if not math.isnan(v)]
-        if kept:
-            yield (name[len(METRIC_PREFIX):] if name.startswith(METRIC_PREFIX) else f"rewards/{name}"), kept
-
-
 def table_columns(components: Dict[str, Sequence[Any]], row: int) -> Dict[str, Any]:
     """One sample-table row's component columns: numbers as floats, `log_extra` columns as given, by their name."""
     return {(name[len(EXTRA_PREFIX):] if name.startswith(EXTRA_PREFIX) else name):
@@ -251,9 +243,35 @@ def split_spec(spec: str) -> Tuple[str, str]:
 def _checked(name: str, fn: RewardFn, arguments: Dict[str, Any], count: int, timeout_s: Optional[float] = None,
              spec: Optional[str] = None) -> Tuple[Dict[str, List[float]], Dict[str, List[float]], Dict[str, List[Any]]]:
     """`fn(**arguments)`'s result as ({reward component: floats, NaN where it returned None}, {diagnostic: floats},
-    {sample-table column: values}) labelled `name`, or a `RewardFunctionError` that names `fn` by `spec` (the name it
-    was given by) and the problem."""
+    {sample-table column: values}) labelled `name` or `name/component`: `count` finite floats each, else a
+    `RewardFunctionError` that names `fn` by `spec` (the name it was given by) and the problem."""
     spec = spec or name
+    named, diagnostics, columns = _result(name, fn, arguments, timeout_s, spec)
+    checked: Tuple[Dict[str, List[float]], Dict[str, List[float]]] = ({}, {})
+    for given, into, allow_none in ((named, checked[0], True), (diagnostics, checked[1], False)):
+        for component, values in given.items():
+            suffix = "" if component == name else f"/{component}"
+            shown = f"{spec}{suffix}"
+            try:
+                if isinstance(values, (str, bytes)) or any(isinstance(v, (str, bytes)) for v in values):
+                    raise TypeError("text is not a reward")
+                floats = [math.nan if v is None and allow_none else float(v) for v in values]
+            except (TypeError, ValueError):
+                raise RewardFunctionError(f"reward function {shown} must return numbers (or None), "
+                                          f"got {values!r:.80}") from None
+            if len(floats) != count:
+                raise RewardFunctionError(f"reward function {shown} returned {len(floats)} values for {count} "
+                                          "completions")
+            if not all(math.isfinite(v) for v, raw in zip(floats, values) if raw is not None):
+                raise RewardFunctionError(f"reward function {shown} returned a NaN or infinite value")
+            into[f"{name}{suffix}"] = floats
+    return checked[0], checked[1], columns
+
+
+def _result(name: str, fn: RewardFn, arguments: Dict[str, Any], timeout_s: Optional[float],
+            spec: str) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, List[Any]]]:
+    """`fn(**arguments)`'s values by component (its own under `name`), diagnostics and sample-table columns as it
+    returned them; what it raises becomes a `RewardFunctionError` naming it by `spec`."""
     try:
         result = call_with_timeout(spec, fn, timeout_s, **arguments)
     except CoatiUsageError:   # a timeout, an unreachable reward server: their messages are already clear
@@ -269,26 +287,4 @@ def _checked(name: str, fn: RewardFn, arguments: Dict[str, Any], count: int, tim
         diagnostics = dict(result.diagnostics)
         columns = {f"{name}/{column}": list(values) for column, values in result.columns.items()}
         result = result.values
-    named = result if isinstance(result, dict) else {name: result}
-    return _floats(named, name, count, spec, allow_none=True), _floats(diagnostics, name, count, spec), columns
-
-
-def _floats(named: Dict[str, Any], name: str, count: int, spec: str, allow_none: bool = False) -> Dict[str, List[float]]:
-    """Each named sequence as `count` finite floats (None as NaN, with `allow_none`), labelled `name` or
-    `name/component`; errors name the function by `spec`."""
-    checked = {}
-    for component, values in named.items():
-        suffix = "" if component == name else f"/{component}"
-        shown = f"{spec}{suffix}"
-        try:
-            if isinstance(values, (str, bytes)) or any(isinstance(v, (str, bytes)) for v in values):
-                raise TypeError("text is not a reward")
-            floats = [math.nan if v is None and allow_none else float(v) for v in values]
-        except (TypeError, ValueError):
-            raise RewardFunctionError(f"reward function {shown} must return numbers (or None), got {values!r:.80}") from None
-        if len(floats) != count:
-            raise RewardFunctionError(f"reward function {shown} returned {len(floats)} values for {count} completions")
-        if not all(math.isfinite(v) for v, raw in zip(floats, values) if raw is not None):
-            raise RewardFunctionError(f"reward function {shown} returned a NaN or infinite value")
-        checked[f"{name}{suffix}"] = floats
-    return checked
+    return (result if isinstance(result, dict) else {name: result}), diagnostics, columns

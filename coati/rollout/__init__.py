@@ -4,10 +4,10 @@ synchronously on the training model), and the executor that runs workflows under
 while the trainer trains."""
 from coati.experience.experience import RolloutSample
 
-from .pool import Completions, GeneratorError, GeneratorPool, RolloutPool, all_of
+from .pool import Completions, LocalPool, RolloutPool, all_of
+from .generators import GeneratorError, GeneratorPool
 from .executor import PromptStream, RolloutEvent, WorkflowExecutor
-from .local import LocalPool, run_episodes
-from .workflow import RLVRWorkflow, RolloutWorkflow, Trajectory, scored
+from .workflow import RLVRWorkflow, RolloutWorkflow, Trajectory, run_episodes, scored
 
 __all__ = ["RolloutPool", "all_of", "Completions", "GeneratorError", "GeneratorPool", "LocalPool", "PromptStream",
            "RLVRWorkflow", "RolloutEvent", "RolloutSample", "RolloutWorkflow", "Trajectory", "WorkflowExecutor",

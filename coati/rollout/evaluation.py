@@ -22,17 +22,16 @@ from coati.models.vision import auto_model_class
 from coati.config import SamplingConfig
 from coati.rewards import WeightedReward
 from coati.rewards.math import extract_answer
-from coati.rewards.registry import component_metrics, table_columns
+from coati.experience.metrics import component_metrics
+from coati.rewards.registry import table_columns
 from coati.utils.stats_tracker import StatsTracker
 
 from .chat import ChatTokens
-from .pool import RolloutPool
-from .environment import ToolEnvironment, tool_schemas
-from .local import LocalPool, run_episodes
+from .pool import LocalPool, RolloutPool
 from .multiturn import MultiTurnWorkflow
 from .tool_calls import hermes
-from .tools import ToolRunner, resolve_tools
-from .workflow import RLVRWorkflow, RolloutWorkflow, Trajectory
+from .tools import ToolEnvironment, ToolRunner, resolve_tools, tool_schemas
+from .workflow import RLVRWorkflow, RolloutWorkflow, Trajectory, run_episodes
 
 
 def complete(pool: RolloutPool, workflow: RolloutWorkflow, rows: Sequence[Dict[str, Any]], sampling: SamplingConfig,

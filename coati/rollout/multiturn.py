@@ -84,7 +84,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
         self.closer = chat.turn_stop_id()
 
     async def arun_episode(self, pool: RolloutPool, sample: Dict[str, Any]) -> Optional[Trajectory]:
-        messages = conversation(sample)
+        messages, first_turn = conversation(sample), self._turn_sampling(0)
         environments = [self.make_environment() for _ in range(self.num_generations)]
         for environment in environments:
             environment.reset(sample)
@@ -92,7 +92,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
         prompt = self.chat.prompt_ids(messages, tools, sample.get(IMAGES) or ())
         images = prompt_images(sample)   # every turn is generated with them
         session = uuid.uuid4().hex   # every turn of the group on one copy of the model, which caches the prompt
-        first = await pool.agenerate(prompt, self._turn_sampling(0), self.num_generations, session, **images)
+        first = await pool.agenerate(prompt, first_turn, self.num_generations, session, **images)
         seats = [pool.take_seat() for _ in range(self.num_generations)]   # before any episode's tools run
         episodes = await asyncio.gather(*(seated(pool, seats[i], self._play(pool, environments[i], messages, prompt,
                                                                               tools, first, i, session, seats[i], images))

@@ -1,5 +1,7 @@
 """Rollout workflows: one prompt in, finished training samples out. The trainer never sees how they were
-made, so multi-turn or tool-using episodes are a new workflow, not a new trainer."""
+made, so multi-turn or tool-using episodes are a new workflow, not a new trainer. `run_episodes` runs one on a batch
+of prompts to completion (a synchronous run's rollouts, and evaluation's)."""
+import asyncio
 import copy
 import dataclasses
 from abc import ABC, abstractmethod
@@ -99,3 +101,14 @@ class RLVRWorkflow(RolloutWorkflow):
         fields = {k: [v] * n for k, v in sample.items() if k not in PROMPT_FIELDS}
         scores = await self.scorer.ascore(prompts, completions, fields, samples)
         return scored(samples, prompts, completions, scores, out.version)
+
+
+def run_episodes(workflow: RolloutWorkflow, pool: RolloutPool, samples: Sequence[Dict[str, Any]],
+                 loop: Optional[asyncio.AbstractEventLoop] = None) -> List[Optional[Trajectory]]:
+    """`workflow`'s episode for every sample, run concurrently against `pool` until all are done (None where
+    the workflow dropped one), in the samples' order; on `loop` when given (a loop kept across calls keeps its
+    worker threads), else on a new one."""
+    async def every() -> List[Optional[Trajectory]]:
+        return list(await asyncio.gather(*(workflow.arun_episode(pool, sample) for sample in samples)))
+
+    return loop.run_until_complete(every()) if loop is not None else asyncio.run(every())

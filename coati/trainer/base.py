@@ -1,5 +1,7 @@
 """What every coati trainer stands on (`_TrainerCore`: callbacks, metrics, guarded optimizer steps) and the
-supervised loop, `SLTrainer`; the on-policy loop, `OLTrainer`, is in `onpolicy.py`.
+supervised loop, `SLTrainer`; the on-policy loop, `OLTrainer`, is in `onpolicy.py`. A guarded step never trains on a
+NaN: a non-finite loss or gradient stops the run (or, within a budget, skips the step; `NonFiniteGuard`), so none is
+checkpointed or exported.
 
 An `SLTrainer` subclass holds only its algorithm: what one micro-batch's loss and metrics are. Accumulation,
 clipping, logging, checkpoints, resume, progress bars and callbacks live here.
@@ -28,10 +30,9 @@ from coati.dataset.collators import batch_rows
 from coati.utils.comm import is_distributed, is_rank_0
 from coati.distributed.plugins import trainer_clips_gradients
 from coati.trainer.callbacks.base import Callback, fire
-from coati.trainer.nonfinite import NonFiniteGuard
 from coati.utils.cadence import LogCadence, Saver
 from coati.utils.ckpt_io import load_checkpoint, read_running_state, save_checkpoint
-from coati.utils.errors import CoatiUsageError
+from coati.utils.errors import CoatiUsageError, NonFiniteError, warn_user
 from coati.utils.metrics_logger import MetricsLogger, StatsLogger
 from coati.utils.stats_tracker import StatsTracker
 
@@ -57,6 +58,46 @@ def move_to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, (list, tuple)):
         return type(batch)(move_to_device(v, device) for v in batch)
     return batch
+
+
+def all_ranks_finite(value: torch.Tensor) -> bool:
+    """True when `value` is finite on every rank (one small all-reduce), so all ranks take the same branch."""
+    bad = torch.tensor([0.0 if bool(torch.isfinite(value.detach()).all()) else 1.0], device=value.device)
+    if is_distributed():
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    return bad.item() == 0.0
+
+
+class NonFiniteGuard:
+    """Decides, per optimizer step, whether it may be applied: a non-finite loss (on any rank) or gradient
+    norm is skipped while fewer than `max_skips` steps have been skipped, and raises `NonFiniteError`
+    otherwise. `skipped` counts the steps skipped so far (checkpoints keep it)."""
+
+    def __init__(self, max_skips: int = 0) -> None:
+        if max_skips < 0:
+            raise ValueError("max_skips must be >= 0")
+        self.max_skips, self.skipped = max_skips, 0
+
+    def problem(self, loss: torch.Tensor, grad_norm: Optional[float], model: str = "") -> Optional[str]:
+        """What is not finite in this step (`model`'s 'loss' or 'gradient norm'), or None."""
+        prefix = f"{model} " if model else ""
+        if not all_ranks_finite(loss):
+            return f"{prefix}loss"
+        if grad_norm is not None and not math.isfinite(grad_norm):
+            return f"{prefix}gradient norm"
+        return None
+
+    def skip(self, where: str, what: str) -> None:
+        """Count one skipped step at `where` ('step 12', 'episode 3'), or raise when the budget is spent."""
+        if self.skipped >= self.max_skips:
+            budget = (f"after skipping {self.skipped} such steps (--skip_nonfinite {self.max_skips})"
+                      if self.max_skips else "(--skip_nonfinite N skips up to N such steps)")
+            raise NonFiniteError(f"{where}: the {what} is NaN or infinite; the run stops {budget} and this step "
+                                 "was neither applied nor saved. Lower --lr, check the data, or resume from the last "
+                                 "checkpoint")
+        self.skipped += 1
+        warn_user(f"{where}: the {what} is NaN or infinite; step skipped ({self.skipped} of --skip_nonfinite "
+                  f"{self.max_skips})")
 
 
 def clip_gradients(optimizer: torch.optim.Optimizer, grad_clip: float) -> Optional[float]:
@@ -126,15 +167,10 @@ class _TrainerCore:
         self.metrics_logger.start(start_step, total_steps)
         self.stats_logger = StatsLogger(self.metrics_logger)
 
-    def _record(self, metrics: Dict[str, Tuple[float, float]]) -> None:
-        """Add a batch's (total, count) metrics to the stats of the current log window."""
-        for name, (total, count) in metrics.items():
-            self.stats.add(name, total, count)
-
     def _record_grad_norm(self, norm: Optional[float], name: str = "grad_norm") -> None:
         """The norm is the same on every rank (gradients are reduced), so each records it once."""
         if norm is not None:
-            self._record({name: (norm, 1)})
+            self.stats.record({name: (norm, 1)})
 
     def _position(self) -> Tuple[float, int]:
         """(epochs done, fractional where known; optimizer steps), logged with every window of training metrics."""
@@ -390,7 +426,7 @@ class SLTrainer(_TrainerCore, ABC):
             metrics.append(result.metrics)
         if self._apply_gradients(self.optimizer, self.lr_scheduler, self.grad_clip, step_loss, f"step {self.step + 1}"):
             for batch_metrics in metrics:
-                self._record(batch_metrics)
+                self.stats.record(batch_metrics)
         self.step += 1
 
     def _loss_normalizer(self, batches: List[Batch]) -> float:
@@ -424,7 +460,7 @@ class SLTrainer(_TrainerCore, ABC):
         saved_stats, self.stats = self.stats, StatsTracker()
         with torch.no_grad():
             for batch in tqdm(self.eval_dataloader, desc=f"Eval {epoch}", disable=not is_rank_0(), leave=False):
-                self._record(self._compute_batch(move_to_device(batch, self.device)).metrics)
+                self.stats.record(self._compute_batch(move_to_device(batch, self.device)).metrics)
         results = self._eval_results(self.stats.export())
         self.stats = saved_stats
         self.metrics_logger.log({f"eval/{k}": v for k, v in results.items()}, self.step)

@@ -12,13 +12,12 @@ import torch
 from coati.experience.controllers import KLController
 from coati.experience.experience import Experience
 from coati.models.critic import action_values
-from coati.models.logprobs import action_logps, logps_at, model_label_logps
-from coati.models.loss import PolicyLoss, ValueLoss, kl_penalty, masked_mean, masked_var, token_entropy
+from coati.models.logprobs import action_logps, kl_penalty, logps_at, model_label_logps
+from coati.models.loss import PolicyLoss, ValueLoss, masked_mean, masked_var, token_entropy
 from coati.utils.ckpt_io import ModelState
-from coati.utils.registry import DISTILL_LOSSES
+from coati.utils.registry import DISTILL_LOSSES, KL_ESTIMATORS
 
-from .base import apply_gradients
-from .nonfinite import NonFiniteGuard
+from .base import NonFiniteGuard, apply_gradients
 from .sources import CyclingLoader
 
 Metrics = Dict[str, Tuple[float, float]]
@@ -65,7 +64,7 @@ class KLTerm(LossTerm):
     name = "kl"
 
     def __init__(self, controller: KLController, estimator: str) -> None:
-        self.controller, self.estimator = controller, estimator
+        self.controller, self.estimator = controller, KL_ESTIMATORS.get(estimator)
 
     def __call__(self, experience: Experience, logps: torch.Tensor, mask: torch.Tensor, aggregate: Aggregate,
                  logits: Optional[torch.Tensor] = None) -> Tuple[Optional[torch.Tensor], Metrics]:
@@ -179,9 +178,8 @@ class PolicyGradient:
                                      return_logits=True, packed=experience.packed, images=experience.images())
         old_logps = experience.action_log_probs if experience.action_log_probs is not None else logps.detach()
         loss, stats = self.policy_loss(logps, old_logps, experience.advantages, mask, experience.behaviour_log_probs)
-        metrics = {"loss/policy": (loss.item(), 1), **policy_loss_metrics(stats)}
         entropy = self.policy_loss.aggregate(token_entropy(logits), mask)
-        metrics["policy_entropy"] = (entropy.item(), 1)
+        metrics = {"loss/policy": (loss.item(), 1), **policy_loss_metrics(stats), "policy_entropy": (entropy.item(), 1)}
         if self.entropy_coef > 0:
             loss = loss - self.entropy_coef * entropy
         for term in self.loss_terms:
@@ -192,6 +190,15 @@ class PolicyGradient:
         return ObjectiveOutput(loss, {**metrics, "loss": (loss.item(), 1)},
                                {logged: stats[name].item() for name, logged in POLICY_LOSS_MINIMA.items() if name in stats},
                                {logged: stats[name].item() for name, logged in POLICY_LOSS_MAXIMA.items() if name in stats})
+
+
+def micro_batches(experience: Experience, rows: int) -> List[Experience]:
+    """An update pass's micro-batches of `experience`: consecutive parts of at most `rows` rows (the whole batch when
+    `rows` is 0 or covers it)."""
+    total = experience.sequences.size(0)
+    if rows <= 0 or rows >= total:
+        return [experience]
+    return [experience.rows(start, min(start + rows, total)) for start in range(0, total, rows)]
 
 
 class Accumulation:

@@ -30,7 +30,7 @@ from coati.utils.stats_tracker import StatsTracker
 
 from .base import _TrainerCore
 from .callbacks import Callback, fire
-from .components import CriticUpdate, LossTerm, Objective, ObjectiveConfig, OptimizerStep, PtxTerm
+from .components import CriticUpdate, LossTerm, Objective, ObjectiveConfig, OptimizerStep, PtxTerm, micro_batches
 from .sources import CyclingLoader, LocalRollouts, RolloutSource
 
 SAMPLE_TABLE = "completions"
@@ -89,6 +89,8 @@ class OLTrainer(_TrainerCore):
         self.config = config
         self.actor, self.optimizer, self.lr_scheduler, self.actor_booster = actor, actor_optim, lr_scheduler, actor_booster
         self.maker = experience_maker
+        self.group_size = experience_maker.group_size
+        """Samples per prompt that form a group in the metrics (GRPO's num_generations)."""
         self.actor_step = OptimizerStep(actor_booster, actor_optim, lr_scheduler, config.grad_clip, self.nonfinite,
                                         config.steps.accumulation_steps, "policy")
         self.critic: Optional[CriticUpdate] = None
@@ -117,10 +119,6 @@ class OLTrainer(_TrainerCore):
         self.num_episodes = self.num_collect_steps = self.num_update_steps = 0
 
     # ---- the parts an algorithm brings ------------------------------------------------------------
-    def _group_size(self) -> int:
-        """Samples per prompt that form a group in the metrics (GRPO's num_generations)."""
-        return self.maker.group_size
-
     def _trained_models(self) -> Dict[str, ModelState]:
         """Models besides the actor that checkpoints hold, by folder name (PPO's critic)."""
         return {"critic": self.critic.model_state()} if self.critic is not None else {}
@@ -178,7 +176,7 @@ class OLTrainer(_TrainerCore):
     def _update_pass(self, pass_index: int, experiences: List[Experience]) -> None:
         """One pass over the episode's experience in micro-batches of `train_batch_size` rows (whole with 0)."""
         fire(self.callbacks, "on_update_pass_start", pass_index)
-        batches = [part for experience in experiences for part in experience.split(self.config.train_batch_size)]
+        batches = [part for e in experiences for part in micro_batches(e, self.config.train_batch_size)]
         self.actor_step.begin(len(batches))
         if self.critic is not None:
             self.critic.begin(len(batches))
@@ -190,25 +188,25 @@ class OLTrainer(_TrainerCore):
 
     def _learn_step(self, experience: Experience) -> None:
         """The actor's objective on one micro-batch, then the critic's."""
-        start = time.perf_counter()
+        start, where = time.perf_counter(), f"episode {self.episode + 1}"   # `where`: for messages about the step
         self._set_train_mode(True)
-        self._policy_step(experience)
-        self._record({"time/learning": (time.perf_counter() - start, 1)})
+        self._policy_step(experience, where)
+        self.stats.record({"time/learning": (time.perf_counter() - start, 1)})
         if self.critic is not None:
-            for record in self.critic.step(experience, self._where()):
-                self._record(record)
+            for record in self.critic.step(experience, where):
+                self.stats.record(record)
 
-    def _policy_step(self, experience: Experience) -> None:
+    def _policy_step(self, experience: Experience, where: str) -> None:
         """The objective on one micro-batch, backward; an optimizer step once its accumulation group is complete."""
         output = self.objective(self.actor, experience)
-        applied = self.actor_step.backward(output.loss, output, self._where())
+        applied = self.actor_step.backward(output.loss, output, where)
         if applied is None:
             return
         self.global_step += 1
         self._record_grad_norm(applied.grad_norm)
-        self._record({"learning_rate": (self.actor_step.learning_rate(), 1)})
+        self.stats.record({"learning_rate": (self.actor_step.learning_rate(), 1)})
         for step_output in applied.records:
-            self._record(step_output.metrics)
+            self.stats.record(step_output.metrics)
             self.stats.minimum(**step_output.minima)
             self.stats.maximum(**step_output.maxima)
 
@@ -217,7 +215,7 @@ class OLTrainer(_TrainerCore):
         recorded, then it moves."""
         self.source.learned(self.episode + 1)
         for controller in self.controllers.values():
-            self._record({k: (v, 1) for k, v in controller.observe(experiences, self._group_size()).items()})
+            self.stats.record({k: (v, 1) for k, v in controller.observe(experiences, self.group_size).items()})
 
     def _last_episode(self) -> bool:
         """Whether this episode ends training: the last one, or a callback stopped the run (even in `on_log`)."""
@@ -245,16 +243,16 @@ class OLTrainer(_TrainerCore):
 
     def _record_experience(self, experience: Experience, collect_step: int) -> None:
         """Rollout metrics, the token count and (when due) the sample table of one experience batch."""
-        metrics = rollout_metrics(experience, self._group_size())
+        metrics = rollout_metrics(experience, self.group_size)
         metrics.update({f"time/{k}": v for k, v in experience.timing.items()})
         if self.maker.config.dynamic_sampling:
             metrics["dynamic_sampling/extra_rollouts"] = float(experience.extra_rollouts)
         sampled = experience.sequences.size(0) + experience.extra_rollouts
-        counts = gather_lists([(tokens_in(experience), sampled // self._group_size(), sampled)])
+        counts = gather_lists([(tokens_in(experience), sampled // self.group_size, sampled)])
         self.tokens_seen += sum(tokens for tokens, _, _ in counts)
         self.prompts_trained += sum(prompts for _, prompts, _ in counts)
         self.completions_sampled += sum(completions for _, _, completions in counts)
-        self._record({name: (value, 1) for name, value in metrics.items()})
+        self.stats.record({name: (value, 1) for name, value in metrics.items()})
         if self._sample_table_due(collect_step):
             self._log_samples(experience)
 
@@ -283,10 +281,6 @@ class OLTrainer(_TrainerCore):
     def _epoch_progress(self) -> float:
         """Passes over the prompt set that training has made, from the prompts trained on by every rank."""
         return self.prompts_trained / max(self.source.prompts_per_epoch(), 1)
-
-    def _where(self) -> str:
-        """The current position, for messages about a step."""
-        return f"episode {self.episode + 1}"
 
     def _sample_table_due(self, collect_step: int) -> bool:
         every = self.config.sample_log_interval

@@ -39,8 +39,8 @@ class PPOTrainer(OLTrainer):
         if self.maker.kl_controller.target > 0:
             self._adapt("kl_ctl", self.maker.kl_controller)
 
-    def _policy_step(self, experience: Any) -> None:
+    def _policy_step(self, experience: Any, where: str) -> None:
         """The policy learns only once the critic has had `critic_warmup_episodes` episodes alone (OpenRLHF's
         `--freezing_actor_steps`): advantages from an untrained critic's values push the policy at random."""
         if self.episode >= self.critic_warmup_episodes:
-            super()._policy_step(experience)
+            super()._policy_step(experience, where)

@@ -45,7 +45,10 @@ class CyclingLoader:
                 self.epoch, self.seen, self._iter = self.epoch + 1, 0, None
                 self.dataloader.sampler.set_start_index(0)
                 continue
-            self.seen += len(batch) if isinstance(batch, list) else batch["input_ids"].size(0)
+            if isinstance(batch, list):   # prompt rows (`PromptRows`): read on the host, the engine moves images
+                self.seen += len(batch)
+                return batch
+            self.seen += batch["input_ids"].size(0)
             return move_to_device(batch, self.device)
 
     def restore(self, epoch: int, seen: int) -> None:
@@ -115,11 +118,10 @@ def probe_results(answers: Any) -> Dict[str, float]:
 
 
 def record_probe(results: Dict[str, float], stats: StatsTracker) -> None:
-    """`engine/probe_logprob_diff` and `time/engine_probe` of the last publish, where a probe ran."""
-    if results:
-        with stats.scope("engine"):
-            stats.scalar(probe_logprob_diff=results["probe_logprob_diff"])
-        stats.add("time/engine_probe", results["probe_seconds"])
+    """`engine/probe_logprob_diff` and `time/engine_probe` of a publish's probe (`probe_results`, where one ran)."""
+    with stats.scope("engine"):
+        stats.scalar(probe_logprob_diff=results["probe_logprob_diff"])
+    stats.add("time/engine_probe", results["probe_seconds"])
 
 
 class LocalRollouts(RolloutSource):
@@ -163,15 +165,18 @@ class LocalRollouts(RolloutSource):
         timing = {"generation": self.pool.seconds, "reward": seconds - self.pool.seconds}
         if self._sync_seconds is not None:
             timing["weight_sync"], self._sync_seconds = self._sync_seconds, None
-        record_probe(self._probe, stats)
-        self._probe = {}
+        if self._probe:
+            record_probe(self._probe, stats)
+            self._probe = {}
         return self.maker.from_trajectories(trajectories, self.prompts.device, timing, extra_rollouts=extra)
 
     def _rollouts(self) -> List[Trajectory]:
         """The workflow's trajectories of the next prompt batch (those it dropped left out)."""
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
-        done = run_episodes(self.workflow, self.pool, prompt_rows(self.prompts.next()), self._loop)
+        batch = self.prompts.next()
+        rows = batch if isinstance(batch, list) else prompt_rows(batch)   # a padded batch: ColossalChat's collator
+        done = run_episodes(self.workflow, self.pool, rows, self._loop)
         return [trajectory for trajectory in done if trajectory is not None]
 
     def _informative(self, trajectories: List[Trajectory]) -> Tuple[List[Trajectory], int]:
@@ -274,8 +279,9 @@ class AsyncRollouts(RolloutSource):
     def _record_publish(self, stats: StatsTracker) -> None:
         """The last publish's probe, once it is done; its failure (a probe that failed) ends the run here."""
         if self._publishing is not None and self._publishing.done():
-            record_probe(probe_results(self._publishing.result()), stats)
-            self._publishing = None
+            results, self._publishing = probe_results(self._publishing.result()), None
+            if results:
+                record_probe(results, stats)
 
     def prompts_per_epoch(self) -> int:
         return self._prompts_per_epoch

@@ -1,18 +1,18 @@
-"""Meters, errors, checkpoints and metrics logging. Checkpoint and logging helpers load on first use,
-so code that only prepares data starts without importing colossalai."""
+"""Meters, errors, checkpoints and metrics logging. All but the errors load on first use, so code that only
+prepares data starts without importing torch or colossalai."""
 import importlib
 
-from .accumulative_meter import AccumulativeMeanMeter, AccumulativeMeanVariable, all_reduce_meter
 from .errors import CoatiUsageError, exit_cleanly
 
 _LAZY = {
     "latest_checkpoint": "ckpt_io", "load_checkpoint": "ckpt_io", "save_checkpoint": "ckpt_io",
     "save_hf_model": "ckpt_io", "MetricsLogger": "metrics_logger", "StatsLogger": "metrics_logger",
     "Saver": "cadence", "Evaluator": "cadence", "Frequency": "cadence", "LogCadence": "cadence",
+    "AccumulativeMeanMeter": "stats_tracker", "AccumulativeMeanVariable": "stats_tracker",
+    "all_reduce_meter": "stats_tracker",
 }
 
-__all__ = ["AccumulativeMeanMeter", "AccumulativeMeanVariable", "all_reduce_meter", "CoatiUsageError",
-           "exit_cleanly", *_LAZY]
+__all__ = ["CoatiUsageError", "exit_cleanly", *_LAZY]
 
 
 def __getattr__(name: str):

@@ -174,6 +174,7 @@ def option(text: str) -> Tuple[str, Any]:
 
 ADV = "coati.experience.advantages"
 LOSS = "coati.models.loss"
+LOGPROBS = "coati.models.logprobs"
 ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator", {
     "grpo": Entry(f"{ADV}:group_advantages", "group mean/std"),
     "rloo": Entry(f"{ADV}:leave_one_out_advantages", "leave-one-out group baseline"),
@@ -194,8 +195,8 @@ AGGREGATIONS: Registry = Registry("loss aggregation", {
 })
 """`fn(token_losses (batch, T), mask (float), norm_length) -> loss`, by the name `--loss_agg` takes."""
 KL_ESTIMATORS: Registry = Registry("KL estimator", {
-    "k1": Entry(f"{LOSS}:kl_k1", "log ratio"), "k2": Entry(f"{LOSS}:kl_k2", "half the squared log ratio"),
-    "k3": Entry(f"{LOSS}:kl_k3", "ratio - 1 - log ratio, unbiased and non-negative")})
+    "k1": Entry(f"{LOGPROBS}:kl_k1", "log ratio"), "k2": Entry(f"{LOGPROBS}:kl_k2", "half the squared log ratio"),
+    "k3": Entry(f"{LOGPROBS}:kl_k3", "ratio - 1 - log ratio, unbiased and non-negative")})
 """`fn(log_ratio) -> per-token estimate of KL(pi || ref)`, log_ratio = log pi - log ref of the sampled
 tokens (Schulman 2020), by the name `--kl_estimator` takes."""
 BEHAVIOUR_CORRECTIONS: Registry = Registry("behaviour correction", {

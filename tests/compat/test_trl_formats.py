@@ -179,7 +179,8 @@ def test_format_specific_trl_examples(prepared, tiny_assets):
                                           "trl_reward_examples:logging_reward_func"])
     assert components["reward_func"] == components["logging_reward_func"] == [0.0]       # no \boxed{blue}
     assert components["log_extra/golden_answer"] == ["blue"] and components["log_metric/accuracy"] == [0.0]
-    from coati.rewards.registry import component_metrics, table_columns
+    from coati.experience.metrics import component_metrics
+    from coati.rewards.registry import table_columns
     assert dict(component_metrics(components))["accuracy"] == [0.0]
     assert table_columns(components, 0)["extracted_answer"] == "[none]"
 

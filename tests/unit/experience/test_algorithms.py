@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from coati.experience.advantages import AdvantageConfig
-from coati.utils.registry import ADVANTAGE_ESTIMATORS, Entry
-from coati.models.loss import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, PolicyLoss, PolicyLossConfig
+from coati.models.loss import PolicyLoss, PolicyLossConfig
+from coati.utils.registry import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, Entry
 from coati.trainer.callbacks import Callback
 from coati.utils.errors import CoatiUsageError
 from support import grpo_trainer

@@ -6,7 +6,9 @@ import torch
 
 from coati.utils.errors import CoatiUsageError
 from coati.experience.advantages import AdvantageConfig, compute_gae, group_advantages, tied_groups
-from coati.models.loss import PolicyLoss, ValueLoss, aggregate, kl_penalty, token_entropy
+from coati.models.logprobs import kl_penalty
+from coati.models.loss import PolicyLoss, ValueLoss, token_entropy
+from coati.utils.registry import KL_ESTIMATORS
 
 T = torch.tensor
 
@@ -57,16 +59,17 @@ def test_value_loss_takes_the_larger_of_clipped_and_unclipped():
 
 def test_kl_estimators():
     logps, ref = T([-1.0]), T([-1.5])
-    assert kl_penalty(logps, ref, "k1").item() == pytest.approx(0.5)
-    assert kl_penalty(logps, ref, "k2").item() == pytest.approx(0.125)
-    assert kl_penalty(logps, ref, "k3").item() == pytest.approx(math.exp(-0.5) - 1 + 0.5)
+    assert kl_penalty(logps, ref, KL_ESTIMATORS.get("k1")).item() == pytest.approx(0.5)
+    assert kl_penalty(logps, ref, KL_ESTIMATORS.get("k2")).item() == pytest.approx(0.125)
+    assert kl_penalty(logps, ref, KL_ESTIMATORS.get("k3")).item() == pytest.approx(math.exp(-0.5) - 1 + 0.5)
 
 
 def test_aggregations():
     losses, mask = T([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]]), T([[1, 1, 1], [1, 0, 0]])
-    assert aggregate(losses, mask, "token-mean").item() == pytest.approx(2.5)
-    assert aggregate(losses, mask, "seq-mean-token-mean").item() == pytest.approx(3.0)
-    assert aggregate(losses, mask, "seq-mean-token-sum-norm", norm_length=4).item() == pytest.approx(1.25)
+    assert PolicyLoss(aggregation="token-mean").aggregate(losses, mask).item() == pytest.approx(2.5)
+    assert PolicyLoss(aggregation="seq-mean-token-mean").aggregate(losses, mask).item() == pytest.approx(3.0)
+    assert PolicyLoss(aggregation="seq-mean-token-sum-norm", norm_length=4).aggregate(losses, mask).item() == \
+        pytest.approx(1.25)
 
 
 def test_token_entropy_of_uniform_and_peaked_distributions():

@@ -171,7 +171,7 @@ def test_held_out_evaluation_on_the_engine_scores_what_the_training_model_scores
     from coati.experience.scorer import Scorer
     from coati.rewards import WeightedReward
     from coati.rollout.evaluation import complete
-    from coati.rollout.local import LocalPool
+    from coati.rollout import LocalPool
     from coati.rollout.workflow import RLVRWorkflow
 
     pool, model, tokenizer, _ = served

@@ -172,10 +172,10 @@ def test_a_tool_episode_on_an_image_prompt_generates_and_trains_every_turn_with_
     from coati.models.vision import joined_image_inputs
     from coati.rewards import WeightedReward
     from coati.rollout.chat import ChatTokens
-    from coati.rollout.environment import EnvStep, Environment, tool_schemas
-    from coati.rollout.local import LocalPool, run_episodes
+    from coati.rollout.environment import EnvStep, Environment
+    from coati.rollout import LocalPool, run_episodes
     from coati.rollout.multiturn import MultiTurnWorkflow
-    from coati.rollout.tools import resolve_tools
+    from coati.rollout.tools import resolve_tools, tool_schemas
 
     class Answering(Environment):
         def step(self, turn):

@@ -8,16 +8,17 @@ import pytest
 import torch
 
 from coati.config import SamplingConfig
-from coati.rollout.pool import BatchingPool
+from coati.rollout.generators import BatchingPool
 from coati.models.tiny import train_tokenizer
 from coati.rewards import WeightedReward
 from coati.experience.scorer import Scorer
 from coati.rollout.chat import ChatTokens, check_appending, probe_conversation, turn_by_turn
 from coati.rollout.pool import Completions, RolloutPool
-from coati.rollout.environment import EnvStep, Environment, ToolEnvironment, tool_schemas
+from coati.rollout.environment import EnvStep, Environment
 from coati.rollout.multiturn import MultiTurnWorkflow
 from coati.rollout.tool_calls import hermes
-from coati.rollout.tools import ToolRunner, calculator, configure_python_tool, python, resolve_tools, tool_from_function
+from coati.rollout.tools import (ToolEnvironment, ToolRunner, calculator, configure_python_tool, python, resolve_tools,
+                                 tool_from_function, tool_schemas)
 from coati.rewards.sandbox import SandboxLimits
 from coati.utils.errors import CoatiUsageError
 from conftest import AGENTS, HISTORY_REWRITING, REPO
@@ -264,7 +265,7 @@ def test_a_synchronous_run_samples_the_same_tokens_however_long_its_tools_take(t
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from coati.models.generation import HFEngine
-    from coati.rollout.local import LocalPool, run_episodes
+    from coati.rollout import LocalPool, run_episodes
 
     tokenizer = AutoTokenizer.from_pretrained(turn_ender)
     model = AutoModelForCausalLM.from_pretrained(turn_ender).eval()
@@ -491,7 +492,7 @@ def test_the_recorded_tokens_are_what_a_real_engine_produced(tiny_assets):
 
     from coati.models.generation import HFEngine
     from coati.rollout.agent import AgentWorkflow
-    from coati.rollout.local import LocalPool
+    from coati.rollout import LocalPool
 
     class Recording(LocalPool):
         def __init__(self, *args):

@@ -13,7 +13,7 @@ from colossalai.booster.plugin import TorchDDPPlugin
 from colossalai.cluster import DistCoordinator
 
 from coati.rewards import RewardFunctionError, RewardTimeoutError, WeightedReward
-from coati.trainer.nonfinite import NonFiniteError
+from coati.utils.errors import NonFiniteError
 from coati.utils import MetricsLogger, save_checkpoint, save_hf_model
 from coati.utils.ckpt_io import NonFiniteWeightsError, list_checkpoints
 from coati.utils.metrics_logger import PREVIOUS_RUNS_DIR, public_config
