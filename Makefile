@@ -97,8 +97,7 @@ $(SYSTEM_TOOLS):
 test: test-setup
 	$(PY) -m pytest -m "not extended" tests
 
-test-extended: test-setup
-	$(MAKE) $(VLLM_STAMP)
+test-extended: test-setup $(VLLM_STAMP)
 	$(PY) -m pytest -m extended tests
 
 test-setup: $(SYSTEM_TOOLS)

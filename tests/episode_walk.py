@@ -135,7 +135,8 @@ def render(steps: List[Step]) -> str:
              "reference, two reward functions; what episodes hand to a thread runs inline, so that the order is the",
              "same on every run). Each stop is a stay in one file; a reader following the episode moves from file to",
              "file as the list does. Comprehensions count as part of their function; a function entered again later is",
-             "listed once, where it is first entered.", "",
+             "listed once, where it is first entered. On the code before the run-config refactor (`0a34dbd`, issue 48),",
+             "the same trace counted 160 functions in 28 files and 77 moves between files, 50 of them back.", "",
              "| functions | files | moves between files | of them back into a file already visited |",
              "|---|---|---|---|",
              f"| {counts['functions']} | {counts['files']} | {counts['moves']} | {counts['moves_back']} |", ""]
