@@ -41,8 +41,10 @@ class Recorder(Callback):
         return super().__getattribute__(name)
 
 
-def grpo_trainer(assets, optimizer_cls=torch.optim.AdamW, old_log_probs_at_collection=True, **kwargs) -> GRPOTrainer:
-    """A GRPOTrainer on 8 prompts, 2 per batch (an epoch of prompts every 4 batches), with `kwargs`."""
+def grpo_trainer(assets, optimizer_cls=torch.optim.AdamW, old_log_probs_at_collection=True, maker_config=None,
+                 **kwargs) -> GRPOTrainer:
+    """A GRPOTrainer on 8 prompts, 2 per batch (an epoch of prompts every 4 batches), with `kwargs`; its maker's
+    `GRPOConfig` takes the fields of `maker_config` too (parts resolve their settings when they are built)."""
     tokenizer = AutoTokenizer.from_pretrained(assets["model"])
     rows = [encode_prompt(tokenizer, r, 64) for r in prompt_records(generate_problems(8, "train"))]
     plugin = TorchDDPPlugin()
@@ -52,8 +54,8 @@ def grpo_trainer(assets, optimizer_cls=torch.optim.AdamW, old_log_probs_at_colle
     optimizer = optimizer_cls(model.parameters(), lr=1e-3)
     actor, optimizer, *_ = booster.boost(model, optimizer)
     engine = HFEngine(actor.unwrap(), tokenizer.pad_token_id, [tokenizer.eos_token_id])
-    config = GRPOConfig(num_generations=4, sampling=SamplingConfig(max_new_tokens=8),
-                        old_log_probs_at_collection=old_log_probs_at_collection)
+    config = GRPOConfig(**{"num_generations": 4, "sampling": SamplingConfig(max_new_tokens=8),
+                           "old_log_probs_at_collection": old_log_probs_at_collection, **(maker_config or {})})
     scorer = Scorer(tokenizer, WeightedReward.from_specs(["math_answer", "answer_format"]))
     maker = GRPOExperienceMaker(actor, engine, scorer, config)
     return GRPOTrainer(actor, optimizer, booster, maker, loader, **kwargs)

@@ -22,8 +22,8 @@ from coati.dataset.demo_data import generate_products, prompt_records, sft_recor
 from coati.dataset.prepare import prepare_dataset
 from coati.models.tiny import CHAT_TEMPLATE, MODEL_SIZES, write_tiny_model
 from coati.rollout.evaluation import evaluate_model
-from coati.rollout.environment import tool_schemas
-from coati.rollout.tools import resolve_tools
+from coati.rollout.tools import resolve_tools, tool_schemas
+from coati.utils.ranges import at_least, in_range
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report import bar_chart, plot, read_metrics, write_report  # noqa: E402
@@ -155,13 +155,13 @@ def report(out: Path, results: Dict[str, Dict], timings: Dict[str, float]) -> Pa
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--out", default="output/demo_agent", help="output directory for every stage")
-    parser.add_argument("--sft_rows", type=int, default=800, help="demonstrations of each SFT stage")
-    parser.add_argument("--tool_fraction", type=float, default=0.5,
+    parser.add_argument("--sft_rows", type=at_least(1), default=800, help="demonstrations of each SFT stage")
+    parser.add_argument("--tool_fraction", type=in_range(0, 1), default=0.5,
                         help="of the tool SFT stage's demonstrations, the fraction that call the calculator")
-    parser.add_argument("--sft_steps", type=int, default=600, help="optimizer steps of each SFT stage (16 rows each)")
-    parser.add_argument("--episodes", type=int, default=16, help="GRPO episodes (4 prompts x 8 episodes per rank)")
+    parser.add_argument("--sft_steps", type=at_least(1), default=600, help="optimizer steps of each SFT stage (16 rows each)")
+    parser.add_argument("--episodes", type=at_least(1), default=16, help="GRPO episodes (4 prompts x 8 episodes per rank)")
     parser.add_argument("--model_size", default="small", choices=tuple(MODEL_SIZES))
-    parser.add_argument("--nproc", type=int, default=2, help="processes per stage")
+    parser.add_argument("--nproc", type=at_least(1), default=2, help="processes per stage")
     parser.add_argument("--seed", type=int, default=42, help="seeds the model's initialisation and every stage")
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()

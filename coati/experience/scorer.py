@@ -57,8 +57,10 @@ class Scorer:
         total, components = [0.0] * len(completions), {}
         if self.reward_fn is not None:
             fn = self.reward_fn   # TRL's arguments and the sequences are made only where a part reads them
-            sequences = {"sequences": self.sequences(samples)} if samples is not None and fn.takes_sequences else {}
-            inputs = self.reward_inputs(prompts, completions, originals, samples) if fn.takes_inputs else None
+            reads_sequences = samples is not None and getattr(fn, "takes_sequences", False)
+            sequences = {"sequences": self.sequences(samples)} if reads_sequences else {}
+            reads_inputs = getattr(fn, "takes_inputs", True)
+            inputs = self.reward_inputs(prompts, completions, originals, samples) if reads_inputs else None
             total, components = fn(list(prompts), list(completions), inputs=inputs, **fields, **sequences)
         if self.reward_model is not None:
             if samples is None:

@@ -51,7 +51,7 @@ class Completions:
 
 class RolloutPool(ABC):
     """What a workflow generates with: the training model in this process (`LocalPool`), Ray generator actors
-    (`GeneratorPool`) or vLLM servers (`coati.inference.vllm.VLLMPool`). `version` is the weights' version new
+    (`coati.rollout.generators.GeneratorPool`) or vLLM servers (`coati.inference.vllm.VLLMPool`). `version` is the weights' version new
     requests are generated with; `seconds` sums the time spent generating."""
 
     version: int = 0

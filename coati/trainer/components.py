@@ -1,7 +1,7 @@
 """The on-policy update and what an algorithm adds to it, as parts the loop holds: the **objective** (the actor's
 loss on one micro-batch; `PolicyGradient` is the built-in, OBJECTIVES the registry), terms added to it (GRPO's KL
-to the reference, PPO's pretraining loss), guarded and accumulated optimizer steps (`OptimizerStep`), and PPO's
-critic with its own step. The loop calls them at fixed points; an algorithm is the set of parts it brings, not a
+to the reference, PPO's pretraining loss), an update pass's micro-batches (`micro_batches`), guarded and
+accumulated optimizer steps (`OptimizerStep`), and PPO's critic with its own step. The loop calls them at fixed points; an algorithm is the set of parts it brings, not a
 subclass that overrides the loop."""
 import time
 from dataclasses import dataclass, field

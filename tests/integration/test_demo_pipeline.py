@@ -55,7 +55,10 @@ def test_a_stage_whose_input_model_is_missing_is_refused_in_one_line_before_any_
 
 @pytest.mark.parametrize("demo, flag, value, wanted", [("run_demo", "--steps", "0", ">= 1"),
                                                        ("run_rewards_demo", "--episodes", "0", ">= 1"),
-                                                       ("run_rewards_demo", "--judge2_kl_coef", "-1", ">= 0")])
+                                                       ("run_rewards_demo", "--judge2_kl_coef", "-1", ">= 0"),
+                                                       ("run_agent_demo", "--episodes", "0", ">= 1"),
+                                                       ("run_agent_demo", "--tool_fraction", "1.5", "in [0, 1]"),
+                                                       ("run_vision_demo", "--sft_steps", "0", ">= 1")])
 def test_a_demo_flag_out_of_range_is_refused_by_name_before_any_work(demo, flag, value, wanted, tmp_path, capsys):
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as exited:

@@ -3,7 +3,6 @@ overlong shaping against hand-computed values, the KL and entropy terms under --
 the choices, DAPO's dynamic sampling, and an advantage estimator added from outside the package that a GRPO step
 trains with."""
 import math
-from dataclasses import replace
 
 import pytest
 import torch
@@ -109,9 +108,8 @@ def test_an_estimator_with_its_own_hyperparameter_from_outside_the_package_train
                                                                                    monkeypatch):
 
     monkeypatch.setitem(ADVANTAGE_ESTIMATORS._entries, "margin_sign", Entry(margin_sign_advantages, options=("margin",)))
-    trainer = grpo_trainer(tiny_assets)
-    trainer.maker.config = replace(trainer.maker.config, advantage_estimator="margin_sign",
-                                   advantage_options={"margin": 0.3})
+    trainer = grpo_trainer(tiny_assets, maker_config={"advantage_estimator": "margin_sign",
+                                                      "advantage_options": {"margin": 0.3}})
     seen = []
     original = trainer._learn_step
     monkeypatch.setattr(trainer, "_learn_step", lambda experience: seen.append(experience) or original(experience))
@@ -120,6 +118,7 @@ def test_an_estimator_with_its_own_hyperparameter_from_outside_the_package_train
     centred = (groups - groups.mean(-1, keepdim=True)).reshape(-1)
     expected = [1.0 if c > 0.3 else -1.0 if c < -0.3 else 0.0 for c in centred.tolist()]
     assert seen[0].advantages.tolist() == expected and trainer.global_step == 1
+    assert trainer.maker.advantage_estimator is margin_sign_advantages   # the one named, not GRPO's default
     assert ADVANTAGE_ESTIMATORS.get("test_algorithms:margin_sign_advantages") is margin_sign_advantages
 
 
@@ -203,9 +202,8 @@ def _group(rewards, first_token):
 
 def test_dynamic_sampling_replaces_tied_groups_with_new_prompts(world_of_one, tiny_assets):
 
-    trainer = grpo_trainer(tiny_assets)
+    trainer = grpo_trainer(tiny_assets, maker_config={"num_generations": 2, "max_sampling_rounds": 2})
     source = trainer.source
-    trainer.maker.config = replace(trainer.maker.config, num_generations=2, max_sampling_rounds=2)
     batch = [_group([1.0, 1.0], 10), _group([0.0, 1.0], 12)]                       # tied, informative
     more = iter([[_group([0.0, 0.0], 20), _group([1.0, 1.0], 22)], [_group([1.0, 0.0], 30), _group([3.0, 3.0], 32)]])
     source._rollouts = lambda: next(more)
@@ -222,9 +220,8 @@ def test_dynamic_sampling_in_training_logs_its_extra_rollouts(world_of_one, tiny
     from coati.rewards import WeightedReward
     from coati.utils.metrics_logger import MetricsLogger
 
-    trainer = grpo_trainer(tiny_assets)
+    trainer = grpo_trainer(tiny_assets, maker_config={"dynamic_sampling": True, "max_sampling_rounds": 2})
     trainer.maker.scorer.reward_fn = WeightedReward.from_specs(["test_algorithms:constant_reward"])
-    trainer.maker.config = replace(trainer.maker.config, dynamic_sampling=True, max_sampling_rounds=2)
     logged = LogRecorder()
     trainer.callbacks.append(logged)
     trainer.fit(num_episodes=1, num_collect_steps=1, num_update_steps=1, metrics_logger=MetricsLogger(str(tmp_path)))
@@ -242,9 +239,9 @@ def test_adaptive_coefficients_are_logged_and_resume_from_checkpoints(world_of_o
 
     def trainer():
         made = grpo_trainer(tiny_assets, config=OnPolicyConfig(checkpoints=CheckpointSettings(save_dir=str(tmp_path / "ckpt"))),
-                             kl_controller=KLController(0.1, target=0.001, horizon=8))
+                             kl_controller=KLController(0.1, target=0.001, horizon=8),
+                             maker_config={"advantage_estimator": "maxent"})
         made.maker.ref_model = load_reference_model(tiny_assets["model"], torch.device("cpu"))
-        made.maker.config = replace(made.maker.config, advantage_estimator="maxent")
         made.maker.temperature = TemperatureController(1.0, target_entropy=0.5, lr=0.5)
         made._adapt("maxent", made.maker.temperature)
         return made
