@@ -174,9 +174,7 @@ class LocalRollouts(RolloutSource):
         """The workflow's trajectories of the next prompt batch (those it dropped left out)."""
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
-        batch = self.prompts.next()
-        rows = batch if isinstance(batch, list) else prompt_rows(batch)   # a padded batch: ColossalChat's collator
-        done = run_episodes(self.workflow, self.pool, rows, self._loop)
+        done = run_episodes(self.workflow, self.pool, prompt_rows(self.prompts.next()), self._loop)
         return [trajectory for trajectory in done if trajectory is not None]
 
     def _informative(self, trajectories: List[Trajectory]) -> Tuple[List[Trajectory], int]:
