@@ -19,6 +19,7 @@ from coati.config import OnPolicyConfig
 from coati.models.critic import load_critic
 from coati.models.generation import HFEngine
 from coati.models.packing import enable_packed_attention
+from coati.distributed.launch import seed_each_rank
 from coati.distributed.plugins import build_booster
 from coati.cli.arguments import micro_batches_per_pass, optimizer_steps_per_episode
 from coati.utils.ckpt_io import save_hf_model
@@ -33,8 +34,8 @@ from coati.trainer.onpolicy import OLTrainer
 from coati.trainer.ppo import CriticParts, PPOTrainer
 from coati.trainer.sources import AsyncRollouts
 
-from .runner import (_require_dir, build_dataloader, build_optimizer, build_scheduler, eval_batch_size, export_dir,
-                     export_model, finished_run, freeze_vision_layers, frozen_reference, load_causal_lm, load_images,
+from .runner import (_require_dir, build_dataloader, build_held_out_dataloader, build_optimizer, build_scheduler,
+                     eval_batch_size, export_dir, export_model, finished_run, freeze_vision_layers, frozen_reference, load_causal_lm, load_images,
                      open_logger, prepare_model, resolve_checkpoint, resumed_line, start_run, tokenizer_to_save)
 
 from .rl_checks import check_on_policy_flags, check_run
@@ -83,8 +84,8 @@ def _run(args: argparse.Namespace, build: Callable[..., OLTrainer]) -> Optional[
     rows = load_prepared(args.dataset, "prompt")
     _note_cut_prompts(rows, args.max_length)
     prompts = build_dataloader(setup.plugin, rows, args.batch_size, collator, True, args.seed)
-    held_out = (build_dataloader(setup.plugin, load_prepared(args.eval_dataset, "prompt"), eval_batch_size(args), collator,
-                                 False, args.seed) if args.eval_dataset else None)
+    held_out = (build_held_out_dataloader(setup.plugin, load_prepared(args.eval_dataset, "prompt"), eval_batch_size(args),
+                                          collator) if args.eval_dataset else None)
     actor = prepare_model(load_causal_lm(args, tokenizer), args, setup)
     optimizer = build_optimizer(actor, args)
     scheduler = build_scheduler(optimizer, args, _total_steps(args))
@@ -103,6 +104,7 @@ def _run(args: argparse.Namespace, build: Callable[..., OLTrainer]) -> Optional[
             args.save_best, export_dir(args).parent / "best",
             lambda folder: save_hf_model(folder, setup.booster, actor, tokenizer, coordinator), coordinator.is_master()))
     trainer = build(args, setup, tokenizer, actor, optimizer, scheduler, engine, reference, prompts, kwargs)
+    seed_each_rank(args.seed)
     if checkpoint:
         trainer.load_checkpoint(checkpoint)
         coordinator.print_on_master(resumed_line(checkpoint, f"episode {trainer.start_episode}"))

@@ -19,7 +19,8 @@ from transformers import PreTrainedTokenizerBase, get_scheduler
 
 from coati.dataset.collators import COLLATORS, ImageBatches
 from coati.dataset.prepare import load_prepared, prepared_image_limits
-from coati.dataset.sampler import StatefulDistributedSampler, TokenBudgetBatchSampler, longest_sequence, row_tokens
+from coati.dataset.sampler import (HeldOutBatchSampler, StatefulDistributedSampler, TokenBudgetBatchSampler,
+                                  longest_sequence, row_tokens)
 from coati.dataset.tokenization import load_tokenizer
 from coati.dataset.vision import ImageProcessing
 from coati.utils.comm import is_rank_0, rank, world_size
@@ -87,6 +88,17 @@ def build_dataloader(plugin: Plugin, dataset: Dataset, batch_size: int, collator
     return plugin.prepare_dataloader(dataset, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=False,
                                      collate_fn=collator, distributed_sampler_cls=StatefulDistributedSampler,
                                      generator=torch.Generator().manual_seed(seed))
+
+
+def build_held_out_dataloader(plugin: Plugin, dataset: Dataset, batch_size: int, collator: Callable, max_tokens: int = 0,
+                              max_length: int = 0) -> DataLoader:
+    """Held-out batches in order, each row scored once on one rank (`HeldOutBatchSampler`, over the ranks the
+    plugin splits data between); with `max_tokens`, the token-budget sampler, whose filler step is not scored."""
+    if max_tokens:
+        return build_dataloader(plugin, dataset, batch_size, collator, False, 0, max_tokens, max_length)
+    split = plugin.prepare_dataloader(dataset, batch_size=batch_size, distributed_sampler_cls=StatefulDistributedSampler)
+    sampler = HeldOutBatchSampler(len(dataset), batch_size, split.sampler.num_replicas, split.sampler.rank)
+    return DataLoader(dataset, batch_sampler=sampler, collate_fn=collator)
 
 
 def build_optimizer(model: torch.nn.Module, args: argparse.Namespace, lr: Optional[float] = None) -> torch.optim.Optimizer:
@@ -372,8 +384,8 @@ def run_supervised(
     budget = {"max_tokens": args.max_tokens_per_batch, "max_length": args.max_length}
     train_loader = build_dataloader(setup.plugin, context.load_data(args.dataset), args.batch_size, collator, True,
                                     args.seed, **budget)
-    eval_loader = (build_dataloader(setup.plugin, context.load_data(args.eval_dataset), eval_batch_size(args), collator, False,
-                                    args.seed, **budget) if args.eval_dataset else None)
+    eval_loader = (build_held_out_dataloader(setup.plugin, context.load_data(args.eval_dataset), eval_batch_size(args),
+                                             collator, **budget) if args.eval_dataset else None)
     total_steps = math.ceil(len(train_loader) / args.accumulation_steps) * args.max_epochs
     if args.max_steps:
         total_steps = min(total_steps, args.max_steps)

@@ -26,6 +26,16 @@ def init_distributed(seed: int = 42, timeout_s: float = DEFAULT_TIMEOUT_S) -> No
     set_seed(seed)
 
 
+def seed_each_rank(seed: int) -> None:
+    """Seed every RNG with `seed + rank`, once the models are built alike on every rank: ranks then sample their own
+    completions (TRL's device-specific seed) instead of drawing the same noise; a resumed run's checkpoint restores
+    each rank's states over these."""
+    import torch.distributed as dist
+    from colossalai.utils import set_seed
+
+    set_seed(seed + dist.get_rank())
+
+
 def _start_process_group(backend: str, timeout: timedelta) -> None:
     """torchrun's group from the environment; without torchrun, a world of one on a store at an OS-picked port."""
     import torch.distributed as dist

@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from coati.config import CheckpointSettings, EpochSettings, EvalSettings, StepSettings, SupervisedConfig
 from coati.dataset.collators import batch_rows
+from coati.dataset.sampler import held_out_batches
 from coati.utils.comm import is_distributed, is_rank_0
 from coati.distributed.plugins import trainer_clips_gradients
 from coati.trainer.callbacks.base import Callback, fire
@@ -459,8 +460,11 @@ class SLTrainer(_TrainerCore, ABC):
         self.model.eval()
         saved_stats, self.stats = self.stats, StatsTracker()
         with torch.no_grad():
-            for batch in tqdm(self.eval_dataloader, desc=f"Eval {epoch}", disable=not is_rank_0(), leave=False):
-                self.stats.record(self._compute_batch(move_to_device(batch, self.device)).metrics)
+            for batch, scored in tqdm(held_out_batches(self.eval_dataloader), total=len(self.eval_dataloader),
+                                      desc=f"Eval {epoch}", disable=not is_rank_0(), leave=False):
+                metrics = self._compute_batch(move_to_device(batch, self.device)).metrics
+                if scored:
+                    self.stats.record(metrics)
         results = self._eval_results(self.stats.export())
         self.stats = saved_stats
         self.metrics_logger.log({f"eval/{k}": v for k, v in results.items()}, self.step)

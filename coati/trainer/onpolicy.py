@@ -21,6 +21,7 @@ from coati.experience.metrics import rollout_metrics, tokens_in
 from coati.models.loss import PolicyLoss
 from coati.rollout.workflow import RLVRWorkflow, RolloutWorkflow
 from coati.dataset.collators import prompt_rows
+from coati.dataset.sampler import held_out_batches
 from coati.rollout.evaluation import complete, record_sampled, record_scores
 from coati.utils.cadence import Evaluator, Saver
 from coati.utils.ckpt_io import ModelState, load_checkpoint, read_running_state, save_checkpoint
@@ -166,12 +167,15 @@ class OLTrainer(_TrainerCore):
         """One batch of experience from the source, its rollout metrics recorded."""
         fire(self.callbacks, "on_make_experience_start")
         self._set_train_mode(False)
-        self.maker.scorer.trainer_state = TrainerState(global_step=self.episode, max_steps=self.num_episodes,
-                                                       epoch=self._epoch_progress())
+        self.maker.scorer.trainer_state = self._trainer_state(self.episode)
         experience = self.source.next(self.episode, self.stats)
         self._record_experience(experience, collect_step)
         fire(self.callbacks, "on_make_experience_end", experience)
         return experience
+
+    def _trainer_state(self, global_step: int) -> TrainerState:
+        """What reward functions get as TRL's `trainer_state`, in collection and in held-out evaluation alike."""
+        return TrainerState(global_step=global_step, max_steps=self.num_episodes, epoch=self._epoch_progress())
 
     def _update_pass(self, pass_index: int, experiences: List[Experience]) -> None:
         """One pass over the episode's experience in micro-batches of `train_batch_size` rows (whole with 0)."""
@@ -303,12 +307,16 @@ class OLTrainer(_TrainerCore):
         pool = self.source.evaluation_pool()
         greedy = replace(self.maker.config.sampling, do_sample=False)
         stats = StatsTracker()
-        for batch in self.eval_dataloader:
+        samples = self.config.evaluation.eval_n_samples
+        self.maker.scorer.trainer_state = self._trainer_state(step)
+        for batch, scored in held_out_batches(self.eval_dataloader):   # a filler batch runs, to keep ranks in step
             rows = prompt_rows(batch)
-            record_scores(stats, complete(pool, self.workflow, rows, greedy))
-            samples = self.config.evaluation.eval_n_samples
-            if samples:
-                record_sampled(stats, complete(pool, self.workflow, rows, self.eval_sampling, samples))
+            greedy_trajectories = complete(pool, self.workflow, rows, greedy)
+            sampled = complete(pool, self.workflow, rows, self.eval_sampling, samples) if samples else None
+            if scored:
+                record_scores(stats, greedy_trajectories)
+                if sampled is not None:
+                    record_sampled(stats, sampled)
         self.eval_history[step] = self._flush_metrics(step, prefix="eval/", stats=stats)
         fire(self.callbacks, "on_evaluate", step, self.eval_history[step])
         return self.eval_history[step]

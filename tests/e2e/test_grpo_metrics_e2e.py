@@ -5,7 +5,7 @@ import json
 import pytest
 
 from coati.trainer.metric_names import PUBLISHED_GRPO as PUBLISHED
-from conftest import SCRIPTS, torchrun
+from conftest import REPO, SCRIPTS, torchrun
 
 
 def _grpo(assets, out, *extra, output=None):
@@ -46,3 +46,32 @@ def test_grpo_run_logs_every_published_name_on_its_cadence(tiny_assets, tmp_path
     assert quiet == []
     assert json.loads((tmp_path / "quiet" / "config.json").read_text())["logging_strategy"] == "no"   # ColossalChat's
     assert output[0].count("warning: --use_flash_attn: FlashAttention-2 needs CUDA") == 1
+
+
+@pytest.mark.slow
+def test_ranks_sample_their_own_completions_and_a_held_out_row_counts_once(tiny_assets, tmp_path):
+    """Two ranks given the same prompt sample different completions (each rank seeds its own sampling); a held-out
+    set of 3 prompts on 2 ranks scores each prompt once (1 of 3 rewarded reads 1/3, not 2/4); reward functions get
+    the trainer's state in evaluation too."""
+    from datasets import load_from_disk
+
+    prompts = load_from_disk(str(tiny_assets["prompt_eval"]))
+    prompts.select([0] * 8).save_to_disk(str(tmp_path / "same_prompt"))
+    prompts.select([0, 1, 2]).save_to_disk(str(tmp_path / "three_prompts"))
+    log = tmp_path / "rewards.jsonl"
+    result = torchrun(SCRIPTS / "train_grpo.py", 2, "--pretrain", str(tiny_assets["model"]), "--prompt_dataset",
+                      str(tmp_path / "same_prompt"), "--eval_dataset", str(tmp_path / "three_prompts"),
+                      "--eval_batch_size", "2", "--plugin", "ddp", "--batch_size", "1", "--num_generations", "4",
+                      "--max_new_tokens", "8", "--num_episodes", "2", "--eval_interval", "1", "--reward_fn",
+                      "rank_rewards:first_prompt_only", "--output_dir", str(tmp_path / "out"),
+                      PYTHONPATH=str(REPO / "tests"), REWARD_LOG=str(log),
+                      FIRST_PROMPT=json.loads(prompts[0]["prompt"])[-1]["content"])
+    assert result.returncode == 0, result.stderr[-4000:]
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    first_training_call = {c["rank"]: c["completions"] for c in calls if c["step"] == 0 and len(c["completions"]) == 4}
+    assert first_training_call[0] != first_training_call[1]
+    results = json.loads((tmp_path / "out" / "eval_results.json").read_text())
+    assert sorted(int(step) for step in results) == [0, 1, 2]
+    for held_out in results.values():
+        assert held_out["eval/rewards/first_prompt_only"] == held_out["eval/reward"] == pytest.approx(1 / 3)
+    assert {c["step"] for c in calls} == {0, 1, 2}

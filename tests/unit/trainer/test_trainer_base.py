@@ -1,6 +1,9 @@
 """SLTrainer's loop (accumulation, step counting, hooks), in one process (OLTrainer's hooks: test_grpo.py)."""
+import pytest
 import torch
+from torch.utils.data import DataLoader, default_collate
 
+from coati.dataset.sampler import HeldOutBatchSampler
 from coati.trainer import Callback
 from support import linear_trainer, regression_rows
 
@@ -108,3 +111,14 @@ def test_a_supervised_config_sets_the_length_steps_and_checkpoints_that_keywords
         w = _sgd_on_mean(_sgd_on_mean(w, x[:4], y[:4], 0.1), x[4:], y[4:], 0.1)
     assert torch.allclose(trainer.model.unwrap().weight.detach(), w, atol=1e-6)
     assert [p.name for p in sorted(tmp_path.iterdir())] == ["epoch-1_step-2", "epoch-2_step-4"]
+
+
+def test_a_held_out_batch_a_rank_runs_only_to_keep_in_step_is_not_scored(world_of_one):
+    rows, x, y = regression_rows(3)
+    recorder = Recorder()
+    trainer, loader, w0 = linear_trainer(rows, batch_size=3, accumulation_steps=1, lr=0.0, callbacks=[recorder])
+    as_rank_1_of_2 = HeldOutBatchSampler(3, 1, 2, 1)      # row 1, then a filler batch of row 0
+    assert list(as_rank_1_of_2) == [[1], [0]]
+    trainer.fit(loader, eval_dataloader=DataLoader(rows, batch_sampler=as_rank_1_of_2, collate_fn=default_collate))
+    results = [args[1] for name, *args in recorder.calls if name == "on_evaluate"]
+    assert results and results[-1]["loss"] == pytest.approx(((x[1] @ w0.T - y[1]) ** 2).item())
