@@ -151,9 +151,11 @@ class PackingSettings:
 class EpochSettings:
     """How long a supervised run lasts."""
 
-    max_epochs: int = setting(1, parse=at_least(1), aliases=("--num_train_epochs",), help="passes over the training data")
-    max_steps: int = setting(0, parse=at_least(-1), help="stop after this many optimizer steps (0, or TRL's -1: no "
-                                                        "limit)")
+    max_epochs: int = setting(1, parse=at_least(1), aliases=("--num_train_epochs",),
+                              help="passes over the training data (unless --max_steps is set)")
+    max_steps: int = setting(0, parse=at_least(-1), help="train this many optimizer steps, passing over the data as "
+                                                        "often as that takes; over --max_epochs, as in TRL (0, or "
+                                                        "TRL's -1: --max_epochs decides)")
 
 
 @dataclass(frozen=True)

@@ -386,9 +386,7 @@ def run_supervised(
                                     args.seed, **budget)
     eval_loader = (build_held_out_dataloader(setup.plugin, context.load_data(args.eval_dataset), eval_batch_size(args),
                                              collator, **budget) if args.eval_dataset else None)
-    total_steps = math.ceil(len(train_loader) / args.accumulation_steps) * args.max_epochs
-    if args.max_steps:
-        total_steps = min(total_steps, args.max_steps)
+    total_steps = args.max_steps or math.ceil(len(train_loader) / args.accumulation_steps) * args.max_epochs
     checkpoint = resolve_checkpoint(args)
     if finished_run(args, checkpoint, total_steps, "optimizer steps"):
         return None

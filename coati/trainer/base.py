@@ -223,8 +223,9 @@ class SLTrainer(_TrainerCore, ABC):
     - `log_interval` and `save_interval` count optimizer steps (the config's `logging` and `checkpoints` may instead
       log by TRL's strategies and save every N epochs or seconds as well). Metrics are reduced across ranks
       once per logged step. A final checkpoint is written at the end when `save_dir` is set.
-    - `max_steps` > 0 ends training after that many optimizer steps (counted from the start of the
-      run, resumed runs included); the checkpoint written there can be resumed with a larger limit.
+    - `max_steps` > 0 trains that many optimizer steps (counted from the start of the run, resumed runs included),
+      over as many epochs as that takes, whatever `max_epochs` says (Hugging Face's Trainer's rule); the
+      checkpoint written there can be resumed with a larger limit.
     - `load_checkpoint(path)` resumes mid-epoch: the next optimizer step sees the next unseen batch.
     - Hooks fired (see `Callback`): on_fit_start/end, on_learn_epoch_start/end(epoch),
       on_optimizer_step_start/end(micro_batches) per optimizer step, on_log(step, metrics),
@@ -318,8 +319,9 @@ class SLTrainer(_TrainerCore, ABC):
     def _before_fit(self, train_dataloader, eval_dataloader, log_dir, use_wandb, metrics_logger) -> None:
         self.train_dataloader, self.eval_dataloader = train_dataloader, eval_dataloader
         self._steps_per_epoch = math.ceil(len(train_dataloader) / self.accumulation_steps)
-        total = self._steps_per_epoch * self.max_epochs
-        self._total_steps = min(total, self.max_steps) if self.max_steps else total
+        if self.max_steps:
+            self.max_epochs = math.ceil(self.max_steps / self._steps_per_epoch)
+        self._total_steps = self.max_steps or self._steps_per_epoch * self.max_epochs
         self._open_logger(log_dir, use_wandb, metrics_logger, self.step, self._total_steps)
         self._set_start_index(self._resume_sample_index)
 

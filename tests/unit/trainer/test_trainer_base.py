@@ -95,6 +95,16 @@ def test_max_steps_stops_at_that_optimizer_step_and_checkpoints_the_position(wor
     assert '"sample_start_index": 8' in state
 
 
+def test_max_steps_past_the_epochs_passes_over_the_data_again_as_in_trl(world_of_one, tmp_path):
+    rows, _, _ = regression_rows(12)               # 6 micro-batches of 2 per epoch; max_epochs stays at its 1
+    trainer, loader, _ = linear_trainer(rows, batch_size=2, accumulation_steps=1, lr=0.1,
+                                         max_steps=8, save_dir=str(tmp_path))
+    trainer.fit(loader)
+    assert trainer.step == 8 and trainer.epochs_done == pytest.approx(1 + 2 / 6)
+    assert [p.name for p in sorted(tmp_path.iterdir())] == ["epoch-1_step-8"]
+    assert '"sample_start_index": 4' in (tmp_path / "epoch-1_step-8" / "running_states.json").read_text()
+
+
 def test_a_supervised_config_sets_the_length_steps_and_checkpoints_that_keywords_cannot(world_of_one, tmp_path):
     """`config=SupervisedConfig(...)` (what the scripts pass) replaces the keywords: two epochs of two accumulated
     steps, and a checkpoint as each epoch ends (`save_freq_epochs`, which no keyword sets)."""
