@@ -9,6 +9,7 @@ options=...)` adds one of your own."""
 import argparse
 import ast
 import importlib
+import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Generic, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
@@ -137,6 +138,14 @@ def import_function(name: str, kind: str = "function") -> Callable:
     except (ImportError, AttributeError, OSError) as error:
         raise CoatiUsageError(f"{kind} {name!r} cannot be imported: {error} (the working directory {os.getcwd()} is "
                               "searched too)") from None
+    except SyntaxError as error:
+        raise CoatiUsageError(f"{kind} {name!r} cannot be imported: {error.filename}:{error.lineno}: {error.msg}") from None
+    except Exception as error:   # the module's own code raised while it was imported: name its line that did
+        frames = traceback.extract_tb(error.__traceback__)
+        machinery = (__file__, os.path.dirname(importlib.__file__), "<frozen")
+        frame = next((f for f in frames if not f.filename.startswith(machinery)), frames[-1])
+        raise CoatiUsageError(f"{kind} {name!r} cannot be imported: {frame.filename}:{frame.lineno} raised "
+                              f"{type(error).__name__}: {error}") from None
     if not callable(fn):
         raise CoatiUsageError(f"{kind} {name!r} is not callable")
     return fn
@@ -156,7 +165,11 @@ def _load_file(path: str) -> Any:
     spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[path] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[path]   # not kept half-imported
+        raise
     return module
 
 

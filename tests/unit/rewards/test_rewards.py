@@ -1,5 +1,6 @@
 """The math reward on tricky answers (numbers exactly, expressions through math-verify in worker processes with a
 timeout); the weighted reward's components and diagnostics, and its errors that name the function."""
+import re
 import sys
 import threading
 import time
@@ -193,6 +194,21 @@ def test_a_reward_in_the_working_directory_imports_in_trls_and_openrlhfs_forms(t
     with pytest.raises(CoatiUsageError, match=rf"reward function 'sub/missing.py:one' cannot be imported: no file "
                                               rf".*\(the working directory {tmp_path} is searched too\)"):
         WeightedReward.from_specs(["sub/missing.py:one"])
+
+
+@pytest.mark.parametrize("module, source, message", [
+    ("unclosed", "def one(completions, **kwargs):\n    return [1.0 for _ in completions\n",
+     r"unclosed\.py:2: '\[' was never closed"),
+    ("raising", "import json\nSCALE = json.loads('{')\n", r"raising\.py:2 raised JSONDecodeError: Expecting property name"),
+])
+def test_a_reward_file_that_fails_to_import_is_one_line_naming_its_file_and_line(tmp_path, monkeypatch, module, source,
+                                                                                 message):
+    (tmp_path / f"{module}.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    for spec in (f"{module}.one", f"{module}.py:one"):
+        with pytest.raises(CoatiUsageError, match=rf"reward function '{re.escape(spec)}' cannot be imported: .*{message}"):
+            WeightedReward.from_specs([spec])
 
 
 def test_a_reward_that_raises_shows_its_own_frames_then_one_line_and_text_is_not_a_reward(tmp_path, monkeypatch,
