@@ -46,7 +46,7 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int = 384) -> PreTrainedT
     tokenizer.train_from_iterator(corpus, trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=END_OF_TURN, pad_token="<|pad|>",
                                    unk_token="<|unk|>", chat_template=CHAT_TEMPLATE, padding_side="right",
-                                   model_max_length=MODEL_MAX_LENGTH)
+                                   model_max_length=MODEL_MAX_LENGTH, model_input_names=["input_ids", "attention_mask"])
 
 
 def build_tiny_llama(tokenizer: PreTrainedTokenizerFast, size: str = "tiny", seed: int = 0,
@@ -116,7 +116,7 @@ def write_tiny_vl_model(out_dir: Union[str, Path], corpus: Iterable[str], style:
     text = train_tokenizer(corpus, vocab_size)
     tokenizer = Qwen2TokenizerFast(tokenizer_object=text.backend_tokenizer, eos_token=END_OF_TURN, pad_token="<|pad|>",
                                    unk_token="<|unk|>", chat_template=vision_chat_template(style), padding_side="right",
-                                   model_max_length=MODEL_MAX_LENGTH)
+                                   model_max_length=MODEL_MAX_LENGTH, model_input_names=["input_ids", "attention_mask"])
     tokenizer.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in VISION_TOKENS}
     padded_vocab = -(-len(tokenizer) // VOCAB_MULTIPLE) * VOCAB_MULTIPLE

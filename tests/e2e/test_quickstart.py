@@ -38,3 +38,11 @@ def test_the_readme_quickstart_runs_sft_then_grpo_from_trl_style_configs(tmp_pat
     assert re.search(r"step 10/10 \| eval/reward \S+ \| eval/rewards/accuracy \S+", screen)
     assert screen.rstrip().splitlines()[-1] == "saved HF model to out/grpo/model"
     assert (tmp_path / ".cache" / "coati" / "prepared").is_dir()   # raw JSONL prepared into the user's cache
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = run / "out" / "grpo" / "model"   # what a user does next, with Hugging Face's own calls
+    tokenizer, model = AutoTokenizer.from_pretrained(model_dir), AutoModelForCausalLM.from_pretrained(model_dir)
+    question = [{"role": "user", "content": "Sam has 2 apples and gets 3 more. How many apples does Sam have?"}]
+    inputs = tokenizer.apply_chat_template(question, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    assert set(inputs) == {"input_ids", "attention_mask"}
+    assert model.generate(**inputs, max_new_tokens=4, min_new_tokens=1).shape[1] > inputs["input_ids"].shape[1]
