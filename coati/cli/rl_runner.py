@@ -35,8 +35,9 @@ from coati.trainer.ppo import CriticParts, PPOTrainer
 from coati.trainer.sources import AsyncRollouts
 
 from .runner import (_require_dir, build_dataloader, build_held_out_dataloader, build_optimizer, build_scheduler,
-                     eval_batch_size, export_dir, export_model, finished_run, freeze_vision_layers, frozen_reference, load_causal_lm, load_images,
-                     open_logger, prepare_model, resolve_checkpoint, resumed_line, start_run, tokenizer_to_save)
+                     checkpoint_to_resume, eval_batch_size, export_dir, export_model, finished_run, freeze_vision_layers,
+                     frozen_reference, load_causal_lm, load_images, open_logger, prepare_model, resumed_line, start_run,
+                     tokenizer_to_save)
 
 from .rl_checks import check_on_policy_flags, check_run
 from .rl_parts import (distillation, health_monitor, kl_controller, policy_loss, ptx_loader, rollout_side, scorer,
@@ -74,7 +75,7 @@ def _run(args: argparse.Namespace, build: Callable[..., OLTrainer]) -> Optional[
     """Prompts, actor, reference and engine; `build(args, setup, ...)` makes the trainer; then resume,
     fit, the held-out results and the export (None: the run resumed is finished, `finished_run`)."""
     setup, coordinator, tokenizer = start_run(args, check_run)
-    checkpoint = resolve_checkpoint(args)
+    checkpoint = checkpoint_to_resume(args)
     if finished_run(args, checkpoint, args.num_episodes, "episodes"):
         return None
     tokenizer = with_template(args, tokenizer)

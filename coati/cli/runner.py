@@ -40,7 +40,8 @@ from coati.trainer.callbacks.tokenizer import TokenizerInCheckpoints
 from coati.cli.options import settings_from
 from coati.config import PackingSettings, SupervisedConfig, VisionSettings
 from coati.run_config import SupervisedRun
-from coati.utils.ckpt_io import latest_checkpoint, read_running_state, save_hf_model, verify_checkpoint
+from coati.utils.ckpt_io import (latest_checkpoint, read_running_state, save_hf_model, set_aside_checkpoints,
+                                 verify_checkpoint)
 from coati.cli.colossalchat import attention_implementation, write_config_file
 from coati.cli.config_file import save_run_record
 from coati.utils.errors import CoatiUsageError, note_user
@@ -184,6 +185,22 @@ def resolve_checkpoint(args: argparse.Namespace) -> Optional[str]:
         raise CoatiUsageError("--checkpoint_path latest needs --save_dir")
     found = latest_checkpoint(args.save_dir)
     return str(found) if found else None
+
+
+def checkpoint_to_resume(args: argparse.Namespace) -> Optional[str]:
+    """`resolve_checkpoint`, as a run starts: without a checkpoint (a line says so where 'latest' found none), the
+    run starts from the beginning, and first moves an earlier run's checkpoints in `--save_dir` aside, so that a
+    later 'latest' resumes this run's, never those."""
+    checkpoint = resolve_checkpoint(args)
+    if checkpoint:
+        return checkpoint
+    if args.checkpoint_path == "latest":
+        note_user(f"no complete checkpoint in {args.save_dir} to resume: the run starts from the beginning")
+    moved = set_aside_checkpoints(args.save_dir) if args.save_dir and is_rank_0() else None
+    if moved:
+        note_user(f"--save_dir {args.save_dir} held an earlier run's checkpoints; moved them to {moved}, apart from this "
+                  "run's (to continue that run instead, give --checkpoint_path latest)")
+    return None
 
 
 def finished_run(args: argparse.Namespace, checkpoint: Optional[str], total: int, unit: str) -> bool:
@@ -387,7 +404,7 @@ def run_supervised(
     eval_loader = (build_held_out_dataloader(setup.plugin, context.load_data(args.eval_dataset), eval_batch_size(args),
                                              collator, **budget) if args.eval_dataset else None)
     total_steps = args.max_steps or math.ceil(len(train_loader) / args.accumulation_steps) * args.max_epochs
-    checkpoint = resolve_checkpoint(args)
+    checkpoint = checkpoint_to_resume(args)
     if finished_run(args, checkpoint, total_steps, "optimizer steps"):
         return None
     model = prepare_model((model_loader or load_causal_lm)(args, tokenizer), args, setup)

@@ -38,6 +38,7 @@ from colossalai.zero import GeminiDDP
 from coati.utils.comm import barrier, is_distributed, rank, world_size
 from coati.utils.modules import inner_model
 from coati.utils.errors import CoatiUsageError
+from coati.utils.metrics_logger import set_aside
 from coati.utils.file_checks import (CorruptFileError, check_weight_file, check_weights_dir, model_signature,
                                      read_json, signature_mismatch)
 
@@ -74,6 +75,13 @@ def latest_checkpoint(save_dir: PathLike) -> Optional[Path]:
     """The newest complete checkpoint under `save_dir`, or None."""
     checkpoints = list_checkpoints(save_dir)
     return checkpoints[-1] if checkpoints else None
+
+
+def set_aside_checkpoints(save_dir: PathLike) -> Optional[Path]:
+    """Move an earlier run's checkpoints (complete or not) out of `save_dir`, into `previous_runs/<time>/` as the
+    metrics logger does with its logs, so that a fresh run's checkpoints do not mix with them and a later
+    `latest` resumes this run's; returns where they went."""
+    return set_aside(list_checkpoints(save_dir, complete_only=False), Path(save_dir))
 
 
 def _rng_states() -> Dict[str, Any]:
@@ -260,17 +268,25 @@ def read_running_state(load_dir: PathLike) -> Dict[str, Any]:
     path = Path(load_dir)
     if not path.is_dir():
         raise CoatiUsageError(f"checkpoint {path} does not exist")
-    if not is_complete(path) and list_checkpoints(path, complete_only=False):
-        raise CoatiUsageError(f"{path} holds checkpoints but is not one: pass one of its checkpoint folders, or "
-                              f"--checkpoint_path latest --save_dir {path}")
     if not is_complete(path):
-        latest = latest_checkpoint(path.parent)
-        hint = f"; the newest complete one is {latest}" if latest else ""
-        raise CoatiUsageError(
-            f"checkpoint {path} is incomplete (no {COMPLETE_MARKER} marker: it was interrupted while being "
-            f"written) and cannot be resumed from{hint}"
-        )
+        raise CoatiUsageError(_not_resumable(path))
     return read_json(path / RUNNING_STATE_FILE, "the checkpoint's running state")
+
+
+def _not_resumable(path: Path) -> str:
+    """Why `path`, which has no COMPLETE marker, cannot be resumed from, naming the checkpoints near it."""
+    for folder in (path, path / "checkpoints"):      # a save_dir, or a run's output folder with its checkpoints
+        if list_checkpoints(folder, complete_only=False):
+            newest = latest_checkpoint(folder)
+            hint = f" (the newest complete one is {newest})" if newest else ""
+            return (f"{path} holds checkpoints but is not one: pass one of the checkpoint folders in {folder}{hint}, "
+                    f"or --checkpoint_path latest --save_dir {folder} (TRL: resume_from_checkpoint: true)")
+    if not _NAME.match(path.name):
+        return f"{path} is not a checkpoint (a folder epoch-E_step-S that a run saved, with a {COMPLETE_MARKER} marker)"
+    latest = latest_checkpoint(path.parent)
+    hint = f"; the newest complete one is {latest}" if latest else ""
+    return (f"checkpoint {path} is incomplete (no {COMPLETE_MARKER} marker: it was interrupted while being written) "
+            f"and cannot be resumed from{hint}")
 
 
 def verify_checkpoint(load_dir: PathLike, shape: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:

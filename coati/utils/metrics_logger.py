@@ -26,10 +26,15 @@ def public_config(config: Dict[str, Any]) -> Dict[str, Any]:
 def set_aside_previous_run(log_dir: Path) -> Optional[Path]:
     """Move an earlier run's metrics and TensorBoard events out of `log_dir` (into
     `previous_runs/<time>/`) so a fresh run does not mix with them; returns where they went."""
-    found = [log_dir / name for name in (JSONL_NAME, TENSORBOARD_DIR) if (log_dir / name).exists()]
+    return set_aside([log_dir / name for name in (JSONL_NAME, TENSORBOARD_DIR) if (log_dir / name).exists()], log_dir)
+
+
+def set_aside(found: Sequence[Path], root: Path) -> Optional[Path]:
+    """Move `found` (an earlier run's files in `root`) into `root/previous_runs/<time>/`; returns that folder, or
+    None when there was nothing to move."""
     if not found:
         return None
-    target = log_dir / PREVIOUS_RUNS_DIR / time.strftime("%Y%m%d-%H%M%S")
+    target = Path(root) / PREVIOUS_RUNS_DIR / time.strftime("%Y%m%d-%H%M%S")
     while target.exists():
         target = target.with_name(target.name + "_")
     target.mkdir(parents=True)

@@ -75,3 +75,37 @@ def test_missing_checkpoint_is_a_usage_error(world_of_one, tmp_path):
     booster, model, optimizer, scheduler = _boosted()
     with pytest.raises(CoatiUsageError, match="does not exist"):
         load_checkpoint(tmp_path / "nope", booster, model, optimizer, scheduler)
+
+
+def test_a_runs_output_folder_given_as_the_checkpoint_names_the_checkpoints_in_it(world_of_one, tmp_path):
+    booster, model, optimizer, scheduler = _boosted()
+    newest = save_checkpoint(tmp_path / "out" / "checkpoints", booster, model, optimizer, scheduler, 0, 3, 4,
+                             DistCoordinator())
+    with pytest.raises(CoatiUsageError, match=rf"{tmp_path / 'out'} holds checkpoints but is not one: pass one of the "
+                                              rf"checkpoint folders in .*checkpoints \(the newest complete one is "
+                                              rf"{newest}\), or --checkpoint_path latest"):
+        load_checkpoint(tmp_path / "out", booster, model, optimizer, scheduler)
+    (tmp_path / "elsewhere").mkdir()
+    with pytest.raises(CoatiUsageError, match="elsewhere is not a checkpoint"):
+        load_checkpoint(tmp_path / "elsewhere", booster, model, optimizer, scheduler)
+
+
+def test_a_fresh_run_sets_an_earlier_runs_checkpoints_aside_and_latest_with_none_says_it_starts(world_of_one, tmp_path,
+                                                                                                 capsys):
+    from argparse import Namespace
+
+    from coati.cli.runner import checkpoint_to_resume
+
+    booster, model, optimizer, scheduler = _boosted()
+    for step in (14, 16):
+        save_checkpoint(tmp_path, booster, model, optimizer, scheduler, 1, step, 4, DistCoordinator())
+    (tmp_path / "epoch-2_step-17").mkdir()        # an interrupted write
+    assert checkpoint_to_resume(Namespace(checkpoint_path=None, save_dir=str(tmp_path))) is None
+    assert list_checkpoints(tmp_path, complete_only=False) == []
+    [aside] = (tmp_path / "previous_runs").iterdir()
+    assert sorted(p.name for p in aside.iterdir()) == ["epoch-1_step-14", "epoch-1_step-16", "epoch-2_step-17"]
+    assert f"held an earlier run's checkpoints; moved them to {aside}" in capsys.readouterr().err
+    assert checkpoint_to_resume(Namespace(checkpoint_path="latest", save_dir=str(tmp_path))) is None
+    assert "no complete checkpoint in" in capsys.readouterr().err
+    save_checkpoint(tmp_path, booster, model, optimizer, scheduler, 0, 2, 4, DistCoordinator())
+    assert checkpoint_to_resume(Namespace(checkpoint_path="latest", save_dir=str(tmp_path))) == str(tmp_path / "epoch-0_step-2")
