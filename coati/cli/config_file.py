@@ -11,6 +11,7 @@ Light: no torch, so a wrong key is answered at once.
 import argparse
 import difflib
 import json
+import os
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -425,7 +426,10 @@ def save_run_config(folder: str, config: Dict[str, Any], sources: Dict[str, str]
     rerun = f"coati {command}" if command else Path(sys.argv[0]).name
     header = ("# The resolved settings of this run; rerun it from scratch with\n"
               f"#   {rerun} --config {target / SAVED_CONFIG} --output_dir NEW_DIR\n")
-    (target / SAVED_CONFIG).write_text(header + yaml.safe_dump(config, sort_keys=False, default_flow_style=False))
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))   # on each node: the `coati` command launches as many
+    launch = {"nproc_per_node": processes} if processes > 1 else {}
+    (target / SAVED_CONFIG).write_text(header + yaml.safe_dump({**launch, **config}, sort_keys=False,
+                                                               default_flow_style=False))
     info = {"command": [Path(sys.argv[0]).name, *argv], "sources": sources, "versions": _versions()}
     (target / RUN_INFO).write_text(json.dumps(info, indent=2) + "\n")
     return target / SAVED_CONFIG
