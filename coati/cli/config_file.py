@@ -306,6 +306,31 @@ def given_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Dict[st
     return given
 
 
+TRUTH_WORDS = {"true": True, "false": False, "yes": True, "no": False, "1": True, "0": False}
+
+
+def switch_words(parser: argparse.ArgumentParser, argv: Sequence[str]) -> List[str]:
+    """`argv` with a switch's value written out (`--gradient_checkpointing true`, `--packing=false`, as Hugging
+    Face's argument parser takes them) turned into the switch alone or nothing, as a config file's true/false is."""
+    out: List[str] = []
+    i = 0
+    while i < len(argv):
+        flag, sep, value = argv[i].partition("=")
+        action = parser._option_string_actions.get(flag) if argv[i].startswith("--") else None
+        if action is not None and action.nargs == 0:
+            if not sep and i + 1 < len(argv) and argv[i + 1].lower() in TRUTH_WORDS:
+                sep, value, i = "=", argv[i + 1], i + 1
+            if sep:
+                if value.lower() not in TRUTH_WORDS:
+                    raise CoatiUsageError(f"{flag}={value}: a switch takes true or false, or nothing")
+                out += _tokens(action, flag, TRUTH_WORDS[value.lower()], flag)
+                i += 1
+                continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
 def check_flags_known(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
     """Every `--flag` in `argv` is one of `parser`'s (no abbreviations); one line naming the nearest flags otherwise."""
     known = [f for f in parser._option_string_actions if f.startswith("--")]

@@ -8,7 +8,8 @@ import yaml
 
 from coati.cli.arguments import run_config_from
 from coati.cli.commands import TRAINING, command_parser
-from coati.cli.config_file import COLOSSALCHAT_SECTION, config_tokens, resolved_config, section_owners, tree_argv
+from coati.cli.config_file import (COLOSSALCHAT_SECTION, config_tokens, resolved_config, section_owners, switch_words,
+                                   tree_argv)
 from coati.cli.options import settings_from
 from coati.config import (AsyncSettings, CheckpointSettings, DataSettings, DistillSettings, EpisodeSettings,
                           EvalSettings, GRPOConfig, KLSettings, LogSettings, LoraSettings, ModelSettings, OptimSettings,
@@ -162,3 +163,16 @@ def test_flat_configs_saved_before_the_tree_still_load(command):
     args = parser.parse_args(["--config", str(RECORDED / command / "run_config.yaml"), "--output_dir", "/tmp/x"])
     run = run_config_from(args, parser.run_config)
     assert run.model.pretrain == "/tmp/walk/assets/model" and run.checkpoint.output_dir == "/tmp/x"
+
+
+@pytest.mark.parametrize("given, expected", [
+    (["--gradient_checkpointing", "true"], ["--gradient_checkpointing"]), (["--gradient_checkpointing=False"], []),
+    (["--packing", "yes", "--lr", "0.1"], ["--packing", "--lr", "0.1"]), (["--packing"], ["--packing"]),
+])
+def test_a_switch_takes_a_written_true_or_false_as_hugging_faces_parser_does(given, expected):
+    assert switch_words(command_parser("sft"), given) == expected
+
+
+def test_a_switch_given_another_word_is_one_line():
+    with pytest.raises(CoatiUsageError, match="--packing=maybe: a switch takes true or false, or nothing"):
+        switch_words(command_parser("sft"), ["--packing=maybe"])
