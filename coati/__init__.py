@@ -21,10 +21,13 @@ class _DropMessage(logging.Filter):
 
 def _quiet_third_party_imports() -> None:
     """A training script starts without a wall of third-party notes about kernels it does not use: colossalai's
-    apex/tensornvme warnings and bitsandbytes' 4-bit CPU kernel note (bitsandbytes comes with colossalai;
-    coati never quantizes). Every other warning is left as it is."""
+    apex/tensornvme warnings, its checkpoint IO's torch.load notes on resume (the files are the checkpoints coati wrote
+    and verified), and bitsandbytes' 4-bit CPU kernel note (bitsandbytes comes with colossalai; coati never
+    quantizes). Every other warning is left as it is."""
     for message in _IMPORT_NAGS:
         warnings.filterwarnings("ignore", message=message, category=UserWarning)
+    warnings.filterwarnings("ignore", message=r"You are using `torch.load` with `weights_only=False`",
+                            category=FutureWarning, module=r"colossalai\.")   # its checkpoint IO reading coati's own files
     logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_DropMessage("Failed to load CPU gemm_4bit_forward"))
 
 

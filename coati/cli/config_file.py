@@ -278,6 +278,9 @@ def _tokens(action: argparse.Action, flag: str, value: Any, where: str) -> List[
             return []
         raise CoatiUsageError(f"{where}: {str(value).lower()} cannot be set from a file (it is the switch {flag}'s "
                               "opposite); leave the key out")
+    word = {False: "no", True: "yes"}.get(value) if isinstance(value, bool) else None
+    if word and action.choices and word in action.choices:   # YAML reads an unquoted `no` (eval_strategy: no) as false
+        value = word
     if isinstance(value, (dict, list, tuple)) and not value:   # nothing: the flag alone where it may take nothing
         return [flag] if action.nargs == "*" else []
     if isinstance(value, dict):

@@ -53,9 +53,19 @@ def main(argv: Optional[List[str]] = None) -> None:
         _refuse(str(error))
     if launch and not any(os.environ.get(v) for v in LAUNCHER_ENV):
         _check_before_launch(name, rest, launch)
-        sys.exit(subprocess.call(launcher_command(name, launch, rest)))
+        sys.exit(_wait_for(subprocess.Popen(launcher_command(name, launch, rest))))
     sys.argv[0] = f"coati {name}"   # the command's --help and errors name it
     commands[name](rest)
+
+
+def _wait_for(launcher: subprocess.Popen) -> int:
+    """The launcher's exit status. A Ctrl-C reaches it too (one process group): it stops its processes, whose
+    `error: interrupted ...` line says how to resume, and this process waits for it instead of adding a traceback."""
+    while True:
+        try:
+            return launcher.wait()
+        except KeyboardInterrupt:
+            continue
 
 
 def _check_before_launch(name: str, argv: List[str], launch: Dict[str, str]) -> None:
@@ -138,7 +148,7 @@ def launcher_command(name: str, launch: Dict[str, str], rest: List[str]) -> List
     else:
         options += [f"{flag}={launch[flag]}" for flag in ("--nnodes", "--node_rank", "--master_addr", "--master_port")
                     if flag in launch]
-    return [sys.executable, "-m", "torch.distributed.run", *options, "--module", "coati.cli.main", name, *rest]
+    return [sys.executable, "-m", "coati.cli.torchrun", *options, "--module", "coati.cli.main", name, *rest]
 
 
 if __name__ == "__main__":

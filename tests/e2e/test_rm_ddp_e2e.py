@@ -1,5 +1,9 @@
 """train_rm.py under two torchrun processes: metrics, evaluation results, checkpoint and HF export."""
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -9,7 +13,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from coati.dataset.demo_data import generate_problems, preference_records, write_jsonl
 from coati.dataset.prepare import prepare_preference
 from coati.utils.ckpt_io import latest_checkpoint
-from conftest import SCRIPTS, kill_run, start_torchrun, torchrun, train_records
+from conftest import REPO, SCRIPTS, child_env, torchrun, train_records
 
 
 @pytest.mark.slow
@@ -43,19 +47,28 @@ def _rm_args(assets, out: Path) -> list:
 
 
 @pytest.mark.slow
-def test_killed_reward_model_run_resumes_with_the_same_metrics(tiny_assets, tmp_path):
+def test_interrupted_reward_model_run_resumes_with_the_same_metrics(tiny_assets, tmp_path):
+    """Ctrl-C on `coati rm --nproc_per_node 2` ends it with one line saying how to resume and no traceback; resumed
+    from its last checkpoint, it logs what the uninterrupted run logged (a killed run's resume: test_rl_e2e.py)."""
     full = tmp_path / "full"
     assert torchrun(SCRIPTS / "train_rm.py", 2, *_rm_args(tiny_assets, full)).returncode == 0
     expected = train_records(full / "logs")
     assert [r["step"] for r in expected] == list(range(1, 73))
 
-    run = tmp_path / "killed"
+    run = tmp_path / "interrupted"
     run.mkdir()
-    proc = start_torchrun(SCRIPTS / "train_rm.py", 2, *_rm_args(tiny_assets, run), log=run / "first.log")
+    with open(run / "out.log", "w") as out, open(run / "err.log", "w") as err:   # `coati rm --nproc_per_node 2`,
+        proc = subprocess.Popen([str(Path(sys.executable).parent / "coati"), "rm", "--nproc_per_node", "2",  # as typed
+                                 *_rm_args(tiny_assets, run)], stdout=out, stderr=err, env=child_env(), cwd=REPO,
+                                start_new_session=True)
     deadline = time.monotonic() + 300
     while latest_checkpoint(run / "ckpt") is None and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert kill_run(proc) != 0, "the run finished before it could be killed"
+    os.killpg(proc.pid, signal.SIGINT)   # Ctrl-C: to the terminal's foreground process group
+    assert proc.wait(timeout=120) == 128 + signal.SIGINT, "the run finished before it could be interrupted"
+    said = (run / "err.log").read_text()
+    assert said.strip().splitlines()[-1] == ("error: interrupted; complete checkpoints are kept (resume with "
+                                             "--checkpoint_path latest)") and "Traceback" not in said
     killed_at = latest_checkpoint(run / "ckpt")
     assert killed_at is not None and killed_at.name != "epoch-6_step-72"
 

@@ -258,7 +258,7 @@ def test_launch_flags_and_keys_become_torchrun_or_colossalai_run(tmp_path):
     launch, rest = launch_options(["--config", str(tmp_path / "recipe.yaml"), "--lr", "1", "--nproc_per_node=2"])
     assert launch == {"--nproc_per_node": "2"} and rest == ["--config", str(tmp_path / "recipe.yaml"), "--lr", "1"]
     assert launcher_command("grpo", launch, rest)[1:] == [
-        "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", "--module", "coati.cli.main", "grpo", *rest]
+        "-m", "coati.cli.torchrun", "--nproc_per_node=2", "--standalone", "--module", "coati.cli.main", "grpo", *rest]
     nodes = {"--nproc_per_node": "8", "--nnodes": "2", "--node_rank": "1", "--master_addr": "10.0.0.1",
              "--master_port": "29500"}
     assert launcher_command("sft", nodes, [])[3:8] == ["--nproc_per_node=8", "--nnodes=2", "--node_rank=1",

@@ -176,3 +176,10 @@ def test_a_switch_takes_a_written_true_or_false_as_hugging_faces_parser_does(giv
 def test_a_switch_given_another_word_is_one_line():
     with pytest.raises(CoatiUsageError, match="--packing=maybe: a switch takes true or false, or nothing"):
         switch_words(command_parser("sft"), ["--packing=maybe"])
+
+
+def test_an_unquoted_no_in_a_config_file_is_the_choice_no():
+    values = yaml.safe_load("eval_strategy: no\nsave_strategy: no\n")
+    assert values == {"eval_strategy": False, "save_strategy": False}   # as YAML reads it
+    tokens = config_tokens(command_parser("sft"), values, "f.yaml")
+    assert tokens == ["--eval_strategy", "no", "--save_strategy", "no"]
