@@ -178,7 +178,8 @@ class OptimSettings:
                                         "completed once (0: --batch_size)")
     lr: float = setting(5e-5, parse=positive(), aliases=("--learning_rate",), help="peak learning rate")
     weight_decay: float = setting(0.0, parse=non_negative(), help="AdamW weight decay")
-    lr_scheduler: str = setting("cosine", choices=("cosine", "linear", "constant_with_warmup"),
+    lr_scheduler: str = setting("cosine", choices=("cosine", "linear", "constant_with_warmup", "constant",
+                                                   "cosine_with_restarts", "polynomial", "inverse_sqrt"),
                                 aliases=("--lr_scheduler_type",), help="learning-rate schedule after the warm-up")
     warmup_steps: int = setting(0, parse=at_least(0), help="learning-rate warm-up, in optimizer steps")
     warmup_ratio: float = setting(0.0, parse=in_range(0, 1, high_open=True),
@@ -306,7 +307,8 @@ class KTOLossSettings:
 class ORPOLossSettings:
     """ORPO's odds-ratio term."""
 
-    lam: float = setting(0.1, parse=non_negative(), help="weight of the odds-ratio term")
+    lam: float = setting(0.1, parse=non_negative(), aliases=("--beta",),
+                         help="weight of the odds-ratio term (TRL's ORPO beta, the paper's lambda)")
 
 
 @dataclass(frozen=True)
@@ -345,7 +347,9 @@ class EpisodeSettings:
 
     num_episodes: int = setting(10, parse=at_least(1), help="collect-then-learn episodes")
     num_collect_steps: int = setting(1, parse=at_least(1), help="prompt batches per episode")
-    num_update_steps: int = setting(1, parse=at_least(1), help="passes over an episode's experience")
+    num_update_steps: int = setting(1, parse=at_least(1), aliases=("--num_iterations", "--num_ppo_epochs"),
+                                    help="passes over an episode's experience (TRL's GRPO num_iterations, PPO "
+                                         "num_ppo_epochs)")
     inference_batch_size: int = setting(0, parse=at_least(0), help="completions generated at once on each rank (0: every "
                                                                    "completion of a collect step)")
 

@@ -102,13 +102,24 @@ def add_trl_names(parser: argparse.ArgumentParser, script: str) -> None:
         if script == "grpo":
             add("--loss_type", f"GRPO's aggregation: {', '.join(GRPO_LOSS_TYPES)} (--loss_agg)",
                 choices=tuple(GRPO_LOSS_TYPES))
+            add("--importance_sampling_level", "token: a ratio per token (GRPO's); sequence: one per completion "
+                                               "(GSPO, --policy_loss gspo)", choices=("token", "sequence"))
             add("--scale_rewards", "true/group: divide advantages by the group std; false/none: do not "
                                    "(--no_std_normalize)", type=str, metavar="{true,false,group,none}")
     else:
         add("--per_device_train_batch_size", "rows per rank in a micro-batch (--batch_size)", type=_positive_int)
+        for name in ("max_prompt_length", "max_completion_length"):
+            add(f"--{name}", "not taken: coati keeps each prompt whole and cuts a row to --max_length tokens from the "
+                             "right (a row with nothing of its response left is dropped)",
+                type=_refusal(name, "coati keeps each prompt whole and cuts a row to --max_length tokens from the right "
+                                    "(a row with nothing of its response left is dropped); give --max_length"))
         add("--save_steps", "save every N optimizer steps (--save_interval)", type=_positive_int)
         add("--eval_steps", "evaluate every N optimizer steps as well as after each epoch (--eval_interval)",
             type=_positive_int)
+    if script == "sft":
+        for name in ("assistant_only_loss", "completion_only_loss"):
+            add(f"--{name}", "true: the loss on the assistant's (the completion's) tokens only, coati's default; "
+                             "false: on every token (--disable_loss_mask)", **switch)
     add("--eval_strategy", "no: no held-out evaluation; steps: every --eval_steps optimizer steps (default: "
         "--logging_steps); epoch: as each pass over the data ends", choices=STRATEGIES)
     add("--save_strategy", "no: no checkpoints; steps: every --save_steps optimizer steps (default 500, TRL's); epoch: as "
@@ -135,6 +146,9 @@ def convert(args: argparse.Namespace, parser: argparse.ArgumentParser, script: s
     if "resume_from_checkpoint" in trl:
         value = trl["resume_from_checkpoint"]
         run.set("checkpoint_path", {"true": "latest", "false": None}.get(value.lower(), value), "resume_from_checkpoint")
+    for name in ("assistant_only_loss", "completion_only_loss"):
+        if trl.get(name) is False:
+            run.set("disable_loss_mask", True, name)
     if script in ON_POLICY:
         run.on_policy(script)
     else:
@@ -184,6 +198,8 @@ class _Conversion:
             self.set("max_length", trl["max_prompt_length"], "max_prompt_length", exclusive=True)
         if script == "grpo" and "loss_type" in trl:
             self.set("loss_agg", GRPO_LOSS_TYPES[trl["loss_type"]], "loss_type", exclusive=True)
+        if script == "grpo" and trl.get("importance_sampling_level") == "sequence":
+            self.set("policy_loss", "gspo", "importance_sampling_level", exclusive=True)
         if script == "grpo" and "scale_rewards" in trl:
             self.set("no_std_normalize", _no_std_normalize(trl["scale_rewards"]), "scale_rewards")
         if "per_device_train_batch_size" in trl:

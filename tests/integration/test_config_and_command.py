@@ -70,6 +70,9 @@ SFT = ["--pretrain", "m", "--dataset", "d"]
     ("fp16", True, "mixed_precision", "fp16"),
     ("resume_from_checkpoint", True, "checkpoint_path", "latest"),
     ("resume_from_checkpoint", "ckpt/epoch-0_step-4", "checkpoint_path", "ckpt/epoch-0_step-4"),
+    ("assistant_only_loss", False, "disable_loss_mask", True),
+    ("completion_only_loss", True, "disable_loss_mask", False),
+    ("lr_scheduler_type", "constant", "lr_scheduler", "constant"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_a_trl_name_in_a_supervised_config_sets_coatis_setting_with_trls_meaning(trl, value, setting, expected,
                                                                                  monkeypatch, tmp_path):
@@ -94,6 +97,13 @@ def test_trls_eval_and_save_strategies_set_when_a_supervised_run_evaluates_and_s
                                                                                       tmp_path):
     args = _parse("sft", SFT, monkeypatch, config, tmp_path)
     assert {name: getattr(args, name) for name in expected} == expected
+
+
+def test_orpos_beta_is_its_lambda_and_dpos_prompt_cut_is_refused_saying_what_coati_cuts(monkeypatch, capsys,
+                                                                                        tmp_path):
+    assert _parse("orpo", SFT, monkeypatch, {"beta": 0.2}, tmp_path).lam == 0.2
+    refused = _refused("dpo", SFT, monkeypatch, capsys, {"max_prompt_length": 64}, tmp_path)
+    assert "max_prompt_length is not taken: coati keeps each prompt whole and cuts a row to --max_length" in refused
 
 
 def test_use_peft_trains_lora_at_trls_rank_unless_lora_r_says(monkeypatch, tmp_path):
@@ -130,6 +140,9 @@ def test_use_peft_trains_lora_at_trls_rank_unless_lora_r_says(monkeypatch, tmp_p
     ({"log_completions": False}, {"sample_log_interval": 0}),
     ({"eval_strategy": "steps", "logging_steps": 3}, {"eval_interval": 3}),
     ({"save_strategy": "steps", "output_dir": "o"}, {"save_interval": 500, "save_dir": "o/checkpoints"}),
+    ({"num_iterations": 2}, {"num_update_steps": 2}),
+    ({"importance_sampling_level": "sequence"}, {"policy_loss": "gspo"}),
+    ({"importance_sampling_level": "token"}, {"policy_loss": "ppo"}),
 ])
 def test_a_trl_name_in_a_grpo_config_sets_coatis_setting_with_trls_meaning(config, expected, monkeypatch, tmp_path):
     args = _parse("grpo", MODEL_AND_DATA, monkeypatch, {"reward_funcs": ["math_answer"], **config}, tmp_path)
