@@ -3,6 +3,7 @@ teacher's vocabulary, the agent's chat template and prompt rows, the plugin, the
 sequence (`check_on_policy_flags`), which also builds the parts that refuse their own flags. The checks across settings
 alone are the run config's (`coati.run_config.validate`)."""
 import argparse
+import json
 import os
 from pathlib import Path
 
@@ -11,7 +12,8 @@ from coati.dataset.tokenization import load_tokenizer
 from coati.experience.distillation import check_served_vocabulary, check_vocabulary, served_model_name
 from coati.inference.vllm import default_vllm_python
 from coati.models.prm import is_prm_folder
-from coati.distributed.plugins import check_first_forward
+from coati.distributed.memory import head_dim
+from coati.distributed.plugins import CUDA_ONLY, check_first_forward
 from coati.rollout.chat import check_appending
 from coati.rollout.multiturn import conversation
 from coati.rollout.tools import resolve_tools, row_tools
@@ -82,6 +84,27 @@ def check_backend(args: argparse.Namespace) -> None:
         raise CoatiUsageError(f"--rollout_backend vllm: no Python interpreter at {python}; build vLLM's environment with "
                               "`make vllm-env`, or name one that has vLLM with --vllm_python")
     adapter_sync_blocker(args)   # --vllm_lora_sync adapter where vLLM cannot serve adapters is refused here
+    _check_vllm_cpu_heads(args.pretrain, args.plugin)
+
+
+VLLM_CPU_MIN_HEAD_DIM = 32
+"""The smallest attention head vLLM's CPU attention takes (0.32); a smaller one fails at the server's first request."""
+
+
+def _check_vllm_cpu_heads(pretrain: str, plugin: str) -> None:
+    """On a machine without CUDA (vLLM's CPU build), a model whose heads are smaller than its CPU attention takes is
+    refused before the servers start, not a minute later at their first request (a CUDA plugin's own refusal, which
+    preflight says, comes first)."""
+    import torch
+
+    config = Path(pretrain) / "config.json"
+    if torch.cuda.is_available() or plugin in CUDA_ONLY or not config.is_file():
+        return
+    size = head_dim(json.loads(config.read_text()))
+    if size < VLLM_CPU_MIN_HEAD_DIM:
+        raise CoatiUsageError(f"--rollout_backend vllm: vLLM on the CPU takes attention heads of {VLLM_CPU_MIN_HEAD_DIM} "
+                              f"and up, and --pretrain {pretrain} has heads of {size}; use --rollout_backend hf (the "
+                              "default) for this model")
 
 
 def check_on_policy_flags(args: argparse.Namespace) -> None:

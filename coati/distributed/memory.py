@@ -83,14 +83,19 @@ def model_shape(folder: str, config: Dict[str, Any], lora: LoraSettings) -> Opti
     return ModelShape(params, _lora_params(shapes, lora), hidden, layers, intermediate, kv_width, vocab)
 
 
+def head_dim(config: Dict[str, Any]) -> int:
+    """The attention head size of a decoder config (its `text_config` for a multimodal one)."""
+    config = config.get("text_config") or config
+    return int(config.get("head_dim") or int(config["hidden_size"]) // int(config["num_attention_heads"]))
+
+
 def _widths(config: Dict[str, Any]) -> Optional[Tuple[int, int, int, int, int]]:
     """hidden, layers, MLP width, key-value width and vocabulary of a decoder config (its `text_config` for a
     multimodal one); None where a field is missing."""
     config = config.get("text_config") or config
     try:
         hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
-        head_dim = int(config.get("head_dim") or hidden // heads)
-        kv_width = int(config.get("num_key_value_heads") or heads) * head_dim
+        kv_width = int(config.get("num_key_value_heads") or heads) * head_dim(config)
         layers, intermediate = int(config["num_hidden_layers"]), int(config["intermediate_size"])
         return hidden, layers, intermediate, kv_width, int(config["vocab_size"])
     except (KeyError, TypeError, ValueError):
@@ -101,8 +106,7 @@ def _decoder_shapes(config: Dict[str, Any], hidden: int, layers: int, intermedia
                     vocab: int) -> Dict[str, List[int]]:
     """The weight shapes of a Llama-style decoder of these widths (for weights that are not safetensors)."""
     config = config.get("text_config") or config
-    heads = int(config["num_attention_heads"])
-    q_width = int(config.get("head_dim") or hidden // heads) * heads
+    q_width = head_dim(config) * int(config["num_attention_heads"])
     shapes: Dict[str, List[int]] = {"model.embed_tokens.weight": [vocab, hidden], "model.norm.weight": [hidden]}
     if not config.get("tie_word_embeddings", False):
         shapes["lm_head.weight"] = [vocab, hidden]

@@ -257,6 +257,8 @@ CASES = [
      "--plugin gemini needs CUDA GPUs and this machine has none"),
     ("vllm_with_3d", lambda p: _grpo(p, "--rollout_backend", "vllm", "--vllm_python", sys.executable, "--plugin", "3d",
                                      "--tp", "2"), "--plugin 3d needs CUDA GPUs and this machine has none"),
+    ("vllm_cpu_small_heads", lambda p: _grpo(p, "--rollout_backend", "vllm", "--vllm_python", sys.executable),
+     "vLLM on the CPU takes attention heads of 32 and up, and --pretrain"),
     ("vllm_adapters_over_moved_base", lambda p: _grpo(p, "--rollout_backend", "vllm", "--vllm_python", sys.executable,
                                                        "--lora_rank", "4", "--lora_init", "pissa",
                                                        "--vllm_lora_sync", "adapter"),
