@@ -48,8 +48,11 @@ IGNORED_KEYS = {
     "attn_implementation": "coati picks SDPA, or FlashAttention with --use_flash_attn",
     "use_liger_kernel": "coati has no Liger kernels",
     "model_revision": "the model folder (or a model id's local snapshot) is loaded as it is",
+    "optim": "coati trains with AdamW (colossalai's HybridAdam on CUDA), TRL's adamw_torch",
 }
 """Keys of TRL recipes that do not change what coati trains -> why they are not needed: accepted, named in one note."""
+ADAMW_OPTIMS = ("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw_apex_fused")
+"""TRL's `optim` names for the AdamW coati trains with; `optim` is also coati's section of optimizer settings."""
 OUTPUT_DIR_MARK = "{output_dir}"
 """In a saved config, paths inside the run's output folder start with this, so a rerun with another --output_dir
 writes inside its own."""
@@ -137,6 +140,12 @@ def flat_settings(parser: argparse.ArgumentParser, values: Mapping[str, Any], pa
     flat: List[tuple] = []
     for key, value in values.items():
         key = str(key)
+        if key == "optim" and isinstance(value, str):   # TRL's optimizer name, not coati's section of that name
+            if value not in ADAMW_OPTIMS:
+                raise CoatiUsageError(f"{CONFIG_FLAG} {path}: optim {value!r} is not taken: coati trains with AdamW "
+                                      f"({', '.join(ADAMW_OPTIMS)}); leave the key out")
+            flat.append((key, value, key))
+            continue
         if key in known_sections and key.lstrip("-") not in actions:
             flat += _section_settings(key, value, owners, actions, path)
             continue

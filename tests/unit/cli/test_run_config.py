@@ -183,3 +183,12 @@ def test_an_unquoted_no_in_a_config_file_is_the_choice_no():
     assert values == {"eval_strategy": False, "save_strategy": False}   # as YAML reads it
     tokens = config_tokens(command_parser("sft"), values, "f.yaml")
     assert tokens == ["--eval_strategy", "no", "--save_strategy", "no"]
+
+
+def test_trls_optim_name_is_taken_for_adamw_and_refused_for_another_optimizer(capsys):
+    assert config_tokens(command_parser("sft"), {"optim": "adamw_torch", "learning_rate": 0.1}, "f.yaml") == [
+        "--learning_rate", "0.1"]
+    assert "not used: optim (coati trains with AdamW" in capsys.readouterr().err
+    with pytest.raises(CoatiUsageError, match="optim 'adafactor' is not taken: coati trains with AdamW"):
+        config_tokens(command_parser("sft"), {"optim": "adafactor"}, "f.yaml")
+    assert config_tokens(command_parser("sft"), {"optim": {"lr": 0.1}}, "f.yaml") == ["--lr", "0.1"]   # the section
