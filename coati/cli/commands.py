@@ -17,7 +17,7 @@ from coati.cli.preflight import check_paths, image_limits
 from coati.cli.trl_names import add_trl_names
 from coati.config import (COLOSSALCHAT_MARGIN, DEFAULT_BETA, PREPARE_MAX_LENGTH, TINY_VISION_STYLES,
                           PreferenceLossSettings, VisionSettings)
-from coati.cli.options import CoatiArgumentParser, add_settings
+from coati.cli.options import CoatiArgumentParser, add_settings, errors_named_as_given
 from coati.run_config import (RUN_CONFIGS, DPORunConfig, GRPORunConfig, KTORunConfig, ORPORunConfig, PPORunConfig,
                               PRMRunConfig, RMRunConfig, SFTRunConfig)
 from coati.utils.errors import CoatiUsageError, exit_cleanly
@@ -104,7 +104,8 @@ def _finish(parser: argparse.ArgumentParser, argv: Optional[List[str]]) -> argpa
     add_colossalchat_flags(parser, script)
     add_trl_names(parser, script)
     args = _parse(parser, argv)
-    check_paths(args)
+    with errors_named_as_given(args):
+        check_paths(args)
     args._run_config = run_config_from(args, parser.run_config)
     if _MODE.get() == "check":
         _check_plugin(args.plugin)

@@ -5,10 +5,11 @@ and default; `settings_from(args, cls)` builds `cls` from the parsed flags. Erro
 (`CoatiArgumentParser`), exit status 2, before anything is loaded.
 """
 import argparse
+import contextlib
 import re
 import sys
 from dataclasses import MISSING, Field, fields
-from typing import Any, Callable, Dict, List, NamedTuple, NoReturn, Optional, Sequence, Set, Type, TypeVar
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, NoReturn, Optional, Sequence, Set, Type, TypeVar
 
 from coati.cli.config_file import (CONFIG_FLAG, NOT_SAVED, check_flags_known, config_tokens, expand_output_dir,
                                    given_flags, read_config, resolved_config, split_config_flag, switch_words)
@@ -76,6 +77,7 @@ class CoatiArgumentParser(argparse.ArgumentParser):
         self.given = {**in_file, **from_flags}
         parsed = super().parse_args(from_file + command_line, namespace)
         parsed.config = path
+        parsed._given_as = dict(self.given)
         for step in [*getattr(self, "post_parse", []), expand_output_dir]:
             try:
                 step(parsed)
@@ -107,6 +109,30 @@ class CoatiArgumentParser(argparse.ArgumentParser):
                 default = action.default if not isinstance(action.default, tuple) else list(action.default)
                 sources[action.dest] = "default" if getattr(parsed, action.dest) == default else "derived"
         return sources
+
+
+def named_as_given(message: str, args: argparse.Namespace) -> str:
+    """`message`, when it opens with a flag the user set under another of its names (a config's `model_name_or_path`
+    for `--pretrain`), opening with that name instead, coati's flag beside it."""
+    match = re.match(r"--\w+", message)
+    if not match:
+        return message
+    flag = match.group(0)
+    dest = "dataset" if flag == getattr(args, "dataset_flag", None) else flag[2:]
+    given = getattr(args, "_given_as", {}).get(dest)
+    if not given or given == flag:
+        return message
+    return f"{given.lstrip('-')} ({flag}){message[len(flag):]}"
+
+
+@contextlib.contextmanager
+def errors_named_as_given(args: argparse.Namespace) -> Iterator[None]:
+    """A `CoatiUsageError` raised inside names its setting as the user did (`named_as_given`)."""
+    try:
+        yield
+    except CoatiUsageError as error:
+        error.args = (named_as_given(str(error), args),)
+        raise
 
 
 def add_post_parse(parser: argparse.ArgumentParser, step: Callable[[argparse.Namespace], None]) -> None:

@@ -37,7 +37,7 @@ from coati.models.vision import (auto_model_class, freeze_unused_vision_layers, 
 from coati.trainer.base import SLTrainer
 from coati.trainer.callbacks import Callback, PerformanceEvaluator
 from coati.trainer.callbacks.tokenizer import TokenizerInCheckpoints
-from coati.cli.options import settings_from
+from coati.cli.options import errors_named_as_given, settings_from
 from coati.config import PackingSettings, SupervisedConfig, VisionSettings
 from coati.run_config import SupervisedRun
 from coati.utils.ckpt_io import (latest_checkpoint, read_running_state, save_hf_model, set_aside_checkpoints,
@@ -348,7 +348,8 @@ def start_run(args: argparse.Namespace, check: Optional[Callable[[argparse.Names
               ) -> Tuple[BoostSetup, DistCoordinator, PreTrainedTokenizerBase]:
     """The checks of `preflight` and the script's own `check` (on resolved paths, before any process group), then
     the process group, booster and tokenizer."""
-    preflight(args)
+    with errors_named_as_given(args):
+        preflight(args)
     if check is not None:
         check(args)
     if not (args.output_dir or args.save_dir):
