@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 from coati.config import PREPARE_MAX_LENGTH
 from coati.utils.errors import CoatiUsageError
 from coati.utils.file_checks import (check_data_dirs, check_data_exist, check_model_dir, check_writable_dir,
-                                     resolve_model_dir)
+                                     resolve_dataset_id, resolve_model_dir)
 
 if TYPE_CHECKING:
     from coati.dataset.vision import ImageLimits
@@ -54,6 +54,8 @@ def check_paths(args: argparse.Namespace) -> Dict[str, dict]:
     if tokenizer and not Path(tokenizer).is_dir():
         raise CoatiUsageError(f"--tokenizer_dir {tokenizer} does not exist or is not a directory")
     for name in DATA_FLAGS:
+        if getattr(args, name, None):
+            setattr(args, name, [resolve_dataset_id(path, _data_flag(args, name)) for path in getattr(args, name)])
         check_data_exist(getattr(args, name, None), _data_flag(args, name))
     for name in OUTPUT_FLAGS:
         if getattr(args, name, None):

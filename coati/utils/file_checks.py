@@ -222,16 +222,36 @@ def resolve_model_dir(value: str, flag: str) -> str:
         return model_in_folder(value, flag)
     if not HUB_ID.match(value):
         return value
+    return hub_snapshot(value, flag, "model")
+
+
+DATA_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow", ".csv", ".tsv")
+"""Names that end so are data files, never dataset ids."""
+
+
+def resolve_dataset_id(value: str, flag: str) -> str:
+    """`value` itself when it is a path (or names a data file); for a Hugging Face dataset id (`org/name`) that is
+    not one, its snapshot folder in the local HF cache, downloaded first where the machine is online, as TRL's
+    `load_dataset(dataset_name)` fetches it. The folder's files are read by split as a local folder's are."""
+    if Path(value).exists() or not HUB_ID.match(value) or Path(value).suffix in DATA_FILE_SUFFIXES:
+        return value
+    return hub_snapshot(value, flag, "dataset")
+
+
+def hub_snapshot(repo_id: str, flag: str, repo_type: str) -> str:
+    """The local snapshot folder of the Hub's `repo_type` repository `repo_id`: from the HF cache, else downloaded
+    (unless `HF_HUB_OFFLINE` is set); one line where neither gives it."""
     from huggingface_hub import snapshot_download
 
+    what = f"neither a directory nor a {repo_type} in the Hugging Face cache"
     try:
-        return snapshot_download(value, local_files_only=True)
+        return snapshot_download(repo_id, repo_type=repo_type, local_files_only=True)
     except Exception as cached_error:
         if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
-            raise CoatiUsageError(f"{flag} {value} is neither a directory nor a model in the Hugging Face cache "
-                                  f"({first_line(cached_error)}); HF_HUB_OFFLINE is set, so it is not downloaded") from None
+            raise CoatiUsageError(f"{flag} {repo_id} is {what} ({first_line(cached_error)}); HF_HUB_OFFLINE is set, "
+                                  "so it is not downloaded") from None
     try:
-        return snapshot_download(value)
+        return snapshot_download(repo_id, repo_type=repo_type)
     except Exception as error:
-        raise CoatiUsageError(f"{flag} {value} is neither a directory nor a model in the Hugging Face cache, and "
-                              f"downloading it failed ({type(error).__name__}: {first_line(error)})") from None
+        raise CoatiUsageError(f"{flag} {repo_id} is {what}, and downloading it failed ({type(error).__name__}: "
+                              f"{first_line(error)})") from None
