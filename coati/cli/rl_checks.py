@@ -70,9 +70,20 @@ def check_agent(args: argparse.Namespace) -> None:
 
 
 def check_run(args: argparse.Namespace) -> None:
-    """After preflight, before any model loads: the plugin suits on-policy training, and the agent's set-up holds."""
+    """After preflight, before any model loads: the plugin suits on-policy training, the agent's set-up holds, and
+    the reward functions find the columns they take in the (prepared) prompt data."""
     check_first_forward(args.plugin, OLTrainer.no_grad_forward_first)
     check_agent(args)
+    check_reward_columns(args)
+
+
+def check_reward_columns(args: argparse.Namespace) -> None:
+    """Each of your reward functions' required parameters is a column of the training and held-out prompts."""
+    rewards = reward_fn(args, serve=False)
+    for name in ("dataset", "eval_dataset"):
+        if rewards is not None and getattr(args, name, None):
+            columns = [c for c in load_prepared(getattr(args, name), "prompt").column_names if not c.endswith("input_ids")]
+            rewards.check_columns(columns, f"the data of {'--prompt_dataset' if name == 'dataset' else '--eval_dataset'}")
 
 
 def check_backend(args: argparse.Namespace) -> None:

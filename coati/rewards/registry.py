@@ -197,6 +197,18 @@ class WeightedReward:
                       "completions; such a completion gets 0 (said once)")
         return total, components
 
+    def check_columns(self, columns: Sequence[str], data: str) -> None:
+        """Every parameter your functions require is one of TRL's arguments or a column of the data (`data` names
+        it), said before any model loads rather than at the first scoring."""
+        for label, fn, _ in self.parts:
+            missing = [] if label in self.builtin else [
+                name for name in required_parameters(fn) if name not in TRL_ARGUMENTS and name not in columns]
+            if missing:
+                raise CoatiUsageError(
+                    f"reward function {self.specs.get(label, label)} takes {', '.join(map(repr, missing))}, which "
+                    f"{data} has no column for (its columns: {', '.join(columns)}); add the column, or give the "
+                    "parameter a default")
+
     @staticmethod
     def _trl_arguments(inputs: RewardInputs, components: Dict[str, List[Any]], rows: int) -> Dict[str, Any]:
         def log_extra(column: str, values: Sequence[Any]) -> None:
@@ -208,6 +220,19 @@ class WeightedReward:
         return {"prompts": list(inputs.prompts), "completions": list(inputs.completions),
                 "completion_ids": list(inputs.completion_ids), "trainer_state": inputs.trainer_state,
                 "log_extra": log_extra, "log_metric": log_metric}
+
+
+TRL_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+"""What TRL passes every reward function beside the data's columns."""
+
+
+def required_parameters(fn: Callable) -> List[str]:
+    """The parameters `fn` cannot be called without (none known where its signature cannot be read)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in parameters if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
 def table_columns(components: Dict[str, Sequence[Any]], row: int) -> Dict[str, Any]:

@@ -44,3 +44,20 @@ def test_grpo_from_a_trl_recipe_saves_its_config_and_reruns_from_it_with_the_sam
     first_metrics, second_metrics = train_records(tmp_path / "first" / "logs"), train_records(tmp_path / "second" / "logs")
     assert [r["step"] for r in first_metrics] == [1, 2, 3] and first_metrics == second_metrics
     assert re.search(r"step 3/3 \| epoch \S+ \| loss \S+ \| reward \S+ ± \S+ \| lr \S+ \| \S+ s/step", first.stdout)
+
+
+@pytest.mark.slow
+def test_a_reward_column_missing_from_the_data_ends_a_launched_run_with_its_one_line_before_any_model_loads(
+        tiny_assets, tmp_path):
+    """`coati grpo --nproc_per_node 2` with a reward function of yours that takes a column the prompts lack: the run
+    ends as a one-process run does, the line naming the function, the column and the data's columns last, status 2,
+    and no torchrun report or traceback."""
+    (tmp_path / "my_rewards.py").write_text("def accuracy(completions, solution, **kwargs):\n"
+                                             "    return [1.0 for _ in completions]\n")
+    result = _run_coati("grpo", "--pretrain", str(tiny_assets["model"]), "--dataset_name", str(tiny_assets["prompt_train"]),
+                        "--reward_funcs", "my_rewards.accuracy", "--nproc_per_node", "2", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: reward function my_rewards.accuracy takes 'solution', which the data of --prompt_dataset has no column "
+        "for (its columns: gt_answer, prompt); add the column, or give the parameter a default")
+    assert "Traceback" not in result.stderr and "ChildFailedError" not in result.stderr

@@ -558,3 +558,25 @@ def test_prepared_prompts_that_max_length_cuts_at_batching_time_are_noted(capsys
     _note_cut_prompts(rows, 12)
     assert capsys.readouterr().err.splitlines() == [
         "note: 2 of 3 prompts are longer than --max_length 8 tokens: they are cut from the left, their end kept"]
+
+
+def test_a_launched_runs_failure_ends_with_the_failing_processs_line_and_status(tmp_path):
+    """What `coati.cli.torchrun` adds to the processes' own output, and the status it exits with."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from coati.cli.torchrun import exit_status, failure_line
+
+    def failed(local_rank, exitcode, message=None):
+        error_file = tmp_path / f"error_{local_rank}.json"
+        if message:
+            error_file.write_text(json.dumps({"message": message, "timestamp": 1}))
+        return ChildFailedError("coati", {local_rank: ProcessFailure(local_rank, 100 + local_rank, exitcode,
+                                                                     str(error_file))})
+
+    killed = failed(1, -9)
+    assert failure_line(killed).startswith("error: the training process of rank 1 was killed by SIGKILL")
+    assert exit_status(killed) == 137
+    assert failure_line(failed(0, 2, "error: --lr 0 ...")) == ""                 # the first process said it
+    assert failure_line(failed(1, 2, "error: only rank 1 saw this")) == "error: only rank 1 saw this"
+    assert failure_line(failed(1, 1, "RuntimeError: boom")) == ""                 # its traceback is on the screen
+    assert exit_status(failed(1, 2, "error: x")) == 2

@@ -242,3 +242,16 @@ def test_answer_extraction_is_linear_in_the_completion():
         assert math_answer(["p"], [text], ["7"]).values == [1.0]
     unclosed = "```python\n" + "x = 1\n" * 100_000
     assert extract_code(unclosed) is None and extract_code(unclosed + "```") == unclosed[10:]
+
+
+def test_the_columns_your_reward_functions_require_are_checked_against_the_datas(tmp_path, monkeypatch):
+    (tmp_path / "column_rewards.py").write_text(
+        "def needs(completions, solution, trainer_state, **kwargs):\n    return [0.0] * len(completions)\n"
+        "def optional(completions, solution=None, **kwargs):\n    return [0.0] * len(completions)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    rewards = WeightedReward.from_specs(["column_rewards.needs", "column_rewards.optional", "math_answer"])
+    rewards.check_columns(["prompt", "solution"], "the data")
+    with pytest.raises(CoatiUsageError, match=r"reward function column_rewards.needs takes 'solution', which the data "
+                                              r"has no column for \(its columns: prompt, gt_answer\)"):
+        rewards.check_columns(["prompt", "gt_answer"], "the data")
