@@ -94,12 +94,13 @@ def build_dataloader(plugin: Plugin, dataset: Dataset, batch_size: int, collator
 def build_held_out_dataloader(plugin: Plugin, dataset: Dataset, batch_size: int, collator: Callable, max_tokens: int = 0,
                               max_length: int = 0) -> DataLoader:
     """Held-out batches in order, each row scored once on one rank (`HeldOutBatchSampler`, over the ranks the
-    plugin splits data between); with `max_tokens`, the token-budget sampler, whose filler step is not scored."""
+    plugin splits data between); with `max_tokens`, the token-budget sampler, whose filler step is not scored.
+    Like `build_dataloader`'s, its iterators leave the global RNG alone (a generator of their own)."""
     if max_tokens:
         return build_dataloader(plugin, dataset, batch_size, collator, False, 0, max_tokens, max_length)
     split = plugin.prepare_dataloader(dataset, batch_size=batch_size, distributed_sampler_cls=StatefulDistributedSampler)
     sampler = HeldOutBatchSampler(len(dataset), batch_size, split.sampler.num_replicas, split.sampler.rank)
-    return DataLoader(dataset, batch_sampler=sampler, collate_fn=collator)
+    return DataLoader(dataset, batch_sampler=sampler, collate_fn=collator, generator=torch.Generator().manual_seed(0))
 
 
 def build_optimizer(model: torch.nn.Module, args: argparse.Namespace, lr: Optional[float] = None) -> torch.optim.Optimizer:

@@ -31,3 +31,18 @@ def test_the_token_budget_samplers_filler_step_is_not_scored():
     assert [len(loader) for loader in loaders] == [2, 2]
     assert [sampler.real_batches for sampler in samplers] == [2, 1]
     assert sorted(row for rank in _scored_rows(loaders) for row in rank) == list(range(5))
+
+
+def test_reading_the_held_out_data_leaves_the_global_rng_alone(world_of_one):
+    """Evaluation between training steps must not move the random stream that sampling (and a resumed run) reads."""
+    import torch
+    from colossalai.booster.plugin import TorchDDPPlugin
+
+    from coati.cli.runner import build_held_out_dataloader
+
+    loader = build_held_out_dataloader(TorchDDPPlugin(), list(range(5)), 2, torch.utils.data.default_collate)
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    assert [len(batch) for batch, _ in held_out_batches(loader)] == [2, 2, 1]
+    assert torch.equal(torch.rand(3), expected)
