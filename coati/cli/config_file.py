@@ -247,7 +247,8 @@ def config_tokens(parser: argparse.ArgumentParser, values: Mapping[str, Any], pa
             raise CoatiUsageError(f"{CONFIG_FLAG} {path}: key {where!r} is not taken: {REFUSED_KEYS[key]}")
         action = actions.get(key.lstrip("-"))
         if action is None:
-            raise CoatiUsageError(f"{CONFIG_FLAG} {path}: unknown key {where!r}{nearest(key, actions)}")
+            raise CoatiUsageError(f"{CONFIG_FLAG} {path}: unknown key {where!r}"
+                                  f"{nearest(key, [k for k in actions if not k.startswith('trl_')])}")
         tokens += _tokens(action, _flag_for(action, key), value, f"{CONFIG_FLAG} {path}: {where}")
     return tokens
 

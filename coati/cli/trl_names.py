@@ -48,9 +48,14 @@ def truthy(value: str) -> bool:
 
 
 def _positive_int(value: str) -> int:
-    number = int(value)
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
     if number < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+        fraction = " (TRL's fraction of the run, a number below 1, is not taken: give optimizer steps)" \
+            if value.replace(".", "", 1).isdigit() else ""
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}{fraction}")
     return number
 
 
@@ -73,8 +78,8 @@ def add_trl_names(parser: argparse.ArgumentParser, script: str) -> None:
     group = parser.add_argument_group("TRL's names with TRL's meaning (converted to coati's settings; see "
                                       "coati.cli.trl_names)")
 
-    def add(flag: str, help: str, **kwargs: Any) -> None:
-        group.add_argument(flag, dest=f"trl_{flag[2:]}", default=argparse.SUPPRESS, help=help, **kwargs)
+    def add(flag: str, help: str, *aliases: str, **kwargs: Any) -> None:
+        group.add_argument(flag, *aliases, dest=f"trl_{flag[2:]}", default=argparse.SUPPRESS, help=help, **kwargs)
 
     switch = dict(nargs="?", const=True, type=truthy, metavar="BOOL")
     add("--bf16", "true: --mixed_precision bf16; false: fp32 (unless --fp16)", **switch)
@@ -121,7 +126,7 @@ def add_trl_names(parser: argparse.ArgumentParser, script: str) -> None:
             add(f"--{name}", "true: the loss on the assistant's (the completion's) tokens only, coati's default; "
                              "false: on every token (--disable_loss_mask)", **switch)
     add("--eval_strategy", "no: no held-out evaluation; steps: every --eval_steps optimizer steps (default: "
-        "--logging_steps); epoch: as each pass over the data ends", choices=STRATEGIES)
+        "--logging_steps); epoch: as each pass over the data ends", "--evaluation_strategy", choices=STRATEGIES)
     add("--save_strategy", "no: no checkpoints; steps: every --save_steps optimizer steps (default 500, TRL's); epoch: as "
         "each pass over the data ends. Checkpoints go to --save_dir, default OUTPUT_DIR/checkpoints", choices=STRATEGIES)
     add_post_parse(parser, lambda args: convert(args, parser, script))

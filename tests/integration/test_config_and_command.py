@@ -88,6 +88,7 @@ def test_a_trl_name_in_a_supervised_config_sets_coatis_setting_with_trls_meaning
     ({"eval_strategy": "no", "eval_split": 0.1, "eval_steps": 7}, {"eval_split": 0.0, "eval_interval": 0,
                                                                    "eval_dataset": None}),
     ({"eval_strategy": "epoch"}, {"eval_interval": 0}),
+    ({"evaluation_strategy": "steps", "eval_steps": 7}, {"eval_interval": 7}),   # its name before transformers 4.46
     ({"save_strategy": "steps", "output_dir": "o"}, {"save_interval": 500, "save_dir": "o/checkpoints"}),
     ({"save_steps": 20, "output_dir": "o"}, {"save_interval": 20, "save_dir": "o/checkpoints"}),
     ({"save_strategy": "epoch", "output_dir": "o", "save_dir": "ckpt"}, {"save_freq_epochs": 1, "save_dir": "ckpt"}),
@@ -97,6 +98,11 @@ def test_trls_eval_and_save_strategies_set_when_a_supervised_run_evaluates_and_s
                                                                                       tmp_path):
     args = _parse("sft", SFT, monkeypatch, config, tmp_path)
     assert {name: getattr(args, name) for name in expected} == expected
+
+
+def test_trls_fraction_of_the_run_for_a_step_count_is_refused_saying_so(monkeypatch, capsys, tmp_path):
+    refused = _refused("sft", SFT, monkeypatch, capsys, {"save_steps": 0.5}, tmp_path)
+    assert "--save_steps: expected a whole number >= 1, got 0.5 (TRL's fraction of the run" in refused
 
 
 def test_orpos_beta_is_its_lambda_and_dpos_prompt_cut_is_refused_saying_what_coati_cuts(monkeypatch, capsys,
