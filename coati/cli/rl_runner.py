@@ -105,7 +105,7 @@ def _run(args: argparse.Namespace, build: Callable[..., OLTrainer]) -> Optional[
             args.save_best, export_dir(args).parent / "best",
             lambda folder: save_hf_model(folder, setup.booster, actor, tokenizer, coordinator), coordinator.is_master()))
     trainer = build(args, setup, tokenizer, actor, optimizer, scheduler, engine, reference, prompts, kwargs)
-    seed_each_rank(args.seed)
+    seed_each_rank(args.seed, prompts.sampler.rank)   # the rank's place in the plugin's data split
     if checkpoint:
         trainer.load_checkpoint(checkpoint)
         coordinator.print_on_master(resumed_line(checkpoint, f"episode {trainer.start_episode}"))

@@ -26,14 +26,14 @@ def init_distributed(seed: int = 42, timeout_s: float = DEFAULT_TIMEOUT_S) -> No
     set_seed(seed)
 
 
-def seed_each_rank(seed: int) -> None:
-    """Seed every RNG with `seed + rank`, once the models are built alike on every rank: ranks then sample their own
-    completions (TRL's device-specific seed) instead of drawing the same noise; a resumed run's checkpoint restores
-    each rank's states over these."""
-    import torch.distributed as dist
+def seed_each_rank(seed: int, data_rank: int) -> None:
+    """Seed every RNG with `seed + data_rank`, once the models are built alike on every rank. `data_rank` is the
+    rank's place in the data split: ranks given other prompts sample their own completions (TRL's device-specific
+    seed) instead of drawing the same noise, while the ranks of one tensor- or pipeline-parallel group, which share
+    their data and must generate alike, keep one stream. A resumed run's checkpoint restores each rank's states."""
     from colossalai.utils import set_seed
 
-    set_seed(seed + dist.get_rank())
+    set_seed(seed + data_rank)
 
 
 def _start_process_group(backend: str, timeout: timedelta) -> None:
