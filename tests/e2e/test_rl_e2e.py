@@ -45,8 +45,8 @@ def test_killed_rl_run_resumes_with_the_same_metrics(tiny_assets, turn_ender, tm
     if script == "train_ppo.py":
         assert (full / "ckpt" / f"epoch-0_step-{EPISODES}" / "critic" / "modeling").is_dir()
         assert all("train/loss/ptx" in r and "train/loss/value" in r for r in expected)
-    else:   # turns call the clock, several per episode, in the episodes around the kill
-        assert all(r["train/rollout/tool_calls"] > 0 and r["train/rollout/turns"] > 1 for r in expected[:2 * SAVE_EVERY])
+    else:   # turns call the clock, several per episode, before the first checkpoint (the policy may learn to stop)
+        assert all(r["train/rollout/tool_calls"] > 0 and r["train/rollout/turns"] > 1 for r in expected[:SAVE_EVERY])
 
     run = tmp_path / "killed"
     run.mkdir()
@@ -66,5 +66,7 @@ def test_killed_rl_run_resumes_with_the_same_metrics(tiny_assets, turn_ender, tm
     resumed = train_records(run / "logs")
     assert [r["step"] for r in resumed] == list(range(1, EPISODES + 1))
     before_kill = int(killed_at.name.rsplit("-", 1)[1])   # logged by the second run of the same command, unresumed
+    if script == "train_grpo.py":   # the resumed stretch holds episodes of several turns
+        assert any(r["train/rollout/turns"] > 1 for r in expected[before_kill:])
     assert resumed[:before_kill] == expected[:before_kill]   # exactly: same seed, same machine, same ranks
     assert_same_records(resumed, expected)
