@@ -55,8 +55,14 @@ def test_dataset_name_takes_a_dataset_id_from_the_local_hugging_face_cache(tiny_
     assert result.returncode == 0, result.stderr[-3000:]
     said = result.stdout + result.stderr
     assert "32 of 32 rows kept" in said and "8 of 8 rows kept" in said
-    result = _python(SCRIPTS / "train_sft.py", "--pretrain", str(tiny_assets["model"]), "--dataset_name",
-                     "coati-test/absent", env=env)
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith(
-        "error: dataset_name (--dataset) coati-test/absent is neither a directory nor a dataset in the Hugging Face cache")
+
+
+def test_a_dataset_id_in_no_cache_is_one_line_and_a_data_file_name_is_never_an_id(monkeypatch, tmp_path):
+    from coati.utils.errors import CoatiUsageError
+    from coati.utils.file_checks import resolve_dataset_id
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(CoatiUsageError, match="--dataset coati-test/absent is neither a directory nor a dataset in the "
+                                              "Hugging Face cache .*HF_HUB_OFFLINE is set"):
+        resolve_dataset_id("coati-test/absent", "--dataset")
+    assert resolve_dataset_id("data/missing.jsonl", "--dataset") == "data/missing.jsonl"   # left to the path check
