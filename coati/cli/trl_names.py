@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from coati.cli.arguments import optimizer_steps_per_episode
+from coati.cli.config_file import TRUTH_WORDS
 from coati.cli.options import add_post_parse
 from coati.utils.errors import CoatiUsageError
 
@@ -38,13 +39,10 @@ STEP_COUNTS = {"max_steps": "num_episodes", "logging_steps": "log_interval", "sa
                "eval_steps": "eval_interval"}
 """On-policy: TRL's counts of optimizer steps -> coati's settings that count episodes."""
 def truthy(value: str) -> bool:
-    """An argparse `type` for TRL's boolean flags: true/false, yes/no, 1/0."""
-    lowered = value.lower()
-    if lowered in ("true", "yes", "1"):
-        return True
-    if lowered in ("false", "no", "0"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+    """An argparse `type` for TRL's boolean flags: true/false, yes/no, 1/0 (`TRUTH_WORDS`, as switches take them)."""
+    if value.lower() not in TRUTH_WORDS:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+    return TRUTH_WORDS[value.lower()]
 
 
 def _positive_int(value: str) -> int:
