@@ -346,6 +346,10 @@ class EpisodeSettings:
     """How an on-policy run is divided: episodes of collect steps, then update passes."""
 
     num_episodes: int = setting(10, parse=at_least(1), help="collect-then-learn episodes")
+    num_epochs: float = setting(0.0, parse=non_negative(), aliases=("--num_train_epochs",),
+                                help="passes over the prompts (TRL's num_train_epochs): sets --num_episodes once the "
+                                     "prompts are loaded, the last pass rounded up to an episode (0: --num_episodes "
+                                     "decides)")
     num_collect_steps: int = setting(1, parse=at_least(1), help="prompt batches per episode")
     num_update_steps: int = setting(1, parse=at_least(1), aliases=("--num_iterations", "--num_ppo_epochs"),
                                     help="passes over an episode's experience (TRL's GRPO num_iterations, PPO "

@@ -391,6 +391,10 @@ NOT_SAVED = ("config", "config_file", "checkpoint_path", "save_path")
 """Settings a saved config leaves out: the file it was read from, ColossalChat's JSON copy of the flags, the
 checkpoint this run resumed from (a rerun starts from scratch), and ColossalChat's --save_path (already in save_dir)."""
 
+DECIDED_BY = {"num_episodes": "num_epochs"}
+"""Settings a saved config leaves out while the setting beside them is set, which decides them as the run starts
+(GRPO/PPO's episodes, from the passes over the prompts): the rerun decides them the same way."""
+
 
 def resolved_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Dict[str, Any]:
     """Every setting of the run by its primary flag's name, as `--config` reads it back, grouped by the sections of
@@ -401,7 +405,8 @@ def resolved_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     config: Dict[str, Any] = {}
     for action in parser._actions:
         if not action.option_strings or action.help is argparse.SUPPRESS or action.dest in NOT_SAVED or \
-                action.default is argparse.SUPPRESS or not hasattr(args, action.dest):
+                action.default is argparse.SUPPRESS or not hasattr(args, action.dest) or \
+                getattr(args, DECIDED_BY.get(action.dest, ""), None):
             continue
         name = next(s for s in action.option_strings if s.startswith("--"))[2:]
         value = _plain(getattr(args, action.dest))

@@ -6,6 +6,7 @@ else is `_run`.
 """
 import argparse
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -49,6 +50,12 @@ def _total_steps(args: argparse.Namespace) -> int:
     return args.num_episodes * optimizer_steps_per_episode(args)
 
 
+def episodes_for_epochs(epochs: float, batches_per_epoch: int, collect_steps: int) -> int:
+    """Episodes whose collect steps (one prompt batch each, on every rank) pass over the prompts `epochs` times, the
+    last pass rounded up to a whole episode (TRL's `num_train_epochs`); dynamic sampling's extra prompts not counted."""
+    return max(1, math.ceil(epochs * batches_per_epoch / collect_steps - 1e-9))
+
+
 def _one_update_per_experience(args: argparse.Namespace) -> bool:
     """Whether every experience is learned by exactly one optimizer step (its old log-probs are then the learning
     forward's own)."""
@@ -75,9 +82,6 @@ def _run(args: argparse.Namespace, build: Callable[..., OLTrainer]) -> Optional[
     """Prompts, actor, reference and engine; `build(args, setup, ...)` makes the trainer; then resume,
     fit, the held-out results and the export (None: the run resumed is finished, `finished_run`)."""
     setup, coordinator, tokenizer = start_run(args, check_run)
-    checkpoint = checkpoint_to_resume(args)
-    if finished_run(args, checkpoint, args.num_episodes, "episodes"):
-        return None
     tokenizer = with_template(args, tokenizer)
     images = load_images(args, tokenizer)
     saved_tokenizer = tokenizer_to_save(tokenizer, images)
@@ -85,6 +89,11 @@ def _run(args: argparse.Namespace, build: Callable[..., OLTrainer]) -> Optional[
     rows = load_prepared(args.dataset, "prompt")
     _note_cut_prompts(rows, args.max_length)
     prompts = build_dataloader(setup.plugin, rows, args.batch_size, collator, True, args.seed)
+    if args.num_epochs:
+        args.num_episodes = episodes_for_epochs(args.num_epochs, len(prompts), args.num_collect_steps)
+    checkpoint = checkpoint_to_resume(args)
+    if finished_run(args, checkpoint, args.num_episodes, "episodes"):
+        return None
     held_out = (build_held_out_dataloader(setup.plugin, load_prepared(args.eval_dataset, "prompt"), eval_batch_size(args),
                                           collator) if args.eval_dataset else None)
     actor = prepare_model(load_causal_lm(args, tokenizer), args, setup)

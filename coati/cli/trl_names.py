@@ -99,9 +99,6 @@ def add_trl_names(parser: argparse.ArgumentParser, script: str) -> None:
         add("--max_prompt_length", "longest prompt in tokens; longer ones are cut (--max_length)", type=_positive_int)
         add("--log_completions", "true: a table of prompts and completions every logging step (--sample_log_interval "
                                  "--logging_steps); false: none", **switch)
-        add("--num_train_epochs", "not taken: GRPO and PPO count episodes; give max_steps (optimizer steps, TRL's) or "
-                                  "--num_episodes", type=_refusal("num_train_epochs", "GRPO and PPO count episodes; give "
-                                                                  "max_steps (optimizer steps, TRL's) or --num_episodes"))
         if script == "grpo":
             add("--loss_type", f"GRPO's aggregation: {', '.join(GRPO_LOSS_TYPES)} (--loss_agg)",
                 choices=tuple(GRPO_LOSS_TYPES))
@@ -189,6 +186,7 @@ class _Conversion:
 
     def on_policy(self, script: str) -> None:
         trl = self.trl
+        self.run_length()
         if trl.get("use_vllm"):
             self.set("rollout_backend", "vllm", "use_vllm")
         if "epsilon" in trl:
@@ -212,6 +210,17 @@ class _Conversion:
         if "log_completions" in trl:
             self.set("sample_log_interval", self.args.log_interval if trl["log_completions"] else 0, "log_completions",
                      exclusive=True)
+
+    def run_length(self) -> None:
+        """TRL's `max_steps` decides the length over `num_train_epochs` (`--num_epochs`), as in TRL; coati's
+        `--num_episodes` and `--num_epochs` together are refused."""
+        if not self.args.num_epochs:
+            return
+        if "max_steps" in self.trl:
+            self.set("num_epochs", 0.0, "max_steps")
+        elif "num_episodes" in self.given:
+            raise CoatiUsageError(f"{self.given['num_episodes']} and {self.given['num_epochs']} both set the run's "
+                                  "length; give one")
 
     def completions_per_device(self, completions: int) -> None:
         """TRL's completions per device per micro-step -> coati's prompts per rank (`--batch_size`) and learning

@@ -14,18 +14,21 @@ from support import run_coati as _run_coati
 def test_grpo_from_a_trl_recipe_saves_its_config_and_reruns_from_it_with_the_same_metrics(tiny_assets, tmp_path):
     """`coati grpo --config recipe.yaml` launches 2 processes, saves the resolved config and where each value came
     from; `coati grpo --config OUT/run_config.yaml --output_dir NEW` reruns it from scratch (the saved
-    `--checkpoint_path latest` is left out) on as many processes and logs the same metrics."""
+    `--checkpoint_path latest` is left out) on as many processes and logs the same metrics. Its length is open-r1's
+    way, TRL's `num_train_epochs` with `max_steps: -1`: an eighth of the 96 prompts' 24 batches a rank = 3 episodes,
+    counted again by the rerun (the saved config leaves `num_episodes` out)."""
     recipe = {"model_name_or_path": str(tiny_assets["model"]), "dataset_name": str(tiny_assets["prompt_train"]),
               "output_dir": str(tmp_path / "first"), "save_dir": str(tmp_path / "first" / "ckpt"),
               "resume_from_checkpoint": True, "learning_rate": 1e-3, "num_generations": 3,
-              "per_device_train_batch_size": 6, "max_steps": 3, "max_completion_length": 8, "logging_steps": 1,
+              "per_device_train_batch_size": 6, "max_steps": -1, "num_train_epochs": 0.125, "max_completion_length": 8, "logging_steps": 1,
               "loss_type": "dr_grpo", "reward_funcs": ["math_answer"], "num_processes": 2, "seed": 3}
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     first = _run_coati("grpo", "--config", str(tmp_path / "recipe.yaml"))
     assert first.returncode == 0, first.stderr[-3000:]
     saved = yaml.safe_load((tmp_path / "first" / "run_config.yaml").read_text())
     assert (saved["model"]["pretrain"], saved["optim"]["batch_size"], saved["algorithm"]["train_batch_size"],
-            saved["episodes"]["num_episodes"]) == (str(tiny_assets["model"]), 2, 6, 3)
+            saved["episodes"]["num_epochs"]) == (str(tiny_assets["model"]), 2, 6, 0.125)
+    assert "num_episodes" not in saved["episodes"]
     assert saved["logging"]["log_dir"] == "{output_dir}/logs" and saved["checkpoint"]["save_dir"] == "{output_dir}/ckpt"
     assert "checkpoint_path" not in saved["checkpoint"] and saved["nproc_per_node"] == 2
     assert all("config" not in section for section in saved.values() if isinstance(section, dict))

@@ -142,6 +142,8 @@ def test_use_peft_trains_lora_at_trls_rank_unless_lora_r_says(monkeypatch, tmp_p
     ({"output_dir": "o"}, {"log_dir": "o/logs"}),
     ({"eval_strategy": "epoch"}, {"eval_freq_epochs": 1}),
     ({"max_steps": -1, "num_episodes": 7}, {"num_episodes": 7}),
+    ({"num_train_epochs": 2, "max_steps": -1}, {"num_epochs": 2.0}),           # open-r1's: the epochs decide
+    ({"num_train_epochs": 2, "max_steps": 6}, {"num_epochs": 0.0, "num_episodes": 6}),   # TRL: max_steps wins
     ({"log_completions": True, "logging_steps": 3}, {"sample_log_interval": 3}),
     ({"log_completions": False}, {"sample_log_interval": 0}),
     ({"eval_strategy": "steps", "logging_steps": 3}, {"eval_interval": 3}),
@@ -185,7 +187,8 @@ def test_grpo_counts_convert_from_trls_completions_and_optimizer_steps(config, e
      r"--max_steps 6 counts optimizer steps, and an episode here makes 4 of them: give a multiple of 4, or "
      r"--num_episodes in episodes"),
     (["--max_steps", "5", "--num_episodes", "5"], r"--num_episodes and --max_steps set the same thing"),
-    (["--num_train_epochs", "1"], r"num_train_epochs is not taken: GRPO and PPO count episodes; give max_steps"),
+    (["--num_train_epochs", "1", "--num_episodes", "5"],
+     r"--num_episodes and --num_train_epochs both set the run's length; give one"),
     (["--reward_funcs", "math_answer", "--reward_weights", "1", "2"],
      r"--reward_weights: 2 weights for 1 reward functions \(math_answer\)"),
     (["--scale_rewards", "batch"], r"--scale_rewards batch: coati scales by the group's std"),

@@ -116,3 +116,14 @@ def test_the_runner_drops_the_collection_forward_only_when_each_experience_gets_
     assert _one_update_per_experience(flags(num_collect_steps=2, accumulation_steps=2))
     assert not _one_update_per_experience(flags(train_batch_size=4))
     assert _one_update_per_experience(flags(train_batch_size=4, accumulation_steps=2))
+
+
+def test_num_train_epochs_becomes_the_episodes_whose_collect_steps_pass_over_the_prompts_that_often():
+    from coati.cli.rl_runner import episodes_for_epochs
+
+    assert episodes_for_epochs(1, 24, 1) == 24
+    assert episodes_for_epochs(0.125, 24, 1) == 3
+    assert episodes_for_epochs(2, 24, 3) == 16                               # 48 batches, 3 an episode
+    assert episodes_for_epochs(1, 25, 2) == 13                               # the last pass rounded up to an episode
+    assert episodes_for_epochs(0.01, 24, 1) == 1                             # at least one episode
+    assert episodes_for_epochs(0.1, 30, 1) == 3                              # 0.1 x 30 is 3.0000000000000004
