@@ -240,17 +240,23 @@ def config_tokens(parser: argparse.ArgumentParser, values: Mapping[str, Any], pa
     if ignored:
         note_user(f"{CONFIG_FLAG} {path}: not used: " +
                   "; ".join(f"{where} ({IGNORED_KEYS[where.rpartition('.')[2]]})" for where in ignored))
+    settings = [(key, value, where) for key, value, where in settings if key not in LAUNCH_KEYS and where not in ignored]
+    problems = [_key_problem(key, where, actions) for key, _, where in settings
+                if key in REFUSED_KEYS or key.lstrip("-") not in actions]
+    if problems:
+        raise CoatiUsageError(f"{CONFIG_FLAG} {path}: " + "; ".join(problems))
     for key, value, where in settings:
-        if key in LAUNCH_KEYS or where in ignored:
-            continue
-        if key in REFUSED_KEYS:
-            raise CoatiUsageError(f"{CONFIG_FLAG} {path}: key {where!r} is not taken: {REFUSED_KEYS[key]}")
-        action = actions.get(key.lstrip("-"))
-        if action is None:
-            raise CoatiUsageError(f"{CONFIG_FLAG} {path}: unknown key {where!r}"
-                                  f"{nearest(key, [k for k in actions if not k.startswith('trl_')])}")
+        action = actions[key.lstrip("-")]
         tokens += _tokens(action, _flag_for(action, key), value, f"{CONFIG_FLAG} {path}: {where}")
     return tokens
+
+
+def _key_problem(key: str, where: str, actions: Dict[str, argparse.Action]) -> str:
+    """Why the file's key `key` (at `where`) is not taken: refused with what to do instead, or unknown with the
+    nearest names; every such key of a file is named in one line."""
+    if key in REFUSED_KEYS:
+        return f"key {where!r} is not taken: {REFUSED_KEYS[key]}"
+    return f"unknown key {where!r}{nearest(key, [k for k in actions if not k.startswith('trl_')])}"
 
 
 def _actions_by_key(parser: argparse.ArgumentParser) -> Dict[str, argparse.Action]:

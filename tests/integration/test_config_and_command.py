@@ -218,6 +218,9 @@ def test_flags_override_the_file_and_launcher_keys_are_the_coati_commands(monkey
     ({"dataset_prompt_column": "problem"}, r"key 'dataset_prompt_column' is not taken: name the data's prompt column"),
     ({"gradient_checkpointing": "yes"}, r"gradient_checkpointing: expected true or false, got 'yes'"),
     ({"learning_rate": [1, 2]}, r"learning_rate: expected one value, got a list of 2"),
+    ({"learnin_rate": 1e-3, "seed": 1, "envv": 1, "env": {"A": "1"}},   # every key not taken, in one line
+     r"key 'env' is not taken: set environment variables in the shell that runs coati; a config file holds settings "
+     r"only; unknown key 'envv'; unknown key 'learnin_rate' \(did you mean learning_rate\?\) \(see"),
 ])
 def test_a_bad_config_key_or_value_is_one_line_naming_the_file(config, message, monkeypatch, capsys, tmp_path):
     line = _refused("sft", SFT, monkeypatch, capsys, config, tmp_path)
