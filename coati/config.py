@@ -53,6 +53,14 @@ def _option_list(**kwargs: Any) -> Any:
 
 
 # ---- every script ---------------------------------------------------------------------------------
+SCHEDULE_OPTIONS = {"cosine": ("num_cycles",), "linear": (), "constant_with_warmup": (), "constant": (),
+                    "cosine_with_restarts": ("num_cycles",), "polynomial": ("lr_end", "power"), "inverse_sqrt": (),
+                    "cosine_with_min_lr": ("num_cycles", "min_lr", "min_lr_rate"),
+                    "warmup_stable_decay": ("num_decay_steps", "num_stable_steps", "warmup_type", "decay_type",
+                                            "min_lr_ratio", "num_cycles")}
+"""transformers' learning-rate schedules by name -> the settings of their own that its get_scheduler passes on."""
+
+
 @dataclass(frozen=True)
 class ModelSettings:
     """The model to train and how it is held in memory."""
@@ -178,14 +186,36 @@ class OptimSettings:
                                         "completed once (0: --batch_size)")
     lr: float = setting(5e-5, parse=positive(), aliases=("--learning_rate",), help="peak learning rate")
     weight_decay: float = setting(0.0, parse=non_negative(), help="AdamW weight decay")
-    lr_scheduler: str = setting("cosine", choices=("cosine", "linear", "constant_with_warmup", "constant",
-                                                   "cosine_with_restarts", "polynomial", "inverse_sqrt"),
-                                aliases=("--lr_scheduler_type",), help="learning-rate schedule after the warm-up")
+    adam_beta1: float = setting(0.9, parse=in_range(0, 1, high_open=True), help="AdamW's beta1 (HF's name)")
+    adam_beta2: float = setting(0.999, parse=in_range(0, 1, high_open=True), help="AdamW's beta2 (HF's name)")
+    adam_epsilon: float = setting(1e-8, parse=positive(), help="AdamW's epsilon (HF's name)")
+    lr_scheduler: str = setting("cosine", choices=tuple(SCHEDULE_OPTIONS), aliases=("--lr_scheduler_type",),
+                                help="learning-rate schedule after the warm-up (transformers' get_scheduler)")
+    lr_scheduler_options: Dict[str, Any] = _option_list(
+        flag="--lr_scheduler_option", aliases=("--lr_scheduler_kwargs",),
+        help="the schedule's own settings (HF's lr_scheduler_kwargs): min_lr_rate=0.1 (or min_lr=1e-6) for "
+             "cosine_with_min_lr, num_cycles for the cosines, lr_end and power for polynomial, num_decay_steps (and "
+             "num_stable_steps, min_lr_ratio, ...) for warmup_stable_decay")
     warmup_steps: int = setting(0, parse=at_least(0), help="learning-rate warm-up, in optimizer steps")
     warmup_ratio: float = setting(0.0, parse=in_range(0, 1, high_open=True),
                                   help="warm-up as a fraction of the run's optimizer steps, where --warmup_steps is 0")
     seed: int = setting(42, parse=int, help="seeds every RNG and the data order")
     steps: StepSettings = nested(StepSettings)
+
+    def check(self, run: Any) -> None:
+        """The schedule's options are its own (HF's get_scheduler passes them on); cosine_with_min_lr needs its floor
+        and warmup_stable_decay its decay, before any model loads."""
+        taken = SCHEDULE_OPTIONS[self.lr_scheduler]
+        unknown = sorted(set(self.lr_scheduler_options) - set(taken))
+        if unknown:
+            raise CoatiUsageError(f"--lr_scheduler_option {', '.join(unknown)}: not a setting of --lr_scheduler "
+                                  f"{self.lr_scheduler} ({', '.join(taken) or 'it takes none'})")
+        needed = {"cosine_with_min_lr": ("min_lr_rate", "min_lr"), "warmup_stable_decay": ("num_decay_steps",)}
+        names = needed.get(self.lr_scheduler, ())
+        if names and sum(name in self.lr_scheduler_options for name in names) != 1:
+            raise CoatiUsageError(f"--lr_scheduler {self.lr_scheduler} needs "
+                                  f"{' or '.join(f'--lr_scheduler_option {name}=...' for name in names)}"
+                                  f"{' (one of them)' if len(names) > 1 else ''}")
 
 
 @dataclass(frozen=True)
@@ -216,6 +246,8 @@ class LogSettings:
     cadence: LogCadence = nested(LogCadence)
     use_wandb: bool = setting(False, help="also log to Weights & Biases (WANDB_MODE=offline works)")
     wandb_project: str = setting("coati", help="W&B project of the run")
+    run_name: Optional[str] = setting(None, help="the run's name in W&B (HF's run_name; default: the trainer's class "
+                                                 "name)")
     wandb_table_rows: int = setting(DEFAULT_WANDB_TABLE_ROWS, parse=at_least(0),
                                     help="rows of each sample table sent to W&B (the JSON sidecar under --log_dir keeps "
                                          "them all)")

@@ -107,12 +107,13 @@ def build_optimizer(model: torch.nn.Module, args: argparse.Namespace, lr: Option
     """AdamW over the trainable weights at `lr` (default `--lr`); colossalai's HybridAdam where CUDA is there (it has
     no CPU kernel)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    lr = args.lr if lr is None else lr
+    adamw = dict(lr=args.lr if lr is None else lr, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon,
+                 weight_decay=args.weight_decay)
     if torch.cuda.is_available():
         from colossalai.nn.optimizer import HybridAdam
 
-        return HybridAdam(params, lr=lr, weight_decay=args.weight_decay)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=args.weight_decay)
+        return HybridAdam(params, **adamw)
+    return torch.optim.AdamW(params, **adamw)
 
 
 def prepare_model(model: torch.nn.Module, args: argparse.Namespace, setup: BoostSetup) -> torch.nn.Module:
@@ -370,12 +371,14 @@ def supervised_config(run: SupervisedRun) -> SupervisedConfig:
 
 def build_scheduler(optimizer: torch.optim.Optimizer, args: argparse.Namespace, total_steps: int) -> Any:
     warmup = args.warmup_steps or math.ceil(args.warmup_ratio * total_steps)
-    return get_scheduler(args.lr_scheduler, optimizer, num_warmup_steps=warmup, num_training_steps=max(total_steps, 1))
+    return get_scheduler(args.lr_scheduler, optimizer, num_warmup_steps=warmup, num_training_steps=max(total_steps, 1),
+                         scheduler_specific_kwargs=dict(args.lr_scheduler_option))
 
 
 def open_logger(args: argparse.Namespace, trainer_cls: type, resume_step: Optional[int]) -> MetricsLogger:
-    return MetricsLogger(args.log_dir, args.use_wandb, args.wandb_project, trainer_cls.__name__, vars(args),
-                         resume_step=resume_step, wandb_table_rows=args.wandb_table_rows)
+    """The run's metrics logger; its W&B run is named --run_name, else after the trainer."""
+    return MetricsLogger(args.log_dir, args.use_wandb, args.wandb_project, args.run_name or trainer_cls.__name__,
+                         vars(args), resume_step=resume_step, wandb_table_rows=args.wandb_table_rows)
 
 
 def run_supervised(

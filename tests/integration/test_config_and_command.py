@@ -73,6 +73,11 @@ SFT = ["--pretrain", "m", "--dataset", "d"]
     ("assistant_only_loss", False, "disable_loss_mask", True),
     ("completion_only_loss", True, "disable_loss_mask", False),
     ("lr_scheduler_type", "constant", "lr_scheduler", "constant"),
+    ("adam_beta1", 0.8, "adam_beta1", 0.8),
+    ("run_name", "sft-lr3e-3", "run_name", "sft-lr3e-3"),
+    ("adam_beta2", 0.95, "adam_beta2", 0.95),
+    ("adam_epsilon", 1e-6, "adam_epsilon", 1e-6),
+    ("lr_scheduler_kwargs", {"num_cycles": 1.5}, "lr_scheduler_option", [("num_cycles", 1.5)]),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_a_trl_name_in_a_supervised_config_sets_coatis_setting_with_trls_meaning(trl, value, setting, expected,
                                                                                  monkeypatch, tmp_path):
@@ -193,6 +198,11 @@ def test_grpo_counts_convert_from_trls_completions_and_optimizer_steps(config, e
      r"--reward_weights: 2 weights for 1 reward functions \(math_answer\)"),
     (["--scale_rewards", "batch"], r"--scale_rewards batch: coati scales by the group's std"),
     (["--bf16", "--fp16"], r"--bf16 and --fp16: choose one precision"),
+    (["--lr_scheduler_type", "cosine_with_min_lr"],
+     r"--lr_scheduler cosine_with_min_lr needs --lr_scheduler_option min_lr_rate=... or --lr_scheduler_option "
+     r"min_lr=... \(one of them\)"),
+    (["--lr_scheduler", "linear", "--lr_scheduler_kwargs", "min_lr_rate=0.1"],
+     r"--lr_scheduler_option min_lr_rate: not a setting of --lr_scheduler linear \(it takes none\)"),
     (["--report_to", "none", "wandb"], r"--report_to none wandb: none means no logs; give it alone"),
     (["--num_generation", "4"], r"unknown flag --num_generation \(did you mean --num_generations"),
     (["--nproc_per_node", "2"], r"unknown flag --nproc_per_node \(a launcher flag: give it to the `coati` command"),

@@ -192,3 +192,29 @@ def test_trls_optim_name_is_taken_for_adamw_and_refused_for_another_optimizer(ca
     with pytest.raises(CoatiUsageError, match="optim 'adafactor' is not taken: coati trains with AdamW"):
         config_tokens(command_parser("sft"), {"optim": "adafactor"}, "f.yaml")
     assert config_tokens(command_parser("sft"), {"optim": {"lr": 0.1}}, "f.yaml") == ["--lr", "0.1"]   # the section
+
+
+def test_each_schedule_takes_what_transformers_passes_it_and_the_run_builds_adamw_and_the_schedule_as_set():
+    """`SCHEDULE_OPTIONS` names settings of transformers' own schedule functions; HF's adam_* names and a
+    cosine_with_min_lr floor reach the optimizer and the schedule the runner builds."""
+    import inspect
+
+    import torch
+    from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION, SchedulerType
+
+    from coati.cli.runner import build_optimizer, build_scheduler
+    from coati.config import SCHEDULE_OPTIONS
+
+    for name, taken in SCHEDULE_OPTIONS.items():
+        own = set(inspect.signature(TYPE_TO_SCHEDULER_FUNCTION[SchedulerType(name)]).parameters)
+        assert set(taken) <= own - {"optimizer", "num_warmup_steps", "num_training_steps", "last_epoch"}, name
+    args = argparse.Namespace(lr=1e-3, adam_beta1=0.8, adam_beta2=0.95, adam_epsilon=1e-6, weight_decay=0.0,
+                              lr_scheduler="cosine_with_min_lr", lr_scheduler_option=[("min_lr_rate", 0.1)],
+                              warmup_steps=0, warmup_ratio=0.0)
+    optimizer = build_optimizer(torch.nn.Linear(2, 2), args)
+    assert (optimizer.defaults["betas"], optimizer.defaults["eps"]) == ((0.8, 0.95), 1e-6)
+    scheduler = build_scheduler(optimizer, args, 10)
+    for _ in range(10):
+        optimizer.step()
+        scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-4)    # the floor: min_lr_rate x --lr

@@ -31,6 +31,22 @@ def test_wandb_offline_run_is_written_without_secrets(tmp_path, monkeypatch):
     assert not any(b"s3cret" in f.read_bytes() for f in (tmp_path / "wandb").rglob("*") if f.is_file())
 
 
+def test_a_runs_wandb_run_is_named_by_its_run_name(tmp_path, monkeypatch):
+    """HF's `run_name` (--run_name) names the W&B run the runner opens (without it, the trainer's class)."""
+    import argparse
+
+    from coati.cli.runner import open_logger
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    args = argparse.Namespace(log_dir=str(tmp_path), use_wandb=True, wandb_project="coati", run_name="sft-lr3e-3",
+                              wandb_table_rows=4)
+    logger = open_logger(args, MetricsLogger, None)
+    assert logger._wandb_run.name == "sft-lr3e-3"
+    logger.close()
+    wandb.teardown()
+
+
 def test_counts_samples_and_tokens_of_dict_and_preference_batches():
     batch = {"input_ids": torch.zeros(2, 4), "attention_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])}
     assert count_samples_and_tokens(batch) == (2, 5)
