@@ -448,6 +448,9 @@ class GRPOConfig(RolloutConfig):
     scale_rewards: bool = setting(True, flag="--no_std_normalize", negated=True,
                                   help="Dr. GRPO: do not divide advantages by the group std")
     drop_tied_groups: bool = setting(False, help="DAPO: mask out groups whose rewards all tie")
+    mask_truncated_completions: bool = setting(
+        False, help="DAPO: mask out of the loss the completions cut at the length limit (no stop token); they still "
+                    "count in their group's advantages, as in TRL")
     advantage_estimator: str = setting(
         "grpo", parse=ADVANTAGE_ESTIMATORS.choice(), flag="--adv_estimator",
         help=ADVANTAGE_ESTIMATORS.describe("how a completion's advantage comes from the rewards"))

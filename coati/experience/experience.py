@@ -316,7 +316,8 @@ class GRPOExperienceMaker(ExperienceMaker):
 
     def _with_advantages(self, experience: Experience) -> Experience:
         """`experience` with the estimator's advantages from each group's rewards (shaped first, where shapers are
-        named: its `rewards` are then the shaped ones); tied groups masked out of the loss where asked."""
+        named: its `rewards` are then the shaped ones); tied groups and truncated completions masked out of the loss
+        where asked."""
         config, raw = self.config, experience.rewards
         rewards = raw
         if config.reward_shaping:
@@ -327,6 +328,8 @@ class GRPOExperienceMaker(ExperienceMaker):
         loss_mask = experience.action_mask.clone()
         if config.drop_tied_groups or config.dynamic_sampling:
             loss_mask[tied_groups(raw, config.num_generations)] = False
+        if config.mask_truncated_completions:
+            loss_mask[~experience.terminated] = False
         experience = dataclasses.replace(experience, rewards=rewards, advantages=advantages, loss_mask=loss_mask)
         return self.teacher.with_advantages(experience) if self.teacher is not None else experience
 

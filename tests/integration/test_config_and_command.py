@@ -156,6 +156,7 @@ def test_use_peft_trains_lora_at_trls_rank_unless_lora_r_says(monkeypatch, tmp_p
     ({"num_iterations": 2}, {"num_update_steps": 2}),
     ({"importance_sampling_level": "sequence"}, {"policy_loss": "gspo"}),
     ({"importance_sampling_level": "token"}, {"policy_loss": "ppo"}),
+    ({"mask_truncated_completions": True}, {"mask_truncated_completions": True}),
 ])
 def test_a_trl_name_in_a_grpo_config_sets_coatis_setting_with_trls_meaning(config, expected, monkeypatch, tmp_path):
     args = _parse("grpo", MODEL_AND_DATA, monkeypatch, {"reward_funcs": ["math_answer"], **config}, tmp_path)

@@ -216,6 +216,28 @@ def test_dynamic_sampling_replaces_tied_groups_with_new_prompts(world_of_one, ti
     assert extra == 8 and [t.completions[0] for t in kept] == ["c12", "c10"]   # out of rounds: a tied group fills
 
 
+def test_mask_truncated_completions_masks_the_loss_of_completions_cut_at_the_limit_not_their_advantages(
+        world_of_one, tiny_assets):
+    """DAPO's (TRL's `mask_truncated_completions`): a completion without its stop token trains on nothing; the
+    group's advantages are those of the unmasked run."""
+    from coati.rollout import RolloutSample, scored
+
+    def made(mask_truncated):
+        trainer = grpo_trainer(tiny_assets, maker_config={"num_generations": 2,
+                                                          "mask_truncated_completions": mask_truncated})
+        eos = trainer.maker.tokenizer.eos_token_id
+        samples = [RolloutSample([5], [11, eos], [True, True], None, [0, 0]),      # ended with its stop token
+                   RolloutSample([5], [12, 13], [True, True], None, [0, 0])]       # cut at the length limit
+        group = scored(samples, ["p", "p"], ["a", "b"], ([1.0, 0.0], {"r": [1.0, 0.0]}), 0)
+        return trainer.maker.from_trajectories([group], torch.device("cpu"))
+
+    masked, plain = made(True), made(False)
+    assert masked.terminated.tolist() == [True, False]
+    assert masked.loss_mask[0].tolist() == masked.action_mask[0].tolist() and not masked.loss_mask[1].any()
+    assert plain.loss_mask.tolist() == plain.action_mask.tolist()
+    assert torch.equal(masked.advantages, plain.advantages) and masked.advantages[1] < 0
+
+
 def test_dynamic_sampling_in_training_logs_its_extra_rollouts(world_of_one, tiny_assets, tmp_path):
     from coati.rewards import WeightedReward
     from coati.utils.metrics_logger import MetricsLogger
