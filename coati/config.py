@@ -361,7 +361,8 @@ class StepLabelSettings:
 # ---- on-policy scripts ----------------------------------------------------------------------------
 @dataclass
 class SamplingConfig:
-    """How to sample: `temperature` 0 (or `do_sample` False) is greedy; `top_k` 0 and `top_p` 1 are off."""
+    """How to sample: `temperature` 0 (or `do_sample` False) is greedy; `top_k` 0, `top_p` 1, `min_p` 0 and
+    `repetition_penalty` 1 are off (the penalty applies to greedy decoding too, as in transformers and vLLM)."""
 
     max_new_tokens: int = setting(64, parse=at_least(1), aliases=("--max_completion_length",),
                                   help="longest completion, in tokens")
@@ -369,6 +370,12 @@ class SamplingConfig:
     top_p: float = setting(1.0, parse=in_range(0, 1, low_open=True),
                            help="nucleus sampling: sample from the smallest set of tokens whose probability reaches P")
     top_k: int = setting(0, parse=at_least(0), help="0: no top-k cut")
+    min_p: float = setting(0.0, parse=in_range(0, 1), help="sample only tokens at least this fraction as likely as the "
+                                                           "likeliest (0: off)")
+    repetition_penalty: float = setting(1.0, parse=positive(),
+                                        help="divide the positive logits of tokens already in the prompt or the "
+                                             "completion by this, multiply the negative ones (1: off; the trainer's "
+                                             "log-probs stay the model's own)")
     do_sample: bool = setting(True, flag=NOT_A_FLAG, help="sample (False: greedy)")
     stop_token_ids: Tuple[int, ...] = field(default_factory=tuple)
 

@@ -103,6 +103,7 @@ def sampling_params(spec: Dict[str, Any], seed: int) -> Any:
     greedy = not spec["do_sample"] or spec["temperature"] <= 0
     return SamplingParams(n=1, temperature=0.0 if greedy else spec["temperature"],
                           top_p=1.0 if greedy else spec["top_p"], top_k=0 if greedy else spec["top_k"],
+                          min_p=0.0 if greedy else spec["min_p"], repetition_penalty=spec["repetition_penalty"],
                           max_tokens=spec["max_new_tokens"], stop_token_ids=list(spec["stop_token_ids"]),
                           ignore_eos=True, logprobs=0, detokenize=False, seed=seed)
 

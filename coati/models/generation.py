@@ -40,8 +40,13 @@ class GenerationEngine(Protocol):
         """Completions of left-padded prompts."""
 
 
-def sample_next(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
-    """One token per row from next-token `logits` (rows, vocab) with temperature, top-k and top-p."""
+def sample_next(logits: torch.Tensor, config: SamplingConfig, seen: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """One token per row from next-token `logits` (rows, vocab) with the repetition penalty on the tokens `seen`
+    (rows, vocab: True where the row's prompt or completion holds the token), then temperature, top-k, top-p and
+    min-p, in transformers' order."""
+    if seen is not None and config.repetition_penalty != 1.0:
+        penalised = torch.where(logits > 0, logits / config.repetition_penalty, logits * config.repetition_penalty)
+        logits = torch.where(seen, penalised, logits)
     if not config.do_sample or config.temperature <= 0:
         return logits.argmax(-1)
     logits = logits.float() / config.temperature
@@ -54,7 +59,18 @@ def sample_next(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
         before = probs.cumsum(-1) - probs                                            # mass of strictly better tokens
         sorted_logits = sorted_logits.masked_fill(before >= config.top_p, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    return torch.multinomial(logits.softmax(-1), 1).squeeze(-1)
+    probs = logits.softmax(-1)
+    if config.min_p > 0:
+        probs = probs.masked_fill(probs < config.min_p * probs.amax(-1, keepdim=True), 0.0)
+    return torch.multinomial(probs, 1).squeeze(-1)
+
+
+def seen_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """(rows, vocab): True where a row's prompt (its attended positions) holds the token: what the repetition penalty
+    starts from."""
+    seen = torch.zeros(input_ids.size(0), vocab_size + 1, dtype=torch.bool, device=input_ids.device)
+    seen.scatter_(1, input_ids.masked_fill(attention_mask == 0, vocab_size), True)   # padding: the spare column
+    return seen[:, :vocab_size]
 
 
 class HFEngine:
@@ -131,10 +147,13 @@ class HFEngine:
                                  "diverged at the last update; lower --lr, or resume from the last checkpoint")
         active = torch.arange(rows, device=input_ids.device)
         mask, next_position = attention_mask, (positions.amax(0) if positions.dim() == 3 else positions)[:, -1] + 1
+        seen = seen_tokens(input_ids, attention_mask, logits.size(-1)) if config.repetition_penalty != 1.0 else None
         for step in range(config.max_new_tokens):
             logits = self._without_placeholders(logits)
-            token = sample_next(logits, config)
+            token = sample_next(logits, config, None if seen is None else seen[active])
             decoded.tokens[active, step] = token
+            if seen is not None:
+                seen[active, token] = True
             if decoded.logprobs is not None:
                 decoded.logprobs[active, step] = token_logps(logits, token)
             finished = torch.isin(token, stops)

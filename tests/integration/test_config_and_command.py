@@ -157,6 +157,8 @@ def test_use_peft_trains_lora_at_trls_rank_unless_lora_r_says(monkeypatch, tmp_p
     ({"importance_sampling_level": "sequence"}, {"policy_loss": "gspo"}),
     ({"importance_sampling_level": "token"}, {"policy_loss": "ppo"}),
     ({"mask_truncated_completions": True}, {"mask_truncated_completions": True}),
+    ({"top_k": 20, "top_p": 0.95, "min_p": 0.05, "repetition_penalty": 1.1},
+     {"top_k": 20, "top_p": 0.95, "min_p": 0.05, "repetition_penalty": 1.1}),
 ])
 def test_a_trl_name_in_a_grpo_config_sets_coatis_setting_with_trls_meaning(config, expected, monkeypatch, tmp_path):
     args = _parse("grpo", MODEL_AND_DATA, monkeypatch, {"reward_funcs": ["math_answer"], **config}, tmp_path)

@@ -1,5 +1,5 @@
 """The HF engine: greedy output equals transformers' generate; each row stops at its EOS and what follows
-is masked and padded; top-k/top-p keep only the allowed tokens."""
+is masked and padded; top-k/top-p/min-p keep only the allowed tokens, and the repetition penalty is transformers'."""
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -77,6 +77,34 @@ def test_top_k_and_top_p_keep_only_the_allowed_tokens():
     assert set(sample_next(logits, SamplingConfig(top_p=0.7)).tolist()) == {0, 1}      # 0.5 < 0.7, 0.8 >= 0.7
     assert set(sample_next(logits, SamplingConfig(top_p=0.5)).tolist()) == {0}
     assert sample_next(logits[:1], SamplingConfig(do_sample=False)).item() == 0
+
+
+def test_min_p_keeps_the_tokens_at_least_that_fraction_as_likely_as_the_likeliest():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(2000, 1)
+    torch.manual_seed(0)
+    assert set(sample_next(logits, SamplingConfig(min_p=0.5)).tolist()) == {0, 1}       # 0.3 >= 0.25 > 0.15
+    assert set(sample_next(logits, SamplingConfig(min_p=0.2)).tolist()) == {0, 1, 2}    # 0.15 >= 0.1 > 0.05
+
+
+def test_the_repetition_penalty_decodes_as_transformers_does(tiny_assets):
+    """Greedy decoding with `repetition_penalty` gives transformers' own tokens (its penalty on the prompt's and the
+    completion's tokens), which differ from those without it."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
+    model = AutoModelForCausalLM.from_pretrained(tiny_assets["model"]).eval()
+    batch = _prompts(tokenizer, ["Ann has 3 pens and gets 2 more. How many pens does Ann have now?"])
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    engine = HFEngine(model, pad, [eos])
+
+    def completion(penalty):
+        out = engine.generate(batch["input_ids"], batch["attention_mask"],
+                              SamplingConfig(max_new_tokens=16, do_sample=False, repetition_penalty=penalty))
+        return out.sequences[0, out.prompt_length:][out.action_mask[0]].tolist()
+
+    expected = model.generate(batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=16,
+                              do_sample=False, repetition_penalty=2.0, eos_token_id=eos, pad_token_id=pad)
+    want = expected[0, batch["input_ids"].size(1):].tolist()
+    assert completion(2.0) == (want[: want.index(eos) + 1] if eos in want else want)
+    assert completion(2.0) != completion(1.0)
 
 
 def test_sampled_log_probs_come_from_the_sampling_forwards_and_match_a_full_forward(tiny_assets):
