@@ -141,9 +141,7 @@ def flat_settings(parser: argparse.ArgumentParser, values: Mapping[str, Any], pa
     for key, value in values.items():
         key = str(key)
         if key == "optim" and isinstance(value, str):   # TRL's optimizer name, not coati's section of that name
-            if value not in ADAMW_OPTIMS:
-                raise CoatiUsageError(f"{CONFIG_FLAG} {path}: optim {value!r} is not taken: coati trains with AdamW "
-                                      f"({', '.join(ADAMW_OPTIMS)}); leave the key out")
+            check_adamw(value, f"{CONFIG_FLAG} {path}: optim", "leave the key out")
             flat.append((key, value, key))
             continue
         if key in known_sections and key.lstrip("-") not in actions:
@@ -326,6 +324,36 @@ def given_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Dict[st
 
 
 TRUTH_WORDS = {"true": True, "false": False, "yes": True, "no": False, "1": True, "0": False}
+
+
+def check_adamw(name: str, where: str, instead: str) -> None:
+    """TRL's `optim` naming an AdamW is taken (coati trains with one); another optimizer is refused in one line."""
+    if name not in ADAMW_OPTIMS:
+        raise CoatiUsageError(f"{where} {name!r} is not taken: coati trains with AdamW ({', '.join(ADAMW_OPTIMS)}); "
+                              f"{instead}")
+
+
+def drop_ignored_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> List[str]:
+    """`argv` without TRL's flags that change nothing here (`IGNORED_KEYS`: `--push_to_hub`, `--hub_model_id ID`,
+    ...), each with the value that follows it, named in one note as a config file's are."""
+    rest: List[str] = []
+    ignored: List[str] = []
+    i = 0
+    while i < len(argv):
+        flag, eq, value = argv[i].partition("=")
+        name = flag[2:] if flag.startswith("--") else ""
+        if name not in IGNORED_KEYS or flag in parser._option_string_actions:
+            rest.append(argv[i])
+            i += 1
+            continue
+        takes_next = not eq and i + 1 < len(argv) and not argv[i + 1].startswith("--")
+        if name == "optim":
+            check_adamw(value if eq else (argv[i + 1] if takes_next else ""), "--optim", "leave the flag out")
+        ignored.append(name)
+        i += 2 if takes_next else 1
+    if ignored:
+        note_user("not used: " + "; ".join(f"--{name} ({IGNORED_KEYS[name]})" for name in ignored))
+    return rest
 
 
 def switch_words(parser: argparse.ArgumentParser, argv: Sequence[str]) -> List[str]:

@@ -194,6 +194,19 @@ def test_trls_optim_name_is_taken_for_adamw_and_refused_for_another_optimizer(ca
     assert config_tokens(command_parser("sft"), {"optim": {"lr": 0.1}}, "f.yaml") == ["--lr", "0.1"]   # the section
 
 
+def test_trls_flags_that_change_nothing_are_dropped_with_their_values_and_named_in_one_note(capsys):
+    from coati.cli.config_file import drop_ignored_flags
+
+    argv = ["--push_to_hub", "true", "--lr", "0.1", "--hub_model_id", "me/model", "--overwrite_output_dir",
+            "--optim=adamw_torch", "--seed", "3"]
+    assert drop_ignored_flags(command_parser("sft"), argv) == ["--lr", "0.1", "--seed", "3"]
+    note = capsys.readouterr().err.strip()
+    assert note.startswith("note: not used: --push_to_hub (coati does not upload") and "--optim (coati trains" in note
+    assert len(note.splitlines()) == 1
+    with pytest.raises(CoatiUsageError, match="--optim 'sgd' is not taken: coati trains with AdamW"):
+        drop_ignored_flags(command_parser("sft"), ["--optim", "sgd"])
+
+
 def test_each_schedule_takes_what_transformers_passes_it_and_the_run_builds_adamw_and_the_schedule_as_set():
     """`SCHEDULE_OPTIONS` names settings of transformers' own schedule functions; HF's adam_* names and a
     cosine_with_min_lr floor reach the optimizer and the schedule the runner builds."""
