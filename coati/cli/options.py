@@ -85,6 +85,8 @@ class CoatiArgumentParser(argparse.ArgumentParser):
                 step(parsed)
             except CoatiUsageError as exc:
                 self.error(str(exc))
+        for destination, trl_name in getattr(self, "derived", {}).items():   # a setting a TRL name set goes by it
+            parsed._given_as.setdefault(destination, f"--{trl_name}")
         parsed._run_record = RunRecord(resolved_config(self, parsed), self._sources(parsed, in_file, from_flags), argv,
                                        getattr(getattr(self, "run_config", None), "command", ""))
         return parsed

@@ -5,6 +5,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional
 
+from coati.cli.trl_names import TRL_SAVE_NAMES
 from coati.config import PREPARE_MAX_LENGTH
 from coati.utils.errors import CoatiUsageError
 from coati.utils.file_checks import (check_data_dirs, check_data_exist, check_model_dir, check_writable_dir,
@@ -62,7 +63,9 @@ def check_paths(args: argparse.Namespace) -> Dict[str, dict]:
             check_writable_dir(getattr(args, name), f"--{name}")
     for flag in ("save_interval", "save_freq_epochs", "save_freq_secs"):
         if getattr(args, flag, 0) and not getattr(args, "save_dir", None):
-            raise CoatiUsageError(f"--{flag} needs --save_dir, the directory checkpoints are written to")
+            trl_name = getattr(args, "_given_as", {}).get(flag, "").lstrip("-") in TRL_SAVE_NAMES
+            raise CoatiUsageError(f"--{flag} needs --save_dir, the directory checkpoints are written to" +
+                                  (", or output_dir (they then go to OUTPUT_DIR/checkpoints)" if trl_name else ""))
     check_held_out(args)
     return configs
 

@@ -35,6 +35,8 @@ TRL_SAVE_STEPS = 500
 """TRL's `save_steps` default, what `save_strategy: steps` saves at when `save_steps` is not given."""
 CHECKPOINTS_FOLDER = "checkpoints"
 """Where TRL's save names put checkpoints without --save_dir: OUTPUT_DIR/checkpoints."""
+TRL_SAVE_NAMES = ("save_steps", "save_strategy")
+"""TRL's names that ask for checkpoints (in OUTPUT_DIR/checkpoints unless --save_dir says)."""
 STEP_COUNTS = {"max_steps": "num_episodes", "logging_steps": "log_interval", "save_steps": "save_interval",
                "eval_steps": "eval_interval"}
 """On-policy: TRL's counts of optimizer steps -> coati's settings that count episodes."""
@@ -51,10 +53,21 @@ def _positive_int(value: str) -> int:
     except ValueError:
         number = 0
     if number < 1:
-        fraction = " (TRL's fraction of the run, a number below 1, is not taken: give optimizer steps)" \
-            if value.replace(".", "", 1).isdigit() else ""
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}{fraction}")
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
     return number
+
+
+def _step_count(value: str) -> int:
+    """TRL's `save_steps`/`eval_steps`: optimizer steps, a whole number; TRL's fraction of the run is refused saying
+    so."""
+    try:
+        fraction = 0 < float(value) < 1
+    except ValueError:
+        fraction = False
+    if fraction:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value} (TRL's fraction of the run, a "
+                                         "number below 1, is not taken: give optimizer steps)")
+    return _positive_int(value)
 
 
 def _refusal(name: str, instead: str) -> Any:
@@ -91,8 +104,8 @@ def add_trl_names(parser: argparse.ArgumentParser, script: str) -> None:
             "--num_generations", type=_positive_int)
         add("--max_steps", "optimizer steps of the run (sets --num_episodes; TRL's -1: --num_episodes as it is)",
             type=_steps_or_unlimited)
-        add("--save_steps", "save every N optimizer steps (sets --save_interval)", type=_positive_int)
-        add("--eval_steps", "evaluate every N optimizer steps (sets --eval_interval)", type=_positive_int)
+        add("--save_steps", "save every N optimizer steps (sets --save_interval)", type=_step_count)
+        add("--eval_steps", "evaluate every N optimizer steps (sets --eval_interval)", type=_step_count)
         add("--use_vllm", "--rollout_backend vllm", **switch)
         add("--epsilon", "both clip bounds, --clip_eps_low and (unless --epsilon_high) --clip_eps_high", type=float)
         add("--reward_weights", "one weight per --reward_funcs entry", nargs="+", type=float)
@@ -113,9 +126,9 @@ def add_trl_names(parser: argparse.ArgumentParser, script: str) -> None:
                              "right (a row with nothing of its response left is dropped)",
                 type=_refusal(name, "coati keeps each prompt whole and cuts a row to --max_length tokens from the right "
                                     "(a row with nothing of its response left is dropped); give --max_length"))
-        add("--save_steps", "save every N optimizer steps (--save_interval)", type=_positive_int)
+        add("--save_steps", "save every N optimizer steps (--save_interval)", type=_step_count)
         add("--eval_steps", "evaluate every N optimizer steps as well as after each epoch (--eval_interval)",
-            type=_positive_int)
+            type=_step_count)
     if script == "sft":
         for name in ("assistant_only_loss", "completion_only_loss"):
             add(f"--{name}", "true: the loss on the assistant's (the completion's) tokens only, coati's default; "
@@ -273,7 +286,7 @@ class _Conversion:
             return
         if saving == "epoch":
             self.set("save_freq_epochs", 1, "save_strategy", exclusive=True)
-        if (saving or "save_steps" in trl) and not args.save_dir and args.output_dir:
+        if any(name in trl for name in TRL_SAVE_NAMES) and not args.save_dir and args.output_dir:
             self.set("save_dir", str(Path(args.output_dir) / CHECKPOINTS_FOLDER), "save_strategy" if saving else
                      "save_steps")
 

@@ -108,6 +108,24 @@ def test_trls_eval_and_save_strategies_set_when_a_supervised_run_evaluates_and_s
 def test_trls_fraction_of_the_run_for_a_step_count_is_refused_saying_so(monkeypatch, capsys, tmp_path):
     refused = _refused("sft", SFT, monkeypatch, capsys, {"save_steps": 0.5}, tmp_path)
     assert "--save_steps: expected a whole number >= 1, got 0.5 (TRL's fraction of the run" in refused
+    refused = _refused("sft", SFT, monkeypatch, capsys, {"per_device_train_batch_size": 0}, tmp_path)
+    assert refused.startswith("error: argument --per_device_train_batch_size: expected a whole number >= 1, got 0 (see")
+
+
+def test_a_trl_save_name_without_a_folder_is_named_as_given_with_output_dir_as_the_way(monkeypatch, tiny_assets):
+    from coati.cli.options import errors_named_as_given
+    from coati.cli.preflight import check_paths
+    from coati.utils.errors import CoatiUsageError
+
+    data = ["--model_name_or_path", str(tiny_assets["model"]), "--dataset_name", str(tiny_assets["sft_train"])]
+    for flag, said in (("--save_steps", "save_steps (--save_interval) needs --save_dir, the directory checkpoints "
+                                        "are written to, or output_dir (they then go to OUTPUT_DIR/checkpoints)"),
+                       ("--save_interval", "--save_interval needs --save_dir, the directory checkpoints are written "
+                                           "to")):
+        args = _parse("sft", [*data, flag, "10"], monkeypatch)
+        with pytest.raises(CoatiUsageError) as refused, errors_named_as_given(args):
+            check_paths(args)
+        assert str(refused.value) == said
 
 
 def test_orpos_beta_is_its_lambda_and_dpos_prompt_cut_is_refused_saying_what_coati_cuts(monkeypatch, capsys,
