@@ -198,16 +198,18 @@ class WeightedReward:
         return total, components
 
     def check_columns(self, columns: Sequence[str], data: str) -> None:
-        """Every parameter your functions require is one of TRL's arguments or a column of the data (`data` names
-        it), said before any model loads rather than at the first scoring."""
+        """Every parameter a function requires is one it is passed (TRL's arguments for yours, the text and the
+        sequences for built-ins) or a column of the data (`data` names it), said before any model loads rather than
+        at the first scoring."""
         for label, fn, _ in self.parts:
-            missing = [] if label in self.builtin else [
-                name for name in required_parameters(fn) if name not in TRL_ARGUMENTS and name not in columns]
+            builtin = label in self.builtin
+            passed = BUILTIN_ARGUMENTS if builtin else TRL_ARGUMENTS
+            missing = ", ".join(repr(name) for name in required_parameters(fn)
+                                if name not in passed and name not in columns)
             if missing:
-                raise CoatiUsageError(
-                    f"reward function {self.specs.get(label, label)} takes {', '.join(map(repr, missing))}, which "
-                    f"{data} has no column for (its columns: {', '.join(columns)}); add the column, or give the "
-                    "parameter a default")
+                fix = f"give the data a column {missing}" if builtin else "add the column, or give the parameter a default"
+                raise CoatiUsageError(f"reward function {self.specs.get(label, label)} takes {missing}, which {data} has "
+                                      f"no column for (its columns: {', '.join(columns)}); {fix}")
 
     @staticmethod
     def _trl_arguments(inputs: RewardInputs, components: Dict[str, List[Any]], rows: int) -> Dict[str, Any]:
@@ -224,6 +226,8 @@ class WeightedReward:
 
 TRL_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
 """What TRL passes every reward function beside the data's columns."""
+BUILTIN_ARGUMENTS = ("prompts", "completions", "sequences")
+"""What built-ins and reward servers are passed beside the data's columns."""
 
 
 def required_parameters(fn: Callable) -> List[str]:

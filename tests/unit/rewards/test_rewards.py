@@ -251,7 +251,11 @@ def test_the_columns_your_reward_functions_require_are_checked_against_the_datas
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))
     rewards = WeightedReward.from_specs(["column_rewards.needs", "column_rewards.optional", "math_answer"])
-    rewards.check_columns(["prompt", "solution"], "the data")
+    rewards.check_columns(["prompt", "solution", "gt_answer"], "the data")
     with pytest.raises(CoatiUsageError, match=r"reward function column_rewards.needs takes 'solution', which the data "
                                               r"has no column for \(its columns: prompt, gt_answer\)"):
         rewards.check_columns(["prompt", "gt_answer"], "the data")
+    with pytest.raises(CoatiUsageError, match=r"reward function math_answer takes 'gt_answer', which the data has no "
+                                              r"column for \(its columns: prompt, solution\); give the data a column "
+                                              r"'gt_answer'$"):     # a built-in's too
+        rewards.check_columns(["prompt", "solution"], "the data")
