@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, NoReturn, Optional, Tuple
+from typing import Dict, List, Mapping, NoReturn, Optional, Tuple
 
 from coati.cli.config_file import LAUNCH_KEYS, nearest, read_config, split_config_flag
 from coati.utils.errors import USAGE_EXIT_CODE, CoatiUsageError, fail
@@ -53,7 +53,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         _refuse(str(error))
     if launch and not any(os.environ.get(v) for v in LAUNCHER_ENV):
         _check_before_launch(name, rest, launch)
-        sys.exit(_wait_for(subprocess.Popen(launcher_command(name, launch, rest))))
+        launcher = subprocess.Popen(launcher_command(name, launch, rest), env=launch_environment(launch, os.environ))
+        sys.exit(_wait_for(launcher))
     sys.argv[0] = f"coati {name}"   # the command's --help and errors name it
     commands[name](rest)
 
@@ -131,6 +132,15 @@ def _check_launch(launch: Dict[str, str]) -> None:
         if torchrun_only:
             raise CoatiUsageError(f"--hostfile (colossalai run) and {', '.join(torchrun_only)} (torchrun's rendezvous): "
                                   "give one way of launching")
+
+
+def launch_environment(launch: Dict[str, str], environ: Mapping[str, str]) -> Dict[str, str]:
+    """The launcher's environment: torchrun's one OpenMP thread per process where a node starts more than one and
+    OMP_NUM_THREADS is unset, set here so that torchrun does not print its note about it at every launch."""
+    env = dict(environ)
+    if int(launch.get("--nproc_per_node", "1")) > 1:
+        env.setdefault("OMP_NUM_THREADS", "1")
+    return env
 
 
 def launcher_command(name: str, launch: Dict[str, str], rest: List[str]) -> List[str]:

@@ -329,6 +329,14 @@ def test_launch_flags_and_keys_become_torchrun_or_colossalai_run(tmp_path):
     assert launched_processes(nodes) == (16, 8) and launched_processes(launch) == (2, 2)
 
 
+def test_a_launch_sets_torchruns_one_thread_a_process_itself_so_torchrun_prints_no_note_of_it():
+    from coati.cli.main import launch_environment
+
+    assert launch_environment({"--nproc_per_node": "2"}, {"PATH": "/bin"}) == {"PATH": "/bin", "OMP_NUM_THREADS": "1"}
+    assert launch_environment({"--nproc_per_node": "2"}, {"OMP_NUM_THREADS": "4"})["OMP_NUM_THREADS"] == "4"
+    assert "OMP_NUM_THREADS" not in launch_environment({"--nproc_per_node": "1"}, {})     # torchrun leaves it too
+
+
 def test_the_console_line_shows_a_log_steps_numbers_as_trl_users_read_them():
     from coati.utils.metrics_logger import console_line
 
