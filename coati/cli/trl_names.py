@@ -127,6 +127,10 @@ def add_trl_names(parser: argparse.ArgumentParser, script: str) -> None:
                 type=_refusal(name, "coati keeps each prompt whole and cuts a row to --max_length tokens from the right "
                                     "(a row with nothing of its response left is dropped); give --max_length"))
         add("--save_steps", "save every N optimizer steps (--save_interval)", type=_step_count)
+        add("--padding_free", "true: --packing (each micro-batch's rows in one sequence, no padding; attention stays "
+                              "within each row)", **switch)
+        add("--truncation_mode", "keep_start: coati's way, a row cut to --max_length from the right; keep_end is "
+                                 "refused (coati keeps each prompt whole)", choices=("keep_start", "keep_end"))
         add("--eval_steps", "evaluate every N optimizer steps as well as after each epoch (--eval_interval)",
             type=_step_count)
     if script == "sft":
@@ -169,6 +173,11 @@ def convert(args: argparse.Namespace, parser: argparse.ArgumentParser, script: s
                            ("eval_steps", "eval_interval")):
             if name in trl:
                 run.set(dest, trl[name], name, exclusive=True)
+        if trl.get("padding_free"):
+            run.set("packing", True, "padding_free")
+        if trl.get("truncation_mode") == "keep_end":
+            raise CoatiUsageError("--truncation_mode keep_end is not taken: coati keeps each prompt whole and cuts a "
+                                  "row to --max_length tokens from the right (keep_start)")
     run.strategies(script)
     parser.derived = run.derived
 

@@ -78,6 +78,8 @@ SFT = ["--pretrain", "m", "--dataset", "d"]
     ("adam_beta2", 0.95, "adam_beta2", 0.95),
     ("adam_epsilon", 1e-6, "adam_epsilon", 1e-6),
     ("lr_scheduler_kwargs", {"num_cycles": 1.5}, "lr_scheduler_option", [("num_cycles", 1.5)]),
+    ("padding_free", True, "packing", True),
+    ("truncation_mode", "keep_start", "max_length", 0),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_a_trl_name_in_a_supervised_config_sets_coatis_setting_with_trls_meaning(trl, value, setting, expected,
                                                                                  monkeypatch, tmp_path):
@@ -133,6 +135,8 @@ def test_orpos_beta_is_its_lambda_and_dpos_prompt_cut_is_refused_saying_what_coa
     assert _parse("orpo", SFT, monkeypatch, {"beta": 0.2}, tmp_path).lam == 0.2
     refused = _refused("dpo", SFT, monkeypatch, capsys, {"max_prompt_length": 64}, tmp_path)
     assert "max_prompt_length is not taken: coati keeps each prompt whole and cuts a row to --max_length" in refused
+    refused = _refused("dpo", SFT, monkeypatch, capsys, {"truncation_mode": "keep_end"}, tmp_path)
+    assert refused.startswith("error: --truncation_mode keep_end is not taken: coati keeps each prompt whole")
 
 
 def test_use_peft_trains_lora_at_trls_rank_unless_lora_r_says(monkeypatch, tmp_path):
