@@ -34,14 +34,14 @@ from coati.models.reward_model import load_reward_model
 from coati.models.prm import load_prm
 from coati.models.vision import (auto_model_class, freeze_unused_vision_layers, freeze_vision_parts, is_vision_model,
                                  language_model_lora_targets)
-from coati.trainer.base import SLTrainer
+from coati.trainer.base import SLTrainer, run_steps
 from coati.trainer.callbacks import Callback, PerformanceEvaluator
 from coati.trainer.callbacks.tokenizer import TokenizerInCheckpoints
 from coati.cli.options import errors_named_as_given, settings_from
 from coati.config import PackingSettings, SupervisedConfig, VisionSettings
 from coati.run_config import SupervisedRun
-from coati.utils.ckpt_io import (latest_checkpoint, read_running_state, save_hf_model, set_aside_checkpoints,
-                                 verify_checkpoint)
+from coati.utils.ckpt_io import (latest_checkpoint, read_running_state, resume_position, save_hf_model,
+                                 set_aside_checkpoints, verify_checkpoint)
 from coati.cli.colossalchat import attention_implementation, write_config_file
 from coati.cli.config_file import save_run_record
 from coati.utils.errors import CoatiUsageError, note_user
@@ -408,8 +408,9 @@ def run_supervised(
                                     args.seed, **budget)
     eval_loader = (build_held_out_dataloader(setup.plugin, context.load_data(args.eval_dataset), eval_batch_size(args),
                                              collator, **budget) if args.eval_dataset else None)
-    total_steps = args.max_steps or math.ceil(len(train_loader) / args.accumulation_steps) * args.max_epochs
     checkpoint = checkpoint_to_resume(args)
+    position = resume_position(read_running_state(checkpoint)) if checkpoint else (0, 0, 0)
+    total_steps = run_steps(train_loader, args.accumulation_steps, args.max_epochs, args.max_steps, position)
     if finished_run(args, checkpoint, total_steps, "optimizer steps"):
         return None
     model = prepare_model((model_loader or load_causal_lm)(args, tokenizer), args, setup)
@@ -426,7 +427,8 @@ def run_supervised(
     )
     if checkpoint:
         trainer.load_checkpoint(checkpoint)
-        coordinator.print_on_master(resumed_line(checkpoint, f"epoch {trainer.start_epoch}, step {trainer.step}"))
+        coordinator.print_on_master(resumed_line(checkpoint, f"epoch {trainer.start_epoch}, step {trainer.step} of "
+                                                             f"{total_steps}"))
     trainer.fit(train_loader, eval_loader, metrics_logger=open_logger(args, trainer_cls, trainer.step if checkpoint else None))
     export_model(args, setup, model, saved_tokenizer, coordinator)
     return trainer

@@ -212,6 +212,34 @@ class _TrainerCore:
         """Stop what the trainer started besides the models (rollout generators, say) when training ends."""
 
 
+def ordering_sampler(loader: DataLoader) -> Any:
+    """What orders a training loader's data: a token-budget batch sampler, else the row sampler."""
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    return batch_sampler if hasattr(batch_sampler, "set_epoch") else getattr(loader, "sampler", None)
+
+
+def run_steps(loader: DataLoader, accumulation_steps: int, max_epochs: int, max_steps: int,
+              position: Tuple[int, int, int] = (0, 0, 0)) -> int:
+    """Optimizer steps of a supervised run in all: `max_steps`, else the steps done before the resume `position`
+    (epoch, step, samples of that epoch each rank consumed) and those the data left takes at this loader's size. On the
+    processes that saved it this is the epochs' steps; on another number of them, the schedule still ends with the
+    data."""
+    if max_steps:
+        return max_steps
+    epoch, done, consumed = position
+    if epoch >= max_epochs:
+        return done
+    sampler = ordering_sampler(loader)
+    per_epoch = math.ceil(len(loader) / accumulation_steps)
+    if hasattr(sampler, "set_start_index"):
+        sampler.set_start_index(consumed)
+        left_in_epoch = math.ceil(len(loader) / accumulation_steps)
+        sampler.set_start_index(0)
+    else:
+        left_in_epoch = per_epoch
+    return done + left_in_epoch + per_epoch * (max_epochs - epoch - 1)
+
+
 class SLTrainer(_TrainerCore, ABC):
     """Supervised loop: epochs of optimizer steps, each made of `accumulation_steps` micro-batches.
 
@@ -321,7 +349,8 @@ class SLTrainer(_TrainerCore, ABC):
         self._steps_per_epoch = math.ceil(len(train_dataloader) / self.accumulation_steps)
         if self.max_steps:
             self.max_epochs = math.ceil(self.max_steps / self._steps_per_epoch)
-        self._total_steps = self.max_steps or self._steps_per_epoch * self.max_epochs
+        self._total_steps = run_steps(train_dataloader, self.accumulation_steps, self.max_epochs, self.max_steps,
+                                      (self.start_epoch, self.step, self._resume_sample_index))
         self._open_logger(log_dir, use_wandb, metrics_logger, self.step, self._total_steps)
         self._set_start_index(self._resume_sample_index)
 
@@ -340,9 +369,7 @@ class SLTrainer(_TrainerCore, ABC):
             self._save(epoch=self.max_epochs, sample_index=0)
 
     def _sampler(self) -> Any:
-        """What orders the training data: a token-budget batch sampler, else the row sampler."""
-        batch_sampler = getattr(self.train_dataloader, "batch_sampler", None)
-        return batch_sampler if hasattr(batch_sampler, "set_epoch") else getattr(self.train_dataloader, "sampler", None)
+        return ordering_sampler(self.train_dataloader)
 
     def _set_start_index(self, index: int) -> None:
         sampler = self._sampler()

@@ -332,6 +332,12 @@ def load_checkpoint(
     if state["world_size"] == world_size() and rng_file.exists():
         _set_rng_states(torch.load(rng_file, weights_only=True))
     barrier()
+    return resume_position(state)
+
+
+def resume_position(state: Dict[str, Any]) -> Tuple[int, int, int]:
+    """(epoch, optimizer step, samples of the epoch each rank has consumed) of a checkpoint's running state, for this
+    run's number of processes (the number saved where it is unchanged)."""
     return state["epoch"], state["step"], state["global_samples_in_epoch"] // world_size()
 
 

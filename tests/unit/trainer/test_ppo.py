@@ -174,6 +174,7 @@ def test_an_optimizer_takes_the_lr_it_is_given_else_the_flag_s():
 
     from coati.cli.runner import build_optimizer
 
-    model, flags = torch.nn.Linear(2, 1), Namespace(lr=1e-3, weight_decay=0.0)
+    model, flags = torch.nn.Linear(2, 1), Namespace(lr=1e-3, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999,
+                                                 adam_epsilon=1e-8)
     assert build_optimizer(model, flags).param_groups[0]["lr"] == 1e-3
     assert build_optimizer(model, flags, lr=5e-4).param_groups[0]["lr"] == 5e-4

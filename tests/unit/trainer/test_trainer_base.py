@@ -132,3 +132,21 @@ def test_a_held_out_batch_a_rank_runs_only_to_keep_in_step_is_not_scored(world_o
     trainer.fit(loader, eval_dataloader=DataLoader(rows, batch_sampler=as_rank_1_of_2, collate_fn=default_collate))
     results = [args[1] for name, *args in recorder.calls if name == "on_evaluate"]
     assert results and results[-1]["loss"] == pytest.approx(((x[1] @ w0.T - y[1]) ** 2).item())
+
+
+def test_a_run_resumed_on_another_number_of_processes_counts_its_steps_done_and_those_its_data_left_takes():
+    """300 rows in batches of 2 for 3 epochs: 75 steps an epoch on 2 ranks (225 in all), 150 on one. A checkpoint at
+    step 100 (epoch 1, 50 rows into it on each of 2 ranks: 100 of the 300) resumed on one process has 200 rows of
+    that epoch and one more epoch left: 100 + 100 + 150 = 350 steps, which the schedule counts down to, not 450."""
+    from coati.dataset.sampler import StatefulDistributedSampler
+    from coati.trainer.base import run_steps
+
+    rows = list(range(300))
+    loader = DataLoader(rows, batch_size=2, sampler=StatefulDistributedSampler(rows, num_replicas=1, rank=0))
+    assert run_steps(loader, 1, 3, 0) == 450
+    assert run_steps(loader, 1, 3, 0, (1, 100, 2 * 50 // 1)) == 350      # the global 100 rows, all on this rank
+    assert len(loader) == 150                                            # the sampler is left at the epoch's start
+    assert run_steps(loader, 1, 3, 0, (1, 175, 50)) == 450               # saved on this process count: the epochs'
+    assert run_steps(loader, 1, 3, 0, (3, 225, 0)) == 225                # finished: nothing left
+    assert run_steps(loader, 2, 3, 0, (1, 50, 100)) == 50 + 50 + 75      # accumulation: 2 micro-batches a step
+    assert run_steps(loader, 1, 3, 7, (1, 100, 100)) == 7                # --max_steps decides
