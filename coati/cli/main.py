@@ -5,6 +5,7 @@ for `colossalai run`), or `num_processes`/`nproc_per_node` in the config file, i
 and each process runs the command in place; without them, or already under a launcher, it runs in this process.
 """
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Dict, List, Mapping, NoReturn, Optional, Tuple
 
 from coati.cli.config_file import LAUNCH_KEYS, nearest, read_config, split_config_flag
 from coati.utils.errors import USAGE_EXIT_CODE, CoatiUsageError, fail
+from coati.utils.lifetime import ends_with_parent
 
 LAUNCH_FLAGS = ("--nproc_per_node", "--nnodes", "--node_rank", "--master_addr", "--master_port", "--hostfile")
 LAUNCHER_ENV = ("LOCAL_RANK", "TORCHELASTIC_RUN_ID")
@@ -53,20 +55,32 @@ def main(argv: Optional[List[str]] = None) -> None:
         _refuse(str(error))
     if launch and not any(os.environ.get(v) for v in LAUNCHER_ENV):
         _check_before_launch(name, rest, launch)
-        launcher = subprocess.Popen(launcher_command(name, launch, rest), env=launch_environment(launch, os.environ))
-        sys.exit(_wait_for(launcher))
+        sys.exit(run_launcher(launcher_command(name, launch, rest), launch_environment(launch, os.environ)))
     sys.argv[0] = f"coati {name}"   # the command's --help and errors name it
     commands[name](rest)
 
 
-def _wait_for(launcher: subprocess.Popen) -> int:
-    """The launcher's exit status. A Ctrl-C reaches it too (one process group): it stops its processes, whose
-    `error: interrupted ...` line says how to resume, and this process waits for it instead of adding a traceback."""
-    while True:
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""What this process passes on to the launcher's processes: a Ctrl-C, a scheduler's or `kill`'s SIGTERM, a closed
+terminal's SIGHUP."""
+
+
+def run_launcher(command: List[str], env: Dict[str, str]) -> int:
+    """Run the launcher and return its exit status. It runs in a session of its own, and this process passes it every
+    signal of `FORWARDED_SIGNALS` it gets, which torchrun passes on to the training processes: signalling this
+    process alone (a Ctrl-C, `kill PID`, a scheduler's SIGTERM) stops the run, whose processes say how to resume,
+    and no process is left behind; killed outright, this process takes the launcher with it (SIGTERM on its death)."""
+    launcher = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=ends_with_parent(signal.SIGTERM))
+
+    def forward(signum: int, _frame: object) -> None:
         try:
-            return launcher.wait()
-        except KeyboardInterrupt:
-            continue
+            os.killpg(launcher.pid, signum)
+        except ProcessLookupError:   # the launcher has ended already
+            pass
+
+    for number in FORWARDED_SIGNALS:
+        signal.signal(number, forward)
+    return launcher.wait()
 
 
 def _check_before_launch(name: str, argv: List[str], launch: Dict[str, str]) -> None:

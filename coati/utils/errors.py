@@ -8,10 +8,12 @@ import errno
 import functools
 import json
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
-from typing import Callable, NoReturn, TypeVar
+from typing import Any, Callable, NoReturn, TypeVar
 
 USAGE_EXIT_CODE = 2
 PEER_LOST_EXIT_CODE = 3
@@ -113,13 +115,24 @@ fails, and on a loaded machine the printing rank may not have printed yet."""
 
 
 
+def _interrupt_on_sigterm() -> None:
+    """A SIGTERM (a scheduler's, `kill`'s, or torchrun passing one on) ends the run as a Ctrl-C does: one line
+    saying how to resume, complete checkpoints kept."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
+def _raise_interrupt(_signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def exit_cleanly(main: Callable[..., T]) -> Callable[..., T]:
     """Run a script's `main`, turning the failures a user meets into one line and an exit status.
 
     - `CoatiUsageError`: `error: ...` once per node, exit 2 on every rank.
     - A collective that fails because a peer died or timed out: the message above on each rank that
       sees it, exit 3, so the launcher stops the run instead of it hanging.
-    - A full disk: one line naming the file, exit 2. Ctrl-C: one line, exit 130.
+    - A full disk: one line naming the file, exit 2. Ctrl-C or SIGTERM: one line, exit 130.
     - Anything else keeps its traceback, and its last line goes to torchrun's error file.
     Ranks leave without waiting on peers. A worker of torchrun dies with it (`follow_launcher`).
     """
@@ -129,6 +142,7 @@ def exit_cleanly(main: Callable[..., T]) -> Callable[..., T]:
         from coati.utils.lifetime import follow_launcher
 
         follow_launcher()
+        _interrupt_on_sigterm()
         try:
             return main(*args, **kwargs)
         except CoatiUsageError as error:

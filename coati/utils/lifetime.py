@@ -6,6 +6,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Callable, Optional
 
 PR_SET_PDEATHSIG = 1
 WATCH_INTERVAL_S = 1.0
@@ -29,14 +30,26 @@ def follow_launcher() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def ends_with_parent(sig: int = signal.SIGTERM) -> Optional[Callable[[], None]]:
+    """A child process's `preexec_fn` that has the kernel send it `sig` when the process that starts it dies (Linux
+    `PR_SET_PDEATHSIG`; resolved here, so that the forked child only calls it); None where prctl is missing."""
+    prctl = _prctl()
+    return None if prctl is None else (lambda: prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0))
+
+
 def _set_parent_death_signal() -> bool:
+    prctl = _prctl()
+    return prctl is not None and prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+
+
+def _prctl() -> Optional[Callable[..., int]]:
+    """Linux's prctl, or None."""
     if not sys.platform.startswith("linux"):
-        return False
+        return None
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+        return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        return False
+        return None
 
 
 def _watch_parent(parent: int) -> None:

@@ -1,4 +1,4 @@
-"""Failing safe, as real processes: workers die with a killed torchrun, a reward function that hangs ends the
+"""Failing safe, as real processes: workers die with a killed torchrun or a killed `coati`, a reward function that hangs ends the
 run with one line, an on-policy run checkpoints at its end, and asynchronous GRPO with several collect steps
 per episode does not stall."""
 import json
@@ -46,6 +46,37 @@ def test_workers_exit_when_torchrun_itself_is_killed(tiny_assets, tmp_path):
         for worker in workers + psutil.Process().children(recursive=True):
             try:
                 worker.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
+@pytest.mark.slow
+def test_a_launched_run_ends_with_its_coati_process_killed_outright(tiny_assets, tmp_path):
+    """`kill -9` of `coati sft --nproc_per_node 2` (what an out-of-memory killer or a lost shell does): its torchrun
+    gets SIGTERM from the kernel and stops its workers, which say how to resume; none trains on, orphaned."""
+    log = tmp_path / "log.txt"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "coati"), "sft", "--nproc_per_node", "2",
+                                 "--pretrain", str(tiny_assets["model"]), "--dataset", str(tiny_assets["sft_train"]),
+                                 "--batch_size", "2", "--max_epochs", "1000"], stdout=out, stderr=subprocess.STDOUT,
+                                env=child_env(), cwd=REPO)
+    run = []
+    try:
+        deadline = time.monotonic() + 300
+        while "train:" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(1)
+        run = psutil.Process(proc.pid).children(recursive=True)
+        assert len(run) >= 3                                  # torchrun and its two workers
+        proc.kill()
+        proc.wait()
+        gone, alive = psutil.wait_procs(run, timeout=60)
+        assert not alive, f"still running 60 s after coati was killed: {[p.cmdline() for p in alive]}"
+        assert "error: interrupted; complete checkpoints are kept" in log.read_text()
+    finally:
+        for process in run:
+            try:
+                process.kill()
             except psutil.NoSuchProcess:
                 pass
 

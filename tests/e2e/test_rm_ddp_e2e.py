@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -48,7 +49,8 @@ def _rm_args(assets, out: Path) -> list:
 
 @pytest.mark.slow
 def test_interrupted_reward_model_run_resumes_with_the_same_metrics(tiny_assets, tmp_path):
-    """Ctrl-C on `coati rm --nproc_per_node 2` ends it with one line saying how to resume and no traceback; resumed
+    """SIGTERM to the `coati rm --nproc_per_node 2` process alone (a scheduler's, or `kill PID`; a Ctrl-C takes the
+    same way) ends the run with one line saying how to resume and no traceback, none of its processes left; resumed
     from its last checkpoint, it logs what the uninterrupted run logged (a killed run's resume: test_rl_e2e.py)."""
     full = tmp_path / "full"
     assert torchrun(SCRIPTS / "train_rm.py", 2, *_rm_args(tiny_assets, full)).returncode == 0
@@ -64,8 +66,10 @@ def test_interrupted_reward_model_run_resumes_with_the_same_metrics(tiny_assets,
     deadline = time.monotonic() + 300
     while latest_checkpoint(run / "ckpt") is None and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGINT)   # Ctrl-C: to the terminal's foreground process group
-    assert proc.wait(timeout=120) == 128 + signal.SIGINT, "the run finished before it could be interrupted"
+    run_processes = psutil.Process(proc.pid).children(recursive=True)
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=120) == 128 + signal.SIGTERM, "the run finished before it could be interrupted"
+    assert not psutil.wait_procs(run_processes, timeout=30)[1]
     said = (run / "err.log").read_text()
     assert said.strip().splitlines()[-1] == ("error: interrupted; complete checkpoints are kept (resume with "
                                              "--checkpoint_path latest)") and "Traceback" not in said
