@@ -4,6 +4,7 @@ Under torchrun each worker also records that line in the error file torchrun nam
 (`TORCHELASTIC_ERROR_FILE`), so the root-cause section of torchrun's failure summary shows our message
 instead of "To enable traceback see ...". A worker started by torchrun exits when torchrun itself dies.
 """
+import contextlib
 import errno
 import functools
 import json
@@ -13,7 +14,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, NoReturn, TypeVar
+from typing import Any, Callable, Iterator, NoReturn, TypeVar
 
 USAGE_EXIT_CODE = 2
 PEER_LOST_EXIT_CODE = 3
@@ -115,11 +116,18 @@ fails, and on a loaded machine the printing rank may not have printed yet."""
 
 
 
-def _interrupt_on_sigterm() -> None:
-    """A SIGTERM (a scheduler's, `kill`'s, or torchrun passing one on) ends the run as a Ctrl-C does: one line
-    saying how to resume, complete checkpoints kept."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _raise_interrupt)
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Inside, a SIGTERM (a scheduler's, `kill`'s, or torchrun passing one on) ends the run as a Ctrl-C does: one
+    line saying how to resume, complete checkpoints kept; the process's own handler is back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _raise_interrupt(_signum: int, _frame: Any) -> None:
@@ -142,24 +150,29 @@ def exit_cleanly(main: Callable[..., T]) -> Callable[..., T]:
         from coati.utils.lifetime import follow_launcher
 
         follow_launcher()
-        _interrupt_on_sigterm()
-        try:
-            return main(*args, **kwargs)
-        except CoatiUsageError as error:
-            details = getattr(error, "details", "")
-            if details and _is_local_rank_0():
-                print(details.rstrip("\n"), file=sys.stderr, flush=True)
-            fail(f"error: {error}", USAGE_EXIT_CODE)
-        except KeyboardInterrupt:
-            fail("error: interrupted; complete checkpoints are kept (resume with --checkpoint_path latest)",
-                 INTERRUPTED_EXIT_CODE)
-        except Exception as error:
-            if is_peer_failure(error):
-                fail(peer_lost_message(error), PEER_LOST_EXIT_CODE, every_rank=True)
-            if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-                fail(f"error: no space left on the device while writing {error.filename or 'a file'}; complete "
-                     "checkpoints are kept: free space, then resume with --checkpoint_path latest", USAGE_EXIT_CODE)
-            record_error(traceback.format_exc())
-            raise
+        with sigterm_as_interrupt():
+            return _reported(main, *args, **kwargs)
 
     return wrapper
+
+
+def _reported(main: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`main(*args, **kwargs)`, a failure a user meets turned into its one line and exit status (`exit_cleanly`)."""
+    try:
+        return main(*args, **kwargs)
+    except CoatiUsageError as error:
+        details = getattr(error, "details", "")
+        if details and _is_local_rank_0():
+            print(details.rstrip("\n"), file=sys.stderr, flush=True)
+        fail(f"error: {error}", USAGE_EXIT_CODE)
+    except KeyboardInterrupt:
+        fail("error: interrupted; complete checkpoints are kept (resume with --checkpoint_path latest)",
+             INTERRUPTED_EXIT_CODE)
+    except Exception as error:
+        if is_peer_failure(error):
+            fail(peer_lost_message(error), PEER_LOST_EXIT_CODE, every_rank=True)
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            fail(f"error: no space left on the device while writing {error.filename or 'a file'}; complete "
+                 "checkpoints are kept: free space, then resume with --checkpoint_path latest", USAGE_EXIT_CODE)
+        record_error(traceback.format_exc())
+        raise
