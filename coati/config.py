@@ -306,7 +306,11 @@ joins steps with it)."""
 class RewardModelLossSettings:
     """The reward model's pairwise loss."""
 
-    loss_fn: str = setting("log_sig", choices=RM_LOSSES, help="pairwise loss")
+    loss_fn: str = setting("log_sig", choices=RM_LOSSES, help="pairwise loss (on chosen - margin, where the data has "
+                                                              "TRL's margin column)")
+    center_rewards_coefficient: float = setting(0.0, parse=non_negative(),
+                                                help="add this times (r_chosen + r_rejected)^2 per pair, keeping the "
+                                                     "rewards centred on zero (TRL's; Eisenstein et al. 2023)")
 
 
 @dataclass(frozen=True)

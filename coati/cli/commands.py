@@ -144,7 +144,8 @@ def rm(argv: Optional[List[str]] = None) -> None:
 
     loss_fn = {"log_sig": LogSigLoss, "log_exp": LogExpLoss}[args.loss_fn]
     run_supervised(args, RewardModelTrainer, "preference", model_loader=load_reward_model_from_args,
-                   trainer_kwargs={"loss_fn": loss_fn(reduction="none")})
+                   trainer_kwargs={"loss_fn": loss_fn(reduction="none"),
+                                   "center_rewards_coefficient": args.center_rewards_coefficient})
 
 
 @exit_cleanly

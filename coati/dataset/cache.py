@@ -81,6 +81,11 @@ def _digest(parts: Iterable[bytes]) -> str:
     return digest.hexdigest()[:20]
 
 
+PREPARED_FORMAT = 2
+"""Raised when prepared rows gain a column, so that data prepared before is prepared again (2: a preference row's
+TRL `margin`)."""
+
+
 def cache_key(inputs: Sequence[str], data_type: str, tokenizer_dir: str, max_length: int,
               split: Optional[str] = None, image_limits: Optional[Dict[str, int]] = None) -> str:
     """A name for the prepared form of `inputs`' `split`: their content (the files of a folder given, its images
@@ -89,7 +94,7 @@ def cache_key(inputs: Sequence[str], data_type: str, tokenizer_dir: str, max_len
                for i in inputs for f in _files(Path(i))]
     tokenizer = [name.encode() + (Path(tokenizer_dir) / name).read_bytes() for name in TOKENIZER_FILES
                  if (Path(tokenizer_dir) / name).is_file()]
-    settings = json.dumps({"type": data_type, "max_length": max_length, "split": split,
+    settings = json.dumps({"type": data_type, "max_length": max_length, "split": split, "format": PREPARED_FORMAT,
                            **({"image_limits": image_limits} if image_limits else {})}).encode()
     return f"{data_type}-{_digest([*content, *tokenizer, settings])}"
 

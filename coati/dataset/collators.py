@@ -150,7 +150,8 @@ class PreferenceCollator(_Collator):
     """Rows of chosen_/rejected_ input_ids and labels -> right-padded tensors, both sides padded to one
     length so a trainer can concatenate them into a single forward; with `packing`, one packed sequence of
     each pair's chosen then rejected row, the rejected row a branch that starts after the prompt they share
-    (`shared_prompt`). Precomputed reference log-prob columns (`*_ref_logps`) come through as float tensors."""
+    (`shared_prompt`). Precomputed reference log-prob columns (`*_ref_logps`) and TRL's reward-model `margin` come
+    through as float tensors."""
 
     def __call__(self, rows: List[Dict[str, Sequence[int]]]) -> Dict[str, Any]:
         ids = {side: self._column(rows, f"{side}_input_ids") for side in ("chosen", "rejected")}
@@ -158,6 +159,8 @@ class PreferenceCollator(_Collator):
         for key in rows[0]:
             if key.endswith("_ref_logps"):
                 batch[key] = torch.tensor([row[key] for row in rows], dtype=torch.float32)
+        if "margin" in rows[0]:   # None for the rows of a dataset without margins, trained beside one with them
+            batch["margin"] = torch.tensor([row["margin"] or 0.0 for row in rows], dtype=torch.float32)
         return batch
 
     def _packed_pairs(self, rows: List[Dict[str, Sequence[int]]], ids: Dict[str, List[Sequence[int]]]) -> Dict[str, Any]:

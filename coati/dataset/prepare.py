@@ -280,6 +280,10 @@ def encoder(data_type: str, tokenizer: PreTrainedTokenizerBase, max_length: int,
         return with_images(encoded, row, tokens)
 
     def preference(row: Dict) -> Optional[Dict]:
+        encoded = preference_pair(row)
+        return encoded if encoded is None or "margin" not in row else {**encoded, "margin": row["margin"]}
+
+    def preference_pair(row: Dict) -> Optional[Dict]:
         if "prompt_text" not in row:
             tokens = image_tokens(row)
             encoded = tokenize_preference(tokenizer, row["context"], row["chosen"], row["rejected"], max_length, tokens)

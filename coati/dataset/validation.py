@@ -25,6 +25,7 @@ through the chat template; TRL's standard rows (plain text) are tokenized as the
 """
 import functools
 import json
+import math
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Sequence, Tuple, Union
 
@@ -232,7 +233,22 @@ def shared_prefix(chosen: Sequence[Any], rejected: Sequence[Any]) -> int:
 def validate_preference(row: Any, where: str) -> Row:
     """A prompt with a chosen and a rejected response: standard texts (`prompt`, `chosen`, `rejected`), message
     lists (`context` or `prompt`, then the responses), or TRL's implicit prompt (`chosen` and `rejected` alone, whose
-    shared start is the prompt)."""
+    shared start is the prompt); TRL's reward-model `margin`, where the row has one, kept beside them."""
+    return {**_preference(row, where), **_margin(row, where)}
+
+
+def _margin(row: Any, where: str) -> Row:
+    """TRL's `margin` (how much better chosen is: the reward model's loss is -log sigmoid(r_c - r_r - margin)), a
+    finite number, or nothing where the row has none."""
+    if not isinstance(row, dict) or row.get("margin") is None:
+        return {}
+    margin = row["margin"]
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin):
+        raise DataValidationError(where, "margin", f"expected a finite number, got {margin!r}")
+    return {"margin": float(margin)}
+
+
+def _preference(row: Any, where: str) -> Row:
     if is_standard(row, ("prompt", "chosen", "rejected")):
         if "prompt" not in row:
             chosen, rejected = _text(row, "chosen", where), _text(row, "rejected", where)

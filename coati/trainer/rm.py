@@ -21,7 +21,9 @@ class RewardModelTrainer(SLTrainer):
     The signature is ColossalChat's: `loss_fn=None` is `LogSigLoss(beta=beta)`. A `loss_fn` may return one
     loss per pair, or reduce them to their mean or sum: the reduction is measured once (`measure_reduction`)
     and undone, so gradients and logged losses are per pair either way; any other reduction is refused by
-    name. Keyword arguments beyond these go to `SLTrainer`
+    name. A batch with TRL's `margin` column trains on -log sigmoid(r_c - r_r - margin) (the loss of chosen - margin);
+    `center_rewards_coefficient` adds TRL's (Eisenstein et al. 2023) coef * (r_c + r_r)^2 per pair, which keeps
+    rewards centred on zero. Keyword arguments beyond these go to `SLTrainer`
     (`log_interval`, `output_dir`, `grad_clip`, `max_steps`, `callbacks`, ...)."""
 
     def __init__(
@@ -40,12 +42,13 @@ class RewardModelTrainer(SLTrainer):
         save_interval: int = 0,
         save_dir: Optional[str] = None,
         coordinator: Optional[Any] = None,
+        center_rewards_coefficient: float = 0.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(booster, max_epochs, model, optimizer, plugin, start_epoch, lr_scheduler=lr_scheduler,
                          accumulation_steps=accumulation_steps, save_interval=save_interval, save_dir=save_dir,
                          coordinator=coordinator, **kwargs)
-        self.tokenizer, self.beta = tokenizer, beta
+        self.tokenizer, self.beta, self.center_rewards_coefficient = tokenizer, beta, center_rewards_coefficient
         self.loss_fn = loss_fn or LogSigLoss(beta=beta, reduction="none")
         self._reduction: Optional[str] = None
 
@@ -58,7 +61,10 @@ class RewardModelTrainer(SLTrainer):
         pairs = batch_rows(batch)
         rewards = pair_rewards(self.model, batch)
         chosen, rejected = rewards[:pairs], rewards[pairs:]
-        loss = self._summed_loss(chosen, rejected)
+        margin = batch.get("margin")       # TRL's: the pair's loss is that of chosen - margin against rejected
+        loss = self._summed_loss(chosen if margin is None else chosen - margin.to(chosen), rejected)
+        if self.center_rewards_coefficient:
+            loss = loss + self.center_rewards_coefficient * ((chosen + rejected) ** 2).sum()
         margin = (chosen - rejected).detach()
         metrics = {
             "loss": (loss.item(), pairs),

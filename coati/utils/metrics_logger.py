@@ -158,8 +158,8 @@ class MetricsLogger:
         self._tb = self._jsonl = self._wandb_run = None
 
 
-CONSOLE_TRAIN = (("loss", ("train/loss",)), ("reward", ("train/reward",)), ("kl", ("train/kl",)),
-                 ("lr", ("train/learning_rate", "train/lr")))
+CONSOLE_TRAIN = (("loss", ("train/loss",)), ("accuracy", ("train/accuracy", "train/rewards/accuracies")),
+                 ("reward", ("train/reward",)), ("kl", ("train/kl",)), ("lr", ("train/learning_rate", "train/lr")))
 """What the console line shows of the training metrics, by label: the first of the names logged."""
 CONSOLE_EVAL = 4
 """Held-out metrics shown on the console line at most (the first, by name)."""

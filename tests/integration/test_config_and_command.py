@@ -352,6 +352,9 @@ def test_the_console_line_shows_a_log_steps_numbers_as_trl_users_read_them():
                                                    "lr 1.00e-04 | eval/loss 1.25 | eval/rewards/math_answer 0.625 | "
                                                    "2.1 s/step | ETA 0:10:04")
     assert console_line({"train/loss": 1.0, "train/lr": 3e-5}, 4) == "step 4 | loss 1 | lr 3.00e-05"
+    assert console_line({"train/loss": 0.5, "train/accuracy": 0.75, "train/lr": 3e-5}, 4) == (   # a reward model's
+        "step 4 | loss 0.5 | accuracy 0.75 | lr 3.00e-05")
+    assert console_line({"train/loss": 0.5, "train/rewards/accuracies": 0.5}, 4) == "step 4 | loss 0.5 | accuracy 0.5"
     assert console_line({"train/epoch": 1.0}, 4) == ""
 
 

@@ -72,6 +72,43 @@ def test_trainer_metrics_match_separate_forwards(world_of_one, tiny_assets, rm_b
     assert torch.allclose(again, chosen, atol=1e-5)
 
 
+def test_trls_margin_column_and_reward_centring_give_trls_loss(world_of_one, tiny_assets, tmp_path):
+    """A preference row's TRL `margin` survives preparation and collation, and the pair's loss is TRL's
+    -log sigmoid(r_c - r_r - margin), plus center_rewards_coefficient * (r_c + r_r)^2."""
+    from coati.dataset.demo_data import write_jsonl
+    from coati.dataset.prepare import prepare_preference
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
+    records = [{**r, "margin": m} for r, m in zip(preference_records(generate_problems(4, "eval")), (0.0, 1.5, 3.0, -1))]
+    prepare_preference([write_jsonl(records, tmp_path / "margins.jsonl")], tokenizer, 128, tmp_path / "prepared")
+    rows = list(load_prepared([tmp_path / "prepared"], "preference"))
+    batch = PreferenceCollator(tokenizer.pad_token_id)(rows)
+    assert batch["margin"].tolist() == [0.0, 1.5, 3.0, -1.0]
+    model = load_reward_model(str(tiny_assets["model"]), tokenizer.pad_token_id).eval()
+    with torch.no_grad():
+        chosen = sequence_rewards(model, batch["chosen_input_ids"], batch["chosen_attention_mask"])
+        rejected = sequence_rewards(model, batch["rejected_input_ids"], batch["rejected_attention_mask"])
+    plugin = TorchDDPPlugin()
+    booster = Booster(plugin=plugin)
+    boosted, optimizer, *_ = booster.boost(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    trainer = RewardModelTrainer(boosted, booster, optimizer, plugin, tokenizer=tokenizer,   # `coati rm`'s loss
+                                 loss_fn=LogSigLoss(reduction="none"), center_rewards_coefficient=0.01)
+    boosted.eval()
+    with torch.no_grad():
+        loss = trainer._compute_batch(batch).loss.item()
+    expected = (-torch.nn.functional.logsigmoid(chosen - rejected - batch["margin"]) + 0.01 * (chosen + rejected) ** 2)
+    assert loss == pytest.approx(expected.sum().item(), rel=1e-5)
+
+
+def test_a_margin_that_is_not_a_number_is_one_line_naming_the_row():
+    from coati.dataset.validation import DataValidationError, validate_preference
+
+    assert validate_preference({"chosen": "a b", "rejected": "a c", "margin": 2}, "f:1")["margin"] == 2.0
+    assert "margin" not in validate_preference({"chosen": "a b", "rejected": "a c"}, "f:1")
+    with pytest.raises(DataValidationError, match=r"f:3: field 'margin': expected a finite number, got 'big'"):
+        validate_preference({"chosen": "a b", "rejected": "a c", "margin": "big"}, "f:3")
+
+
 def test_reward_is_read_at_the_last_non_pad_token_under_right_and_left_padding(tiny_assets, rm_batch):
     tokenizer, batch = rm_batch
     model = load_reward_model(str(tiny_assets["model"]), tokenizer.pad_token_id).eval()
