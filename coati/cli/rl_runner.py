@@ -127,7 +127,8 @@ def _run(args: argparse.Namespace, build: Callable[..., OLTrainer]) -> Optional[
         (Path(args.output_dir) / "alarms.json").write_text(json.dumps(monitor.fired, indent=2))
     coordinator.print_on_master(f"alarms: {'; '.join(monitor.fired.values()) or 'none'}")
     if monitor.stopped_by:
-        where = f"resume it from {args.save_dir} with --checkpoint_path latest" if args.save_dir else "no --save_dir"
+        where = (f"resume it from {args.save_dir} with --checkpoint_path latest" if args.save_dir else
+                 "it kept no checkpoint to resume from (no --save_dir)")
         fail(f"error: stopped by alarm {monitor.stopped_by} (--stop_on_alarm); {where}", ALARM_EXIT_CODE)
     export_model(args, setup, actor, saved_tokenizer, coordinator)
     return trainer

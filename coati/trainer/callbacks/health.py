@@ -79,9 +79,12 @@ def _ratio_drift(metric: str, history: List[float], limits: AlarmThresholds) -> 
 
 
 def _grad_spike(metric: str, history: List[float], limits: AlarmThresholds) -> Optional[Tuple[float, str]]:
-    if len(history) < 5:
+    """A norm `grad_spike` times the median of the norms before it, once 4 nonzero ones are known: a GRPO step whose
+    groups all tied has no gradient (norm 0), which says nothing of its scale."""
+    before = [norm for norm in history[:-1] if norm > 0]
+    if len(before) < 4:
         return None
-    bound = limits.grad_spike * statistics.median(history[:-1])
+    bound = limits.grad_spike * statistics.median(before)
     return (history[-1], f"> {bound:.4g} ({limits.grad_spike:g} x the median before)") if history[-1] > bound else None
 
 

@@ -115,6 +115,19 @@ def test_an_alarm_named_in_stop_on_stops_training_and_others_only_warn():
     assert "--stop_on_alarm" in monitor.fired["grad_spike"] and "--stop_on_alarm" not in monitor.fired["entropy_collapse"]
 
 
+def test_steps_without_a_gradient_do_not_make_the_first_real_one_a_spike():
+    """GRPO's first steps, every group tied, have grad norm 0 (as the README's quickstart has): the median of the
+    nonzero norms before is the scale, so the first norm after them is no spike, and a real one still is."""
+    from coati.trainer.callbacks.health import TRAIN_ALARMS
+
+    _, check, _ = TRAIN_ALARMS["grad_spike"]
+    limits = AlarmThresholds()
+    assert check("train/grad_norm", [0.0] * 9 + [0.17], limits) is None
+    assert check("train/grad_norm", [0.0, 0.0, 0.1, 0.12, 0.0, 0.11, 0.09, 0.13], limits) is None
+    fired = check("train/grad_norm", [0.0, 0.0, 0.1, 0.12, 0.0, 0.11, 0.09, 5.0], limits)
+    assert fired is not None and fired[0] == 5.0
+
+
 def test_patience_and_thresholds_are_the_user_s():
     rows = trace("grpo")
     for row in late_train_rows(rows, 2):   # two bad logs: fewer than the default patience of 3
