@@ -73,6 +73,8 @@ class ModelSettings:
     grad_checkpoint: bool = setting(False, aliases=("--gradient_checkpointing",), help="recompute activations in backward to save memory")
     use_flash_attn: bool = setting(False, help="FlashAttention-2 where CUDA and flash-attn are there (else a warning "
                                                "and PyTorch SDPA)")
+    disable_dropout: bool = setting(False, help="every dropout layer of the trained models (the policy, a reward "
+                                                "model, PPO's critic, LoRA's) off, as TRL's disable_dropout")
 
 
 @dataclass(frozen=True)
@@ -239,7 +241,8 @@ class CheckpointSettings:
 class LogSettings:
     """Where metrics go and how often."""
 
-    log_dir: Optional[str] = setting(None, help="TensorBoard events and metrics.jsonl (default: --output_dir/logs)")
+    log_dir: Optional[str] = setting(None, aliases=("--logging_dir",),
+                                     help="TensorBoard events and metrics.jsonl (default: --output_dir/logs)")
     report_to: Tuple[str, ...] = setting(("tensorboard",), nargs="+", choices=REPORT_TO,
                                          help="tensorboard: TensorBoard events and metrics.jsonl under --log_dir; "
                                               "wandb: also Weights & Biases (as --use_wandb); none: neither")
@@ -261,6 +264,8 @@ class PluginConfig:
     mixed_precision: str = setting("bf16", choices=("fp16", "bf16", "fp32"),
                                    help="compute precision with fp32 master weights; ddp takes fp32 or bf16 (autocast); "
                                         "a machine without CUDA trains in fp32")
+    tf32: bool = setting(False, help="let CUDA's fp32 matrix products and convolutions use TF32 (Ampere and newer; "
+                                     "HF's tf32)")
     grad_clip: float = setting(1.0, parse=non_negative(), aliases=("--max_grad_norm",),
                                help="clip gradients to this global L2 norm; 0 disables (ZeRO, Gemini and 3d clip inside "
                                     "their optimizer)")

@@ -32,6 +32,11 @@ REFUSED_KEYS = {
     "env": "set environment variables in the shell that runs coati; a config file holds settings only",
     "system_prompt": "put the system turn in the data: a `prompt` (or `messages`) list that opens with a system message",
     "dataset_prompt_column": "name the data's prompt column `prompt` (TRL's standard) or give `messages`",
+    "data_seed": "seed orders the data too (one seed for every random stream); give seed",
+    "load_best_model_at_end": "coati exports the last model to OUTPUT_DIR/model; GRPO and PPO also keep the best one "
+                              "in OUTPUT_DIR/best with --save_best METRIC",
+    "metric_for_best_model": "GRPO and PPO keep the model best on a held-out metric with --save_best METRIC (higher "
+                             "is better); a supervised run exports its last model",
 }
 """Keys of TRL recipes that coati does not take -> what to do instead."""
 IGNORED_KEYS = {
@@ -384,6 +389,8 @@ def check_flags_known(parser: argparse.ArgumentParser, argv: Sequence[str]) -> N
     for arg in argv:
         flag = arg.partition("=")[0]
         if arg.startswith("--") and len(arg) > 2 and flag not in parser._option_string_actions:
+            if flag[2:] in REFUSED_KEYS:
+                raise CoatiUsageError(f"{flag} is not taken: {REFUSED_KEYS[flag[2:]]}")
             launch = " (a launcher flag: give it to the `coati` command, or to torchrun)" if flag[2:] in LAUNCH_KEYS \
                 else ""
             raise CoatiUsageError(f"unknown flag {flag}{launch or nearest(flag, known)}")

@@ -18,6 +18,7 @@ from coati.experience.controllers import TemperatureController
 from coati.experience.experience import GRPOExperienceMaker, PPOExperienceMaker
 from coati.config import OnPolicyConfig
 from coati.models.critic import load_critic
+from coati.models.utils import disable_dropout
 from coati.models.generation import HFEngine
 from coati.models.packing import enable_packed_attention
 from coati.distributed.launch import seed_each_rank
@@ -172,6 +173,8 @@ def _build_ppo(args, setup, tokenizer, actor, optimizer, scheduler, engine, refe
     if args.grad_checkpoint:
         critic.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     freeze_vision_layers(critic, args)
+    if args.disable_dropout:
+        disable_dropout(critic)
     critic_optim = build_optimizer(critic, args, lr=args.critic_lr or args.lr)
     critic_scheduler = build_scheduler(critic_optim, args, _total_steps(args))
     critic_setup = build_booster(args._run_config.parallel)

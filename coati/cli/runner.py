@@ -29,6 +29,7 @@ from coati.distributed.memory import check_run_memory
 from coati.distributed.plugins import BoostSetup, build_booster, check_first_forward, check_plugin_available
 from coati.models.lora import enable_lora, export_adapter_and_merge
 from coati.models.packing import enable_packed_attention
+from coati.models.utils import disable_dropout
 from coati.models.reference import load_reference_model, with_reference_logps
 from coati.models.reward_model import load_reward_model
 from coati.models.prm import load_prm
@@ -117,8 +118,8 @@ def build_optimizer(model: torch.nn.Module, args: argparse.Namespace, lr: Option
 
 
 def prepare_model(model: torch.nn.Module, args: argparse.Namespace, setup: BoostSetup) -> torch.nn.Module:
-    """Packed attention, gradient checkpointing, a vision-language model's frozen parts and LoRA adapters (on its
-    language model only) as the flags say, before the model is boosted."""
+    """Packed attention, gradient checkpointing, a vision-language model's frozen parts, LoRA adapters (on its
+    language model only) and dropout off as the flags say, before the model is boosted."""
     if settings_from(args, PackingSettings).packing:
         enable_packed_attention(model)
     if args.grad_checkpoint:
@@ -130,6 +131,8 @@ def prepare_model(model: torch.nn.Module, args: argparse.Namespace, setup: Boost
             targets = language_model_lora_targets(model, targets)
         model = enable_lora(setup.booster, setup.plugin, args.plugin, model, args.lora_rank, args.lora_alpha,
                             args.lora_dropout, targets, args.lora_bias, args.lora_init)
+    if args.disable_dropout:
+        disable_dropout(model)
     return model
 
 

@@ -35,6 +35,8 @@ TRL_SAVE_STEPS = 500
 """TRL's `save_steps` default, what `save_strategy: steps` saves at when `save_steps` is not given."""
 CHECKPOINTS_FOLDER = "checkpoints"
 """Where TRL's save names put checkpoints without --save_dir: OUTPUT_DIR/checkpoints."""
+HELD_OUT = ("eval_dataset", "eval_split", "dataset_test_split")
+"""The settings that give a run held-out data."""
 TRL_SAVE_NAMES = ("save_steps", "save_strategy")
 """TRL's names that ask for checkpoints (in OUTPUT_DIR/checkpoints unless --save_dir says)."""
 STEP_COUNTS = {"max_steps": "num_episodes", "logging_steps": "log_interval", "save_steps": "save_interval",
@@ -284,6 +286,9 @@ class _Conversion:
             for dest, off in (("eval_dataset", None), ("eval_split", 0.0), ("dataset_test_split", None),
                               ("eval_interval", 0)):
                 self.set(dest, off, "eval_strategy")
+        elif evaluation and not any(getattr(args, name, None) for name in HELD_OUT):
+            raise CoatiUsageError(f"--eval_strategy {evaluation} evaluates held-out data, and none is given: give "
+                                  "eval_dataset, eval_split (a fraction of the training rows) or dataset_test_split")
         elif evaluation == "steps" and "eval_steps" not in trl:
             self.set("eval_interval", args.log_interval, "eval_strategy")
         elif evaluation == "epoch" and script in ON_POLICY:

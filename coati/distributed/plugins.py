@@ -171,9 +171,19 @@ def build_booster(config: PluginConfig) -> BoostSetup:
 
     check_plugin_available(config.plugin)
     _check_config(config)
+    allow_tf32(config.tf32)
     precision = resolve_precision(config.mixed_precision)
     plugin = _FACTORIES[config.plugin](config, precision)
     return BoostSetup(plugin, Booster(plugin=plugin), precision, trainer_clips_gradients(plugin), config.grad_clip)
+
+
+def allow_tf32(allowed: bool) -> None:
+    """`--tf32`: CUDA's fp32 matrix products and convolutions in TF32; without it, torch's own setting stays."""
+    if allowed:
+        import torch
+
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
 
 
 def trainer_clips_gradients(plugin: Plugin) -> bool:

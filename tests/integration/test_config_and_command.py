@@ -79,6 +79,9 @@ SFT = ["--pretrain", "m", "--dataset", "d"]
     ("adam_epsilon", 1e-6, "adam_epsilon", 1e-6),
     ("lr_scheduler_kwargs", {"num_cycles": 1.5}, "lr_scheduler_option", [("num_cycles", 1.5)]),
     ("padding_free", True, "packing", True),
+    ("logging_dir", "tb", "log_dir", "tb"),
+    ("disable_dropout", True, "disable_dropout", True),
+    ("tf32", True, "tf32", True),
     ("truncation_mode", "keep_start", "max_length", 0),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_a_trl_name_in_a_supervised_config_sets_coatis_setting_with_trls_meaning(trl, value, setting, expected,
@@ -90,12 +93,12 @@ def test_a_trl_name_in_a_supervised_config_sets_coatis_setting_with_trls_meaning
 
 
 @pytest.mark.parametrize("config, expected", [
-    ({"eval_strategy": "steps", "logging_steps": 5}, {"eval_interval": 5}),
-    ({"eval_strategy": "steps", "eval_steps": 7, "logging_steps": 5}, {"eval_interval": 7}),
+    ({"eval_strategy": "steps", "logging_steps": 5, "eval_split": 0.1}, {"eval_interval": 5}),
+    ({"eval_strategy": "steps", "eval_steps": 7, "logging_steps": 5, "eval_split": 0.1}, {"eval_interval": 7}),
     ({"eval_strategy": "no", "eval_split": 0.1, "eval_steps": 7}, {"eval_split": 0.0, "eval_interval": 0,
                                                                    "eval_dataset": None}),
-    ({"eval_strategy": "epoch"}, {"eval_interval": 0}),
-    ({"evaluation_strategy": "steps", "eval_steps": 7}, {"eval_interval": 7}),   # its name before transformers 4.46
+    ({"eval_strategy": "epoch", "eval_dataset": ["e"]}, {"eval_interval": 0}),
+    ({"evaluation_strategy": "steps", "eval_steps": 7, "eval_split": 0.1}, {"eval_interval": 7}),   # its name before transformers 4.46
     ({"save_strategy": "steps", "output_dir": "o"}, {"save_interval": 500, "save_dir": "o/checkpoints"}),
     ({"save_steps": 20, "output_dir": "o"}, {"save_interval": 20, "save_dir": "o/checkpoints"}),
     ({"save_strategy": "epoch", "output_dir": "o", "save_dir": "ckpt"}, {"save_freq_epochs": 1, "save_dir": "ckpt"}),
@@ -135,6 +138,9 @@ def test_orpos_beta_is_its_lambda_and_dpos_prompt_cut_is_refused_saying_what_coa
     assert _parse("orpo", SFT, monkeypatch, {"beta": 0.2}, tmp_path).lam == 0.2
     refused = _refused("dpo", SFT, monkeypatch, capsys, {"max_prompt_length": 64}, tmp_path)
     assert "max_prompt_length is not taken: coati keeps each prompt whole and cuts a row to --max_length" in refused
+    refused = _refused("sft", SFT, monkeypatch, capsys, {"eval_strategy": "steps"}, tmp_path)   # TRL refuses it too
+    assert refused.startswith("error: --eval_strategy steps evaluates held-out data, and none is given: give "
+                              "eval_dataset, eval_split")
     refused = _refused("dpo", SFT, monkeypatch, capsys, {"truncation_mode": "keep_end"}, tmp_path)
     assert refused.startswith("error: --truncation_mode keep_end is not taken: coati keeps each prompt whole")
 
@@ -167,13 +173,13 @@ def test_use_peft_trains_lora_at_trls_rank_unless_lora_r_says(monkeypatch, tmp_p
     ({"report_to": ["wandb", "tensorboard"], "output_dir": "o"}, {"use_wandb": True, "log_dir": "o/logs"}),
     ({"report_to": "none", "output_dir": "o"}, {"use_wandb": False, "log_dir": None}),
     ({"output_dir": "o"}, {"log_dir": "o/logs"}),
-    ({"eval_strategy": "epoch"}, {"eval_freq_epochs": 1}),
+    ({"eval_strategy": "epoch", "eval_dataset": ["e"]}, {"eval_freq_epochs": 1}),
     ({"max_steps": -1, "num_episodes": 7}, {"num_episodes": 7}),
     ({"num_train_epochs": 2, "max_steps": -1}, {"num_epochs": 2.0}),           # open-r1's: the epochs decide
     ({"num_train_epochs": 2, "max_steps": 6}, {"num_epochs": 0.0, "num_episodes": 6}),   # TRL: max_steps wins
     ({"log_completions": True, "logging_steps": 3}, {"sample_log_interval": 3}),
     ({"log_completions": False}, {"sample_log_interval": 0}),
-    ({"eval_strategy": "steps", "logging_steps": 3}, {"eval_interval": 3}),
+    ({"eval_strategy": "steps", "logging_steps": 3, "eval_dataset": ["e"]}, {"eval_interval": 3}),
     ({"save_strategy": "steps", "output_dir": "o"}, {"save_interval": 500, "save_dir": "o/checkpoints"}),
     ({"num_iterations": 2}, {"num_update_steps": 2}),
     ({"importance_sampling_level": "sequence"}, {"policy_loss": "gspo"}),
@@ -251,6 +257,8 @@ def test_flags_override_the_file_and_launcher_keys_are_the_coati_commands(monkey
     ({"env": {"A": "1"}}, r"key 'env' is not taken: set environment variables in the shell"),
     ({"system_prompt": "Be brief."}, r"key 'system_prompt' is not taken: put the system turn in the data"),
     ({"dataset_prompt_column": "problem"}, r"key 'dataset_prompt_column' is not taken: name the data's prompt column"),
+    ({"load_best_model_at_end": True}, r"key 'load_best_model_at_end' is not taken: coati exports the last model"),
+    ({"data_seed": 3}, r"key 'data_seed' is not taken: seed orders the data too"),
     ({"gradient_checkpointing": "yes"}, r"gradient_checkpointing: expected true or false, got 'yes'"),
     ({"learning_rate": [1, 2]}, r"learning_rate: expected one value, got a list of 2"),
     ({"learnin_rate": 1e-3, "seed": 1, "envv": 1, "env": {"A": "1"}},   # every key not taken, in one line
@@ -638,3 +646,25 @@ def test_a_launched_runs_failure_ends_with_the_failing_processs_line_and_status(
     assert failure_line(failed(1, 2, "error: only rank 1 saw this")) == "error: only rank 1 saw this"
     assert failure_line(failed(1, 1, "RuntimeError: boom")) == ""                 # its traceback is on the screen
     assert exit_status(failed(1, 2, "error: x")) == 2
+
+
+def test_disable_dropout_and_tf32_reach_the_model_and_torch(monkeypatch, tiny_assets):
+    import torch
+
+    from coati.cli.runner import prepare_model
+    from coati.distributed.plugins import allow_tf32
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    args = _parse("sft", ["--pretrain", str(tiny_assets["model"]), "--dataset", "d", "--disable_dropout"], monkeypatch)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny_assets["model"]))
+    model.model.dropout = torch.nn.Dropout(0.3)          # a dropout layer, as many models have
+    assert prepare_model(model, args, None).model.dropout.p == 0.0
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        allow_tf32(False)
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before   # torch's own
+        allow_tf32(True)
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
