@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from coati.utils.cadence import LogCadence
 from coati.utils.errors import CoatiUsageError
 from coati.utils.metrics_logger import DEFAULT_WANDB_TABLE_ROWS
-from coati.utils.ranges import at_least, in_range, non_negative, positive, readable_file
+from coati.utils.ranges import at_least, in_range, non_negative, positive, readable_file, whole_or_fraction
 from coati.utils.registry import (ADVANTAGE_ESTIMATORS, AGENTS, AGGREGATIONS, BEHAVIOUR_CORRECTIONS, DISTILL_LOSSES,
                                   KL_ESTIMATORS, OBJECTIVES, POLICY_LOSSES, REWARD_SHAPERS, TOOL_CALL_PARSERS, TOOLS,
                                   option)
@@ -161,8 +161,9 @@ class PackingSettings:
 class EpochSettings:
     """How long a supervised run lasts."""
 
-    max_epochs: int = setting(1, parse=at_least(1), aliases=("--num_train_epochs",),
-                              help="passes over the training data (unless --max_steps is set)")
+    max_epochs: float = setting(1, parse=whole_or_fraction(), aliases=("--num_train_epochs",),
+                                help="passes over the training data (unless --max_steps is set); a fraction, TRL's "
+                                     "1.5, ends the run that far into the last pass")
     max_steps: int = setting(0, parse=at_least(-1), help="train this many optimizer steps, passing over the data as "
                                                         "often as that takes; over --max_epochs, as in TRL (0, or "
                                                         "TRL's -1: --max_epochs decides)")

@@ -218,19 +218,26 @@ def ordering_sampler(loader: DataLoader) -> Any:
     return batch_sampler if hasattr(batch_sampler, "set_epoch") else getattr(loader, "sampler", None)
 
 
+def fraction_steps(max_epochs: float, steps_per_epoch: int) -> int:
+    """The optimizer steps of TRL's fractional `num_train_epochs` (1.5: a pass and a half), rounded up as Hugging
+    Face's Trainer rounds them; 0 for a whole number of epochs."""
+    return 0 if float(max_epochs).is_integer() else math.ceil(max_epochs * steps_per_epoch)
+
+
 def run_steps(loader: DataLoader, accumulation_steps: int, max_epochs: int, max_steps: int,
               position: Tuple[int, int, int] = (0, 0, 0)) -> int:
     """Optimizer steps of a supervised run in all: `max_steps`, else the steps done before the resume `position`
     (epoch, step, samples of that epoch each rank consumed) and those the data left takes at this loader's size. On the
     processes that saved it this is the epochs' steps; on another number of them, the schedule still ends with the
     data."""
+    per_epoch = math.ceil(len(loader) / accumulation_steps)
+    max_steps = max_steps or fraction_steps(max_epochs, per_epoch)
     if max_steps:
         return max_steps
     epoch, done, consumed = position
     if epoch >= max_epochs:
         return done
     sampler = ordering_sampler(loader)
-    per_epoch = math.ceil(len(loader) / accumulation_steps)
     if hasattr(sampler, "set_start_index"):
         sampler.set_start_index(consumed)
         left_in_epoch = math.ceil(len(loader) / accumulation_steps)
@@ -347,6 +354,7 @@ class SLTrainer(_TrainerCore, ABC):
     def _before_fit(self, train_dataloader, eval_dataloader, log_dir, use_wandb, metrics_logger) -> None:
         self.train_dataloader, self.eval_dataloader = train_dataloader, eval_dataloader
         self._steps_per_epoch = math.ceil(len(train_dataloader) / self.accumulation_steps)
+        self.max_steps = self.max_steps or fraction_steps(self.max_epochs, self._steps_per_epoch)
         if self.max_steps:
             self.max_epochs = math.ceil(self.max_steps / self._steps_per_epoch)
         self._total_steps = run_steps(train_dataloader, self.accumulation_steps, self.max_epochs, self.max_steps,

@@ -50,6 +50,18 @@ def positive() -> Callable[[str], float]:
     return in_range(0, low_open=True)
 
 
+def whole_or_fraction() -> Callable[[str], float]:
+    """A number > 0, an int where it is whole (3 epochs stay 3; TRL's 0.5 is half a pass)."""
+    parse = positive()
+
+    def number(text: str) -> float:
+        value = parse(text)
+        return int(value) if value.is_integer() else value
+
+    number.__name__, number.wanted = parse.__name__, parse.wanted
+    return number
+
+
 def non_negative() -> Callable[[str], float]:
     """A number >= 0."""
     return in_range(0)

@@ -44,6 +44,7 @@ SFT = ["--pretrain", "m", "--dataset", "d"]
     ("learning_rate", 3e-6, "lr", 3e-6),
     ("gradient_accumulation_steps", 4, "accumulation_steps", 4),
     ("num_train_epochs", 3, "max_epochs", 3),
+    ("num_train_epochs", 0.5, "max_epochs", 0.5),
     ("max_steps", 7, "max_steps", 7),
     ("lr_scheduler_type", "linear", "lr_scheduler", "linear"),
     ("warmup_ratio", 0.1, "warmup_ratio", 0.1),

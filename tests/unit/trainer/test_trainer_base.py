@@ -105,6 +105,15 @@ def test_max_steps_past_the_epochs_passes_over_the_data_again_as_in_trl(world_of
     assert '"sample_start_index": 4' in (tmp_path / "epoch-1_step-8" / "running_states.json").read_text()
 
 
+def test_trls_fraction_of_an_epoch_ends_the_run_that_far_into_the_last_pass(world_of_one, tmp_path):
+    rows, _, _ = regression_rows(12)               # 6 micro-batches of 2 per epoch: 1.5 epochs are 9 steps
+    trainer, loader, _ = linear_trainer(rows, batch_size=2, accumulation_steps=1, lr=0.1, save_dir=str(tmp_path))
+    trainer.max_epochs = 1.5
+    trainer.fit(loader)
+    assert trainer.step == 9 and trainer.epochs_done == pytest.approx(1.5)
+    assert [p.name for p in sorted(tmp_path.iterdir())] == ["epoch-1_step-9"]
+
+
 def test_a_supervised_config_sets_the_length_steps_and_checkpoints_that_keywords_cannot(world_of_one, tmp_path):
     """`config=SupervisedConfig(...)` (what the scripts pass) replaces the keywords: two epochs of two accumulated
     steps, and a checkpoint as each epoch ends (`save_freq_epochs`, which no keyword sets)."""
@@ -150,3 +159,4 @@ def test_a_run_resumed_on_another_number_of_processes_counts_its_steps_done_and_
     assert run_steps(loader, 1, 3, 0, (3, 225, 0)) == 225                # finished: nothing left
     assert run_steps(loader, 2, 3, 0, (1, 50, 100)) == 50 + 50 + 75      # accumulation: 2 micro-batches a step
     assert run_steps(loader, 1, 3, 7, (1, 100, 100)) == 7                # --max_steps decides
+    assert run_steps(loader, 1, 1.5, 0) == 225 and run_steps(loader, 4, 0.1, 0) == 4    # TRL's fractions, rounded up
