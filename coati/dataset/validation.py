@@ -76,7 +76,7 @@ def _require(row: Any, field: str, where: str) -> Any:
     if not isinstance(row, dict):
         raise DataValidationError(where, "<row>", "expected a JSON object")
     if field not in row:
-        raise DataValidationError(where, field, "missing")
+        raise DataValidationError(where, field, f"missing (the row's columns: {', '.join(map(str, row)) or 'none'})")
     return row[field]
 
 
@@ -252,6 +252,8 @@ def _preference(row: Any, where: str) -> Row:
     if is_standard(row, ("prompt", "chosen", "rejected")):
         if "prompt" not in row:
             chosen, rejected = _text(row, "chosen", where), _text(row, "rejected", where)
+            if chosen == rejected:
+                raise DataValidationError(where, "chosen", "the same text as rejected: a pair needs two responses")
             end = shared_prefix(chosen, rejected)
             row = {"prompt": chosen[:end], "chosen": chosen[end:], "rejected": rejected[end:]}
         return {"prompt_text": _text(row, "prompt", where, empty_ok=True), "chosen_text": _text(row, "chosen", where),
@@ -269,11 +271,20 @@ def _implicit_conversation(row: Row, where: str) -> Row:
     end = shared_prefix(chosen, rejected)
     while end and chosen[end - 1]["role"] != "user":
         end -= 1
+    others = sorted(set(row) - {"chosen", "rejected", "margin", "images"})
+    unread = f"; the row's other columns ({', '.join(others)}) are not read as its prompt" if others else ""
     if not end:
-        raise DataValidationError(where, "chosen", "an implicit prompt needs chosen and rejected to start with the same "
-                                                   "turns, up to a user turn")
+        raise DataValidationError(where, "chosen", "no `prompt` (or `context`) column, so the prompt is the turns chosen "
+                                                   "and rejected start with (TRL's implicit prompt), and they share none "
+                                                   f"up to a user turn{unread}")
     context = chosen[:end]
     check_turn_order(context, where, "chosen", last_role="user")
+    for side, turns in (("chosen", chosen), ("rejected", rejected)):
+        if any(t["role"] != "assistant" for t in turns[end:]):
+            raise DataValidationError(where, side, f"chosen and rejected differ from turn {end + 1} on, and the "
+                                                   "response after their shared turns holds a user turn: a response is "
+                                                   "assistant turns only; give the conversations every turn but the "
+                                                   f"last reply in common, or a `prompt` column{unread}")
     return {"context": context, "chosen": _response({"chosen": chosen[end:]}, "chosen", where),
             "rejected": _response({"rejected": rejected[end:]}, "rejected", where)}
 

@@ -27,7 +27,7 @@ def _prepare(tiny_assets, data_type, inputs, out, *extra):
 
 BAD_ROWS = [
     ('{"messages": [', "field '<line>': invalid JSON (Expecting value at column 15)"),
-    ({"conversation": []}, "field 'messages': missing"),
+    ({"conversation": []}, "field 'messages': missing (the row's columns: conversation)"),
     ({"messages": [{"role": "assistant", "content": "hi"}]}, "field 'messages': wrong role order: turn 1 is assistant, expected user"),
     ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "  "}]},
      "field 'messages': assistant turn 2 is empty"),
@@ -223,3 +223,34 @@ def test_template_system_message_opens_conversations_without_one_and_prompt_answ
     assert texts == [tokenizer.apply_chat_template([{"role": "system", "content": "Answer with a number."}, ask],
                                                    tokenize=False, add_generation_prompt=True),
                      tokenizer.apply_chat_template([own, ask], tokenize=False, add_generation_prompt=True)]
+
+
+def _user(text):
+    return {"role": "user", "content": text}
+
+
+def _assistant(text):
+    return {"role": "assistant", "content": text}
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"question": [_user("q")], "chosen": [_assistant("x")], "rejected": [_assistant("y")]},
+     "field 'chosen': no `prompt` (or `context`) column, so the prompt is the turns chosen and rejected start with "
+     "(TRL's implicit prompt), and they share none up to a user turn; the row's other columns (question) are not read "
+     "as its prompt"),
+    ({"chosen": "same text", "rejected": "same text"}, "field 'chosen': the same text as rejected: a pair needs two "
+                                                       "responses"),
+    ({"chosen": [_user("q"), _assistant("a1"), _user("q2"), _assistant("a2")],
+      "rejected": [_user("q"), _assistant("b1"), _user("q2"), _assistant("b2")]},
+     "field 'chosen': chosen and rejected differ from turn 2 on, and the response after their shared turns holds a "
+     "user turn: a response is assistant turns only; give the conversations every turn but the last reply in common, "
+     "or a `prompt` column"),
+    ({"prompt": "p", "chosen_response": "x", "rejected": "y"},
+     "field 'chosen': missing (the row's columns: prompt, chosen_response, rejected)"),
+], ids=["prompt_named_otherwise", "identical", "differ_before_the_last_reply", "misnamed"])
+def test_a_preference_row_that_cannot_pair_says_why_in_the_data_s_terms(row, message):
+    from coati.dataset.validation import DataValidationError, validate_preference
+
+    with pytest.raises(DataValidationError) as refused:
+        validate_preference(row, "f.jsonl:1")
+    assert str(refused.value) == f"f.jsonl:1: {message}"
