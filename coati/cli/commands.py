@@ -9,7 +9,7 @@ import contextlib
 import contextvars
 import io
 import sys
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from coati.cli.arguments import run_config_from, run_config_parser
 from coati.cli.colossalchat import add_colossalchat_flags
@@ -125,17 +125,17 @@ def _check_plugin(plugin: str) -> None:
 
 
 @exit_cleanly
-def sft(argv: Optional[List[str]] = None) -> None:
+def sft(argv: Optional[List[str]] = None, callbacks: Sequence[Any] = ()) -> None:
     """Supervised fine-tuning on chat data."""
     args = _finish(_parser(sft, SFTRunConfig), argv)
     from coati.cli.runner import run_supervised   # the training stack loads once the flags are read
     from coati.trainer.sft import SFTTrainer
 
-    run_supervised(args, SFTTrainer, "sft")
+    run_supervised(args, SFTTrainer, "sft", callbacks=callbacks)
 
 
 @exit_cleanly
-def rm(argv: Optional[List[str]] = None) -> None:
+def rm(argv: Optional[List[str]] = None, callbacks: Sequence[Any] = ()) -> None:
     """Reward-model training on preference pairs (LogSigLoss)."""
     args = _finish(_parser(rm, RMRunConfig), argv)
     from coati.cli.runner import load_reward_model_from_args, run_supervised
@@ -145,11 +145,11 @@ def rm(argv: Optional[List[str]] = None) -> None:
     loss_fn = {"log_sig": LogSigLoss, "log_exp": LogExpLoss}[args.loss_fn]
     run_supervised(args, RewardModelTrainer, "preference", model_loader=load_reward_model_from_args,
                    trainer_kwargs={"loss_fn": loss_fn(reduction="none"),
-                                   "center_rewards_coefficient": args.center_rewards_coefficient})
+                                   "center_rewards_coefficient": args.center_rewards_coefficient}, callbacks=callbacks)
 
 
 @exit_cleanly
-def dpo(argv: Optional[List[str]] = None) -> None:
+def dpo(argv: Optional[List[str]] = None, callbacks: Sequence[Any] = ()) -> None:
     """Direct preference optimisation on preference pairs: DPO, IPO or SimPO (--loss_type)."""
     args = _finish(_parser(dpo, DPORunConfig), argv)
     from coati.cli.runner import reference_hook, run_supervised
@@ -157,7 +157,7 @@ def dpo(argv: Optional[List[str]] = None) -> None:
 
     loss = preference_loss(args._run_config.loss, args.disable_reference_model, args.length_normalization)
     run_supervised(args, DPOTrainer, "preference", trainer_kwargs={"loss_fn": loss},
-                   setup_hook=reference_hook if loss.needs_reference else None)
+                   setup_hook=reference_hook if loss.needs_reference else None, callbacks=callbacks)
 
 
 def preference_loss(settings: PreferenceLossSettings, reference_free: bool = False,
@@ -176,7 +176,7 @@ def preference_loss(settings: PreferenceLossSettings, reference_free: bool = Fal
 
 
 @exit_cleanly
-def kto(argv: Optional[List[str]] = None) -> None:
+def kto(argv: Optional[List[str]] = None, callbacks: Sequence[Any] = ()) -> None:
     """KTO on (prompt, completion, desirable-or-not) rows against a frozen reference."""
     args = _finish(_parser(kto, KTORunConfig), argv)
     from coati.cli.runner import reference_hook, run_supervised
@@ -191,46 +191,47 @@ def kto(argv: Optional[List[str]] = None) -> None:
             balance_kto_weights(loss, context.load_data(args.dataset)["desirable"])
         return reference_hook(context)
 
-    run_supervised(args, KTOTrainer, "kto", trainer_kwargs={"loss_fn": loss}, setup_hook=setup)
+    run_supervised(args, KTOTrainer, "kto", trainer_kwargs={"loss_fn": loss}, setup_hook=setup, callbacks=callbacks)
 
 
 @exit_cleanly
-def orpo(argv: Optional[List[str]] = None) -> None:
+def orpo(argv: Optional[List[str]] = None, callbacks: Sequence[Any] = ()) -> None:
     """ORPO on preference pairs: SFT on chosen plus an odds-ratio penalty, no reference model."""
     args = _finish(_parser(orpo, ORPORunConfig), argv)
     from coati.cli.runner import run_supervised
     from coati.models.loss import ORPOLoss
     from coati.trainer.dpo import ORPOTrainer
 
-    run_supervised(args, ORPOTrainer, "preference", trainer_kwargs={"loss_fn": ORPOLoss(args._run_config.loss.lam)})
+    run_supervised(args, ORPOTrainer, "preference", trainer_kwargs={"loss_fn": ORPOLoss(args._run_config.loss.lam)},
+                   callbacks=callbacks)
 
 
 @exit_cleanly
-def prm(argv: Optional[List[str]] = None) -> None:
+def prm(argv: Optional[List[str]] = None, callbacks: Sequence[Any] = ()) -> None:
     """Process reward model training on step-labelled solutions (prepare --type prm)."""
     args = _finish(_parser(prm, PRMRunConfig), argv)
     from coati.cli.runner import load_prm_from_args, run_supervised
     from coati.trainer.prm import PRMTrainer
 
-    run_supervised(args, PRMTrainer, "prm", model_loader=load_prm_from_args)
+    run_supervised(args, PRMTrainer, "prm", model_loader=load_prm_from_args, callbacks=callbacks)
 
 
 @exit_cleanly
-def ppo(argv: Optional[List[str]] = None) -> None:
+def ppo(argv: Optional[List[str]] = None, callbacks: Sequence[Any] = ()) -> None:
     """PPO with a trained reward model and/or verifiable reward functions on prompts."""
     args = _finish(_parser(ppo, PPORunConfig), argv)
     from coati.cli.rl_runner import run_ppo
 
-    run_ppo(args)
+    run_ppo(args, callbacks)
 
 
 @exit_cleanly
-def grpo(argv: Optional[List[str]] = None) -> None:
+def grpo(argv: Optional[List[str]] = None, callbacks: Sequence[Any] = ()) -> None:
     """GRPO with verifiable rewards on prompts (their ground-truth fields reach the reward)."""
     args = _finish(_parser(grpo, GRPORunConfig), argv)
     from coati.cli.rl_runner import run_grpo
 
-    run_grpo(args)
+    run_grpo(args, callbacks)
 
 
 COLOSSALCHAT_BINS = 10
@@ -323,16 +324,17 @@ def tiny_model(argv: Optional[List[str]] = None) -> None:
           f"{write_tiny_model(args.out, tokenizer_corpus(), args.size)}")
 
 
-def run(config: Any) -> None:
+def run(config: Any, callbacks: Sequence[Any] = ()) -> None:
     """Train as the run config `config` says (a tree of `coati.run_config` built in Python, e.g.
     `GRPORunConfig(model=ModelSettings(pretrain=...), ...)`): its settings go to its command as flags, so it is
-    checked, run and saved exactly as that command's flags would be."""
+    checked, run and saved exactly as that command's flags would be. `callbacks` (`coati.trainer.Callback`s of
+    yours) are fired by the trainer beside its own."""
     if type(config) not in RUN_CONFIGS.values():
         names = ", ".join(tree.__name__ for tree in RUN_CONFIGS.values())
         raise TypeError(f"coati.cli.commands.run takes a run config ({names}), not {type(config).__name__}")
     from coati.cli.config_file import tree_argv
 
-    TRAINING[config.command](tree_argv(command_parser(config.command), config))
+    TRAINING[config.command](tree_argv(command_parser(config.command), config), callbacks)
 
 
 TRAINING: Dict[str, Callable[[Optional[List[str]]], None]] = {

@@ -468,7 +468,10 @@ def _in_tree_order(config: Dict[str, Any], owners: Dict[str, str]) -> Dict[str, 
 
 
 def _plain(value: Any) -> Any:
-    """A parsed value as YAML holds it: NAME=VALUE pairs as a mapping, tuples as lists."""
+    """A parsed value as YAML holds it: NAME=VALUE pairs as a mapping, tuples as lists, a function (a reward function
+    of yours in a tree built in Python) by its `module:name`."""
+    if callable(value) and hasattr(value, "__qualname__"):
+        return f"{value.__module__}:{value.__qualname__}"
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, tuple) and len(v) == 2 for v in value):
         return {k: _plain(v) for k, v in value}
     if isinstance(value, (list, tuple)):

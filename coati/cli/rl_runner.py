@@ -9,7 +9,7 @@ import json
 import math
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from coati.dataset.collators import PromptRows
 from coati.dataset.prepare import load_prepared
@@ -28,6 +28,7 @@ from coati.utils.ckpt_io import save_hf_model
 from coati.utils.errors import fail, note_user
 from coati.utils.registry import OBJECTIVES
 
+from coati.trainer.callbacks import Callback
 from coati.trainer.callbacks.best import BestModelKeeper
 from coati.trainer.callbacks.tokenizer import TokenizerInCheckpoints
 from coati.trainer.callbacks.health import ALARM_EXIT_CODE
@@ -79,7 +80,8 @@ def _trainer_config(args: argparse.Namespace, setup: Any) -> OnPolicyConfig:
     return replace(args._run_config.algorithm, grad_clip=setup.grad_clip if setup.trainer_clips_grad else 0.0)
 
 
-def _run(args: argparse.Namespace, build: Callable[..., OLTrainer]) -> Optional[OLTrainer]:
+def _run(args: argparse.Namespace, build: Callable[..., OLTrainer], callbacks: Sequence[Callback] = ()
+         ) -> Optional[OLTrainer]:
     """Prompts, actor, reference and engine; `build(args, setup, ...)` makes the trainer; then resume,
     fit, the held-out results and the export (None: the run resumed is finished, `finished_run`)."""
     setup, coordinator, tokenizer = start_run(args, check_run)
@@ -107,7 +109,7 @@ def _run(args: argparse.Namespace, build: Callable[..., OLTrainer]) -> Optional[
     monitor = health_monitor(args)
     kwargs = dict(config=_trainer_config(args, setup), policy_loss=policy_loss(args), eval_dataloader=held_out,
                   coordinator=coordinator, ptx_dataloader=ptx_loader(args, setup, tokenizer),
-                  callbacks=[monitor, TokenizerInCheckpoints(saved_tokenizer, coordinator.is_master())])
+                  callbacks=[monitor, TokenizerInCheckpoints(saved_tokenizer, coordinator.is_master()), *callbacks])
     if args.rollout_backend == "vllm" and not getattr(args, "async_rollout", False):
         kwargs["rollout_pool"] = vllm_pool(args, tokenizer)
     if args.save_best:
@@ -158,11 +160,11 @@ def _build_grpo(args, setup, tokenizer, actor, optimizer, scheduler, engine, ref
                        kl_controller=kl_controller(args), **kwargs)
 
 
-def run_grpo(args: argparse.Namespace) -> Optional[GRPOTrainer]:
+def run_grpo(args: argparse.Namespace, callbacks: Sequence[Callback] = ()) -> Optional[GRPOTrainer]:
     """GRPO as the flags say (a reward source among them, `GRPORunConfig.check`): held-out reward before and after
     (with `--eval_dataset`), then the export."""
     check_on_policy_flags(args)
-    return _run(args, _build_grpo)
+    return _run(args, _build_grpo, callbacks)
 
 
 def _build_ppo(args, setup, tokenizer, actor, optimizer, scheduler, engine, reference, prompts, kwargs) -> PPOTrainer:
@@ -189,8 +191,8 @@ def _build_ppo(args, setup, tokenizer, actor, optimizer, scheduler, engine, refe
                                          args._run_config.critic))
 
 
-def run_ppo(args: argparse.Namespace) -> Optional[PPOTrainer]:
+def run_ppo(args: argparse.Namespace, callbacks: Sequence[Callback] = ()) -> Optional[PPOTrainer]:
     """PPO as the flags say: rewards from `--rm_pretrain` and/or `--reward_fn`, a critic from
     `--critic_pretrain` (default: the reward model), KL-penalised to the reference; then the export."""
     check_on_policy_flags(args)
-    return _run(args, _build_ppo)
+    return _run(args, _build_ppo, callbacks)

@@ -5,16 +5,25 @@ import yaml
 
 from coati.cli.commands import run
 from coati.config import CheckpointSettings, DataSettings, EpochSettings, ModelSettings, OptimSettings, PackingSettings
-from coati.run_config import SFTRunConfig
+from coati.run_config import GRPORunConfig, SFTRunConfig
+from coati.trainer import Callback
+
+
+class LoggedSteps(Callback, list):
+    """The steps of every `on_log`."""
+
+    def on_log(self, step, metrics):
+        self.append(step)
 
 
 def test_an_sft_run_built_in_python_trains_and_saves_its_tree(tiny_assets, tmp_path, world_of_one):
     out = tmp_path / "out"
+    logged = LoggedSteps()
     run(SFTRunConfig(model=ModelSettings(pretrain=str(tiny_assets["model"])),
                      data=DataSettings(dataset=(str(tiny_assets["sft_train"]),)),
                      optim=OptimSettings(lr=1e-3, batch_size=8), epochs=EpochSettings(max_steps=2),
-                     checkpoint=CheckpointSettings(output_dir=str(out))))
-    assert (out / "model" / "config.json").is_file()
+                     checkpoint=CheckpointSettings(output_dir=str(out))), callbacks=[logged])
+    assert (out / "model" / "config.json").is_file() and logged == [2]      # yours beside the trainer's own
     text = (out / "run_config.yaml").read_text()
     assert f"#   coati sft --config {out / 'run_config.yaml'} --output_dir NEW_DIR" in text.splitlines()[1]
     saved = yaml.safe_load(text)
@@ -34,3 +43,30 @@ def test_a_tree_that_fails_its_checks_is_one_line(tiny_assets, capsys):
         "error: --max_tokens_per_batch fills packed micro-batches; add --packing"]
     with pytest.raises(TypeError, match="run config"):
         run(ModelSettings(pretrain="m"))
+
+
+SCORED = []
+
+
+def length_reward(completions, **kwargs):
+    """A reward function of the test's own, passed to the run as the function itself."""
+    SCORED.append(len(completions))
+    return [float(len(c[0]["content"]) if isinstance(c, list) else len(c)) for c in completions]
+
+
+def test_a_grpo_run_built_in_python_takes_your_reward_function_and_callbacks_themselves(tiny_assets, tmp_path,
+                                                                                       world_of_one):
+    from coati.config import GRPOConfig, RewardSettings, SamplingConfig
+    from coati.config import EpisodeSettings
+
+    logged = LoggedSteps()
+    out = tmp_path / "grpo"
+    run(GRPORunConfig(model=ModelSettings(pretrain=str(tiny_assets["model"])),
+                      data=DataSettings(dataset=(str(tiny_assets["prompt_train"]),)),
+                      optim=OptimSettings(batch_size=2), episodes=EpisodeSettings(num_episodes=2),
+                      rollout=GRPOConfig(num_generations=2, sampling=SamplingConfig(max_new_tokens=4)),
+                      reward=RewardSettings(reward_fn=(length_reward,)), checkpoint=CheckpointSettings(output_dir=str(out))),
+        callbacks=[logged])
+    assert SCORED == [4, 4] and logged == [1, 2]          # 2 prompts x 2 completions an episode
+    assert yaml.safe_load((out / "run_config.yaml").read_text())["reward"]["reward_fn"] == [
+        "test_run_from_python:length_reward"]
