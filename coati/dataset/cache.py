@@ -152,7 +152,7 @@ def eval_split(paths: Sequence[str], data_type: str, fraction: float, seed: int,
                cache_dir: Optional[str] = None) -> tuple:
     """(training rows, held-out rows) of the prepared datasets `paths`: a seeded `fraction` of their rows held out,
     both cached (keyed by the folders' files, their sizes and times)."""
-    from coati.dataset.prepare import PREPARED_INFO, load_prepared
+    from coati.dataset.prepare import PREPARED_INFO, load_prepared, without_datasets_bars
 
     files = [f for path in paths for f in _files(Path(path)) if not f.name.startswith("cache-")]   # not datasets
     stamp = [f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}".encode() for f in files]
@@ -164,7 +164,8 @@ def eval_split(paths: Sequence[str], data_type: str, fraction: float, seed: int,
             rows = load_prepared(list(paths), data_type)
             held_out = set(random.Random(seed).sample(range(len(rows)), max(1, round(fraction * len(rows)))))
             indices = [i for i in range(len(rows)) if (i in held_out) == (name == "test")]
-            rows.select(indices, keep_in_memory=True).save_to_disk(str(target))   # no cache files beside the data
+            with without_datasets_bars():   # no cache files beside the data
+                rows.select(indices, keep_in_memory=True).save_to_disk(str(target))
             if info is not None:
                 shutil.copy(info, target / PREPARED_INFO)
 

@@ -6,6 +6,7 @@ than `max_length` tokens are cut from the right; a row whose response would be c
 dropped and counted. Prompts are cut from the left (their end, the question and the generation prompt, kept, as
 TRL cuts them), and counted.
 """
+import contextlib
 import functools
 import json
 import math
@@ -177,18 +178,34 @@ class OutputLayout:
                                       "remove it or write to a new folder")
 
     def write(self, parts: List[Tuple[int, List[Dict]]], out_dir: PathLike, readable: Callable[[Dict], Dict]) -> None:
-        if self.part_folders:
-            for index, encoded in parts:
-                Dataset.from_list(encoded).save_to_disk(str(Path(out_dir) / part_name(index)))
-        else:
-            rows = [row for _, encoded in parts for row in encoded]
-            Dataset.from_list(rows).save_to_disk(str(out_dir), num_shards=min(len(parts), len(rows)))
+        with without_datasets_bars():
+            if self.part_folders:
+                for index, encoded in parts:
+                    Dataset.from_list(encoded).save_to_disk(str(Path(out_dir) / part_name(index)))
+            else:
+                rows = [row for _, encoded in parts for row in encoded]
+                Dataset.from_list(rows).save_to_disk(str(out_dir), num_shards=min(len(parts), len(rows)))
         if self.jsonl_dir is None:
             return
         Path(self.jsonl_dir).mkdir(parents=True, exist_ok=True)
         for index, encoded in parts:
             with open(Path(self.jsonl_dir) / f"{part_name(index)}.jsonl", "w", encoding="utf-8") as out:
                 out.writelines(json.dumps({**row, **readable(row)}, ensure_ascii=False) + "\n" for row in encoded)
+
+
+@contextlib.contextmanager
+def without_datasets_bars() -> Iterator[None]:
+    """datasets' own progress bars ('Saving the dataset (0/1 shards)', one per part written) off inside: the
+    tokenizing bar has counted the rows already."""
+    from datasets.utils.logging import disable_progress_bar, enable_progress_bar, is_progress_bar_enabled
+
+    enabled = is_progress_bar_enabled()
+    disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            enable_progress_bar()
 
 
 def part_name(index: int) -> str:

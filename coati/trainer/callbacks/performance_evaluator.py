@@ -103,11 +103,12 @@ class PerformanceEvaluator(Callback):
             self.print_fn(self.format_summary())
 
     def summary(self) -> Dict[str, float]:
-        """Flat `phase/metric` numbers: seconds, samples_per_s and tokens_per_s for each phase."""
+        """Flat `phase/metric` numbers: seconds, samples_per_s and tokens_per_s for each phase timed after its
+        warm-up (a one-step run has nothing to report but its seconds)."""
         phases = {"make_experience": self.make_experience, "learn": self.learn}
         out = {"fit/seconds": self.fit_seconds}
         for name, timer in phases.items():
-            if timer.calls:
+            if timer.calls > timer.ignore:
                 out.update({f"{name}/{k}": v for k, v in timer.report(world_size()).items()})
         return out
 

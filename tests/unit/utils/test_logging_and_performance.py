@@ -66,6 +66,10 @@ def test_performance_evaluator_reports_rates_after_warmup():
     assert evaluator.learn.samples == 8 and evaluator.learn.tokens == 64      # the first call is warm-up
     assert summary["learn/tokens_per_s"] == summary["learn/samples_per_s"] * 8
     assert "make_experience/seconds" not in summary
+    one_step = PerformanceEvaluator(ignore_steps=1)
+    one_step.on_learn_batch_start()
+    one_step.on_learn_batch_end(batch)
+    assert "learn/seconds" not in one_step.summary()          # its one step was the warm-up: no zero rates
 
 
 def test_sample_tables_as_json_sidecars_and_at_most_n_rows_to_wandb(tmp_path, monkeypatch):
