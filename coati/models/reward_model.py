@@ -29,7 +29,10 @@ def from_pretrained_with_head(auto_cls: Any, path: str, role: str, **kwargs: Any
     finally:
         transformers.logging.set_verbosity(verbosity)
     new = sorted([*info["missing_keys"], *info.get("mismatched_keys", ())])
-    if new:
+    if new and all(key.endswith(".bias") and f"{key[:-5]}.weight" not in new for key in new):
+        warn_user(f"{role}: {', '.join(new)} start freshly initialised ({path} holds the head's weights, not its bias: "
+                  "a reward model's head has none)")
+    elif new:
         warn_user(f"{role}: {', '.join(new)} start from random weights ({path} does not hold them in this shape, as "
                   "expected when starting from a language model)")
     return model

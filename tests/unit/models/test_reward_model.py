@@ -207,3 +207,14 @@ def test_the_scorer_reads_rollout_samples_as_they_are_and_pads_them_once(tiny_as
                  for s in samples]
     assert [s.attended_ids for s in samples] == [[5, 6, 7, 8, 9], [10, 11, 12, 13], [15, 16, 17]]
     assert total == pytest.approx(alone, abs=1e-5) and components[REWARD_MODEL] == total
+
+
+def test_a_critic_from_a_reward_model_says_only_its_bias_is_new(tiny_assets, tmp_path, capsys):
+    from coati.models.critic import load_critic
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
+    load_reward_model(str(tiny_assets["model"]), tokenizer.pad_token_id).save_pretrained(tmp_path / "rm")
+    capsys.readouterr()
+    load_critic(str(tmp_path / "rm"), tokenizer.pad_token_id)
+    said = capsys.readouterr().err
+    assert "critic: score.bias start freshly initialised" in said and "language model" not in said
