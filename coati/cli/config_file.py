@@ -53,6 +53,8 @@ IGNORED_KEYS = {
     "attn_implementation": "coati picks SDPA, or FlashAttention with --use_flash_attn",
     "use_liger_kernel": "coati has no Liger kernels",
     "model_revision": "the model folder (or a model id's local snapshot) is loaded as it is",
+    "lora_task_type": "coati sets the adapters' task from the command (SEQ_CLS for a reward model, with its score head "
+                      "trained beside them)",
     "optim": "coati trains with AdamW (colossalai's HybridAdam on CUDA), TRL's adamw_torch",
 }
 """Keys of TRL recipes that do not change what coati trains -> why they are not needed: accepted, named in one note."""
@@ -336,6 +338,27 @@ def check_adamw(name: str, where: str, instead: str) -> None:
     if name not in ADAMW_OPTIMS:
         raise CoatiUsageError(f"{where} {name!r} is not taken: coati trains with AdamW ({', '.join(ADAMW_OPTIMS)}); "
                               f"{instead}")
+
+
+def hf_negations(parser: argparse.ArgumentParser, argv: Sequence[str]) -> List[str]:
+    """`argv` with Hugging Face's negated switches (`--no_remove_unused_columns`, `--no_bf16`: HfArgumentParser's
+    `--no_X` for a boolean that defaults to true) written as `--X false`, where `--X` is a switch here (TRL's boolean
+    names among them) or a TRL key taken and not used, and `--no_X` is no flag of its own."""
+    from coati.cli.trl_names import truthy   # trl_names reads this module's TRUTH_WORDS
+
+    def negated(arg: str) -> Optional[str]:
+        if not arg.startswith("--no_") or "=" in arg or arg in parser._option_string_actions:
+            return None
+        flag = "--" + arg[len("--no_"):]
+        action = parser._option_string_actions.get(flag)
+        switch = action is not None and (action.nargs == 0 or getattr(action, "type", None) is truthy)
+        return flag if switch or flag[2:] in IGNORED_KEYS else None
+
+    out: List[str] = []
+    for arg in argv:
+        flag = negated(arg)
+        out += [flag, "false"] if flag else [arg]
+    return out
 
 
 def drop_ignored_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> List[str]:

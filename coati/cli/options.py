@@ -12,8 +12,8 @@ from dataclasses import MISSING, Field, fields
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, NoReturn, Optional, Sequence, Set, Type, TypeVar
 
 from coati.cli.config_file import (CONFIG_FLAG, NOT_SAVED, check_flags_known, config_tokens, drop_ignored_flags,
-                                   expand_output_dir, given_flags, read_config, resolved_config, split_config_flag,
-                                   switch_words)
+                                   expand_output_dir, given_flags, hf_negations, read_config, resolved_config,
+                                   split_config_flag, switch_words)
 from coati.utils.errors import USAGE_EXIT_CODE, CoatiUsageError, fail, warn_user
 from coati.utils.settings import dest, flag_name
 
@@ -69,7 +69,7 @@ class CoatiArgumentParser(argparse.ArgumentParser):
             argv = [a for a in argv if a not in blank]
         try:
             path, command_line = split_config_flag(argv)
-            command_line = drop_ignored_flags(self, command_line)
+            command_line = drop_ignored_flags(self, hf_negations(self, command_line))
             check_flags_known(self, command_line)
             command_line = switch_words(self, command_line)
             from_file = config_tokens(self, read_config(path), path) if path else []

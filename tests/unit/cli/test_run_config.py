@@ -231,3 +231,13 @@ def test_each_schedule_takes_what_transformers_passes_it_and_the_run_builds_adam
         optimizer.step()
         scheduler.step()
     assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-4)    # the floor: min_lr_rate x --lr
+
+
+def test_hugging_faces_negated_switches_are_the_switch_false():
+    from coati.cli.config_file import hf_negations
+
+    parser = command_parser("dpo")
+    assert hf_negations(parser, ["--no_remove_unused_columns", "--no_bf16", "--no_gradient_checkpointing", "--lr", "1",
+                                 "--no_memory_check", "--no_such_flag"]) == [
+        "--remove_unused_columns", "false", "--bf16", "false", "--gradient_checkpointing", "false", "--lr", "1",
+        "--no_memory_check", "--no_such_flag"]      # a --no_ flag of coati's own, and an unknown one, stay as given
