@@ -69,6 +69,10 @@ class ModelSettings:
                             help="model directory, or a Hugging Face model id (from the local HF cache; downloaded "
                                  "when online)")
     tokenizer_dir: Optional[str] = setting(None, help="tokenizer directory (default: --pretrain)")
+    eos_token: Optional[str] = setting(None, help="a token of the tokenizer's to end each turn or text with (TRL's "
+                                                  "eos_token, e.g. <|im_end|> for a base model with a chat template): "
+                                                  "the tokenizer's EOS in the data, generation and the saved tokenizer "
+                                                  "(default: its own)")
     trust_remote_code: bool = setting(False, help="allow custom modelling code shipped with the model")
     grad_checkpoint: bool = setting(False, aliases=("--gradient_checkpointing",), help="recompute activations in backward to save memory")
     use_flash_attn: bool = setting(False, help="FlashAttention-2 where CUDA and flash-attn are there (else a warning "

@@ -12,6 +12,8 @@ from coati.utils.file_checks import (check_data_dirs, check_data_exist, check_mo
                                      resolve_dataset_id, resolve_model_dir)
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from coati.dataset.vision import ImageLimits
 
 MODEL_FLAGS = ("pretrain", "ref_pretrain", "rm_pretrain", "critic_pretrain")
@@ -116,11 +118,10 @@ def prepare_raw_data(args: argparse.Namespace) -> None:
         raise CoatiUsageError(f"--dataset_test_split {test_split} names a split of raw data; {_data_flag(args, 'dataset')} "
                               f"{prepared_folder} is prepared already: give its held-out data with --eval_dataset")
     from coati.dataset.cache import eval_split, prepared
-    from coati.dataset.tokenization import load_tokenizer
     from coati.dataset.vision import ImageProcessing
 
     tokenizer_dir = args.tokenizer_dir or args.pretrain
-    tokenizer = load_tokenizer(tokenizer_dir, args.trust_remote_code) if any(raw.values()) else None
+    tokenizer = run_tokenizer(args) if any(raw.values()) else None
     images = (ImageProcessing.load(tokenizer_dir, tokenizer, image_limits(args), args.trust_remote_code)
               if tokenizer is not None else None)
 
@@ -141,6 +142,14 @@ def prepare_raw_data(args: argparse.Namespace) -> None:
     if split:
         train, held_out = eval_split(args.dataset, data_type, split, args.seed, args.prepared_cache_dir)
         args.dataset, args.eval_dataset = [train], [held_out]
+
+
+def run_tokenizer(args: argparse.Namespace) -> "PreTrainedTokenizerBase":
+    """The run's tokenizer: --tokenizer_dir's (else --pretrain's), with TRL's --eos_token where given."""
+    from coati.dataset.tokenization import load_tokenizer
+
+    return load_tokenizer(args.tokenizer_dir or args.pretrain, args.trust_remote_code,
+                          eos_token=getattr(args, "eos_token", None))
 
 
 def image_limits(args: argparse.Namespace) -> "ImageLimits":

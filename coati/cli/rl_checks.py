@@ -23,6 +23,7 @@ from coati.trainer.onpolicy import OLTrainer
 
 from .rl_parts import (adapter_sync_blocker, chat_tokens, check_model_source, has_teacher, health_monitor,
                        policy_loss, reward_fn, with_template)
+from .preflight import run_tokenizer
 from .runner import check_model_kind
 
 
@@ -39,7 +40,7 @@ def check_distillation(args: argparse.Namespace) -> None:
     if not has_teacher(args):
         return
     check_model_source("teacher", args.teacher_url, args.teacher_model)
-    policy = load_tokenizer(args.tokenizer_dir or args.pretrain, args.trust_remote_code)
+    policy = run_tokenizer(args)
     if args.teacher_url:
         name = args.teacher_model_name or served_model_name(args.teacher_url)
         if not check_served_vocabulary(args.teacher_url, name, policy):
@@ -56,7 +57,7 @@ def check_agent(args: argparse.Namespace) -> None:
     appending, and the prompt rows are conversations whose own `tools` name tools `--tools` implements."""
     if not (args.tools or args.agent):
         return
-    tokenizer = with_template(args, load_tokenizer(args.tokenizer_dir or args.pretrain, args.trust_remote_code))
+    tokenizer = with_template(args, run_tokenizer(args))
     check_appending(chat_tokens(args, tokenizer))
     tools = resolve_tools(args.tools)
     for flag, paths in (("--prompt_dataset", args.dataset), ("--eval_dataset", args.eval_dataset)):

@@ -21,7 +21,6 @@ from coati.dataset.collators import COLLATORS, ImageBatches
 from coati.dataset.prepare import load_prepared, prepared_image_limits
 from coati.dataset.sampler import (HeldOutBatchSampler, StatefulDistributedSampler, TokenBudgetBatchSampler,
                                   longest_sequence, row_tokens)
-from coati.dataset.tokenization import load_tokenizer
 from coati.dataset.vision import ImageProcessing
 from coati.utils.comm import is_rank_0, rank, world_size
 from coati.distributed.launch import init_distributed
@@ -47,7 +46,7 @@ from coati.cli.colossalchat import attention_implementation, write_config_file
 from coati.cli.config_file import save_run_record
 from coati.utils.errors import CoatiUsageError, note_user
 from coati.utils.file_checks import model_signature
-from coati.cli.preflight import check_run_paths, image_limits
+from coati.cli.preflight import check_run_paths, image_limits, run_tokenizer
 from coati.utils.metrics_logger import MetricsLogger
 
 
@@ -363,7 +362,7 @@ def start_run(args: argparse.Namespace, check: Optional[Callable[[argparse.Names
     write_config_file(args)
     save_run_record(args)
     setup = build_booster(args._run_config.parallel)
-    return setup, DistCoordinator(), load_tokenizer(args.tokenizer_dir or args.pretrain, args.trust_remote_code)
+    return setup, DistCoordinator(), run_tokenizer(args)
 
 
 def supervised_config(run: SupervisedRun) -> SupervisedConfig:

@@ -87,14 +87,17 @@ TRL `margin`)."""
 
 
 def cache_key(inputs: Sequence[str], data_type: str, tokenizer_dir: str, max_length: int,
-              split: Optional[str] = None, image_limits: Optional[Dict[str, int]] = None) -> str:
+              split: Optional[str] = None, image_limits: Optional[Dict[str, int]] = None,
+              eos_token: Optional[str] = None) -> str:
     """A name for the prepared form of `inputs`' `split`: their content (the files of a folder given, its images
-    among them), the data type, the tokenizer's files, `max_length` and a vision-language model's pixel limits."""
+    among them), the data type, the tokenizer's files and EOS (--eos_token), `max_length` and a vision-language
+    model's pixel limits."""
     content = [f.relative_to(Path(i)).as_posix().encode() + f.read_bytes() if Path(i).is_dir() else f.read_bytes()
                for i in inputs for f in _files(Path(i))]
     tokenizer = [name.encode() + (Path(tokenizer_dir) / name).read_bytes() for name in TOKENIZER_FILES
                  if (Path(tokenizer_dir) / name).is_file()]
     settings = json.dumps({"type": data_type, "max_length": max_length, "split": split, "format": PREPARED_FORMAT,
+                           "eos": eos_token,
                            **({"image_limits": image_limits} if image_limits else {})}).encode()
     return f"{data_type}-{_digest([*content, *tokenizer, settings])}"
 
@@ -137,7 +140,8 @@ def prepared(inputs: Sequence[str], data_type: str, tokenizer, tokenizer_dir: st
     from coati.dataset.prepare import prepare_dataset, truncation_summary
 
     limits = images.limits.as_info() if images is not None else None
-    entry = cache_root(cache_dir) / cache_key(inputs, data_type, tokenizer_dir, max_length, split, limits)
+    entry = cache_root(cache_dir) / cache_key(inputs, data_type, tokenizer_dir, max_length, split, limits,
+                                              tokenizer.eos_token)
 
     def make(folder: Path) -> None:
         counts = prepare_dataset(list(inputs), data_type, tokenizer, max_length, folder, split=split, images=images)

@@ -13,10 +13,11 @@ from .vision import ImageTokens
 IGNORE_INDEX = -100
 
 
-def load_tokenizer(path: str, trust_remote_code: bool = False, template_config: Optional[str] = None) -> PreTrainedTokenizerBase:
+def load_tokenizer(path: str, trust_remote_code: bool = False, template_config: Optional[str] = None,
+                   eos_token: Optional[str] = None) -> PreTrainedTokenizerBase:
     """The tokenizer in `path` (EOS standing in for a missing pad token), with the chat template (where the
     JSON `template_config` has one; the tokenizer's own otherwise, as in ColossalChat, or its folder's processor's) and the optional
-    end-of-turn token of `template_config` when given."""
+    end-of-turn token of `template_config` when given; `eos_token` (TRL's), a token of its vocabulary, as its EOS."""
     if not Path(path).is_dir():
         raise CoatiUsageError(f"tokenizer directory {path} does not exist or is not a directory")
     config = _template_config(template_config)
@@ -32,6 +33,10 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, template_config: 
         tokenizer.chat_template = config.get("chat_template") or tokenizer.chat_template
         if config.get("end_of_turn_token"):
             tokenizer.eos_token = config["end_of_turn_token"]
+    if eos_token:
+        if eos_token not in tokenizer.get_vocab():
+            raise CoatiUsageError(f"--eos_token {eos_token!r} is not a token of the tokenizer in {path}")
+        tokenizer.eos_token = eos_token
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     if config is not None:

@@ -81,6 +81,7 @@ SFT = ["--pretrain", "m", "--dataset", "d"]
     ("lr_scheduler_kwargs", {"num_cycles": 1.5}, "lr_scheduler_option", [("num_cycles", 1.5)]),
     ("padding_free", True, "packing", True),
     ("logging_dir", "tb", "log_dir", "tb"),
+    ("eos_token", "<|im_end|>", "eos_token", "<|im_end|>"),
     ("disable_dropout", True, "disable_dropout", True),
     ("tf32", True, "tf32", True),
     ("truncation_mode", "keep_start", "max_length", 0),

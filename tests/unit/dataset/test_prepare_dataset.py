@@ -254,3 +254,17 @@ def test_a_preference_row_that_cannot_pair_says_why_in_the_data_s_terms(row, mes
     with pytest.raises(DataValidationError) as refused:
         validate_preference(row, "f.jsonl:1")
     assert str(refused.value) == f"f.jsonl:1: {message}"
+
+
+def test_trls_eos_token_becomes_the_tokenizers_and_keys_the_prepared_cache(tiny_assets, tmp_path):
+    from coati.dataset.cache import cache_key
+    from coati.dataset.tokenization import load_tokenizer
+    from coati.utils.errors import CoatiUsageError
+
+    model = str(tiny_assets["model"])
+    tokenizer = load_tokenizer(model, eos_token="<|pad|>")
+    assert tokenizer.eos_token == "<|pad|>" and tokenizer.eos_token_id == tokenizer.convert_tokens_to_ids("<|pad|>")
+    with pytest.raises(CoatiUsageError, match=r"--eos_token '<\|eot_id\|>' is not a token of the tokenizer in "):
+        load_tokenizer(model, eos_token="<|eot_id|>")
+    raw = _write(tmp_path / "raw.jsonl", [GOOD_SFT])
+    assert cache_key([str(raw)], "sft", model, 64, eos_token="<|pad|>") != cache_key([str(raw)], "sft", model, 64)
