@@ -99,7 +99,10 @@ def note_user(message: str) -> None:
 
 def fail(message: str, code: int, every_rank: bool = False) -> NoReturn:
     """Print `message` (one line, the last this process prints; on one process per node unless
-    `every_rank`), record it for torchrun, and exit with `code`."""
+    `every_rank`), record it for torchrun, and exit with `code`. A SIGTERM from here on (torchrun stopping the other
+    ranks of a run that failed) ends the process at once, as a process that is ending already."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     record_error(message)
     _close_progress_bars()
     if every_rank or _is_local_rank_0():
