@@ -338,6 +338,9 @@ class PreferenceLossSettings:
     gamma: Optional[float] = setting(None, parse=non_negative(),
                                      help="target reward margin (default: simpo 0.5; sigmoid 0, ColossalChat's DPO "
                                           "margin)")
+    rpo_alpha: float = setting(0.0, parse=non_negative(),
+                               help="RPO (Pang et al. 2024, TRL's rpo_alpha): add this times the chosen response's "
+                                    "per-token NLL to each pair's loss (0: off)")
 
 
 @dataclass(frozen=True)

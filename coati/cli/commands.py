@@ -156,7 +156,7 @@ def dpo(argv: Optional[List[str]] = None, callbacks: Sequence[Any] = ()) -> None
     from coati.trainer.dpo import DPOTrainer
 
     loss = preference_loss(args._run_config.loss, args.disable_reference_model, args.length_normalization)
-    run_supervised(args, DPOTrainer, "preference", trainer_kwargs={"loss_fn": loss},
+    run_supervised(args, DPOTrainer, "preference", trainer_kwargs={"loss_fn": loss, "rpo_alpha": args.rpo_alpha},
                    setup_hook=reference_hook if loss.needs_reference else None, callbacks=callbacks)
 
 

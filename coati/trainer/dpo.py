@@ -1,4 +1,5 @@
 """Direct preference optimisation from pairs: DPO, IPO, SimPO and ORPO, as the loss each is."""
+import dataclasses
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
@@ -29,11 +30,13 @@ class PreferenceTrainer(SLTrainer):
         loss_fn: Optional[torch.nn.Module] = None,
         max_epochs: int = 1,
         start_epoch: int = 0,
+        rpo_alpha: float = 0.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(booster, max_epochs, model, optimizer, plugin, start_epoch, lr_scheduler=lr_scheduler, **kwargs)
         self.ref_model = ref_model
         self.loss_fn = loss_fn or self.default_loss()
+        self.rpo_alpha = rpo_alpha
 
     def _require_reference(self) -> torch.nn.Module:
         if self.ref_model is None:
@@ -45,7 +48,7 @@ class DPOTrainer(PreferenceTrainer):
     """Chosen and rejected go through the policy in one concatenated forward; `loss_fn` (a `DPOLoss` by
     default; `SimPOLoss` and `ORPOLoss` need no reference) turns their log-probs into per-pair losses.
     Reference log-probs come from the batch when precomputed (`chosen_ref_logps`), else from the frozen
-    `ref_model`. Logs TRL's names: loss, rewards/chosen, rewards/rejected, rewards/margins,
+    `ref_model`; `rpo_alpha` adds RPO's NLL on chosen (`with_chosen_nll`). Logs TRL's names: loss, rewards/chosen, rewards/rejected, rewards/margins,
     rewards/accuracies, logps/chosen, logps/rejected, and any extras of the loss."""
 
     def _reference(self, batch: Batch) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -64,8 +67,17 @@ class DPOTrainer(PreferenceTrainer):
             out = self.loss_fn(policy[:pairs], policy[pairs:], ref_chosen / scale[:pairs], ref_rejected / scale[pairs:])
         else:
             out = self.loss_fn(policy[:pairs], policy[pairs:])
+        if self.rpo_alpha:
+            out = with_chosen_nll(out, logps[:pairs] / tokens[:pairs].clamp(min=1), self.rpo_alpha)
         loss = out.losses.sum()
         return BatchResult(loss, pair_metrics(loss, out, policy[:pairs].detach(), policy[pairs:].detach()))
+
+
+def with_chosen_nll(out: PreferenceLossOutput, chosen_token_logps: torch.Tensor, alpha: float) -> PreferenceLossOutput:
+    """RPO (Pang et al. 2024): each pair's loss plus `alpha` times its chosen response's per-token NLL (logged as
+    nll_loss)."""
+    nll = -chosen_token_logps
+    return dataclasses.replace(out, losses=out.losses + alpha * nll, extras={**out.extras, "nll_loss": nll.detach()})
 
 
 def pair_metrics(loss: torch.Tensor, out: PreferenceLossOutput, chosen_logps: torch.Tensor,

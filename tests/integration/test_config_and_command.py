@@ -138,6 +138,7 @@ def test_a_trl_save_name_without_a_folder_is_named_as_given_with_output_dir_as_t
 def test_orpos_beta_is_its_lambda_and_dpos_prompt_cut_is_refused_saying_what_coati_cuts(monkeypatch, capsys,
                                                                                         tmp_path):
     assert _parse("orpo", SFT, monkeypatch, {"beta": 0.2}, tmp_path).lam == 0.2
+    assert _parse("dpo", SFT, monkeypatch, {"rpo_alpha": 1.0}, tmp_path).rpo_alpha == 1.0
     refused = _refused("dpo", SFT, monkeypatch, capsys, {"max_prompt_length": 64}, tmp_path)
     assert "max_prompt_length is not taken: coati keeps each prompt whole and cuts a row to --max_length" in refused
     refused = _refused("sft", SFT, monkeypatch, capsys, {"eval_strategy": "steps"}, tmp_path)   # TRL refuses it too

@@ -111,3 +111,21 @@ def test_dpo_trainer_batch_equals_the_loss_of_separate_forwards(dpo_setup, loss_
     margins = (expected.chosen_rewards - expected.rejected_rewards)
     assert result.metrics["rewards/margins"] == (pytest.approx(margins.sum().item(), rel=1e-4, abs=1e-6), 3)
     assert result.metrics["rewards/accuracies"][0] == (margins > 0).sum().item()
+
+
+def test_rpo_adds_alpha_times_the_chosen_per_token_nll_to_dpo(dpo_setup):
+    """TRL's rpo_alpha: each pair's DPO loss plus alpha * (-log p(chosen) / its tokens), nll_loss logged."""
+    batch, policy, reference = dpo_setup
+    (pc, nc), (pr, _) = _separate(policy, batch, "chosen"), _separate(policy, batch, "rejected")
+    (rc, _), (rr, _) = _separate(reference, batch, "chosen"), _separate(reference, batch, "rejected")
+    nll = -pc / nc
+    expected = DPOLoss(beta=0.1)(pc, pr, rc, rr).losses + 0.5 * nll
+    plugin = TorchDDPPlugin()
+    booster = Booster(plugin=plugin)
+    model, optimizer, *_ = booster.boost(policy, torch.optim.AdamW(policy.parameters(), lr=1e-3))
+    trainer = DPOTrainer(model, booster, optimizer, plugin, ref_model=reference, loss_fn=DPOLoss(beta=0.1), rpo_alpha=0.5)
+    model.eval()
+    with torch.no_grad():
+        result = trainer._compute_batch(batch)
+    assert result.loss.item() == pytest.approx(expected.sum().item(), rel=1e-5)
+    assert result.metrics["nll_loss"][0] == pytest.approx(nll.sum().item(), rel=1e-5)
