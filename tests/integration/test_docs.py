@@ -31,6 +31,7 @@ def test_a_broken_link_or_anchor_fails_the_build(tmp_path):
     for name in ("mkdocs.yml", "README.md"):
         shutil.copy(REPO / name, tmp_path / name)
     shutil.copytree(REPO / "docs", tmp_path / "docs")
+    shutil.copytree(REPO / "examples" / "library", tmp_path / "examples" / "library")   # a page's snippet
     page = tmp_path / "docs" / "guides" / "ppo.md"
     for link in ("[gone](no_such_page.md)", "[gone](grpo.md#no-such-heading)"):
         page.write_text(page.read_text().split("\n[gone]")[0] + f"\n{link}\n")
