@@ -70,17 +70,21 @@ def run_launcher(command: List[str], env: Dict[str, str]) -> int:
     signal of `FORWARDED_SIGNALS` it gets, which torchrun passes on to the training processes: signalling this
     process alone (a Ctrl-C, `kill PID`, a scheduler's SIGTERM) stops the run, whose processes say how to resume,
     and no process is left behind; killed outright, this process takes the launcher with it (SIGTERM on its death)."""
-    launcher = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=ends_with_parent(signal.SIGTERM))
+    started: List[subprocess.Popen] = []
 
     def forward(signum: int, _frame: object) -> None:
+        if not started:   # before the launcher exists: it will not start
+            sys.exit(128 + signum)
         try:
-            os.killpg(launcher.pid, signum)
+            os.killpg(started[0].pid, signum)
         except ProcessLookupError:   # the launcher has ended already
             pass
 
     for number in FORWARDED_SIGNALS:
         signal.signal(number, forward)
-    return launcher.wait()
+    started.append(subprocess.Popen(command, env=env, start_new_session=True,
+                                    preexec_fn=ends_with_parent(signal.SIGTERM)))
+    return started[0].wait()
 
 
 def _check_before_launch(name: str, argv: List[str], launch: Dict[str, str]) -> None:

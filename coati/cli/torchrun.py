@@ -1,18 +1,23 @@
 """torchrun as the `coati` command starts it, ending as a single-process run ends: with the failing process's own
 lines and exit status, not torchrun's failure report and traceback.
 
-- A Ctrl-C or SIGTERM, which torchrun passes on to the training processes, ends it with the signal's status; the
-  processes' `error: interrupted ...` line, which says how to resume, stays the last one on the screen.
+- A Ctrl-C or SIGTERM, which torchrun passes on to the training processes, ends it with the signal's status and the
+  `error: interrupted ...` line, which says how to resume, last: the processes' own on a Ctrl-C, this one's on a
+  SIGTERM or SIGHUP (the processes end at it without a word: torchrun stops the healthy ones that way when another
+  fails, and their line would then hide the failure).
 - A training process that fails has said why itself (its `error:` line on the node's first process, or its
   traceback); that line is said again only where the first process did not say it, and a process killed by a
   signal (the out-of-memory killer's SIGKILL) is named in one line.
 """
 import logging
+import signal
 import sys
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import main
+
+from coati.utils.errors import INTERRUPTED
 
 
 def failure_line(failed: ChildFailedError) -> str:
@@ -43,6 +48,8 @@ if __name__ == "__main__":
     try:
         main()
     except SignalException as stop:
+        if stop.sigval != signal.SIGINT:
+            print(INTERRUPTED, file=sys.stderr, flush=True)
         sys.exit(128 + int(stop.sigval))
     except ChildFailedError as failed:
         line = failure_line(failed)

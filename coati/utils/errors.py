@@ -4,17 +4,14 @@ Under torchrun each worker also records that line in the error file torchrun nam
 (`TORCHELASTIC_ERROR_FILE`), so the root-cause section of torchrun's failure summary shows our message
 instead of "To enable traceback see ...". A worker started by torchrun exits when torchrun itself dies.
 """
-import contextlib
 import errno
 import functools
 import json
 import os
-import signal
 import sys
-import threading
 import time
 import traceback
-from typing import Any, Callable, Iterator, NoReturn, TypeVar
+from typing import Callable, NoReturn, TypeVar
 
 USAGE_EXIT_CODE = 2
 PEER_LOST_EXIT_CODE = 3
@@ -99,10 +96,7 @@ def note_user(message: str) -> None:
 
 def fail(message: str, code: int, every_rank: bool = False) -> NoReturn:
     """Print `message` (one line, the last this process prints; on one process per node unless
-    `every_rank`), record it for torchrun, and exit with `code`. A SIGTERM from here on (torchrun stopping the other
-    ranks of a run that failed) ends the process at once, as a process that is ending already."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    `every_rank`), record it for torchrun, and exit with `code`."""
     record_error(message)
     _close_progress_bars()
     if every_rank or _is_local_rank_0():
@@ -113,28 +107,12 @@ def fail(message: str, code: int, every_rank: bool = False) -> NoReturn:
     sys.exit(code)
 
 
+INTERRUPTED = "error: interrupted; complete checkpoints are kept (resume with --checkpoint_path latest)"
+"""What a run stopped by Ctrl-C (or, launched, by SIGTERM) says last."""
 QUIET_RANK_GRACE_S = 3.0
 """How long a rank that does not print the error waits before it exits: torchrun stops every rank as soon as one
 fails, and on a loaded machine the printing rank may not have printed yet."""
 
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """Inside, a SIGTERM (a scheduler's, `kill`'s, or torchrun passing one on) ends the run as a Ctrl-C does: one
-    line saying how to resume, complete checkpoints kept; the process's own handler is back afterwards."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _raise_interrupt(_signum: int, _frame: Any) -> None:
-    raise KeyboardInterrupt
 
 
 def exit_cleanly(main: Callable[..., T]) -> Callable[..., T]:
@@ -143,7 +121,7 @@ def exit_cleanly(main: Callable[..., T]) -> Callable[..., T]:
     - `CoatiUsageError`: `error: ...` once per node, exit 2 on every rank.
     - A collective that fails because a peer died or timed out: the message above on each rank that
       sees it, exit 3, so the launcher stops the run instead of it hanging.
-    - A full disk: one line naming the file, exit 2. Ctrl-C or SIGTERM: one line, exit 130.
+    - A full disk: one line naming the file, exit 2. Ctrl-C: one line, exit 130.
     - Anything else keeps its traceback, and its last line goes to torchrun's error file.
     Ranks leave without waiting on peers. A worker of torchrun dies with it (`follow_launcher`).
     """
@@ -153,29 +131,22 @@ def exit_cleanly(main: Callable[..., T]) -> Callable[..., T]:
         from coati.utils.lifetime import follow_launcher
 
         follow_launcher()
-        with sigterm_as_interrupt():
-            return _reported(main, *args, **kwargs)
+        try:
+            return main(*args, **kwargs)
+        except CoatiUsageError as error:
+            details = getattr(error, "details", "")
+            if details and _is_local_rank_0():
+                print(details.rstrip("\n"), file=sys.stderr, flush=True)
+            fail(f"error: {error}", USAGE_EXIT_CODE)
+        except KeyboardInterrupt:
+            fail(INTERRUPTED, INTERRUPTED_EXIT_CODE)
+        except Exception as error:
+            if is_peer_failure(error):
+                fail(peer_lost_message(error), PEER_LOST_EXIT_CODE, every_rank=True)
+            if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+                fail(f"error: no space left on the device while writing {error.filename or 'a file'}; complete "
+                     "checkpoints are kept: free space, then resume with --checkpoint_path latest", USAGE_EXIT_CODE)
+            record_error(traceback.format_exc())
+            raise
 
     return wrapper
-
-
-def _reported(main: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """`main(*args, **kwargs)`, a failure a user meets turned into its one line and exit status (`exit_cleanly`)."""
-    try:
-        return main(*args, **kwargs)
-    except CoatiUsageError as error:
-        details = getattr(error, "details", "")
-        if details and _is_local_rank_0():
-            print(details.rstrip("\n"), file=sys.stderr, flush=True)
-        fail(f"error: {error}", USAGE_EXIT_CODE)
-    except KeyboardInterrupt:
-        fail("error: interrupted; complete checkpoints are kept (resume with --checkpoint_path latest)",
-             INTERRUPTED_EXIT_CODE)
-    except Exception as error:
-        if is_peer_failure(error):
-            fail(peer_lost_message(error), PEER_LOST_EXIT_CODE, every_rank=True)
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-            fail(f"error: no space left on the device while writing {error.filename or 'a file'}; complete "
-                 "checkpoints are kept: free space, then resume with --checkpoint_path latest", USAGE_EXIT_CODE)
-        record_error(traceback.format_exc())
-        raise

@@ -34,7 +34,15 @@ def ends_with_parent(sig: int = signal.SIGTERM) -> Optional[Callable[[], None]]:
     """A child process's `preexec_fn` that has the kernel send it `sig` when the process that starts it dies (Linux
     `PR_SET_PDEATHSIG`; resolved here, so that the forked child only calls it); None where prctl is missing."""
     prctl = _prctl()
-    return None if prctl is None else (lambda: prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0))
+    if prctl is None:
+        return None
+    parent = os.getpid()   # the process about to start the child
+
+    def ask() -> None:
+        prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+        if os.getppid() != parent:   # the parent died before the signal was asked for
+            os.kill(os.getpid(), sig)
+    return ask
 
 
 def _set_parent_death_signal() -> bool:

@@ -62,16 +62,3 @@ def test_other_os_errors_keep_their_traceback():
     with pytest.raises(PermissionError):
         _failing(PermissionError(errno.EACCES, "Permission denied", "/x"))()
 
-
-def test_a_sigterm_inside_a_run_is_an_interrupt_and_the_processs_own_handler_is_back_after():
-    import os
-    import signal
-    import time
-
-    from coati.utils.errors import sigterm_as_interrupt
-
-    own = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(KeyboardInterrupt), sigterm_as_interrupt():
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(5)                 # not reached: the handler raises first
-    assert signal.getsignal(signal.SIGTERM) is own
