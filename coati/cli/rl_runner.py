@@ -24,7 +24,7 @@ from coati.models.packing import enable_packed_attention
 from coati.distributed.launch import seed_each_rank
 from coati.distributed.plugins import build_booster
 from coati.cli.arguments import micro_batches_per_pass, optimizer_steps_per_episode
-from coati.utils.ckpt_io import save_hf_model
+from coati.utils.ckpt_io import read_running_state, save_hf_model
 from coati.utils.errors import fail, note_user
 from coati.utils.registry import OBJECTIVES
 
@@ -52,10 +52,13 @@ def _total_steps(args: argparse.Namespace) -> int:
     return args.num_episodes * optimizer_steps_per_episode(args)
 
 
-def episodes_for_epochs(epochs: float, batches_per_epoch: int, collect_steps: int) -> int:
+def episodes_for_epochs(epochs: float, batches_per_epoch: int, collect_steps: int, done: int = 0,
+                        epochs_done: float = 0.0) -> int:
     """Episodes whose collect steps (one prompt batch each, on every rank) pass over the prompts `epochs` times, the
-    last pass rounded up to a whole episode (TRL's `num_train_epochs`); dynamic sampling's extra prompts not counted."""
-    return max(1, math.ceil(epochs * batches_per_epoch / collect_steps - 1e-9))
+    last pass rounded up to a whole episode (TRL's `num_train_epochs`; dynamic sampling's extra prompts not counted):
+    on a resume, the `done` episodes and those the `epochs_done` passes leave take at this run's size."""
+    left = max(math.ceil((epochs - epochs_done) * batches_per_epoch / collect_steps - 1e-9), 0)
+    return done + left if done else max(left, 1)
 
 
 def _one_update_per_experience(args: argparse.Namespace) -> bool:
@@ -92,9 +95,12 @@ def _run(args: argparse.Namespace, build: Callable[..., OLTrainer], callbacks: S
     rows = load_prepared(args.dataset, "prompt")
     _note_cut_prompts(rows, args.max_length)
     prompts = build_dataloader(setup.plugin, rows, args.batch_size, collator, True, args.seed)
-    if args.num_epochs:
-        args.num_episodes = episodes_for_epochs(args.num_epochs, len(prompts), args.num_collect_steps)
     checkpoint = checkpoint_to_resume(args)
+    if args.num_epochs:
+        state = read_running_state(checkpoint) if checkpoint else {}
+        args.num_episodes = episodes_for_epochs(args.num_epochs, len(prompts), args.num_collect_steps,
+                                                state.get("step", 0),
+                                                state.get("prompts_trained", 0) / prompts.sampler.total_size)
     if finished_run(args, checkpoint, args.num_episodes, "episodes"):
         return None
     held_out = (build_held_out_dataloader(setup.plugin, load_prepared(args.eval_dataset, "prompt"), eval_batch_size(args),

@@ -218,33 +218,35 @@ def ordering_sampler(loader: DataLoader) -> Any:
     return batch_sampler if hasattr(batch_sampler, "set_epoch") else getattr(loader, "sampler", None)
 
 
-def fraction_steps(max_epochs: float, steps_per_epoch: int) -> int:
-    """The optimizer steps of TRL's fractional `num_train_epochs` (1.5: a pass and a half), rounded up as Hugging
-    Face's Trainer rounds them; 0 for a whole number of epochs."""
-    return 0 if float(max_epochs).is_integer() else math.ceil(max_epochs * steps_per_epoch)
-
-
-def run_steps(loader: DataLoader, accumulation_steps: int, max_epochs: int, max_steps: int,
+def run_steps(loader: DataLoader, accumulation_steps: int, max_epochs: float, max_steps: int,
               position: Tuple[int, int, int] = (0, 0, 0)) -> int:
     """Optimizer steps of a supervised run in all: `max_steps`, else the steps done before the resume `position`
-    (epoch, step, samples of that epoch each rank consumed) and those the data left takes at this loader's size. On the
-    processes that saved it this is the epochs' steps; on another number of them, the schedule still ends with the
-    data."""
-    per_epoch = math.ceil(len(loader) / accumulation_steps)
-    max_steps = max_steps or fraction_steps(max_epochs, per_epoch)
+    (epoch, step, samples of that epoch each rank consumed) and those the data left takes at this loader's size, up
+    to `max_epochs` passes (TRL's fraction, 1.5, ending that far into the last one, its steps rounded up as Hugging
+    Face rounds them). On the processes that saved it this is the epochs' steps; on another number of them, the
+    schedule still ends with the data."""
     if max_steps:
         return max_steps
     epoch, done, consumed = position
-    if epoch >= max_epochs:
+    whole, per_epoch = math.floor(max_epochs), math.ceil(len(loader) / accumulation_steps)
+    last_pass = math.ceil((max_epochs - whole) * per_epoch)   # the steps of a fractional last pass
+    if epoch >= math.ceil(max_epochs):
         return done
+    left_in_epoch = _steps_left_in_epoch(loader, accumulation_steps, consumed, per_epoch)
+    if epoch == whole:   # inside the fractional last pass
+        return done + max(last_pass - (per_epoch - left_in_epoch), 0)
+    return done + left_in_epoch + per_epoch * (whole - epoch - 1) + last_pass
+
+
+def _steps_left_in_epoch(loader: DataLoader, accumulation_steps: int, consumed: int, per_epoch: int) -> int:
+    """The optimizer steps left of an epoch whose first `consumed` samples each rank has seen."""
     sampler = ordering_sampler(loader)
-    if hasattr(sampler, "set_start_index"):
-        sampler.set_start_index(consumed)
-        left_in_epoch = math.ceil(len(loader) / accumulation_steps)
-        sampler.set_start_index(0)
-    else:
-        left_in_epoch = per_epoch
-    return done + left_in_epoch + per_epoch * (max_epochs - epoch - 1)
+    if not hasattr(sampler, "set_start_index"):
+        return per_epoch
+    sampler.set_start_index(consumed)
+    left = math.ceil(len(loader) / accumulation_steps)
+    sampler.set_start_index(0)
+    return left
 
 
 class SLTrainer(_TrainerCore, ABC):
@@ -354,11 +356,12 @@ class SLTrainer(_TrainerCore, ABC):
     def _before_fit(self, train_dataloader, eval_dataloader, log_dir, use_wandb, metrics_logger) -> None:
         self.train_dataloader, self.eval_dataloader = train_dataloader, eval_dataloader
         self._steps_per_epoch = math.ceil(len(train_dataloader) / self.accumulation_steps)
-        self.max_steps = self.max_steps or fraction_steps(self.max_epochs, self._steps_per_epoch)
-        if self.max_steps:
-            self.max_epochs = math.ceil(self.max_steps / self._steps_per_epoch)
         self._total_steps = run_steps(train_dataloader, self.accumulation_steps, self.max_epochs, self.max_steps,
                                       (self.start_epoch, self.step, self._resume_sample_index))
+        if not self.max_steps and not float(self.max_epochs).is_integer():   # TRL's fraction: ends in the last pass
+            self.max_steps, self.max_epochs = self._total_steps, math.ceil(self.max_epochs)
+        elif self.max_steps:
+            self.max_epochs = math.ceil(self.max_steps / self._steps_per_epoch)
         self._open_logger(log_dir, use_wandb, metrics_logger, self.step, self._total_steps)
         self._set_start_index(self._resume_sample_index)
 

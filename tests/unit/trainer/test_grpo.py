@@ -127,3 +127,8 @@ def test_num_train_epochs_becomes_the_episodes_whose_collect_steps_pass_over_the
     assert episodes_for_epochs(1, 25, 2) == 13                               # the last pass rounded up to an episode
     assert episodes_for_epochs(0.01, 24, 1) == 1                             # at least one episode
     assert episodes_for_epochs(0.1, 30, 1) == 3                              # 0.1 x 30 is 3.0000000000000004
+    # resumed: 12 episodes on 2 ranks (24 batches a pass) went half-way through the prompts; on 1 rank (48 a pass)
+    # the other half takes 24 more, and a run past its passes has nothing left
+    assert episodes_for_epochs(1, 48, 1, done=12, epochs_done=0.5) == 36
+    assert episodes_for_epochs(1, 12, 1, done=12, epochs_done=0.5) == 18
+    assert episodes_for_epochs(1, 24, 1, done=24, epochs_done=1.0) == 24

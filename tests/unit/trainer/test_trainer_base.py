@@ -160,3 +160,6 @@ def test_a_run_resumed_on_another_number_of_processes_counts_its_steps_done_and_
     assert run_steps(loader, 2, 3, 0, (1, 50, 100)) == 50 + 50 + 75      # accumulation: 2 micro-batches a step
     assert run_steps(loader, 1, 3, 7, (1, 100, 100)) == 7                # --max_steps decides
     assert run_steps(loader, 1, 1.5, 0) == 225 and run_steps(loader, 4, 0.1, 0) == 4    # TRL's fractions, rounded up
+    # 1.5 epochs resumed from the 2-rank checkpoint above (400 rows seen): the 50 rows to 450 are 25 steps here
+    assert run_steps(loader, 1, 1.5, 0, (1, 100, 100)) == 125
+    assert run_steps(loader, 1, 1.5, 0, (1, 225, 150)) == 225                # saved here at its end: finished
