@@ -101,11 +101,14 @@ def sampling_params(spec: Dict[str, Any], seed: int) -> Any:
     from vllm import SamplingParams
 
     greedy = not spec["do_sample"] or spec["temperature"] <= 0
-    return SamplingParams(n=1, temperature=0.0 if greedy else spec["temperature"],
-                          top_p=1.0 if greedy else spec["top_p"], top_k=0 if greedy else spec["top_k"],
-                          min_p=0.0 if greedy else spec["min_p"], repetition_penalty=spec["repetition_penalty"],
-                          max_tokens=spec["max_new_tokens"], stop_token_ids=list(spec["stop_token_ids"]),
-                          ignore_eos=True, logprobs=0, detokenize=False, seed=seed)
+    cuts = GREEDY if greedy else {name: spec[name] for name in GREEDY}
+    return SamplingParams(n=1, **cuts, repetition_penalty=spec["repetition_penalty"], max_tokens=spec["max_new_tokens"],
+                          stop_token_ids=list(spec["stop_token_ids"]), ignore_eos=True, logprobs=0, detokenize=False,
+                          seed=seed)
+
+
+GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
+"""vLLM's sampling settings for greedy decoding; sampled, the run's `SamplingConfig` gives them."""
 
 
 class Seeds:
