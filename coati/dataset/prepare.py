@@ -233,8 +233,15 @@ def _prepare(rows: List[Dict], encode: Callable[[Dict], Optional[Dict]], out_dir
     if not kept:
         raise CoatiUsageError(f"all {sampled} rows were dropped by truncation (each response would be cut away "
                               "entirely at this --max_length); raise --max_length. Nothing was written")
-    layout.write(encoded, out_dir, readable)
+    layout.write(with_every_column(encoded), out_dir, readable)
     return {"rows": len(rows), "kept": kept, "dropped": sampled - kept, "cut": cut, "unsampled": len(rows) - sampled}
+
+
+def with_every_column(parts: List[Tuple[int, List[Dict]]]) -> List[Tuple[int, List[Dict]]]:
+    """Every row with every column some row has (None where it has none: a preference row without TRL's `margin`, a
+    prompt without a field others carry), since `Dataset.from_list` takes its columns from the first row alone."""
+    columns = list(dict.fromkeys(key for _, part in parts for row in part for key in row))
+    return [(index, [{name: row.get(name) for name in columns} for row in part]) for index, part in parts]
 
 
 def truncation_summary(counts: Dict[str, int], max_length: int) -> str:

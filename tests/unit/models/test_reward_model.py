@@ -218,3 +218,19 @@ def test_a_critic_from_a_reward_model_says_only_its_bias_is_new(tiny_assets, tmp
     load_critic(str(tmp_path / "rm"), tokenizer.pad_token_id)
     said = capsys.readouterr().err
     assert "critic: score.bias start freshly initialised" in said and "language model" not in said
+
+
+def test_a_margin_only_some_rows_have_is_kept_whichever_row_comes_first(tiny_assets, tmp_path):
+    """Rows without TRL's margin beside rows with one (first, or in another file): the column is kept, and a pair
+    without one trains with no margin (0)."""
+    from coati.dataset.demo_data import write_jsonl
+    from coati.dataset.prepare import prepare_preference
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
+    plain, with_margin = preference_records(generate_problems(2, "eval"))
+    files = [write_jsonl([plain], tmp_path / "plain.jsonl"), write_jsonl([{**with_margin, "margin": 2.0}],
+                                                                         tmp_path / "margin.jsonl")]
+    prepare_preference(files, tokenizer, 128, tmp_path / "prepared")
+    rows = list(load_prepared([tmp_path / "prepared"], "preference"))
+    assert [row["margin"] for row in rows] == [None, 2.0]
+    assert PreferenceCollator(tokenizer.pad_token_id)(rows)["margin"].tolist() == [0.0, 2.0]
