@@ -76,7 +76,7 @@ class CoatiArgumentParser(argparse.ArgumentParser):
         except CoatiUsageError as exc:
             self.error(str(exc))
         from_flags, in_file = given_flags(self, command_line), given_flags(self, from_file)
-        self.given = {**in_file, **from_flags}
+        self.given, self.on_command_line = {**in_file, **from_flags}, from_flags
         parsed = super().parse_args(from_file + command_line, namespace)
         parsed.config = path
         parsed._given_as = dict(self.given)

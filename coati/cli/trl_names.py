@@ -158,7 +158,7 @@ def convert(args: argparse.Namespace, parser: argparse.ArgumentParser, script: s
         del trl["max_steps"]
     if getattr(args, "max_steps", 0) == -1:
         args.max_steps = 0
-    run = _Conversion(args, getattr(parser, "given", {}), trl)
+    run = _Conversion(args, getattr(parser, "given", {}), trl, getattr(parser, "on_command_line", {}))
     run.precision()
     if trl.get("use_peft") and not args.lora_rank:
         run.set("lora_rank", TRL_LORA_RANK, "use_peft")
@@ -188,8 +188,9 @@ class _Conversion:
     """The TRL names given (`trl`, by name) turned into `args`' settings; `given` holds the flags that set settings
     directly (destination -> flag), which a TRL name for the same setting may not contradict."""
 
-    def __init__(self, args: argparse.Namespace, given: Dict[str, str], trl: Dict[str, Any]) -> None:
-        self.args, self.given, self.trl = args, given, trl
+    def __init__(self, args: argparse.Namespace, given: Dict[str, str], trl: Dict[str, Any],
+                 on_command_line: Dict[str, str]) -> None:
+        self.args, self.given, self.trl, self.on_command_line = args, given, trl, on_command_line
         self.derived: Dict[str, str] = {}
 
     def set(self, dest: str, value: Any, name: str, exclusive: bool = False) -> None:
@@ -236,13 +237,15 @@ class _Conversion:
                      exclusive=True)
 
     def run_length(self) -> None:
-        """TRL's `max_steps` decides the length over `num_train_epochs` (`--num_epochs`), as in TRL; coati's
-        `--num_episodes` and `--num_epochs` together are refused."""
+        """TRL's `max_steps` decides the length over `num_train_epochs` (`--num_epochs`), as in TRL; of coati's
+        `--num_episodes` and `--num_epochs`, one on the command line overrides the other in the file (a saved config
+        records the episodes), and both in one place are refused."""
         if not self.args.num_epochs:
             return
-        if "max_steps" in self.trl:
-            self.set("num_epochs", 0.0, "max_steps")
-        elif "num_episodes" in self.given:
+        flags = self.on_command_line
+        if "max_steps" in self.trl or ("num_episodes" in flags and "num_epochs" not in flags):
+            self.set("num_epochs", 0.0, "max_steps" if "max_steps" in self.trl else "num_episodes")
+        elif "num_episodes" in self.given and ("num_episodes" in flags) == ("num_epochs" in flags):
             raise CoatiUsageError(f"{self.given['num_episodes']} and {self.given['num_epochs']} both set the run's "
                                   "length; give one")
 

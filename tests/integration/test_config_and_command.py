@@ -216,6 +216,15 @@ def test_grpo_counts_convert_from_trls_completions_and_optimizer_steps(config, e
         assert args.num_episodes * optimizer_steps_per_episode(args) == config["max_steps"]
 
 
+def test_the_command_lines_run_length_overrides_the_files(monkeypatch, tmp_path):
+    """A saved config records `num_episodes`: `--num_train_epochs` on the command line reruns it for that many passes,
+    and `--num_episodes` on it overrides a file's `num_train_epochs`."""
+    args = _parse("grpo", [*GRPO, "--num_train_epochs", "2"], monkeypatch, {"num_episodes": 10}, tmp_path)
+    assert args.num_epochs == 2
+    args = _parse("grpo", [*GRPO, "--num_episodes", "4"], monkeypatch, {"num_train_epochs": 2}, tmp_path)
+    assert (args.num_epochs, args.num_episodes) == (0.0, 4)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--per_device_train_batch_size", "6", "--num_generations", "4"],
      r"--per_device_train_batch_size 6 x --gradient_accumulation_steps 1 = 6 completions per rank is not a whole "
