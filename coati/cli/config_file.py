@@ -493,8 +493,8 @@ def _in_tree_order(config: Dict[str, Any], owners: Dict[str, str]) -> Dict[str, 
 def _plain(value: Any) -> Any:
     """A parsed value as YAML holds it: NAME=VALUE pairs as a mapping, tuples as lists, a function (a reward function
     of yours in a tree built in Python) by its `module:name`."""
-    if callable(value) and hasattr(value, "__qualname__"):
-        return f"{value.__module__}:{value.__qualname__}"
+    if callable(value) and not isinstance(value, type):
+        return _importable_name(value)
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, tuple) and len(v) == 2 for v in value):
         return {k: _plain(v) for k, v in value}
     if isinstance(value, (list, tuple)):
@@ -502,6 +502,16 @@ def _plain(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str, dict)):
         return value
     return str(value)
+
+
+def _importable_name(function: Any) -> str:
+    """`module:name` of a function at the top level of its module, which the run imports by that name; another
+    callable (a lambda, a closure, a partial) is refused in one line."""
+    module, name = getattr(function, "__module__", None), getattr(function, "__qualname__", "")
+    if module is None or getattr(sys.modules.get(module), name, None) is not function:
+        raise CoatiUsageError(f"{function!r}: a function given in a run config is named by its module to be imported; "
+                              "define it at the top level of a module (not a lambda, closure or partial)")
+    return f"{module}:{name}"
 
 
 def _marked(value: Any, output_dir: str) -> Any:

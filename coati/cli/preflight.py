@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional
 
-from coati.cli.trl_names import TRL_SAVE_NAMES
+from coati.cli.trl_names import HELD_OUT, TRL_SAVE_NAMES
 from coati.config import PREPARE_MAX_LENGTH
 from coati.utils.errors import CoatiUsageError
 from coati.utils.file_checks import (check_data_dirs, check_data_exist, check_model_dir, check_writable_dir,
@@ -93,9 +93,7 @@ RAW_DATA_FLAGS = {"dataset": None, "eval_dataset": None, "ptx_dataset": "sft"}
 
 def check_held_out(args: argparse.Namespace) -> None:
     """At most one source of held-out data: --eval_dataset, --eval_split or --dataset_test_split."""
-    given = [flag for flag, value in (("--eval_dataset", getattr(args, "eval_dataset", None)),
-                                      ("--eval_split", getattr(args, "eval_split", 0.0)),
-                                      ("--dataset_test_split", getattr(args, "dataset_test_split", None))) if value]
+    given = [f"--{name}" for name in HELD_OUT if getattr(args, name, None)]
     if len(given) > 1:
         raise CoatiUsageError(f"{' and '.join(given)}: give the held-out data one way (held-out data, a fraction of "
                               "the training rows, or a split of the training data's folder)")

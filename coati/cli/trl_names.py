@@ -35,8 +35,8 @@ TRL_SAVE_STEPS = 500
 """TRL's `save_steps` default, what `save_strategy: steps` saves at when `save_steps` is not given."""
 CHECKPOINTS_FOLDER = "checkpoints"
 """Where TRL's save names put checkpoints without --save_dir: OUTPUT_DIR/checkpoints."""
-HELD_OUT = ("eval_dataset", "eval_split", "dataset_test_split")
-"""The settings that give a run held-out data."""
+HELD_OUT = {"eval_dataset": None, "eval_split": 0.0, "dataset_test_split": None}
+"""The settings that give a run held-out data, by their value for none."""
 TRL_SAVE_NAMES = ("save_steps", "save_strategy")
 """TRL's names that ask for checkpoints (in OUTPUT_DIR/checkpoints unless --save_dir says)."""
 STEP_COUNTS = {"max_steps": "num_episodes", "logging_steps": "log_interval", "save_steps": "save_interval",
@@ -286,8 +286,7 @@ class _Conversion:
         trl, args = self.trl, self.args
         evaluation = trl.get("eval_strategy")
         if evaluation == "no":
-            for dest, off in (("eval_dataset", None), ("eval_split", 0.0), ("dataset_test_split", None),
-                              ("eval_interval", 0)):
+            for dest, off in (*HELD_OUT.items(), ("eval_interval", 0)):
                 self.set(dest, off, "eval_strategy")
         elif evaluation and not any(getattr(args, name, None) for name in HELD_OUT):
             raise CoatiUsageError(f"--eval_strategy {evaluation} evaluates held-out data, and none is given: give "

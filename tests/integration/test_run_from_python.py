@@ -70,3 +70,16 @@ def test_a_grpo_run_built_in_python_takes_your_reward_function_and_callbacks_the
     assert SCORED == [4, 4] and logged == [1, 2]          # 2 prompts x 2 completions an episode
     assert yaml.safe_load((out / "run_config.yaml").read_text())["reward"]["reward_fn"] == [
         "test_run_from_python:length_reward"]
+
+
+def test_a_reward_function_that_cannot_be_named_is_one_line(tiny_assets):
+    from coati.cli.config_file import tree_argv
+    from coati.cli.commands import command_parser
+    from coati.config import RewardSettings
+    from coati.utils.errors import CoatiUsageError
+
+    tree = GRPORunConfig(model=ModelSettings(pretrain=str(tiny_assets["model"])),
+                         data=DataSettings(dataset=(str(tiny_assets["prompt_train"]),)),
+                         reward=RewardSettings(reward_fn=(lambda completions, **kwargs: [0.0] * len(completions),)))
+    with pytest.raises(CoatiUsageError, match=r"define it at the top level of a module \(not a lambda, closure or"):
+        tree_argv(command_parser("grpo"), tree)
