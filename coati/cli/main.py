@@ -68,7 +68,7 @@ terminal's SIGHUP."""
 def run_launcher(command: List[str], env: Dict[str, str]) -> int:
     """Run the launcher and return its exit status. It runs in a session of its own, and this process passes it every
     signal of `FORWARDED_SIGNALS` it gets, which torchrun passes on to the training processes: signalling this
-    process alone (a Ctrl-C, `kill PID`, a scheduler's SIGTERM) stops the run, whose processes say how to resume,
+    process alone (a Ctrl-C, `kill PID`, a scheduler's SIGTERM) stops the run with the line saying how to resume,
     and no process is left behind; killed outright, this process takes the launcher with it (SIGTERM on its death)."""
     started: List[subprocess.Popen] = []
 
