@@ -196,7 +196,7 @@ CASES = [
      "--max_tokens_per_batch: must be >= 0"),
     ("max_tokens_without_packing", lambda p: _sft(p, "--max_tokens_per_batch", "512"),
      "--max_tokens_per_batch fills packed micro-batches; add --packing"),
-    ("max_epochs_0", lambda p: _sft(p, "--max_epochs", "0"), "--max_epochs: must be >= 1"),
+    ("max_epochs_0", lambda p: _sft(p, "--max_epochs", "0"), "--max_epochs: must be > 0"),
     ("lora_rank_negative", lambda p: _sft(p, "--lora_rank", "-1"), "--lora_rank: must be >= 0"),
     ("lora_dropout_1", lambda p: _sft(p, "--lora_dropout", "1"), "--lora_dropout: must be in [0, 1)"),
     ("warmup_negative", lambda p: _sft(p, "--warmup_steps", "-3"), "--warmup_steps: must be >= 0"),
