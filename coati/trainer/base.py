@@ -232,20 +232,25 @@ def run_steps(loader: DataLoader, accumulation_steps: int, max_epochs: float, ma
     last_pass = math.ceil((max_epochs - whole) * per_epoch)   # the steps of a fractional last pass
     if epoch >= math.ceil(max_epochs):
         return done
-    left_in_epoch = _steps_left_in_epoch(loader, accumulation_steps, consumed, per_epoch)
+    left_in_epoch = _steps_left_in_epoch(loader, accumulation_steps, epoch, consumed, per_epoch)
     if epoch == whole:   # inside the fractional last pass
         return done + max(last_pass - (per_epoch - left_in_epoch), 0)
     return done + left_in_epoch + per_epoch * (whole - epoch - 1) + last_pass
 
 
-def _steps_left_in_epoch(loader: DataLoader, accumulation_steps: int, consumed: int, per_epoch: int) -> int:
-    """The optimizer steps left of an epoch whose first `consumed` samples each rank has seen."""
+def _steps_left_in_epoch(loader: DataLoader, accumulation_steps: int, epoch: int, consumed: int,
+                         per_epoch: int) -> int:
+    """The optimizer steps left of `epoch` once each rank has seen its first `consumed` samples (a token-budget
+    sampler's plan is that epoch's own); the sampler is left as it was."""
     sampler = ordering_sampler(loader)
     if not hasattr(sampler, "set_start_index"):
         return per_epoch
+    was = getattr(sampler, "epoch", 0)
+    sampler.set_epoch(epoch)
     sampler.set_start_index(consumed)
     left = math.ceil(len(loader) / accumulation_steps)
     sampler.set_start_index(0)
+    sampler.set_epoch(was)
     return left
 
 
