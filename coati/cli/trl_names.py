@@ -104,7 +104,8 @@ def add_trl_names(parser: argparse.ArgumentParser, script: str) -> None:
         add("--per_device_train_batch_size", "completions per rank in a learning micro-batch (TRL's count): sets "
             "--train_batch_size, and --batch_size (prompts per rank) to it x --gradient_accumulation_steps / "
             "--num_generations", type=_positive_int)
-        add("--max_steps", "optimizer steps of the run (sets --num_episodes; TRL's -1: --num_episodes as it is)",
+        add("--max_steps", "optimizer steps of the run (sets --num_episodes; TRL's -1: --num_train_epochs, else "
+                           "--num_episodes, decides)",
             type=_steps_or_unlimited)
         add("--save_steps", "save every N optimizer steps (sets --save_interval)", type=_step_count)
         add("--eval_steps", "evaluate every N optimizer steps (sets --eval_interval)", type=_step_count)
@@ -186,7 +187,8 @@ def convert(args: argparse.Namespace, parser: argparse.ArgumentParser, script: s
 
 class _Conversion:
     """The TRL names given (`trl`, by name) turned into `args`' settings; `given` holds the flags that set settings
-    directly (destination -> flag), which a TRL name for the same setting may not contradict."""
+    directly (destination -> flag), which a TRL name for the same setting may not contradict, and `on_command_line`
+    those of them given on the command line rather than in the config file."""
 
     def __init__(self, args: argparse.Namespace, given: Dict[str, str], trl: Dict[str, Any],
                  on_command_line: Dict[str, str]) -> None:
