@@ -245,7 +245,8 @@ def config_tokens(parser: argparse.ArgumentParser, values: Mapping[str, Any], pa
     if ignored:
         note_user(f"{CONFIG_FLAG} {path}: not used: " +
                   "; ".join(f"{where} ({IGNORED_KEYS[where.rpartition('.')[2]]})" for where in ignored))
-    settings = [(key, value, where) for key, value, where in settings if key not in LAUNCH_KEYS and where not in ignored]
+    settings = [(key, value, where) for key, value, where in settings
+                if key not in LAUNCH_KEYS and where not in ignored]
     problems = [_key_problem(key, where, actions) for key, _, where in settings
                 if key in REFUSED_KEYS or key.lstrip("-") not in actions]
     if problems:

@@ -207,7 +207,8 @@ class WeightedReward:
             missing = ", ".join(repr(name) for name in required_parameters(fn)
                                 if name not in passed and name not in columns)
             if missing:
-                fix = f"give the data a column {missing}" if builtin else "add the column, or give the parameter a default"
+                fix = (f"give the data a column {missing}" if builtin else
+                       "add the column, or give the parameter a default")
                 raise CoatiUsageError(f"reward function {self.specs.get(label, label)} takes {missing}, which {data} has "
                                       f"no column for (its columns: {', '.join(columns)}); {fix}")
 

@@ -48,8 +48,8 @@ class DPOTrainer(PreferenceTrainer):
     """Chosen and rejected go through the policy in one concatenated forward; `loss_fn` (a `DPOLoss` by
     default; `SimPOLoss` and `ORPOLoss` need no reference) turns their log-probs into per-pair losses.
     Reference log-probs come from the batch when precomputed (`chosen_ref_logps`), else from the frozen
-    `ref_model`; `rpo_alpha` adds RPO's NLL on chosen (`with_chosen_nll`). Logs TRL's names: loss, rewards/chosen, rewards/rejected, rewards/margins,
-    rewards/accuracies, logps/chosen, logps/rejected, and any extras of the loss."""
+    `ref_model`; `rpo_alpha` adds RPO's NLL on chosen (`with_chosen_nll`). Logs TRL's names: loss, rewards/chosen,
+    rewards/rejected, rewards/margins, rewards/accuracies, logps/chosen, logps/rejected, and any extras of the loss."""
 
     def _reference(self, batch: Batch) -> Tuple[torch.Tensor, torch.Tensor]:
         if all(c in batch for c in REF_COLUMNS):
