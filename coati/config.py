@@ -115,6 +115,9 @@ class DataSettings:
                                                      "datasets.load_dataset reads them")
     dataset_test_split: Optional[str] = setting(None, help="held-out data: this split of --dataset's folders (e.g. test), "
                                                            "where --eval_dataset and --eval_split are not given")
+    dataset_config: Optional[str] = setting(None, help="the configuration (subset) of --dataset's datasets folders or "
+                                                       "Hub datasets to read, datasets.load_dataset's name (e.g. main "
+                                                       "for openai/gsm8k)")
     eval_split: float = setting(0.0, parse=in_range(0, 1, high_open=True),
                                 help="hold out this fraction of the training rows (seeded by --seed) as the evaluation "
                                      "set, where --eval_dataset is not given (0: none)")
@@ -281,7 +284,7 @@ class PluginConfig:
     zero_stage: int = setting(0, parse=int, choices=(0, 1, 2), help="3d: ZeRO stage over the data-parallel group")
     zero_cpu_offload: bool = setting(False, help="3d: offload ZeRO optimizer states to CPU")
     microbatch_size: int = setting(1, parse=at_least(1), help="3d with --pp > 1: pipeline micro-batch size")
-    dist_timeout: float = setting(DEFAULT_DIST_TIMEOUT_S, parse=positive(),
+    dist_timeout: float = setting(DEFAULT_DIST_TIMEOUT_S, parse=positive(), aliases=("--ddp_timeout",),
                                   help="seconds a collective waits for a peer before the run stops with an error (a dead "
                                        "or unreachable node); raise it when rank 0 alone writes very large checkpoints")
     memory_check: bool = setting(True, flag="--no_memory_check", negated=True,
@@ -297,8 +300,9 @@ class ReferenceSettings:
     """The frozen reference policy (DPO, KTO, GRPO/PPO's KL term)."""
 
     ref_pretrain: Optional[str] = setting(None, help="reference model directory (default: --pretrain)")
-    precompute_ref_logps: bool = setting(False, help="score the data with the reference once, store it beside the data, "
-                                                     "and train without the reference model in memory")
+    precompute_ref_logps: bool = setting(False, aliases=("--precompute_ref_log_probs",),
+                                         help="score the data with the reference once, store it beside the data, and "
+                                              "train without the reference model in memory")
 
 
 # ---- each supervised trainer's loss ---------------------------------------------------------------------

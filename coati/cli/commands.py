@@ -266,6 +266,9 @@ def prepare(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--skip_invalid", action="store_true", help="skip and count invalid rows instead of stopping")
     parser.add_argument("--trust_remote_code", action="store_true", help="allow custom tokenizer code")
     parser.add_argument("--data_cache_dir", default=None, help="cache of datasets.load_dataset for dataset-folder inputs")
+    parser.add_argument("--dataset_config", default=None,
+                        help="the configuration (subset) of the dataset-folder inputs to read, datasets.load_dataset's "
+                             "name (e.g. main for openai/gsm8k)")
     parser.add_argument("--num_spliced_dataset_bins", type=at_least(1), default=None,
                         help="parts the rows are split into, as ColossalChat splits them (default: 10 with "
                              "--data_arrow_output_dir, 1 with --data_output_dirs, where each part is an arrow file)")
@@ -294,7 +297,8 @@ def prepare(argv: Optional[List[str]] = None) -> None:
     counts = prepare_dataset([p for group in args.data_input_dirs for p in group], args.type, tokenizer,
                              args.max_length, out_dir, skip_invalid=args.skip_invalid, layout=layout,
                              cache_dir=args.data_cache_dir,
-                             system_message=template_system_message(args.conversation_template_config), images=images)
+                             system_message=template_system_message(args.conversation_template_config), images=images,
+                             subset=args.dataset_config)
     sampled = f", {counts['unsampled']} left out by --num_samples_per_datafile" if counts["unsampled"] else ""
     print(f"prepared {args.type} dataset in {out_dir}: {counts['kept']} of {counts['rows']} valid rows kept, "
           f"{truncation_summary(counts, args.max_length)}{sampled}, {counts['skipped']} invalid rows skipped")

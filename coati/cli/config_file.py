@@ -17,6 +17,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
+from coati.cli.trl_keys import (IGNORED_KEYS, NO_SETTING_KEYS, ONE_VALUE_KEYS, REFUSED_KEYS, TRUTH_WORDS, refusal,
+                                truthy, unused_reason)
 from coati.run_config import RUN_CONFIGS, sections
 from coati.utils.errors import CoatiUsageError, note_user
 from coati.utils.settings import dest, flag_name
@@ -26,38 +28,6 @@ LAUNCH_KEYS = {"num_processes": "--nproc_per_node", "nproc_per_node": "--nproc_p
                "node_rank": "--node_rank", "master_addr": "--master_addr", "master_port": "--master_port",
                "hostfile": "--hostfile"}
 """Config keys that say how to launch the run (TRL recipes' `num_processes` among them) -> the `coati` command's flag."""
-REFUSED_KEYS = {
-    "accelerate_config": "coati launches with torchrun or colossalai run: give num_processes (--nproc_per_node), "
-                         "--nnodes and --hostfile instead, and the plugin with --plugin",
-    "env": "set environment variables in the shell that runs coati; a config file holds settings only",
-    "system_prompt": "put the system turn in the data: a `prompt` (or `messages`) list that opens with a system message",
-    "dataset_prompt_column": "name the data's prompt column `prompt` (TRL's standard) or give `messages`",
-    "data_seed": "seed orders the data too (one seed for every random stream); give seed",
-    "load_best_model_at_end": "coati exports the last model to OUTPUT_DIR/model; GRPO and PPO also keep the best one "
-                              "in OUTPUT_DIR/best with --save_best METRIC",
-    "metric_for_best_model": "GRPO and PPO keep the model best on a held-out metric with --save_best METRIC (higher "
-                             "is better); a supervised run exports its last model",
-}
-"""Keys of TRL recipes that coati does not take -> what to do instead."""
-IGNORED_KEYS = {
-    "overwrite_output_dir": "coati writes into the output folder as it is",
-    "push_to_hub": "coati does not upload: push OUTPUT_DIR/model with huggingface-cli upload",
-    "hub_model_id": "coati does not upload", "hub_strategy": "coati does not upload",
-    "hub_private_repo": "coati does not upload",
-    "log_level": "coati prints what a run does", "log_level_replica": "coati prints on the first rank",
-    "do_train": "the command trains", "do_eval": "evaluation follows the held-out data and eval_strategy",
-    "dataset_num_proc": "data is tokenized once and cached", "dataloader_num_workers": "batches are collated in place",
-    "remove_unused_columns": "columns are kept for the reward functions",
-    "gradient_checkpointing_kwargs": "coati's checkpointing is non-reentrant (use_reentrant: false)",
-    "torch_dtype": "coati loads in fp32 and trains in --mixed_precision (bf16 by default on GPU)",
-    "attn_implementation": "coati picks SDPA, or FlashAttention with --use_flash_attn",
-    "use_liger_kernel": "coati has no Liger kernels",
-    "model_revision": "the model folder (or a model id's local snapshot) is loaded as it is",
-    "lora_task_type": "coati sets the adapters' task from the command (SEQ_CLS for a reward model, with its score head "
-                      "trained beside them)",
-    "optim": "coati trains with AdamW (colossalai's HybridAdam on CUDA), TRL's adamw_torch",
-}
-"""Keys of TRL recipes that do not change what coati trains -> why they are not needed: accepted, named in one note."""
 ADAMW_OPTIMS = ("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw_apex_fused")
 """TRL's `optim` names for the AdamW coati trains with; `optim` is also coati's section of optimizer settings."""
 OUTPUT_DIR_MARK = "{output_dir}"
@@ -154,7 +124,7 @@ def flat_settings(parser: argparse.ArgumentParser, values: Mapping[str, Any], pa
         if key in known_sections and key.lstrip("-") not in actions:
             flat += _section_settings(key, value, owners, actions, path)
             continue
-        if isinstance(value, Mapping) and owners and key.lstrip("-") not in {*actions, *IGNORED_KEYS, *REFUSED_KEYS}:
+        if isinstance(value, Mapping) and owners and key.lstrip("-") not in {*actions, *NO_SETTING_KEYS}:
             raise CoatiUsageError(f"{CONFIG_FLAG} {path}: unknown section {key!r}"
                                   f"{_elsewhere(key, parser) or nearest(key, known_sections)}")
         flat.append((key, value, key))
@@ -202,7 +172,7 @@ def _refuse_twice_given(settings: List[tuple], actions: Dict[str, argparse.Actio
 
 def _elsewhere(name: str, parser: argparse.ArgumentParser) -> str:
     """' (a section of coati X, Y: not of this command)' where other commands' run configs have a section `name`."""
-    own = getattr(getattr(parser, "run_config", None), "command", "")
+    own = _command(parser)
     others = [command for command, tree in RUN_CONFIGS.items()
               if command != own and any(section == name for section, _, _ in sections(tree))]
     return f" (a section of {', '.join(f'coati {c}' for c in others)}, not of this command)" if others else ""
@@ -241,13 +211,14 @@ def config_tokens(parser: argparse.ArgumentParser, values: Mapping[str, Any], pa
     actions = _actions_by_key(parser)
     tokens: List[str] = []
     settings = flat_settings(parser, values, path, actions)
-    ignored = [where for key, _, where in settings if key in IGNORED_KEYS and key not in actions]
-    if ignored:
-        note_user(f"{CONFIG_FLAG} {path}: not used: " +
-                  "; ".join(f"{where} ({IGNORED_KEYS[where.rpartition('.')[2]]})" for where in ignored))
+    command = _command(parser)
+    unused = {where: unused_reason(key, value, command) for key, value, where in settings if key not in actions}
+    unused = {where: reason for where, reason in unused.items() if reason is not None}
+    if unused:
+        note_user(f"{CONFIG_FLAG} {path}: not used: " + "; ".join(f"{where} ({why})" for where, why in unused.items()))
     settings = [(key, value, where) for key, value, where in settings
-                if key not in LAUNCH_KEYS and where not in ignored]
-    problems = [_key_problem(key, where, actions) for key, _, where in settings
+                if key not in LAUNCH_KEYS and where not in unused]
+    problems = [_key_problem(key, value, where, actions, command) for key, value, where in settings
                 if key in REFUSED_KEYS or key.lstrip("-") not in actions]
     if problems:
         raise CoatiUsageError(f"{CONFIG_FLAG} {path}: " + "; ".join(problems))
@@ -257,11 +228,17 @@ def config_tokens(parser: argparse.ArgumentParser, values: Mapping[str, Any], pa
     return tokens
 
 
-def _key_problem(key: str, where: str, actions: Dict[str, argparse.Action]) -> str:
-    """Why the file's key `key` (at `where`) is not taken: refused with what to do instead, or unknown with the
-    nearest names; every such key of a file is named in one line."""
-    if key in REFUSED_KEYS:
-        return f"key {where!r} is not taken: {REFUSED_KEYS[key]}"
+def _command(parser: argparse.ArgumentParser) -> str:
+    """The command `parser` parses (sft, grpo, ...), '' for one without a run config."""
+    return getattr(getattr(parser, "run_config", None), "command", "")
+
+
+def _key_problem(key: str, value: Any, where: str, actions: Dict[str, argparse.Action], command: str) -> str:
+    """Why the file's key `key` (at `where`, set to `value`) is not taken by `command`: refused with what to do
+    instead, or unknown with the nearest names; every such key of a file is named in one line."""
+    refused = refusal(key, value, command)
+    if refused is not None:
+        return f"key {where!r} {refused}"
     return f"unknown key {where!r}{nearest(key, [k for k in actions if not k.startswith('trl_')])}"
 
 
@@ -331,7 +308,6 @@ def given_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Dict[st
     return given
 
 
-TRUTH_WORDS = {"true": True, "false": False, "yes": True, "no": False, "1": True, "0": False}
 
 
 def check_adamw(name: str, where: str, instead: str) -> None:
@@ -345,15 +321,14 @@ def hf_negations(parser: argparse.ArgumentParser, argv: Sequence[str]) -> List[s
     """`argv` with Hugging Face's negated switches (`--no_remove_unused_columns`, `--no_bf16`: HfArgumentParser's
     `--no_X` for a boolean that defaults to true) written as `--X false`, where `--X` is a switch here (TRL's boolean
     names among them) or a TRL key taken and not used, and `--no_X` is no flag of its own."""
-    from coati.cli.trl_names import truthy   # trl_names reads this module's TRUTH_WORDS
-
     def negated(arg: str) -> Optional[str]:
         if not arg.startswith("--no_") or "=" in arg or arg in parser._option_string_actions:
             return None
         flag = "--" + arg[len("--no_"):]
         action = parser._option_string_actions.get(flag)
         switch = action is not None and (action.nargs == 0 or getattr(action, "type", None) is truthy)
-        return flag if switch or flag[2:] in IGNORED_KEYS else None
+        boolean_key = isinstance(ONE_VALUE_KEYS.get(flag[2:], (None,))[0], bool)
+        return flag if switch or flag[2:] in IGNORED_KEYS or boolean_key else None
 
     out: List[str] = []
     for arg in argv:
@@ -364,24 +339,31 @@ def hf_negations(parser: argparse.ArgumentParser, argv: Sequence[str]) -> List[s
 
 def drop_ignored_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> List[str]:
     """`argv` without TRL's flags that change nothing here (`IGNORED_KEYS`: `--push_to_hub`, `--hub_model_id ID`,
-    ...), each with the value that follows it, named in one note as a config file's are."""
+    ...; `ONE_VALUE_KEYS` at their one value: `--shuffle_dataset true`), each with the value that follows it, named in
+    one note as a config file's are; such a flag at another value is refused saying what coati does."""
     rest: List[str] = []
-    ignored: List[str] = []
+    unused: List[str] = []
+    command = _command(parser)
     i = 0
     while i < len(argv):
         flag, eq, value = argv[i].partition("=")
         name = flag[2:] if flag.startswith("--") else ""
-        if name not in IGNORED_KEYS or flag in parser._option_string_actions:
+        takes_next = not eq and i + 1 < len(argv) and not argv[i + 1].startswith("--")
+        if not eq:
+            value = argv[i + 1] if takes_next else "true"
+        why, refused = unused_reason(name, value, command), refusal(name, value, command)
+        if flag in parser._option_string_actions or name in REFUSED_KEYS or (why is None and refused is None):
             rest.append(argv[i])
             i += 1
             continue
-        takes_next = not eq and i + 1 < len(argv) and not argv[i + 1].startswith("--")
         if name == "optim":
-            check_adamw(value if eq else (argv[i + 1] if takes_next else ""), "--optim", "leave the flag out")
-        ignored.append(name)
+            check_adamw(value, "--optim", "leave the flag out")
+        if why is None:
+            raise CoatiUsageError(f"--{name} {value}: --{name} {refused}")
+        unused.append(f"--{name} ({why})")
         i += 2 if takes_next else 1
-    if ignored:
-        note_user("not used: " + "; ".join(f"--{name} ({IGNORED_KEYS[name]})" for name in ignored))
+    if unused:
+        note_user("not used: " + "; ".join(unused))
     return rest
 
 
@@ -414,7 +396,7 @@ def check_flags_known(parser: argparse.ArgumentParser, argv: Sequence[str]) -> N
         flag = arg.partition("=")[0]
         if arg.startswith("--") and len(arg) > 2 and flag not in parser._option_string_actions:
             if flag[2:] in REFUSED_KEYS:
-                raise CoatiUsageError(f"{flag} is not taken: {REFUSED_KEYS[flag[2:]]}")
+                raise CoatiUsageError(f"{flag} {refusal(flag[2:], None)}")
             launch = " (a launcher flag: give it to the `coati` command, or to torchrun)" if flag[2:] in LAUNCH_KEYS \
                 else ""
             raise CoatiUsageError(f"unknown flag {flag}{launch or nearest(flag, known)}")

@@ -124,9 +124,11 @@ def prepare_raw_data(args: argparse.Namespace) -> None:
               if tokenizer is not None else None)
 
     def prepare(name: str, inputs: List[str], split_name: Optional[str]) -> str:
+        subset = getattr(args, "dataset_config", None) if name == "dataset" else None
         try:
             return str(prepared(inputs, RAW_DATA_FLAGS[name] or data_type, tokenizer, tokenizer_dir,
-                                args.max_length or PREPARE_MAX_LENGTH, args.prepared_cache_dir, split_name, images))
+                                args.max_length or PREPARE_MAX_LENGTH, args.prepared_cache_dir, split_name, images,
+                                subset))
         except CoatiUsageError as error:
             raise CoatiUsageError(f"{_data_flag(args, name)}: {error}") from None
 

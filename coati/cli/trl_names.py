@@ -19,14 +19,19 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from coati.cli.arguments import optimizer_steps_per_episode
-from coati.cli.config_file import TRUTH_WORDS
+from coati.cli.trl_keys import truthy
 from coati.cli.options import add_post_parse
 from coati.utils.errors import CoatiUsageError
 
 ON_POLICY = ("ppo", "grpo")
 GRPO_LOSS_TYPES = {"grpo": "seq-mean-token-mean", "bnpo": "token-mean", "dr_grpo": "seq-mean-token-sum-norm",
-                   "dapo": "token-mean"}
-"""TRL's GRPO `loss_type` -> coati's `--loss_agg` (bnpo and dapo both average over the batch's tokens)."""
+                   "dapo": "token-mean", "cispo": "token-mean", "sapo": "seq-mean-token-mean"}
+"""TRL's GRPO `loss_type` -> coati's `--loss_agg` (bnpo, dapo and cispo average over the batch's tokens; sapo over
+each completion's, as grpo)."""
+GRPO_LOSS_POLICIES = {"cispo": "cispo", "sapo": "sapo"}
+"""TRL's GRPO `loss_type`s that are a policy loss of their own -> coati's `--policy_loss`."""
+SAPO_TEMPERATURES = ("sapo_temperature_pos", "sapo_temperature_neg")
+"""TRL's SAPO temperatures, coati's `--policy_loss_option temperature_pos=... temperature_neg=...` for sapo."""
 TRL_LORA_RANK = 16
 """TRL's `lora_r` default, the rank `use_peft` trains with when no rank is given."""
 STRATEGIES = ("no", "steps", "epoch")
@@ -42,13 +47,6 @@ TRL_SAVE_NAMES = ("save_steps", "save_strategy")
 STEP_COUNTS = {"max_steps": "num_episodes", "logging_steps": "log_interval", "save_steps": "save_interval",
                "eval_steps": "eval_interval"}
 """On-policy: TRL's counts of optimizer steps -> coati's settings that count episodes."""
-def truthy(value: str) -> bool:
-    """An argparse `type` for TRL's boolean flags: true/false, yes/no, 1/0 (`TRUTH_WORDS`, as switches take them)."""
-    if value.lower() not in TRUTH_WORDS:
-        raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
-    return TRUTH_WORDS[value.lower()]
-
-
 def _positive_int(value: str) -> int:
     try:
         number = int(value)
@@ -78,6 +76,16 @@ def _refusal(name: str, instead: str) -> Any:
         raise argparse.ArgumentTypeError(f"{name} is not taken: {instead}")
 
     return refuse
+
+
+def _grpo_loss_type(value: str) -> str:
+    """TRL's GRPO `loss_type`: one of `GRPO_LOSS_TYPES`; TRL's luspo and vespo are refused by name."""
+    if value in ("luspo", "vespo"):
+        raise argparse.ArgumentTypeError(f"{value} is not built here: give one of {', '.join(GRPO_LOSS_TYPES)}, or "
+                                         "--policy_loss (ppo, gspo, cispo, sapo)")
+    if value not in GRPO_LOSS_TYPES:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(GRPO_LOSS_TYPES)}, got {value!r}")
+    return value
 
 
 def _steps_or_unlimited(value: str) -> int:
@@ -115,9 +123,16 @@ def add_trl_names(parser: argparse.ArgumentParser, script: str) -> None:
         add("--max_prompt_length", "longest prompt in tokens; longer ones are cut (--max_length)", type=_positive_int)
         add("--log_completions", "true: a table of prompts and completions every logging step (--sample_log_interval "
                                  "--logging_steps); false: none", **switch)
+        add("--steps_per_generation", "micro-steps of --per_device_train_batch_size completions each generation "
+                                      "makes (TRL's default: --gradient_accumulation_steps)", type=_positive_int)
         if script == "grpo":
-            add("--loss_type", f"GRPO's aggregation: {', '.join(GRPO_LOSS_TYPES)} (--loss_agg)",
-                choices=tuple(GRPO_LOSS_TYPES))
+            add("--loss_type", f"GRPO's loss: {', '.join(GRPO_LOSS_TYPES)} (--loss_agg; cispo and sapo also "
+                "--policy_loss; cispo's cap is --epsilon_high, coati's 1 + --clip_eps_high)",
+                type=_grpo_loss_type)
+            add("--sapo_temperature_pos", "sapo's temperature where the advantage is positive (--policy_loss_option "
+                                          "temperature_pos=...)", type=float)
+            add("--sapo_temperature_neg", "sapo's temperature elsewhere (--policy_loss_option temperature_neg=...)",
+                type=float)
             add("--importance_sampling_level", "token: a ratio per token (GRPO's); sequence: one per completion "
                                                "(GSPO, --policy_loss gspo)", choices=("token", "sequence"))
             add("--scale_rewards", "true/group: divide advantages by the group std; false/none: do not "
@@ -224,14 +239,12 @@ class _Conversion:
             self.set("reward_fn", _weighted(self.args.reward_fn, trl["reward_weights"]), "reward_weights")
         if "max_prompt_length" in trl:
             self.set("max_length", trl["max_prompt_length"], "max_prompt_length", exclusive=True)
-        if script == "grpo" and "loss_type" in trl:
-            self.set("loss_agg", GRPO_LOSS_TYPES[trl["loss_type"]], "loss_type", exclusive=True)
-        if script == "grpo" and trl.get("importance_sampling_level") == "sequence":
-            self.set("policy_loss", "gspo", "importance_sampling_level", exclusive=True)
+        if script == "grpo":
+            self.grpo_loss()
         if script == "grpo" and "scale_rewards" in trl:
             self.set("no_std_normalize", _no_std_normalize(trl["scale_rewards"]), "scale_rewards")
-        if "per_device_train_batch_size" in trl:
-            self.completions_per_device(trl["per_device_train_batch_size"])
+        if "per_device_train_batch_size" in trl or "steps_per_generation" in trl:
+            self.completions_per_device()
         if self.given.get("log_interval") == "--logging_steps" or any(name in trl for name in STEP_COUNTS):
             self.step_counts()
         if "log_completions" in trl:
@@ -251,19 +264,49 @@ class _Conversion:
             raise CoatiUsageError(f"{self.given['num_episodes']} and {self.given['num_epochs']} both set the run's "
                                   "length; give one")
 
-    def completions_per_device(self, completions: int) -> None:
-        """TRL's completions per device per micro-step -> coati's prompts per rank (`--batch_size`) and learning
-        micro-batch (`--train_batch_size`): a collect step generates what `gradient_accumulation_steps` micro-steps
-        learn."""
-        args = self.args
-        generated = completions * args.accumulation_steps
+    def completions_per_device(self) -> None:
+        """TRL's completions per device per micro-step (`per_device_train_batch_size`) and micro-steps per generation
+        (`steps_per_generation`, by default `gradient_accumulation_steps`) -> coati's prompts per rank
+        (`--batch_size`) and learning micro-batch (`--train_batch_size`)."""
+        args, trl = self.args, self.trl
+        completions = trl.get("per_device_train_batch_size", args.train_batch_size)
+        steps = trl.get("steps_per_generation", args.accumulation_steps)
+        name = "per_device_train_batch_size" if "per_device_train_batch_size" in trl else "steps_per_generation"
+        steps_flag = "--steps_per_generation" if "steps_per_generation" in trl else "--gradient_accumulation_steps"
+        generated = completions * steps
         if generated % args.num_generations:
             raise CoatiUsageError(
-                f"--per_device_train_batch_size {completions} x --gradient_accumulation_steps {args.accumulation_steps}"
-                f" = {generated} completions per rank is not a whole number of prompts of --num_generations "
-                f"{args.num_generations}; make it a multiple")
-        self.set("batch_size", generated // args.num_generations, "per_device_train_batch_size", exclusive=True)
-        self.set("train_batch_size", completions, "per_device_train_batch_size", exclusive=True)
+                f"--per_device_train_batch_size {completions} x {steps_flag} {steps} = {generated} completions per "
+                f"rank is not a whole number of prompts of --num_generations {args.num_generations}; make it a "
+                "multiple")
+        self.set("batch_size", generated // args.num_generations, name, exclusive=True)
+        self.set("train_batch_size", completions, name, exclusive="per_device_train_batch_size" in trl)
+
+    def grpo_loss(self) -> None:
+        """TRL's GRPO `loss_type` (an aggregation, and for cispo and sapo a policy loss), its SAPO temperatures and
+        `importance_sampling_level`; with cispo, TRL's `epsilon_high` is the weight's cap, coati's 1 +
+        --clip_eps_high."""
+        trl, args = self.trl, self.args
+        loss_type = trl.get("loss_type")
+        if loss_type is not None:
+            self.set("loss_agg", GRPO_LOSS_TYPES[loss_type], "loss_type", exclusive=True)
+        policies = [(policy, name) for policy, name in ((GRPO_LOSS_POLICIES.get(loss_type), "loss_type"),
+                    ("gspo" if trl.get("importance_sampling_level") == "sequence" else None,
+                     "importance_sampling_level")) if policy]
+        if len(policies) > 1:
+            raise CoatiUsageError(f"--loss_type {loss_type} and --importance_sampling_level sequence (GSPO) are two "
+                                  "policy losses; choose one")
+        for policy, name in policies:
+            self.set("policy_loss", policy, name, exclusive=True)
+        if loss_type == "cispo" and self.given.get("clip_eps_high") == "--epsilon_high":
+            if args.clip_eps_high <= 1:
+                raise CoatiUsageError(f"--loss_type cispo: --epsilon_high {args.clip_eps_high:g} is CISPO's cap on "
+                                      "the importance weight, and must be above 1 (ScaleRL's 5.0)")
+            self.set("clip_eps_high", args.clip_eps_high - 1, "epsilon_high")
+        temperatures = {name[5:]: trl[name] for name in SAPO_TEMPERATURES if name in trl}
+        if temperatures and args.policy_loss == "sapo":
+            given = list(getattr(args, "policy_loss_option", None) or [])
+            self.set("policy_loss_option", [*given, *temperatures.items()], f"sapo_{next(iter(temperatures))}")
 
     def step_counts(self) -> None:
         """TRL's counts of optimizer steps -> coati's counts of episodes, which must come out whole."""

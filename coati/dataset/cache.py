@@ -88,17 +88,18 @@ TRL `margin`)."""
 
 def cache_key(inputs: Sequence[str], data_type: str, tokenizer_dir: str, max_length: int,
               split: Optional[str] = None, image_limits: Optional[Dict[str, int]] = None,
-              eos_token: Optional[str] = None) -> str:
-    """A name for the prepared form of `inputs`' `split`: their content (the files of a folder given, its images
-    among them), the data type, the tokenizer's files and EOS (--eos_token), `max_length` and a vision-language
-    model's pixel limits."""
+              eos_token: Optional[str] = None, subset: Optional[str] = None) -> str:
+    """A name for the prepared form of `inputs`' `split` of configuration `subset`: their content (the files of a
+    folder given, its images among them), the data type, the tokenizer's files and EOS (--eos_token), `max_length`
+    and a vision-language model's pixel limits."""
     content = [f.relative_to(Path(i)).as_posix().encode() + f.read_bytes() if Path(i).is_dir() else f.read_bytes()
                for i in inputs for f in _files(Path(i))]
     tokenizer = [name.encode() + (Path(tokenizer_dir) / name).read_bytes() for name in TOKENIZER_FILES
                  if (Path(tokenizer_dir) / name).is_file()]
     settings = json.dumps({"type": data_type, "max_length": max_length, "split": split, "format": PREPARED_FORMAT,
                            "eos": eos_token,
-                           **({"image_limits": image_limits} if image_limits else {})}).encode()
+                           **({"image_limits": image_limits} if image_limits else {}),
+                           **({"subset": subset} if subset else {})}).encode()
     return f"{data_type}-{_digest([*content, *tokenizer, settings])}"
 
 
@@ -134,18 +135,22 @@ def _cached(entry: Path, make) -> Path:
 
 
 def prepared(inputs: Sequence[str], data_type: str, tokenizer, tokenizer_dir: str, max_length: int,
-             cache_dir: Optional[str] = None, split: Optional[str] = None, images: Any = None) -> Path:
-    """The prepared dataset of the raw `inputs`' `split` (`coati.dataset.prepare.load_rows`), from the cache or made
-    now (printing what was kept); `images`, a vision-language model's `ImageProcessing`."""
+             cache_dir: Optional[str] = None, split: Optional[str] = None, images: Any = None,
+             subset: Optional[str] = None) -> Path:
+    """The prepared dataset of the raw `inputs`' `split` of configuration `subset` (`coati.dataset.prepare.load_rows`),
+    from the cache or made now (printing what was kept); `images`, a vision-language model's `ImageProcessing`."""
     from coati.dataset.prepare import prepare_dataset, truncation_summary
 
     limits = images.limits.as_info() if images is not None else None
     entry = cache_root(cache_dir) / cache_key(inputs, data_type, tokenizer_dir, max_length, split, limits,
-                                              tokenizer.eos_token)
+                                              tokenizer.eos_token, subset)
 
     def make(folder: Path) -> None:
-        counts = prepare_dataset(list(inputs), data_type, tokenizer, max_length, folder, split=split, images=images)
-        which = f" ({split} split)" if split not in (None, "train") else ""
+        counts = prepare_dataset(list(inputs), data_type, tokenizer, max_length, folder, split=split, images=images,
+                                 subset=subset)
+        which = ", ".join(([f"configuration {subset}"] if subset else []) +
+                          ([f"{split} split"] if split not in (None, "train") else []))
+        which = f" ({which})" if which else ""
         print(f"prepared {data_type} data{which} from {', '.join(inputs)} into {entry}: {counts['kept']} of "
               f"{counts['rows']} rows kept, {truncation_summary(counts, max_length)}", flush=True)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from datasets import Dataset, concatenate_datasets, load_dataset, load_from_disk
+from datasets import Dataset, concatenate_datasets, get_dataset_config_names, load_dataset, load_from_disk
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
@@ -77,16 +77,21 @@ def named_splits(folder: Path) -> Dict[str, List[str]]:
             for name, files in DataFilesDict.from_patterns(patterns, base_path=str(folder)).items()}
 
 
-def _dataset_entries(path: Path, cache_dir: Optional[PathLike] = None, split: str = "train") -> Iterator[Entry]:
-    """An `Entry` (`folder row N`) for every row of `split` of a local dataset folder read by `datasets.load_dataset`."""
+def _dataset_entries(path: Path, cache_dir: Optional[PathLike] = None, split: str = "train",
+                     subset: Optional[str] = None) -> Iterator[Entry]:
+    """An `Entry` (`folder row N`) for every row of `split` of a local dataset folder read by `datasets.load_dataset`,
+    of its configuration `subset` where given (load_dataset's name)."""
     if path.is_dir() and not any(path.iterdir()):
         raise CoatiUsageError(f"{path}: the data input folder is empty (expected JSONL files or a dataset folder)")
     try:
         if is_saved_raw(path):
-            dataset = _saved_split(path, split)
+            dataset = _saved_split(path, split, subset)
         else:
-            dataset = load_dataset(str(path), split=split, cache_dir=None if cache_dir is None else str(cache_dir))
+            dataset = load_dataset(str(path), subset, split=split,
+                                   cache_dir=None if cache_dir is None else str(cache_dir))
     except ValueError as error:
+        if "Config name is missing" in str(error) or "BuilderConfig" in str(error):
+            raise CoatiUsageError(_configurations(path, subset)) from None
         if "Unknown split" not in str(error):
             raise
         raise CoatiUsageError(f"{path} has no split {split!r} ({first_line(error)})") from None
@@ -97,8 +102,20 @@ def _dataset_entries(path: Path, cache_dir: Optional[PathLike] = None, split: st
         yield f"{path} row {index}", functools.partial(dict, row), path
 
 
-def _saved_split(path: Path, split: str) -> Dataset:
-    """`split` of a folder `save_to_disk` wrote (a dataset dict's split, or the one dataset as its train split)."""
+def _configurations(path: Path, subset: Optional[str]) -> str:
+    """What to give where the dataset folder `path` has configurations (subsets) and `subset` names none of them."""
+    names = ", ".join(get_dataset_config_names(str(path)))
+    if subset is None:
+        return f"{path} has configurations ({names}): choose one with --dataset_config NAME"
+    return f"{path} has no configuration {subset!r} (--dataset_config); it has {names}"
+
+
+def _saved_split(path: Path, split: str, subset: Optional[str] = None) -> Dataset:
+    """`split` of a folder `save_to_disk` wrote (a dataset dict's split, or the one dataset as its train split),
+    which has no configurations (`subset`)."""
+    if subset is not None:
+        raise CoatiUsageError(f"{path} is a folder save_to_disk wrote, with no configurations: leave --dataset_config "
+                              "out")
     saved = load_from_disk(str(path))
     if isinstance(saved, Dataset):
         if split != "train":
@@ -110,17 +127,21 @@ def _saved_split(path: Path, split: str) -> Dataset:
 
 
 def load_rows(inputs: Sequence[PathLike], data_type: str, skip_invalid: bool = False,
-              cache_dir: Optional[PathLike] = None, split: Optional[str] = None) -> Tuple[List[Dict], int]:
+              cache_dir: Optional[PathLike] = None, split: Optional[str] = None,
+              subset: Optional[str] = None) -> Tuple[List[Dict], int]:
     """Validated, normalised rows of every input (dataset folders read through `datasets`' cache in `cache_dir`,
     its default when None); returns (rows, number skipped). With `split`, a folder whose files are named by split,
-    or a dataset folder, gives that split's rows; without, every JSONL file of a folder, and a dataset's train split."""
+    or a dataset folder, gives that split's rows; without, every JSONL file of a folder, and a dataset's train split.
+    With `subset`, every input is a dataset folder read as that configuration (load_dataset's name)."""
     rows, skipped = [], 0
     for raw in inputs:
         path = Path(raw)
         if not path.exists():
             raise CoatiUsageError(f"data input not found: {path}")
-        files = _jsonl_files(path, split)
-        entries = jsonl_entries(files) if files else _dataset_entries(path, cache_dir, split or "train")
+        if subset is not None and path.is_file():
+            raise CoatiUsageError(f"{path} is one file, with no configurations: leave --dataset_config out")
+        files = _jsonl_files(path, split) if subset is None else []
+        entries = jsonl_entries(files) if files else _dataset_entries(path, cache_dir, split or "train", subset)
         found, bad = validate_rows(entries, data_type, skip_invalid)
         rows += found
         skipped += bad
@@ -366,14 +387,15 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, row: Dict, max_length: int
 def prepare_dataset(inputs: Sequence[PathLike], data_type: str, tokenizer: PreTrainedTokenizerBase, max_length: int,
                     out_dir: PathLike, skip_invalid: bool = False, layout: OutputLayout = OutputLayout(),
                     cache_dir: Optional[PathLike] = None, system_message: Optional[str] = None,
-                    split: Optional[str] = None, images: Optional[ImageProcessing] = None) -> Dict[str, int]:
+                    split: Optional[str] = None, images: Optional[ImageProcessing] = None,
+                    subset: Optional[str] = None) -> Dict[str, int]:
     """Validate, tokenize and save (as `layout` says); returns rows read, kept, dropped by truncation, left out by
     sampling, and skipped as invalid. `cache_dir` is `datasets`' cache for input dataset folders;
     `system_message` opens every conversation that has no system turn of its own (ColossalChat's template
-    config field); `split` as `load_rows` takes it; `images`, a vision-language model's processor (None: a text
-    model's folder, which cannot take rows with images)."""
+    config field); `split` and `subset` as `load_rows` takes them; `images`, a vision-language model's processor
+    (None: a text model's folder, which cannot take rows with images)."""
     layout.check_free(out_dir)
-    rows, skipped = load_rows(inputs, data_type, skip_invalid, cache_dir, split)
+    rows, skipped = load_rows(inputs, data_type, skip_invalid, cache_dir, split, subset)
     if images is None and any(row.get(IMAGES) for row in rows):
         raise CoatiUsageError("the data has images, and the tokenizer's folder has no image processor "
                               "(preprocessor_config.json): images need a vision-language model's folder (Qwen2-VL, "

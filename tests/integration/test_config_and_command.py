@@ -190,6 +190,13 @@ def test_use_peft_trains_lora_at_trls_rank_unless_lora_r_says(monkeypatch, tmp_p
     ({"mask_truncated_completions": True}, {"mask_truncated_completions": True}),
     ({"top_k": 20, "top_p": 0.95, "min_p": 0.05, "repetition_penalty": 1.1},
      {"top_k": 20, "top_p": 0.95, "min_p": 0.05, "repetition_penalty": 1.1}),
+    # TRL's cispo caps the weight at epsilon_high itself; coati's cap is 1 + --clip_eps_high
+    ({"loss_type": "cispo", "epsilon_high": 5.0}, {"policy_loss": "cispo", "loss_agg": "token-mean",
+                                                   "clip_eps_high": 4.0}),
+    ({"loss_type": "sapo", "sapo_temperature_neg": 1.2},
+     {"policy_loss": "sapo", "loss_agg": "seq-mean-token-mean", "policy_loss_option": [("temperature_neg", 1.2)]}),
+    ({"sapo_temperature_neg": 1.2}, {"policy_loss": "ppo", "policy_loss_option": []}),   # TRL's: sapo's only
+    ({"ddp_timeout": 1800}, {"dist_timeout": 1800}),
 ])
 def test_a_trl_name_in_a_grpo_config_sets_coatis_setting_with_trls_meaning(config, expected, monkeypatch, tmp_path):
     args = _parse("grpo", MODEL_AND_DATA, monkeypatch, {"reward_funcs": ["math_answer"], **config}, tmp_path)
@@ -206,6 +213,9 @@ def test_a_trl_name_in_a_grpo_config_sets_coatis_setting_with_trls_meaning(confi
     # 2 prompts x 4 completions learned 2 at a time, one micro-batch a step: 4 optimizer steps per episode
     ({"batch_size": 2, "num_generations": 4, "train_batch_size": 2, "max_steps": 40, "logging_steps": 8},
      {"num_episodes": 10, "log_interval": 2}),
+    # a generation of 4 micro-steps of 8 completions, 2 micro-steps per optimizer step: 2 optimizer steps an episode
+    ({"per_device_train_batch_size": 8, "steps_per_generation": 4, "gradient_accumulation_steps": 2,
+      "num_generations": 4, "max_steps": 10}, {"batch_size": 8, "train_batch_size": 8, "num_episodes": 5}),
 ])
 def test_grpo_counts_convert_from_trls_completions_and_optimizer_steps(config, expected, monkeypatch, tmp_path):
     from coati.cli.arguments import optimizer_steps_per_episode
@@ -247,6 +257,19 @@ def test_the_command_lines_run_length_overrides_the_files(monkeypatch, tmp_path)
     (["--lr_scheduler", "linear", "--lr_scheduler_kwargs", "min_lr_rate=0.1"],
      r"--lr_scheduler_option min_lr_rate: not a setting of --lr_scheduler linear \(it takes none\)"),
     (["--report_to", "none", "wandb"], r"--report_to none wandb: none means no logs; give it alone"),
+    (["--per_device_train_batch_size", "6", "--steps_per_generation", "3", "--num_generations", "4"],
+     r"--per_device_train_batch_size 6 x --steps_per_generation 3 = 18 completions per rank is not a whole number"),
+    (["--loss_type", "vespo"], r"argument --loss_type: vespo is not built here: give one of grpo, bnpo, dr_grpo, dapo, "
+                               r"cispo, sapo, or --policy_loss"),
+    (["--loss_type", "cispo", "--epsilon_high", "0.28"], r"--loss_type cispo: --epsilon_high 0.28 is CISPO's cap on "
+                                                         r"the importance weight, and must be above 1"),
+    (["--loss_type", "sapo", "--importance_sampling_level", "sequence"],
+     r"--loss_type sapo and --importance_sampling_level sequence \(GSPO\) are two policy losses; choose one"),
+    (["--sync_ref_model", "true"], r"--sync_ref_model true: --sync_ref_model takes only false here"),
+    (["--shuffle_dataset", "false"], r"--shuffle_dataset false: --shuffle_dataset takes only true here: coati "
+                                     r"shuffles the training data every epoch"),
+    (["--generation_batch_size", "64"], r"--generation_batch_size is not taken: it counts completions over every "
+                                        r"process"),
     (["--num_generation", "4"], r"unknown flag --num_generation \(did you mean --num_generations"),
     (["--nproc_per_node", "2"], r"unknown flag --nproc_per_node \(a launcher flag: give it to the `coati` command"),
 ])
@@ -269,8 +292,19 @@ def test_flags_override_the_file_and_launcher_keys_are_the_coati_commands(monkey
     ({"env": {"A": "1"}}, r"key 'env' is not taken: set environment variables in the shell"),
     ({"system_prompt": "Be brief."}, r"key 'system_prompt' is not taken: put the system turn in the data"),
     ({"dataset_prompt_column": "problem"}, r"key 'dataset_prompt_column' is not taken: name the data's prompt column"),
-    ({"load_best_model_at_end": True}, r"key 'load_best_model_at_end' is not taken: coati exports the last model"),
-    ({"data_seed": 3}, r"key 'data_seed' is not taken: seed orders the data too"),
+    ({"load_best_model_at_end": True}, r"key 'load_best_model_at_end' takes only false here: coati exports the last "
+                                       r"model"),
+    ({"data_seed": 3}, r"key 'data_seed' takes only null here: --seed orders the data too"),
+    ({"sync_ref_model": True}, r"key 'sync_ref_model' takes only false here: coati's reference model stays the "
+                               r"starting model"),
+    ({"use_dora": True}, r"key 'use_dora' takes only false here: coati's adapters are plain LoRA"),
+    ({"loss_type": "dft"}, r"key 'loss_type' takes only nll here: coati's SFT loss is the negative log-likelihood"),
+    ({"deepspeed": "ds_zero3.json"}, r"key 'deepspeed' takes only null here: coati shards with --plugin"),
+    ({"fsdp_config": {"min_num_params": 1}}, r"key 'fsdp_config' takes only null here: coati shards with --plugin"),
+    ({"vllm_mode": "server"}, r"key 'vllm_mode' takes only colocate here: coati starts a vLLM server beside each "
+                              r"rank"),
+    ({"generation_batch_size": 64}, r"key 'generation_batch_size' is not taken: it counts completions over every "
+                                    r"process; give steps_per_generation"),
     ({"gradient_checkpointing": "yes"}, r"gradient_checkpointing: expected true or false, got 'yes'"),
     ({"learning_rate": [1, 2]}, r"learning_rate: expected one value, got a list of 2"),
     ({"learnin_rate": 1e-3, "seed": 1, "envv": 1, "env": {"A": "1"}},   # every key not taken, in one line
@@ -499,7 +533,8 @@ def _split_args(tiny_assets, tmp_path, data, **settings):
 
     return argparse.Namespace(**{
         "data_type": "sft", "dataset": [str(data)], "eval_dataset": None, "ptx_dataset": None, "eval_split": 0.0,
-        "dataset_train_split": "train", "dataset_test_split": None, "dataset_flag": "--dataset", "tokenizer_dir": None,
+        "dataset_train_split": "train", "dataset_test_split": None, "dataset_config": None, "dataset_flag": "--dataset",
+        "tokenizer_dir": None,
         "pretrain": str(tiny_assets["model"]), "trust_remote_code": False, "max_length": 64, "seed": 42,
         "prepared_cache_dir": str(tmp_path / "cache"), **settings})
 
@@ -546,6 +581,51 @@ def test_a_folder_named_by_split_trains_on_one_split_and_evaluates_on_another_as
         prepare_raw_data(_split_args(tiny_assets, tmp_path, tiny_assets["sft_train"], dataset_test_split="test"))
 
 
+HUB_CONFIGS = """---
+configs:
+- config_name: all
+  data_files:
+  - {split: train, path: all/train-*}
+  - {split: test, path: all/test-*}
+- config_name: short
+  data_files:
+  - {split: train, path: short/train-*}
+---
+"""
+"""A Hub dataset's README declaring two configurations (as HuggingFaceTB/smoltalk's and openai/gsm8k's do)."""
+
+
+def test_dataset_config_reads_one_configuration_of_a_hub_dataset_folder(tiny_assets, tmp_path):
+    """TRL's `dataset_config` (load_dataset's name): the configuration's split is trained on, its test split held
+    out; without it, or naming none of the folder's, one line lists the configurations."""
+    from datasets import Dataset
+
+    from coati.cli.preflight import prepare_raw_data
+    from coati.dataset.demo_data import generate_problems, sft_records
+    from coati.dataset.prepare import load_prepared
+    from coati.utils.errors import CoatiUsageError
+
+    folder = tmp_path / "hub"
+    (folder / "all").mkdir(parents=True)
+    (folder / "short").mkdir()
+    (folder / "README.md").write_text(HUB_CONFIGS)
+    for part, rows in (("all/train", 9), ("all/test", 3), ("short/train", 5)):
+        split = "eval" if part.endswith("test") else "train"
+        Dataset.from_list(sft_records(generate_problems(rows, split))).to_parquet(str(folder / f"{part}-0.parquet"))
+    args = _split_args(tiny_assets, tmp_path, folder, dataset_config="all", dataset_test_split="test")
+    prepare_raw_data(args)
+    assert (len(load_prepared(args.dataset, "sft")), len(load_prepared(args.eval_dataset, "sft"))) == (9, 3)
+    args = _split_args(tiny_assets, tmp_path, folder, dataset_config="short")
+    prepare_raw_data(args)
+    assert len(load_prepared(args.dataset, "sft")) == 5
+    with pytest.raises(CoatiUsageError, match=rf"^--dataset: {folder} has configurations \(all, short\): choose one "
+                                              r"with --dataset_config NAME$"):
+        prepare_raw_data(_split_args(tiny_assets, tmp_path, folder))
+    with pytest.raises(CoatiUsageError, match=rf"^--dataset: {folder} has no configuration 'long' \(--dataset_config\); "
+                                              r"it has all, short$"):
+        prepare_raw_data(_split_args(tiny_assets, tmp_path, folder, dataset_config="long"))
+
+
 OPEN_R1_SFT = """
 # an SFT recipe as TRL's and open-r1's are written
 model_name_or_path: {model}
@@ -583,6 +663,26 @@ seed: 42
 use_liger_kernel: false
 warmup_ratio: 0.05
 """
+
+
+def test_trl_keys_at_the_one_value_coati_matches_are_noted_as_files_and_as_flags(monkeypatch, capsys, tmp_path):
+    """A recipe that writes out TRL's defaults (every key of `ONE_VALUE_KEYS` at its value, and the flags a TRL
+    command line gives) runs as without them, each named in the note of keys that change nothing."""
+    from coati.cli.trl_keys import ONE_VALUE_KEYS
+
+    config = {key: value for key, (value, _) in ONE_VALUE_KEYS.items()}
+    plain = _parse("grpo", GRPO, monkeypatch)
+    capsys.readouterr()
+    args = _parse("grpo", [*GRPO, "--shuffle_dataset", "true", "--vllm_mode=colocate", "--no_torch_compile",
+                           "--hub_token", "abc"], monkeypatch, config, tmp_path)
+    assert {k: v for k, v in vars(args).items() if k not in ("config", "_run_record")} == \
+        {k: v for k, v in vars(plain).items() if k not in ("config", "_run_record")}
+    notes = capsys.readouterr().err.strip().splitlines()
+    assert len(notes) == 2 and all(f" {key} (" in notes[1] for key in ONE_VALUE_KEYS), notes
+    assert notes[0] == ("note: not used: --shuffle_dataset (coati shuffles the training data every epoch (by --seed)); "
+                        "--vllm_mode (coati starts a vLLM server beside each rank, on its GPU (--rollout_backend vllm, "
+                        "--vllm_gpu_memory_utilization); TRL's separate `trl vllm-serve` is not used); --torch_compile "
+                        "(coati does not compile the model); --hub_token (coati does not upload)")
 
 
 def test_a_trl_sft_recipe_as_written_is_taken_with_one_note_for_the_keys_that_change_nothing(monkeypatch, capsys,
