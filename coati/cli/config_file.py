@@ -12,10 +12,11 @@ import argparse
 import difflib
 import json
 import os
+import re
 import sys
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from coati.cli.trl_keys import (IGNORED_KEYS, NO_SETTING_KEYS, ONE_VALUE_KEYS, REFUSED_KEYS, TRUTH_WORDS, refusal,
                                 truthy, unused_reason)
@@ -107,7 +108,7 @@ def _destinations(cls: type, skip: Sequence[str]) -> List[str]:
     return found
 
 
-def flat_settings(parser: argparse.ArgumentParser, values: Mapping[str, Any], path: str,
+def flat_settings(parser: argparse.ArgumentParser, values: Mapping[str, Any], source: str,
                   actions: Dict[str, argparse.Action]) -> List[tuple]:
     """(key, value, where) of each setting in a config file's `values`: a section's mapping (`optim: {lr: ...}`) gives
     its keys, each checked to belong to that section (TRL's converted names go at the top level); any other key is a
@@ -118,29 +119,29 @@ def flat_settings(parser: argparse.ArgumentParser, values: Mapping[str, Any], pa
     for key, value in values.items():
         key = str(key)
         if key == "optim" and isinstance(value, str):   # TRL's optimizer name, not coati's section of that name
-            check_adamw(value, f"{CONFIG_FLAG} {path}: optim", "leave the key out")
+            check_adamw(value, f"{source}: optim", "leave the key out")
             flat.append((key, value, key))
             continue
         if key in known_sections and key.lstrip("-") not in actions:
-            flat += _section_settings(key, value, owners, actions, path)
+            flat += _section_settings(key, value, owners, actions, source)
             continue
         if isinstance(value, Mapping) and owners and key.lstrip("-") not in {*actions, *NO_SETTING_KEYS}:
-            raise CoatiUsageError(f"{CONFIG_FLAG} {path}: unknown section {key!r}"
+            raise CoatiUsageError(f"{source}: unknown section {key!r}"
                                   f"{_elsewhere(key, parser) or nearest(key, known_sections)}")
         flat.append((key, value, key))
-    _refuse_twice_given(flat, actions, path)
+    _refuse_twice_given(flat, actions, source)
     return flat
 
 
 def _section_settings(section: str, value: Any, owners: Dict[str, str], actions: Dict[str, argparse.Action],
-                      path: str) -> List[tuple]:
+                      source: str) -> List[tuple]:
     """The (key, value, where) of one section's mapping; an empty section is none."""
     if value is None:
         return []
     if not isinstance(value, Mapping):
         example = next(flag for flag, action in actions.items() if owners.get(action.dest) == section) \
             if section != COLOSSALCHAT_SECTION else "lora_config"
-        raise CoatiUsageError(f"{CONFIG_FLAG} {path}: {section!r} is a section: give its settings under it, e.g. "
+        raise CoatiUsageError(f"{source}: {section!r} is a section: give its settings under it, e.g. "
                               f"`{section}: {{{example}: ...}}`, not {value!r}")
     settings = []
     for sub, sub_value in value.items():
@@ -148,16 +149,16 @@ def _section_settings(section: str, value: Any, owners: Dict[str, str], actions:
         action = actions.get(sub.lstrip("-"))
         owner = owners.get(action.dest) if action is not None else None
         if owner is not None and owner != section:
-            raise CoatiUsageError(f"{CONFIG_FLAG} {path}: {section}.{sub} is a setting of section {owner!r}, not "
+            raise CoatiUsageError(f"{source}: {section}.{sub} is a setting of section {owner!r}, not "
                                   f"{section!r}; move it there (or to the top level)")
         if action is not None and owner is None and section != COLOSSALCHAT_SECTION:
-            raise CoatiUsageError(f"{CONFIG_FLAG} {path}: {section}.{sub} is TRL's or ColossalChat's name, converted "
+            raise CoatiUsageError(f"{source}: {section}.{sub} is TRL's or ColossalChat's name, converted "
                                   f"to coati's settings: give it at the top level, or coati's own name in its section")
         settings.append((sub, sub_value, f"{section}.{sub}"))
     return settings
 
 
-def _refuse_twice_given(settings: List[tuple], actions: Dict[str, argparse.Action], path: str) -> None:
+def _refuse_twice_given(settings: List[tuple], actions: Dict[str, argparse.Action], source: str) -> None:
     """One line where two keys of a file set the same setting (the later would silently win)."""
     seen: Dict[str, str] = {}
     for key, _, where in settings:
@@ -165,7 +166,7 @@ def _refuse_twice_given(settings: List[tuple], actions: Dict[str, argparse.Actio
         if action is None:
             continue
         if action.dest in seen:
-            raise CoatiUsageError(f"{CONFIG_FLAG} {path}: {seen[action.dest]} and {where} set the same setting; "
+            raise CoatiUsageError(f"{source}: {seen[action.dest]} and {where} set the same setting; "
                                   "keep one")
         seen[action.dest] = where
 
@@ -206,25 +207,28 @@ def _section_values(actions: Dict[str, argparse.Action], settings: Any, section:
     return values
 
 
-def config_tokens(parser: argparse.ArgumentParser, values: Mapping[str, Any], path: str) -> List[str]:
-    """The command-line arguments the file's `values` stand for, in the file's order."""
+def config_tokens(parser: argparse.ArgumentParser, values: Mapping[str, Any], path: str,
+                  source: Optional[str] = None) -> List[str]:
+    """The command-line arguments the file `path`'s `values` stand for, in the file's order; messages name them by
+    `source` (default `--config PATH`)."""
+    source = source or f"{CONFIG_FLAG} {path}"
     actions = _actions_by_key(parser)
     tokens: List[str] = []
-    settings = flat_settings(parser, values, path, actions)
+    settings = flat_settings(parser, values, source, actions)
     command = _command(parser)
     unused = {where: unused_reason(key, value, command) for key, value, where in settings if key not in actions}
     unused = {where: reason for where, reason in unused.items() if reason is not None}
     if unused:
-        note_user(f"{CONFIG_FLAG} {path}: not used: " + "; ".join(f"{where} ({why})" for where, why in unused.items()))
+        note_user(f"{source}: not used: " + "; ".join(f"{where} ({why})" for where, why in unused.items()))
     settings = [(key, value, where) for key, value, where in settings
                 if key not in LAUNCH_KEYS and where not in unused]
     problems = [_key_problem(key, value, where, actions, command) for key, value, where in settings
                 if key in REFUSED_KEYS or key.lstrip("-") not in actions]
     if problems:
-        raise CoatiUsageError(f"{CONFIG_FLAG} {path}: " + "; ".join(problems))
+        raise CoatiUsageError(f"{source}: " + "; ".join(problems))
     for key, value, where in settings:
         action = actions[key.lstrip("-")]
-        tokens += _tokens(action, _flag_for(action, key), value, f"{CONFIG_FLAG} {path}: {where}")
+        tokens += _tokens(action, _flag_for(action, key), value, f"{source}: {where}")
     return tokens
 
 
@@ -308,6 +312,98 @@ def given_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Dict[st
     return given
 
 
+
+
+OVERRIDE = re.compile(r"([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)=(.*)", re.DOTALL)
+"""verl's (Hydra's) override of a setting in a section: `optim.lr=1e-6`."""
+
+
+def split_overrides(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Tuple[Dict[str, Any], List[str]]:
+    """(the `section.key=value` and `key=value` overrides among `argv`, verl's Hydra style, as the nested mapping a
+    config file would hold, each value read as YAML; the other arguments). An override is an argument that no flag
+    takes as its value, or one that names a setting of a section of the command's run config; any other argument
+    that no flag takes is refused in one line, for a parser that takes no positional arguments."""
+    positional = any(not action.option_strings for action in parser._actions)
+    owners = section_owners(parser)
+    sections = set(owners.values())
+    actions = _actions_by_key(parser)
+
+    def names_a_setting(arg: str) -> bool:
+        match = OVERRIDE.fullmatch(arg)
+        if not match or match.group(1).split(".")[0] not in sections:
+            return False
+        section, _, key = match.group(1).partition(".")
+        action = actions.get(key)
+        return action is not None and owners.get(action.dest) == section
+
+    overrides: Dict[str, Any] = {}
+    rest: List[str] = []
+    takes = 0   # how many more arguments the last flag takes (-1: any number)
+    for arg in argv:
+        if arg.startswith("-") and len(arg) > 1 and not _is_number(arg):
+            rest.append(arg)
+            takes = 0 if "=" in arg else _arity(parser._option_string_actions.get(arg))
+            continue
+        if takes and not names_a_setting(arg):
+            rest.append(arg)
+            takes -= takes > 0
+            continue
+        takes = 0
+        if positional:
+            rest.append(arg)
+            continue
+        key, equals, value = arg.partition("=")
+        if equals and (names_a_setting(arg) or key in actions or key.split(".")[0] in sections):
+            _nest(overrides, key.split("."), _yaml_value(value))
+            continue
+        raise CoatiUsageError(_unexpected(arg, sections))
+    return overrides, rest
+
+
+def _is_number(arg: str) -> bool:
+    """`-1`, `-1e-3`: a value, not a flag."""
+    try:
+        float(arg)
+    except ValueError:
+        return False
+    return True
+
+
+def _arity(action: Optional[argparse.Action]) -> int:
+    """How many of the arguments after `action`'s flag it takes (-1: any number; an unknown flag, one)."""
+    if action is None or action.nargs is None or action.nargs == "?":
+        return 1
+    if action.nargs in ("+", "*", argparse.REMAINDER):
+        return -1
+    return int(action.nargs)
+
+
+def _nest(tree: Dict[str, Any], keys: List[str], value: Any) -> None:
+    """`tree[k1][k2]...[kn] = value`."""
+    for key in keys[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[keys[-1]] = value
+
+
+def _yaml_value(text: str) -> Any:
+    """An override's value as a config file would hold it (`[a, b]` a list, `true` a boolean, `1e-6` as written)."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text) if text else None
+    except yaml.YAMLError:
+        return text
+
+
+def _unexpected(arg: str, sections: Iterable[str]) -> str:
+    """What to give instead of the argument `arg`, which no flag takes and which overrides no setting."""
+    match = OVERRIDE.fullmatch(arg)
+    if match:
+        return (f"unexpected argument {arg!r}: {match.group(1).split('.')[0]!r} is no section of this command's "
+                f"settings{nearest(match.group(1).split('.')[0], sections)}; its sections: "
+                f"{', '.join(sorted(sections))}")
+    overrides = ", or section.key=value" if sections else ""
+    return f"unexpected argument {arg!r}: settings are flags (--name value) or keys of a --config file{overrides}"
 
 
 def check_adamw(name: str, where: str, instead: str) -> None:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, NoReturn, Op
 
 from coati.cli.config_file import (CONFIG_FLAG, NOT_SAVED, check_flags_known, config_tokens, drop_ignored_flags,
                                    expand_output_dir, given_flags, hf_negations, read_config, resolved_config,
-                                   split_config_flag, switch_words)
+                                   split_config_flag, split_overrides, switch_words)
 from coati.utils.errors import USAGE_EXIT_CODE, CoatiUsageError, fail, warn_user
 from coati.utils.settings import dest, flag_name
 
@@ -69,10 +69,13 @@ class CoatiArgumentParser(argparse.ArgumentParser):
             argv = [a for a in argv if a not in blank]
         try:
             path, command_line = split_config_flag(argv)
+            overrides, command_line = split_overrides(self, command_line)
             command_line = drop_ignored_flags(self, hf_negations(self, command_line))
             check_flags_known(self, command_line)
             command_line = switch_words(self, command_line)
             from_file = config_tokens(self, read_config(path), path) if path else []
+            if overrides:   # verl's section.key=value: after the file, before the flags
+                command_line = config_tokens(self, overrides, "", "section.key=value overrides") + command_line
         except CoatiUsageError as exc:
             self.error(str(exc))
         from_flags, in_file = given_flags(self, command_line), given_flags(self, from_file)

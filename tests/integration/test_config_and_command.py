@@ -665,6 +665,35 @@ warmup_ratio: 0.05
 """
 
 
+def test_verl_style_overrides_set_a_sections_setting_between_the_file_and_the_flags(monkeypatch, tmp_path):
+    """`section.key=value` (and `key=value`) after the command, as verl's Hydra overrides are written: they override
+    the file and the flags override them; a flag's own values (`--reward_fn`, `--lr_scheduler_option`) stay its own."""
+    config = {"learning_rate": 1e-3, "report_to": ["none"], "num_generations": 8}
+    args = _parse("grpo", [*GRPO, "optim.lr=2e-3", "rollout.num_generations=4", "seed=3"], monkeypatch, config,
+                  tmp_path)
+    assert (args.lr, args.num_generations, args.seed, args.report_to) == (2e-3, 4, 3, ["none"])
+    args = _parse("grpo", [*GRPO, "optim.lr=2e-3", "--lr", "3e-3"], monkeypatch, config, tmp_path)
+    assert args.lr == 3e-3
+    args = _parse("grpo", [*MODEL_AND_DATA, "--reward_fn", "math_answer", "optim.learning_rate=1e-6",
+                           "--lr_scheduler", "cosine_with_min_lr", "--lr_scheduler_option", "min_lr_rate=0.1"],
+                  monkeypatch)
+    assert (args.reward_fn, args.lr, args.lr_scheduler_option) == (["math_answer"], 1e-6, [("min_lr_rate", 0.1)])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["foo"], r"unexpected argument 'foo': settings are flags \(--name value\) or keys of a --config file, or "
+              r"section\.key=value"),
+    (["optm.lr=3"], r"unexpected argument 'optm.lr=3': 'optm' is no section of this command's settings \(did you "
+                    r"mean optim\?\); its sections: actor_loss, algorithm, "),
+    (["optim.lrr=3"], r"section\.key=value overrides: unknown key 'optim\.lrr' \(did you mean lr\?\)"),
+    (["model.lr=3"], r"section\.key=value overrides: model\.lr is a setting of section 'optim', not 'model'"),
+])
+def test_an_argument_no_flag_takes_is_one_line_naming_what_to_give(argv, message, monkeypatch, capsys, tmp_path):
+    """Before, a stray argument joined the file's last list (`report_to: none` took it as a second target)."""
+    line = _refused("grpo", [*argv, *GRPO], monkeypatch, capsys, {"report_to": ["none"]}, tmp_path)
+    assert re.search(message, line), line
+
+
 def test_trl_keys_at_the_one_value_coati_matches_are_noted_as_files_and_as_flags(monkeypatch, capsys, tmp_path):
     """A recipe that writes out TRL's defaults (every key of `ONE_VALUE_KEYS` at its value, and the flags a TRL
     command line gives) runs as without them, each named in the note of keys that change nothing."""
