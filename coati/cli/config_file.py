@@ -166,8 +166,7 @@ def _refuse_twice_given(settings: List[tuple], actions: Dict[str, argparse.Actio
         if action is None:
             continue
         if action.dest in seen:
-            raise CoatiUsageError(f"{source}: {seen[action.dest]} and {where} set the same setting; "
-                                  "keep one")
+            raise CoatiUsageError(f"{source}: {seen[action.dest]} and {where} set the same setting; keep one")
         seen[action.dest] = where
 
 
@@ -310,8 +309,6 @@ def given_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Dict[st
         if action is not None:
             given[action.dest] = arg.partition("=")[0]
     return given
-
-
 
 
 OVERRIDE = re.compile(r"([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)=(.*)", re.DOTALL)

@@ -19,13 +19,15 @@ def truthy(value: str) -> bool:
     return TRUTH_WORDS[value.lower()]
 
 
-_OWN_CORRECTION = ("coati's correction of vLLM's samples is --behaviour_correction (truncated, masked, icepop, sequence, "
-                   "sequence_masked), its cap --behaviour_cap and its band --behaviour_correction_option low=L high=H")
+_OWN_CORRECTION = ("coati's correction of vLLM's samples is --behaviour_correction (truncated, masked, icepop, "
+                   "sequence, sequence_masked), its cap --behaviour_cap and its band --behaviour_correction_option "
+                   "low=L high=H")
 REFUSED_KEYS = {
     "accelerate_config": "coati launches with torchrun or colossalai run: give num_processes (--nproc_per_node), "
                          "--nnodes and --hostfile instead, and the plugin with --plugin",
     "env": "set environment variables in the shell that runs coati; a config file holds settings only",
-    "system_prompt": "put the system turn in the data: a `prompt` (or `messages`) list that opens with a system message",
+    "system_prompt": "put the system turn in the data: a `prompt` (or `messages`) list that opens with a system "
+                     "message",
     "dataset_prompt_column": "name the data's prompt column `prompt` (TRL's standard) or give `messages`",
     "generation_batch_size": "it counts completions over every process; give steps_per_generation, micro-steps of "
                              "per_device_train_batch_size completions per generation on each process (generation_batch_"
@@ -47,8 +49,8 @@ IGNORED_KEYS = {
     "log_level": "coati prints what a run does", "log_level_replica": "coati prints on the first rank",
     "log_on_each_node": "coati prints on the first rank",
     "disable_tqdm": "coati's progress bar and step lines are its own",
-    "logging_nan_inf_filter": "coati logs each loss as computed; a NaN or infinite loss stops the run (--skip_nonfinite "
-                              "N skips such steps)",
+    "logging_nan_inf_filter": "coati logs each loss as computed; a NaN or infinite loss stops the run "
+                              "(--skip_nonfinite N skips such steps)",
     "skip_memory_metrics": "coati's performance callback measures its own", "include_num_input_tokens_seen":
         "coati's performance callback counts tokens per second",
     "do_train": "the command trains", "do_eval": "evaluation follows the held-out data and eval_strategy",
@@ -91,7 +93,8 @@ IGNORED_KEYS = {
     "f_alpha_divergence_coef": "used with f_divergence_type alpha_divergence only",
     "discopop_tau": "used with loss_type discopop only", "length_column_name": "coati measures each row itself",
     "entropy_target": "used with use_adaptive_entropy only", "entropy_coef_min": "used with use_adaptive_entropy only",
-    "entropy_coef_max": "used with use_adaptive_entropy only", "entropy_coef_delta": "used with use_adaptive_entropy only",
+    "entropy_coef_max": "used with use_adaptive_entropy only",
+    "entropy_coef_delta": "used with use_adaptive_entropy only",
     "vespo_k_pos": "used with loss_type vespo only", "vespo_k_neg": "used with loss_type vespo only",
     "vespo_lambda_pos": "used with loss_type vespo only", "vespo_lambda_neg": "used with loss_type vespo only",
 }
@@ -125,8 +128,8 @@ ONE_VALUE_KEYS: Dict[str, Tuple[Any, str]] = {
     "torch_compile": (False, "coati does not compile the model"),
     "torch_compile_backend": (None, "coati does not compile the model"),
     "torch_compile_mode": (None, "coati does not compile the model"),
-    "eval_on_start": (False, "a supervised run evaluates every --eval_interval steps and after each epoch; GRPO and PPO "
-                             "also before the first episode"),
+    "eval_on_start": (False, "a supervised run evaluates every --eval_interval steps and after each epoch; GRPO and "
+                             "PPO also before the first episode"),
     "eval_delay": (0, "evaluation follows eval_strategy from the first step"),
     "debug": ("", "coati has no debug modes"),
     "deepspeed": (None, _NOT_SHARDED_THAT_WAY), "fsdp": (None, _NOT_SHARDED_THAT_WAY),

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from coati.cli.arguments import optimizer_steps_per_episode
-from coati.cli.trl_keys import truthy
 from coati.cli.options import add_post_parse
+from coati.cli.trl_keys import truthy
 from coati.utils.errors import CoatiUsageError
 
 ON_POLICY = ("ppo", "grpo")
@@ -47,6 +47,8 @@ TRL_SAVE_NAMES = ("save_steps", "save_strategy")
 STEP_COUNTS = {"max_steps": "num_episodes", "logging_steps": "log_interval", "save_steps": "save_interval",
                "eval_steps": "eval_interval"}
 """On-policy: TRL's counts of optimizer steps -> coati's settings that count episodes."""
+
+
 def _positive_int(value: str) -> int:
     try:
         number = int(value)
@@ -290,9 +292,11 @@ class _Conversion:
         loss_type = trl.get("loss_type")
         if loss_type is not None:
             self.set("loss_agg", GRPO_LOSS_TYPES[loss_type], "loss_type", exclusive=True)
-        policies = [(policy, name) for policy, name in ((GRPO_LOSS_POLICIES.get(loss_type), "loss_type"),
-                    ("gspo" if trl.get("importance_sampling_level") == "sequence" else None,
-                     "importance_sampling_level")) if policy]
+        policies = []
+        if loss_type in GRPO_LOSS_POLICIES:
+            policies.append((GRPO_LOSS_POLICIES[loss_type], "loss_type"))
+        if trl.get("importance_sampling_level") == "sequence":
+            policies.append(("gspo", "importance_sampling_level"))
         if len(policies) > 1:
             raise CoatiUsageError(f"--loss_type {loss_type} and --importance_sampling_level sequence (GSPO) are two "
                                   "policy losses; choose one")
