@@ -277,7 +277,7 @@ def _tokens(action: argparse.Action, flag: str, value: Any, where: str) -> List[
         if value == bool(action.const if action.const is not None else True):
             return [flag]
         if value == bool(action.default):
-            return []
+            return [_off_flag(action)]
         raise CoatiUsageError(f"{where}: {str(value).lower()} cannot be set from a file (it is the switch {flag}'s "
                               "opposite); leave the key out")
     word = {False: "no", True: "yes"}.get(value) if isinstance(value, bool) else None
@@ -302,13 +302,35 @@ def _text(value: Any) -> str:
 
 
 def given_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Dict[str, str]:
-    """The destinations the arguments `argv` set, each with the flag that set it."""
+    """The destinations the arguments `argv` set, each with the flag that set it (a switch turned off, by the
+    switch's flag)."""
     given = {}
     for arg in argv:
         action = parser._option_string_actions.get(arg.partition("=")[0]) if arg.startswith("--") else None
         if action is not None:
-            given[action.dest] = arg.partition("=")[0]
+            given[action.dest] = getattr(action, "switch_flag", arg.partition("=")[0])
     return given
+
+
+SWITCH_OFF = "--off:"
+"""The hidden flags that set a switch back to off (`add_switch_offs`), so that `false` on the command line or in an
+override undoes a config file's `true`: `--off:grad_checkpoint`."""
+
+
+def add_switch_offs(parser: argparse.ArgumentParser) -> None:
+    """For each switch of `parser` (a flag without a value, that sets a boolean), a hidden flag that sets it back to
+    its default; `_tokens` writes it where a file, an override or `--X false` says the default."""
+    for action in list(parser._actions):
+        flag = _off_flag(action)
+        if action.nargs == 0 and isinstance(action.default, bool) and action.option_strings and \
+                flag not in parser._option_string_actions:
+            off = parser.add_argument(flag, dest=action.dest, action="store_const", const=action.default,
+                                      default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+            off.switch_flag = next(s for s in action.option_strings if s.startswith("--"))
+
+
+def _off_flag(action: argparse.Action) -> str:
+    return f"{SWITCH_OFF}{action.dest}"
 
 
 OVERRIDE = re.compile(r"([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)=(.*)", re.DOTALL)
@@ -336,11 +358,19 @@ def split_overrides(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Tup
     overrides: Dict[str, Any] = {}
     rest: List[str] = []
     takes = 0   # how many more arguments the last flag takes (-1: any number)
+    switch = False   # the last argument is a switch, which may take true or false (HF's `--packing true`)
     for arg in argv:
         if arg.startswith("-") and len(arg) > 1 and not _is_number(arg):
             rest.append(arg)
-            takes = 0 if "=" in arg else _arity(parser._option_string_actions.get(arg))
+            action = parser._option_string_actions.get(arg)
+            takes = 0 if "=" in arg else _arity(action)
+            switch = "=" not in arg and action is not None and action.nargs == 0
             continue
+        if switch and arg.lower() in TRUTH_WORDS:
+            rest.append(arg)
+            switch = False
+            continue
+        switch = False
         if takes and not names_a_setting(arg):
             rest.append(arg)
             takes -= takes > 0
@@ -349,7 +379,7 @@ def split_overrides(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Tup
         if positional:
             rest.append(arg)
             continue
-        key, equals, value = arg.partition("=")
+        key, equals, value = arg.lstrip("+").partition("=")   # Hydra's +key=value (add) and ++key=value (force)
         if equals and (names_a_setting(arg) or key in actions or key.split(".")[0] in sections):
             _nest(overrides, key.split("."), _yaml_value(value))
             continue
@@ -394,7 +424,9 @@ def _yaml_value(text: str) -> Any:
 
 def _unexpected(arg: str, sections: Iterable[str]) -> str:
     """What to give instead of the argument `arg`, which no flag takes and which overrides no setting."""
-    match = OVERRIDE.fullmatch(arg)
+    if arg.endswith((".yaml", ".yml", ".json")):
+        return f"unexpected argument {arg!r}: a config file is given as {CONFIG_FLAG} {arg}"
+    match = OVERRIDE.fullmatch(arg.lstrip("+"))
     if match:
         return (f"unexpected argument {arg!r}: {match.group(1).split('.')[0]!r} is no section of this command's "
                 f"settings{nearest(match.group(1).split('.')[0], sections)}; its sections: "
@@ -484,7 +516,7 @@ def switch_words(parser: argparse.ArgumentParser, argv: Sequence[str]) -> List[s
 
 def check_flags_known(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
     """Every `--flag` in `argv` is one of `parser`'s (no abbreviations); one line naming the nearest flags otherwise."""
-    known = [f for f in parser._option_string_actions if f.startswith("--")]
+    known = [f for f in parser._option_string_actions if f.startswith("--") and not f.startswith(SWITCH_OFF)]
     for arg in argv:
         flag = arg.partition("=")[0]
         if arg.startswith("--") and len(arg) > 2 and flag not in parser._option_string_actions:

@@ -11,9 +11,9 @@ import sys
 from dataclasses import MISSING, Field, fields
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, NoReturn, Optional, Sequence, Set, Type, TypeVar
 
-from coati.cli.config_file import (CONFIG_FLAG, NOT_SAVED, check_flags_known, config_tokens, drop_ignored_flags,
-                                   expand_output_dir, given_flags, hf_negations, read_config, resolved_config,
-                                   split_config_flag, split_overrides, switch_words)
+from coati.cli.config_file import (CONFIG_FLAG, NOT_SAVED, add_switch_offs, check_flags_known, config_tokens,
+                                   drop_ignored_flags, expand_output_dir, given_flags, hf_negations, read_config,
+                                   resolved_config, split_config_flag, split_overrides, switch_words)
 from coati.utils.errors import USAGE_EXIT_CODE, CoatiUsageError, fail, warn_user
 from coati.utils.settings import dest, flag_name
 
@@ -63,6 +63,7 @@ class CoatiArgumentParser(argparse.ArgumentParser):
         is only blanks (a shell line ending in `\\ \\`, as one of ColossalChat's own test commands does) is dropped
         with a warning. The parsed namespace carries the run's record (`RunRecord`) as `_run_record`."""
         argv = sys.argv[1:] if args is None else list(args)
+        add_switch_offs(self)
         blank = [a for a in argv if isinstance(a, str) and a and not a.strip()]
         if blank:
             warn_user(f"ignoring {len(blank)} blank argument(s) {blank!r} (an escaped space in the command line?)")

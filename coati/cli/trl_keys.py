@@ -57,7 +57,7 @@ IGNORED_KEYS = {
     "dataset_num_proc": "data is tokenized once and cached", "dataloader_num_workers": "batches are collated in place",
     "dataloader_pin_memory": "batches are collated in place", "dataloader_persistent_workers":
         "batches are collated in place", "dataloader_prefetch_factor": "batches are collated in place",
-    "remove_unused_columns": "columns are kept for the reward functions",
+    "remove_unused_columns": "coati keeps the columns it reads (GRPO's and PPO's reward functions get every column)",
     "gradient_checkpointing_kwargs": "coati's checkpointing is non-reentrant (use_reentrant: false)",
     "torch_dtype": "coati loads in fp32 and trains in --mixed_precision (bf16 by default on GPU)",
     "dtype": "coati loads in fp32 and trains in --mixed_precision (bf16 by default on GPU)",
@@ -183,8 +183,9 @@ what coati does). At that value the key is named in the note of unused keys; ano
 does."""
 
 COMMAND_VALUES: Dict[str, Dict[str, Tuple[Tuple[Any, ...], str]]] = {
-    "sft": {"shuffle_dataset": ((False, True), "TRL's SFT shuffles the rows once, before packing; coati draws them in "
-                                               "a random order every epoch (by --seed)"),
+    "sft": {"shuffle_dataset": ((False, True), "TRL's SFT shuffle_dataset (off by default) shuffles the rows once, "
+                                               "before packing; coati draws them in a random order every epoch (by "
+                                               "--seed)"),
             "loss_type": (("nll",), "coati's SFT loss is the negative log-likelihood")},
     "kto": {"train_sampling_strategy": (("sequential", "random"), "TRL's KTO needs its rows in order for its KL "
                                                                   "pairs; coati pairs mismatched completions within "
@@ -227,11 +228,20 @@ def _same(value: Any, taken: Any) -> bool:
     return value == taken
 
 
+MODEL_INIT_KEYS = {"torch_dtype": IGNORED_KEYS["torch_dtype"], "dtype": IGNORED_KEYS["dtype"],
+                   "attn_implementation": IGNORED_KEYS["attn_implementation"],
+                   "use_cache": IGNORED_KEYS["use_cache"], "device_map": "coati places the model with --plugin",
+                   "revision": IGNORED_KEYS["model_revision"]}
+"""The keys of TRL's `model_init_kwargs` that change nothing here -> why; other keys, or values, are refused."""
+
+
 def unused_reason(key: str, value: Any, command: str = "") -> Optional[str]:
     """Why the TRL key `key` given as `value` to `command` changes nothing here, or None where it is no such key (at
     that value)."""
     if key in IGNORED_KEYS:
         return IGNORED_KEYS[key]
+    if key == "model_init_kwargs" and isinstance(value, dict) and value and set(value) <= set(MODEL_INIT_KEYS):
+        return "; ".join(f"{name}: {MODEL_INIT_KEYS[name]}" for name in value)
     if _one_value(key, command):
         values, does = _taken(key, command)
         return does if any(_same(value, taken) for taken in values) else None

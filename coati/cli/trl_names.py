@@ -15,13 +15,14 @@ differently, and are converted after parsing:
   `reward_weights` (one per reward function), `resume_from_checkpoint` (a path, or true: the latest).
 """
 import argparse
+import math
 from pathlib import Path
 from typing import Any, Dict, List
 
 from coati.cli.arguments import optimizer_steps_per_episode
 from coati.cli.options import add_post_parse
 from coati.cli.trl_keys import truthy
-from coati.utils.errors import CoatiUsageError
+from coati.utils.errors import CoatiUsageError, note_user
 
 ON_POLICY = ("ppo", "grpo")
 GRPO_LOSS_TYPES = {"grpo": "seq-mean-token-mean", "bnpo": "token-mean", "dr_grpo": "seq-mean-token-sum-norm",
@@ -32,6 +33,8 @@ GRPO_LOSS_POLICIES = {"cispo": "cispo", "sapo": "sapo"}
 """TRL's GRPO `loss_type`s that are a policy loss of their own -> coati's `--policy_loss`."""
 SAPO_TEMPERATURES = ("sapo_temperature_pos", "sapo_temperature_neg")
 """TRL's SAPO temperatures, coati's `--policy_loss_option temperature_pos=... temperature_neg=...` for sapo."""
+TRL_SFT_MAX_LENGTH = 1024
+"""TRL's SFT `max_length` default, the length of a packed sequence where no max_length is given."""
 TRL_LORA_RANK = 16
 """TRL's `lora_r` default, the rank `use_peft` trains with when no rank is given."""
 STRATEGIES = ("no", "steps", "epoch")
@@ -195,6 +198,8 @@ def convert(args: argparse.Namespace, parser: argparse.ArgumentParser, script: s
                 run.set(dest, trl[name], name, exclusive=True)
         if trl.get("padding_free"):
             run.set("packing", True, "padding_free")
+        if script == "sft" and "per_device_train_batch_size" in trl:
+            run.sft_packing(trl["per_device_train_batch_size"])
         if trl.get("truncation_mode") == "keep_end":
             raise CoatiUsageError("--truncation_mode keep_end is not taken: coati keeps each prompt whole and cuts a "
                                   "row to --max_length tokens from the right (keep_start)")
@@ -266,6 +271,14 @@ class _Conversion:
             raise CoatiUsageError(f"{self.given['num_episodes']} and {self.given['num_epochs']} both set the run's "
                                   "length; give one")
 
+    def sft_packing(self, sequences: int) -> None:
+        """TRL's SFT `packing` with `per_device_train_batch_size`: that many sequences of `max_length` tokens (TRL's
+        default 1024), each packed with rows, per micro-batch -> coati's micro-batches of rows up to that many
+        tokens (`--max_tokens_per_batch`), packed."""
+        args = self.args
+        if self.given.get("packing") and args.packing and "max_tokens_per_batch" not in self.given:
+            self.set("max_tokens_per_batch", sequences * (args.max_length or TRL_SFT_MAX_LENGTH), "packing")
+
     def completions_per_device(self) -> None:
         """TRL's completions per device per micro-step (`per_device_train_batch_size`) and micro-steps per generation
         (`steps_per_generation`, by default `gradient_accumulation_steps`) -> coati's prompts per rank
@@ -302,7 +315,10 @@ class _Conversion:
                                   "policy losses; choose one")
         for policy, name in policies:
             self.set("policy_loss", policy, name, exclusive=True)
-        if loss_type == "cispo" and self.given.get("clip_eps_high") == "--epsilon_high":
+        if loss_type == "cispo" and self.given.get("clip_eps_high") != "--epsilon_high":
+            note_user(f"--loss_type cispo without --epsilon_high: TRL caps the importance weight at epsilon, coati at "
+                      f"1 + --clip_eps_high ({1 + args.clip_eps_high:g}); give --epsilon_high, the cap (ScaleRL's 5.0)")
+        elif loss_type == "cispo":
             if args.clip_eps_high <= 1:
                 raise CoatiUsageError(f"--loss_type cispo: --epsilon_high {args.clip_eps_high:g} is CISPO's cap on "
                                       "the importance weight, and must be above 1 (ScaleRL's 5.0)")
@@ -322,6 +338,13 @@ class _Conversion:
             if name not in counts:
                 continue
             steps = counts[name]
+            if steps % per_episode and name == "logging_steps":   # logging less often changes nothing trained
+                episodes = math.ceil(steps / per_episode)
+                note_user(f"--logging_steps {steps}: an episode here makes {per_episode} optimizer steps, so the run "
+                          f"logs every {episodes} episode{'s' if episodes > 1 else ''} ({episodes * per_episode} "
+                          "optimizer steps)")
+                self.set(dest, episodes, name)
+                continue
             if steps % per_episode:
                 raise CoatiUsageError(f"--{name} {steps} counts optimizer steps, and an episode here makes "
                                       f"{per_episode} of them: give a multiple of {per_episode}, or --{dest} in "
@@ -331,7 +354,8 @@ class _Conversion:
 
     def strategies(self, script: str) -> None:
         """TRL's `eval_strategy` and `save_strategy` (after the step counts are converted), and a checkpoint folder
-        in the output folder where TRL's save names ask for checkpoints and --save_dir is not given."""
+        in the output folder where TRL's save names ask for checkpoints, or `resume_from_checkpoint` for the newest,
+        and --save_dir is not given."""
         trl, args = self.trl, self.args
         evaluation = trl.get("eval_strategy")
         if evaluation == "no":
@@ -351,9 +375,9 @@ class _Conversion:
             return
         if saving == "epoch":
             self.set("save_freq_epochs", 1, "save_strategy", exclusive=True)
-        if any(name in trl for name in TRL_SAVE_NAMES) and not args.save_dir and args.output_dir:
-            self.set("save_dir", str(Path(args.output_dir) / CHECKPOINTS_FOLDER), "save_strategy" if saving else
-                     "save_steps")
+        names = [name for name in (*TRL_SAVE_NAMES, "resume_from_checkpoint") if name in trl]
+        if names and not args.save_dir and args.output_dir:   # TRL resumes from OUTPUT_DIR's checkpoints too
+            self.set("save_dir", str(Path(args.output_dir) / CHECKPOINTS_FOLDER), names[0])
 
 
 def _weighted(specs: Any, weights: List[float]) -> List[str]:

@@ -680,7 +680,49 @@ def test_verl_style_overrides_set_a_sections_setting_between_the_file_and_the_fl
     assert (args.reward_fn, args.lr, args.lr_scheduler_option) == (["math_answer"], 1e-6, [("min_lr_rate", 0.1)])
 
 
+def test_trls_sft_packing_resume_and_logging_keep_trls_meaning(monkeypatch, capsys, tmp_path):
+    """TRL's SFT `packing` packs `per_device_train_batch_size` sequences of `max_length` tokens per micro-batch (coati:
+    a token budget; `padding_free` alone concatenates the batch's rows); `resume_from_checkpoint: true` looks in (and
+    saves to) OUTPUT_DIR/checkpoints; a GRPO `logging_steps` finer than an episode logs every episode, saying so."""
+    def sft(config):
+        return _parse("sft", SFT, monkeypatch, {"output_dir": str(tmp_path / "out"), **config}, tmp_path)
+
+    args = sft({"packing": True, "per_device_train_batch_size": 8, "max_length": 512})
+    assert (args.packing, args.max_tokens_per_batch) == (True, 8 * 512)
+    assert sft({"packing": True, "per_device_train_batch_size": 8}).max_tokens_per_batch == 8 * 1024   # TRL's length
+    args = sft({"padding_free": True, "per_device_train_batch_size": 8})
+    assert (args.packing, args.max_tokens_per_batch, args.batch_size) == (True, 0, 8)
+    args = sft({"resume_from_checkpoint": True})
+    assert (args.checkpoint_path, args.save_dir) == ("latest", str(tmp_path / "out" / "checkpoints"))
+    capsys.readouterr()
+    args = _parse("grpo", [*GRPO, "--batch_size", "2", "--num_generations", "4", "--train_batch_size", "4",
+                           "--logging_steps", "1", "+optim.lr=2e-6"], monkeypatch)
+    assert (args.log_interval, args.lr) == (1, 2e-6)
+    assert capsys.readouterr().err.strip() == ("note: --logging_steps 1: an episode here makes 2 optimizer steps, so "
+                                               "the run logs every 1 episode (2 optimizer steps)")
+    _parse("grpo", [*GRPO, "--loss_type", "cispo"], monkeypatch)
+    assert "--loss_type cispo without --epsilon_high: TRL caps the importance weight at epsilon, coati at 1 + " \
+           "--clip_eps_high (1.2)" in capsys.readouterr().err
+    _parse("sft", SFT, monkeypatch, {"model_init_kwargs": {"torch_dtype": "bfloat16"}}, tmp_path)
+    assert "not used: model_init_kwargs (torch_dtype: coati loads in fp32" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("off", [["--no_gradient_checkpointing", "--packing", "false"],
+                                 ["--gradient_checkpointing=False", "batching.packing=false"],
+                                 ["model.grad_checkpoint=false", "--no_packing"]])
+def test_a_switch_the_file_turns_on_is_turned_off_on_the_command_line(off, monkeypatch, tmp_path):
+    """HF's `--no_X`, `--X false` and an override's `false` undo a config file's `true` (before, they were dropped
+    as the switch's default, and the file's `true` stayed); `--X true` is still the switch."""
+    config = {"gradient_checkpointing": True, "packing": True}
+    args = _parse("sft", [*SFT, *off], monkeypatch, config, tmp_path)
+    assert (args.grad_checkpoint, args.packing) == (False, False)
+    assert args._run_record.sources["grad_checkpoint"].startswith("flag --")
+    args = _parse("sft", [*SFT, "--packing", "true", "optim.lr=0.1"], monkeypatch, {"packing": False}, tmp_path)
+    assert (args.packing, args.lr) == (True, 0.1)
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["grpo.yaml"], r"unexpected argument 'grpo.yaml': a config file is given as --config grpo.yaml"),
     (["foo"], r"unexpected argument 'foo': settings are flags \(--name value\) or keys of a --config file, or "
               r"section\.key=value"),
     (["optm.lr=3"], r"unexpected argument 'optm.lr=3': 'optm' is no section of this command's settings \(did you "

@@ -166,7 +166,8 @@ def test_flat_configs_saved_before_the_tree_still_load(command):
 
 
 @pytest.mark.parametrize("given, expected", [
-    (["--gradient_checkpointing", "true"], ["--gradient_checkpointing"]), (["--gradient_checkpointing=False"], []),
+    (["--gradient_checkpointing", "true"], ["--gradient_checkpointing"]),
+    (["--gradient_checkpointing=False"], ["--off:grad_checkpoint"]),   # the hidden flag that turns it back off
     (["--packing", "yes", "--lr", "0.1"], ["--packing", "--lr", "0.1"]), (["--packing"], ["--packing"]),
 ])
 def test_a_switch_takes_a_written_true_or_false_as_hugging_faces_parser_does(given, expected):
