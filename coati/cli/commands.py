@@ -283,7 +283,7 @@ def prepare(argv: Optional[List[str]] = None) -> None:
     if args.data_jsonl_output_dir:
         check_writable_dir(args.data_jsonl_output_dir, "--data_jsonl_output_dir")
     args.tokenizer_dir = resolve_model_dir(args.tokenizer_dir, "--tokenizer_dir")
-    from coati.dataset.prepare import OutputLayout, prepare_dataset, truncation_summary   # tokenizers, datasets: once flags are checked
+    from coati.dataset.prepare import DataPart, OutputLayout, prepare_dataset, truncation_summary   # tokenizers, datasets: once flags are checked
     from coati.dataset.tokenization import load_tokenizer, template_system_message
     from coati.dataset.vision import ImageProcessing
 
@@ -296,9 +296,8 @@ def prepare(argv: Optional[List[str]] = None) -> None:
     layout = OutputLayout(bins, part_folders, args.data_jsonl_output_dir, max(args.num_samples_per_datafile, 0))
     counts = prepare_dataset([p for group in args.data_input_dirs for p in group], args.type, tokenizer,
                              args.max_length, out_dir, skip_invalid=args.skip_invalid, layout=layout,
-                             cache_dir=args.data_cache_dir,
                              system_message=template_system_message(args.conversation_template_config), images=images,
-                             subset=args.dataset_config)
+                             part=DataPart(subset=args.dataset_config, cache_dir=args.data_cache_dir))
     sampled = f", {counts['unsampled']} left out by --num_samples_per_datafile" if counts["unsampled"] else ""
     print(f"prepared {args.type} dataset in {out_dir}: {counts['kept']} of {counts['rows']} valid rows kept, "
           f"{truncation_summary(counts, args.max_length)}{sampled}, {counts['skipped']} invalid rows skipped")

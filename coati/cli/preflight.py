@@ -116,6 +116,7 @@ def prepare_raw_data(args: argparse.Namespace) -> None:
         raise CoatiUsageError(f"--dataset_test_split {test_split} names a split of raw data; {_data_flag(args, 'dataset')} "
                               f"{prepared_folder} is prepared already: give its held-out data with --eval_dataset")
     from coati.dataset.cache import eval_split, prepared
+    from coati.dataset.prepare import DataPart
     from coati.dataset.vision import ImageProcessing
 
     tokenizer_dir = args.tokenizer_dir or args.pretrain
@@ -127,8 +128,8 @@ def prepare_raw_data(args: argparse.Namespace) -> None:
         subset = getattr(args, "dataset_config", None) if name == "dataset" else None
         try:
             return str(prepared(inputs, RAW_DATA_FLAGS[name] or data_type, tokenizer, tokenizer_dir,
-                                args.max_length or PREPARE_MAX_LENGTH, args.prepared_cache_dir, split_name, images,
-                                subset))
+                                args.max_length or PREPARE_MAX_LENGTH, args.prepared_cache_dir,
+                                DataPart(split_name, subset), images))
         except CoatiUsageError as error:
             raise CoatiUsageError(f"{_data_flag(args, name)}: {error}") from None
 

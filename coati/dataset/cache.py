@@ -13,9 +13,12 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence
 
 from coati.utils.file_checks import prepared_folders
+
+if TYPE_CHECKING:
+    from coati.dataset.prepare import DataPart
 
 CACHE_ENV = "COATI_CACHE"
 DEFAULT_CACHE = Path.home() / ".cache" / "coati" / "prepared"
@@ -87,11 +90,12 @@ TRL `margin`)."""
 
 
 def cache_key(inputs: Sequence[str], data_type: str, tokenizer_dir: str, max_length: int,
-              split: Optional[str] = None, image_limits: Optional[Dict[str, int]] = None,
-              eos_token: Optional[str] = None, subset: Optional[str] = None) -> str:
-    """A name for the prepared form of `inputs`' `split` of configuration `subset`: their content (the files of a
-    folder given, its images among them), the data type, the tokenizer's files and EOS (--eos_token), `max_length`
-    and a vision-language model's pixel limits."""
+              part: Optional["DataPart"] = None, image_limits: Optional[Dict[str, int]] = None,
+              eos_token: Optional[str] = None) -> str:
+    """A name for the prepared form of `inputs`' `part` (a `coati.dataset.prepare.DataPart`: split and
+    configuration): their content (the files of a folder given, its images among them), the data type, the
+    tokenizer's files and EOS (--eos_token), `max_length` and a vision-language model's pixel limits."""
+    split, subset = (part.split, part.subset) if part is not None else (None, None)
     content = [f.relative_to(Path(i)).as_posix().encode() + f.read_bytes() if Path(i).is_dir() else f.read_bytes()
                for i in inputs for f in _files(Path(i))]
     tokenizer = [name.encode() + (Path(tokenizer_dir) / name).read_bytes() for name in TOKENIZER_FILES
@@ -135,22 +139,22 @@ def _cached(entry: Path, make) -> Path:
 
 
 def prepared(inputs: Sequence[str], data_type: str, tokenizer, tokenizer_dir: str, max_length: int,
-             cache_dir: Optional[str] = None, split: Optional[str] = None, images: Any = None,
-             subset: Optional[str] = None) -> Path:
-    """The prepared dataset of the raw `inputs`' `split` of configuration `subset` (`coati.dataset.prepare.load_rows`),
-    from the cache or made now (printing what was kept); `images`, a vision-language model's `ImageProcessing`."""
+             cache_dir: Optional[str] = None, part: Optional["DataPart"] = None, images: Any = None) -> Path:
+    """The prepared dataset of the raw `inputs`' `part` (a `coati.dataset.prepare.DataPart`, None: the whole;
+    `coati.dataset.prepare.load_rows`), from the cache or made now (printing what was kept); `images`, a
+    vision-language model's `ImageProcessing`."""
+    from coati.dataset.prepare import DataPart
+
+    part = part or DataPart()
     from coati.dataset.prepare import prepare_dataset, truncation_summary
 
     limits = images.limits.as_info() if images is not None else None
-    entry = cache_root(cache_dir) / cache_key(inputs, data_type, tokenizer_dir, max_length, split, limits,
-                                              tokenizer.eos_token, subset)
+    entry = cache_root(cache_dir) / cache_key(inputs, data_type, tokenizer_dir, max_length, part, limits,
+                                              tokenizer.eos_token)
 
     def make(folder: Path) -> None:
-        counts = prepare_dataset(list(inputs), data_type, tokenizer, max_length, folder, split=split, images=images,
-                                 subset=subset)
-        which = ", ".join(([f"configuration {subset}"] if subset else []) +
-                          ([f"{split} split"] if split not in (None, "train") else []))
-        which = f" ({which})" if which else ""
+        counts = prepare_dataset(list(inputs), data_type, tokenizer, max_length, folder, part=part, images=images)
+        which = part.described()
         print(f"prepared {data_type} data{which} from {', '.join(inputs)} into {entry}: {counts['kept']} of "
               f"{counts['rows']} rows kept, {truncation_summary(counts, max_length)}", flush=True)
 

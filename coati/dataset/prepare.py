@@ -35,6 +35,23 @@ DATASET_FILE_SUFFIXES = (".parquet", ".arrow", ".csv", ".tsv")
 PREPARED_INFO = "coati_prepared.json"
 
 
+@dataclass(frozen=True)
+class DataPart:
+    """Which part of raw data is read, and through which cache: a split (None: a folder's every JSONL file, a
+    dataset's train split) of a configuration (`subset`, datasets.load_dataset's name; None: the dataset's only or
+    default one); `cache_dir`, datasets' cache for dataset folders (None: its default)."""
+
+    split: Optional[str] = None
+    subset: Optional[str] = None
+    cache_dir: Optional[PathLike] = None
+
+    def described(self) -> str:
+        """' (configuration main, test split)', or '' for the train split of the default configuration."""
+        which = ([f"configuration {self.subset}"] if self.subset else []) + \
+            ([f"{self.split} split"] if self.split not in (None, "train") else [])
+        return f" ({', '.join(which)})" if which else ""
+
+
 def _jsonl_files(path: Path, split: Optional[str] = None) -> List[Path]:
     """The JSONL files of `path` (itself, or those in the folder); of `split` only, where the folder's files are
     named by split as `datasets.load_dataset` reads them (`train.jsonl`, `test.jsonl`)."""
@@ -127,12 +144,12 @@ def _saved_split(path: Path, split: str, subset: Optional[str] = None) -> Datase
 
 
 def load_rows(inputs: Sequence[PathLike], data_type: str, skip_invalid: bool = False,
-              cache_dir: Optional[PathLike] = None, split: Optional[str] = None,
-              subset: Optional[str] = None) -> Tuple[List[Dict], int]:
-    """Validated, normalised rows of every input (dataset folders read through `datasets`' cache in `cache_dir`,
-    its default when None); returns (rows, number skipped). With `split`, a folder whose files are named by split,
-    or a dataset folder, gives that split's rows; without, every JSONL file of a folder, and a dataset's train split.
-    With `subset`, every input is a dataset folder read as that configuration (load_dataset's name)."""
+              part: DataPart = DataPart()) -> Tuple[List[Dict], int]:
+    """Validated, normalised rows of every input (dataset folders read through `datasets`' cache in
+    `part.cache_dir`); returns (rows, number skipped). With `part.split`, a folder whose files are named by split, or
+    a dataset folder, gives that split's rows; without, every JSONL file of a folder, and a dataset's train split.
+    With `part.subset`, every input is a dataset folder read as that configuration (load_dataset's name)."""
+    split, subset, cache_dir = part.split, part.subset, part.cache_dir
     rows, skipped = [], 0
     for raw in inputs:
         path = Path(raw)
@@ -386,16 +403,15 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, row: Dict, max_length: int
 
 def prepare_dataset(inputs: Sequence[PathLike], data_type: str, tokenizer: PreTrainedTokenizerBase, max_length: int,
                     out_dir: PathLike, skip_invalid: bool = False, layout: OutputLayout = OutputLayout(),
-                    cache_dir: Optional[PathLike] = None, system_message: Optional[str] = None,
-                    split: Optional[str] = None, images: Optional[ImageProcessing] = None,
-                    subset: Optional[str] = None) -> Dict[str, int]:
+                    system_message: Optional[str] = None, part: DataPart = DataPart(),
+                    images: Optional[ImageProcessing] = None) -> Dict[str, int]:
     """Validate, tokenize and save (as `layout` says); returns rows read, kept, dropped by truncation, left out by
-    sampling, and skipped as invalid. `cache_dir` is `datasets`' cache for input dataset folders;
-    `system_message` opens every conversation that has no system turn of its own (ColossalChat's template
-    config field); `split` and `subset` as `load_rows` takes them; `images`, a vision-language model's processor
-    (None: a text model's folder, which cannot take rows with images)."""
+    sampling, and skipped as invalid. `system_message` opens every conversation that has no system turn of its own
+    (ColossalChat's template config field); `part` (split, configuration, datasets' cache) as `load_rows` takes it;
+    `images`, a vision-language model's processor (None: a text model's folder, which cannot take rows with
+    images)."""
     layout.check_free(out_dir)
-    rows, skipped = load_rows(inputs, data_type, skip_invalid, cache_dir, split, subset)
+    rows, skipped = load_rows(inputs, data_type, skip_invalid, part)
     if images is None and any(row.get(IMAGES) for row in rows):
         raise CoatiUsageError("the data has images, and the tokenizer's folder has no image processor "
                               "(preprocessor_config.json): images need a vision-language model's folder (Qwen2-VL, "
