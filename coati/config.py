@@ -309,6 +309,8 @@ class ReferenceSettings:
 RM_LOSSES = ("log_sig", "log_exp")
 DEFAULT_BETA = {"sigmoid": 0.1, "ipo": 0.1, "simpo": 2.0, "dpo_loss": 0.1, "simpo_loss": 0.1}
 """DPO's `--beta` where it is not given, by `--loss_type`."""
+TRL_SFT_LOSS = "sft"
+"""TRL's DPO loss type for the chosen response's NLL, which `loss_type: [sigmoid, sft]` adds (coati's --rpo_alpha)."""
 COLOSSALCHAT_MARGIN = 1.4
 """ColossalChat's default --gamma for its simpo_loss."""
 DEFAULT_STEP_SEPARATOR = "\n"
@@ -331,11 +333,12 @@ class RewardModelLossSettings:
 class PreferenceLossSettings:
     """DPO, IPO or SimPO on preference pairs."""
 
-    loss_type: str = setting("sigmoid", choices=tuple(DEFAULT_BETA),
+    loss_type: str = setting("sigmoid", choices=(*DEFAULT_BETA, TRL_SFT_LOSS), nargs="+",
                              help="sigmoid: DPO; ipo: IPO; simpo: SimPO (no reference model); ColossalChat's names: "
                                   "dpo_loss is sigmoid, simpo_loss is DPO on length-normalised log-probs with a margin "
                                   f"(--gamma, default {COLOSSALCHAT_MARGIN}), the reference kept unless "
-                                  "--disable_reference_model")
+                                  "--disable_reference_model. TRL's list of one of these and sft (weighted by "
+                                  "loss_weights) is that loss plus --rpo_alpha, sft's weight")
     beta: Optional[float] = setting(None, parse=positive(), help="inverse temperature (default: 0.1; simpo 2.0)")
     label_smoothing: float = setting(0.0, parse=in_range(0, 0.5, high_open=True),
                                      help="cDPO: assumed rate of flipped labels")

@@ -22,6 +22,7 @@ from typing import Any, Dict, List
 from coati.cli.arguments import optimizer_steps_per_episode
 from coati.cli.options import add_post_parse
 from coati.cli.trl_keys import truthy
+from coati.config import DEFAULT_BETA, TRL_SFT_LOSS
 from coati.utils.errors import CoatiUsageError, note_user
 
 ON_POLICY = ("ppo", "grpo")
@@ -156,6 +157,9 @@ def add_trl_names(parser: argparse.ArgumentParser, script: str) -> None:
                                  "refused (coati keeps each prompt whole)", choices=("keep_start", "keep_end"))
         add("--eval_steps", "evaluate every N optimizer steps as well as after each epoch (--eval_interval)",
             type=_step_count)
+    if script == "dpo":
+        add("--loss_weights", "TRL's weight of each --loss_type: with [LOSS, sft], sft's is --rpo_alpha (LOSS's must be "
+                              "1)", nargs="+", type=float)
     if script == "sft":
         for name in ("assistant_only_loss", "completion_only_loss"):
             add(f"--{name}", "true: the loss on the assistant's (the completion's) tokens only, coati's default; "
@@ -189,6 +193,8 @@ def convert(args: argparse.Namespace, parser: argparse.ArgumentParser, script: s
     for name in ("assistant_only_loss", "completion_only_loss"):
         if trl.get(name) is False:
             run.set("disable_loss_mask", True, name)
+    if script == "dpo":
+        run.preference_losses()
     if script in ON_POLICY:
         run.on_policy(script)
     else:
@@ -270,6 +276,28 @@ class _Conversion:
         elif "num_episodes" in self.given and ("num_episodes" in flags) == ("num_epochs" in flags):
             raise CoatiUsageError(f"{self.given['num_episodes']} and {self.given['num_epochs']} both set the run's "
                                   "length; give one")
+
+    def preference_losses(self) -> None:
+        """TRL 1.16's DPO `loss_type` list with its `loss_weights` -> coati's one `--loss_type`, and TRL's `sft` term
+        (the chosen response's NLL, RPO) as `--rpo_alpha`, its weight; the preference loss's weight must be 1."""
+        args = self.args
+        losses = list(args.loss_type) if isinstance(args.loss_type, (list, tuple)) else [args.loss_type]
+        weights = self.trl.get("loss_weights") or [1.0] * len(losses)
+        if len(weights) != len(losses):
+            raise CoatiUsageError(f"--loss_weights: {len(weights)} weights for {len(losses)} loss types "
+                                  f"({' '.join(losses)}); give one each")
+        preference = [(loss, weight) for loss, weight in zip(losses, weights) if loss != TRL_SFT_LOSS]
+        if len(preference) != 1:
+            raise CoatiUsageError(f"--loss_type {' '.join(losses)}: coati's DPO trains one preference loss, with TRL's "
+                                  f"sft beside it as --rpo_alpha; give one of {', '.join(DEFAULT_BETA)}")
+        (loss, weight), = preference
+        if weight != 1:
+            raise CoatiUsageError(f"--loss_weights: {loss}'s weight is {weight:g}; coati's is 1 (scale --lr instead, "
+                                  "and sft's weight is --rpo_alpha)")
+        args.loss_type = loss
+        sft = [weight for name, weight in zip(losses, weights) if name == TRL_SFT_LOSS]
+        if sft:
+            self.set("rpo_alpha", sum(sft), "loss_type", exclusive=True)
 
     def sft_packing(self, sequences: int) -> None:
         """TRL's SFT `packing` with `per_device_train_batch_size`: that many sequences of `max_length` tokens (TRL's

@@ -707,6 +707,21 @@ def test_trls_sft_packing_resume_and_logging_keep_trls_meaning(monkeypatch, caps
     assert "not used: model_init_kwargs (torch_dtype: coati loads in fp32" in capsys.readouterr().err
 
 
+def test_trl_116s_dpo_loss_list_is_the_loss_with_rpo_alpha_for_its_sft_term(monkeypatch, capsys, tmp_path):
+    """TRL 1.16 has no rpo_alpha: RPO is `loss_type: [sigmoid, sft]` with `loss_weights: [1.0, alpha]`."""
+    args = _parse("dpo", SFT, monkeypatch, {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, 0.5]}, tmp_path)
+    assert (args.loss_type, args.rpo_alpha) == ("sigmoid", 0.5)
+    args = _parse("dpo", SFT, monkeypatch, {"loss_type": ["ipo"]}, tmp_path)
+    assert (args.loss_type, args.rpo_alpha) == ("ipo", 0.0)
+    assert _parse("dpo", [*SFT, "--loss_type", "sigmoid", "sft"], monkeypatch).rpo_alpha == 1.0   # TRL's weights: 1
+    for config, message in (({"loss_type": ["sigmoid", "ipo"]}, "--loss_type sigmoid ipo: coati's DPO trains one "
+                                                                "preference loss, with TRL's sft beside it as "
+                                                                "--rpo_alpha"),
+                            ({"loss_type": ["sigmoid", "sft"], "loss_weights": [2.0, 1.0]},
+                             "--loss_weights: sigmoid's weight is 2; coati's is 1")):
+        assert message in _refused("dpo", SFT, monkeypatch, capsys, config, tmp_path)
+
+
 @pytest.mark.parametrize("off", [["--no_gradient_checkpointing", "--packing", "false"],
                                  ["--gradient_checkpointing=False", "batching.packing=false"],
                                  ["model.grad_checkpoint=false", "--no_packing"]])
