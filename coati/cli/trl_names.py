@@ -158,8 +158,8 @@ def add_trl_names(parser: argparse.ArgumentParser, script: str) -> None:
         add("--eval_steps", "evaluate every N optimizer steps as well as after each epoch (--eval_interval)",
             type=_step_count)
     if script == "dpo":
-        add("--loss_weights", "TRL's weight of each --loss_type: with [LOSS, sft], sft's is --rpo_alpha (LOSS's must be "
-                              "1)", nargs="+", type=float)
+        add("--loss_weights", "TRL's weight of each --loss_type: with [LOSS, sft], sft's is --rpo_alpha (LOSS's must "
+                              "be 1)", nargs="+", type=float)
     if script == "sft":
         for name in ("assistant_only_loss", "completion_only_loss"):
             add(f"--{name}", "true: the loss on the assistant's (the completion's) tokens only, coati's default; "

@@ -621,8 +621,8 @@ def test_dataset_config_reads_one_configuration_of_a_hub_dataset_folder(tiny_ass
     with pytest.raises(CoatiUsageError, match=rf"^--dataset: {folder} has configurations \(all, short\): choose one "
                                               r"with --dataset_config NAME$"):
         prepare_raw_data(_split_args(tiny_assets, tmp_path, folder))
-    with pytest.raises(CoatiUsageError, match=rf"^--dataset: {folder} has no configuration 'long' \(--dataset_config\); "
-                                              r"it has all, short$"):
+    with pytest.raises(CoatiUsageError, match=rf"^--dataset: {folder} has no configuration 'long' "
+                                              r"\(--dataset_config\); it has all, short$"):
         prepare_raw_data(_split_args(tiny_assets, tmp_path, folder, dataset_config="long"))
 
 
