@@ -380,7 +380,7 @@ def split_overrides(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Tup
             rest.append(arg)
             continue
         key, equals, value = arg.lstrip("+").partition("=")   # Hydra's +key=value (add) and ++key=value (force)
-        if equals and (names_a_setting(arg) or key in actions or key.split(".")[0] in sections):
+        if equals and (key in actions or key.split(".")[0] in sections):
             _nest(overrides, key.split("."), _yaml_value(value))
             continue
         raise CoatiUsageError(_unexpected(arg, sections))

@@ -41,26 +41,29 @@ _NO_UPLOAD = "coati does not upload"
 _PLUGIN_DECIDES = "the --plugin's own settings decide"
 _OWN_EVALUATION = "coati's evaluation logs the trainer's own held-out metrics"
 _TRL_SERVER = "for TRL's vllm_mode server; coati starts its own vLLM servers (--rollout_backend vllm)"
+_COLLATED = "batches are collated in place"
+_COMPLETIONS_TABLE = "coati's completions table (log_completions, --sample_log_interval) holds a batch's"
+_LOADED_IN_FP32 = "coati loads in fp32 and trains in --mixed_precision (bf16 by default on GPU)"
 IGNORED_KEYS = {
     "overwrite_output_dir": "coati writes into the output folder as it is",
     "push_to_hub": "coati does not upload: push OUTPUT_DIR/model with huggingface-cli upload",
-    "hub_model_id": _NO_UPLOAD, "hub_strategy": _NO_UPLOAD, "hub_private_repo": _NO_UPLOAD, "hub_token": _NO_UPLOAD,
-    "hub_revision": _NO_UPLOAD, "hub_always_push": _NO_UPLOAD,
-    "log_level": "coati prints what a run does", "log_level_replica": "coati prints on the first rank",
-    "log_on_each_node": "coati prints on the first rank",
+    **dict.fromkeys(("hub_model_id", "hub_strategy", "hub_private_repo", "hub_token", "hub_revision",
+                     "hub_always_push"), _NO_UPLOAD),
+    "log_level": "coati prints what a run does",
+    **dict.fromkeys(("log_level_replica", "log_on_each_node"), "coati prints on the first rank"),
     "disable_tqdm": "coati's progress bar and step lines are its own",
     "logging_nan_inf_filter": "coati logs each loss as computed; a NaN or infinite loss stops the run "
                               "(--skip_nonfinite N skips such steps)",
-    "skip_memory_metrics": "coati's performance callback measures its own", "include_num_input_tokens_seen":
-        "coati's performance callback counts tokens per second",
-    "do_train": "the command trains", "do_eval": "evaluation follows the held-out data and eval_strategy",
-    "dataset_num_proc": "data is tokenized once and cached", "dataloader_num_workers": "batches are collated in place",
-    "dataloader_pin_memory": "batches are collated in place", "dataloader_persistent_workers":
-        "batches are collated in place", "dataloader_prefetch_factor": "batches are collated in place",
+    "skip_memory_metrics": "coati's performance callback measures its own",
+    "include_num_input_tokens_seen": "coati's performance callback counts tokens per second",
+    **dict.fromkeys(("do_train", "do_predict"), "the command trains"),
+    "do_eval": "evaluation follows the held-out data and eval_strategy",
+    "dataset_num_proc": "data is tokenized once and cached",
+    **dict.fromkeys(("dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers",
+                     "dataloader_prefetch_factor", "dataloader_in_order"), _COLLATED),
     "remove_unused_columns": "coati keeps the columns it reads (GRPO's and PPO's reward functions get every column)",
     "gradient_checkpointing_kwargs": "coati's checkpointing is non-reentrant (use_reentrant: false)",
-    "torch_dtype": "coati loads in fp32 and trains in --mixed_precision (bf16 by default on GPU)",
-    "dtype": "coati loads in fp32 and trains in --mixed_precision (bf16 by default on GPU)",
+    **dict.fromkeys(("torch_dtype", "dtype"), _LOADED_IN_FP32),
     "attn_implementation": "coati picks SDPA, or FlashAttention with --use_flash_attn",
     "use_liger_kernel": "coati has no Liger kernels",
     "model_revision": "the model folder (or a model id's local snapshot) is loaded as it is",
@@ -68,40 +71,36 @@ IGNORED_KEYS = {
                       "trained beside them)",
     "optim": "coati trains with AdamW (colossalai's HybridAdam on CUDA), TRL's adamw_torch",
     "local_rank": "torchrun gives each process its rank",
-    "ddp_find_unused_parameters": _PLUGIN_DECIDES, "ddp_bucket_cap_mb": _PLUGIN_DECIDES,
-    "ddp_broadcast_buffers": _PLUGIN_DECIDES, "ddp_static_graph": _PLUGIN_DECIDES, "ddp_backend":
-        "coati's processes talk over NCCL on CUDA, gloo on a CPU",
+    **dict.fromkeys(("ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers", "ddp_static_graph"),
+                    _PLUGIN_DECIDES),
+    "ddp_backend": "coati's processes talk over NCCL on CUDA, gloo on a CPU",
     "ignore_bias_buffers": "TRL's work-around for DDP and a model's bias buffers",
-    "prediction_loss_only": _OWN_EVALUATION, "eval_do_concat_batches": _OWN_EVALUATION,
-    "batch_eval_metrics": _OWN_EVALUATION, "eval_accumulation_steps": _OWN_EVALUATION,
-    "include_for_metrics": _OWN_EVALUATION, "label_names": _OWN_EVALUATION, "eval_use_gather_object": _OWN_EVALUATION,
-    "bf16_full_eval": "evaluation runs in the training precision", "fp16_full_eval":
-        "evaluation runs in the training precision",
+    **dict.fromkeys(("prediction_loss_only", "eval_do_concat_batches", "batch_eval_metrics", "eval_accumulation_steps",
+                     "include_for_metrics", "label_names", "eval_use_gather_object"), _OWN_EVALUATION),
+    **dict.fromkeys(("bf16_full_eval", "fp16_full_eval"), "evaluation runs in the training precision"),
     "torch_empty_cache_steps": "coati manages the CUDA cache itself",
     "pad_to_multiple_of": "coati's collators pad each micro-batch to its longest row (or pack it, --packing)",
     "use_cache": "coati uses the KV cache when generating and not when training",
-    "project": "coati reports to TensorBoard, W&B and metrics.jsonl (report_to)", "trackio_space_id":
-        "coati reports to TensorBoard, W&B and metrics.jsonl (report_to)",
-    "ref_model_sync_steps": "used with sync_ref_model only", "ref_model_mixup_alpha": "used with sync_ref_model only",
-    "vllm_server_base_url": _TRL_SERVER, "vllm_server_host": _TRL_SERVER, "vllm_server_port": _TRL_SERVER,
-    "vllm_server_timeout": _TRL_SERVER, "vllm_group_port": _TRL_SERVER,
+    **dict.fromkeys(("project", "trackio_space_id"), "coati reports to TensorBoard, W&B and metrics.jsonl (report_to)"),
+    **dict.fromkeys(("ref_model_sync_steps", "ref_model_mixup_alpha"), "used with sync_ref_model only"),
+    **dict.fromkeys(("vllm_server_base_url", "vllm_server_host", "vllm_server_port", "vllm_server_timeout",
+                     "vllm_group_port"), _TRL_SERVER),
     "ds3_gather_for_generation": "DeepSpeed's; coati shards with --plugin",
-    "num_completions_to_print": "coati's completions table (log_completions, --sample_log_interval) holds a batch's",
-    "log_unique_prompts": "coati's completions table (log_completions, --sample_log_interval) holds a batch's",
+    **dict.fromkeys(("num_completions_to_print", "log_unique_prompts"), _COMPLETIONS_TABLE),
     "log_multimodal": "coati's completions table holds text",
-    "do_predict": "the command trains", "dataloader_in_order": "batches are collated in place",
     "f_alpha_divergence_coef": "used with f_divergence_type alpha_divergence only",
     "discopop_tau": "used with loss_type discopop only", "length_column_name": "coati measures each row itself",
-    "entropy_target": "used with use_adaptive_entropy only", "entropy_coef_min": "used with use_adaptive_entropy only",
-    "entropy_coef_max": "used with use_adaptive_entropy only",
-    "entropy_coef_delta": "used with use_adaptive_entropy only",
-    "vespo_k_pos": "used with loss_type vespo only", "vespo_k_neg": "used with loss_type vespo only",
-    "vespo_lambda_pos": "used with loss_type vespo only", "vespo_lambda_neg": "used with loss_type vespo only",
+    **dict.fromkeys(("entropy_target", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta"),
+                    "used with use_adaptive_entropy only"),
+    **dict.fromkeys(("vespo_k_pos", "vespo_k_neg", "vespo_lambda_pos", "vespo_lambda_neg"),
+                    "used with loss_type vespo only"),
 }
 """Keys of TRL recipes that do not change what coati trains -> why they are not needed: accepted, named in one note."""
 
 _NOT_SHARDED_THAT_WAY = "coati shards with --plugin (zero2, zero2_cpu, gemini, 3d)"
 _PLAIN_LORA = "coati's adapters are plain LoRA (--lora_rank, scaled by lora_alpha / r)"
+_NOT_COMPILED = "coati does not compile the model"
+_HF_GENERATE = "the hf engine generates with transformers' generate"
 _NO_QUANTIZATION = "coati trains the model's own weights, not bitsandbytes-quantized ones (LoRA: --lora_rank)"
 ONE_VALUE_KEYS: Dict[str, Tuple[Any, str]] = {
     "shuffle_dataset": (True, "coati shuffles the training data every epoch (by --seed)"),
@@ -125,9 +124,8 @@ ONE_VALUE_KEYS: Dict[str, Tuple[Any, str]] = {
     "full_determinism": (False, "coati seeds every random stream with --seed, without torch's deterministic "
                                 "algorithms"),
     "use_cpu": (False, "coati trains on CUDA where there is a GPU, else on the CPU"),
-    "torch_compile": (False, "coati does not compile the model"),
-    "torch_compile_backend": (None, "coati does not compile the model"),
-    "torch_compile_mode": (None, "coati does not compile the model"),
+    "torch_compile": (False, _NOT_COMPILED), "torch_compile_backend": (None, _NOT_COMPILED),
+    "torch_compile_mode": (None, _NOT_COMPILED),
     "eval_on_start": (False, "a supervised run evaluates every --eval_interval steps and after each epoch; GRPO and "
                              "PPO also before the first episode"),
     "eval_delay": (0, "evaluation follows eval_strategy from the first step"),
@@ -150,9 +148,8 @@ ONE_VALUE_KEYS: Dict[str, Tuple[Any, str]] = {
     "vllm_enable_sleep_mode": (False, "coati's vLLM servers keep their memory (--vllm_gpu_memory_utilization)"),
     "vllm_model_impl": ("vllm", "coati's vLLM servers run vLLM's own model code"),
     "vllm_max_model_length": (None, "coati's vLLM servers take the model's own context length"),
-    "use_transformers_paged": (False, "the hf engine generates with transformers' generate"),
-    "use_transformers_continuous_batching": (False, "the hf engine generates with transformers' generate"),
-    "transformers_continuous_batching_config": (None, "the hf engine generates with transformers' generate"),
+    "use_transformers_paged": (False, _HF_GENERATE), "use_transformers_continuous_batching": (False, _HF_GENERATE),
+    "transformers_continuous_batching_config": (None, _HF_GENERATE),
     "cache_implementation": (None, "the hf engine uses transformers' default KV cache"),
     "generation_kwargs": (None, "coati's sampling settings are temperature, top_k, top_p, min_p and "
                                 "repetition_penalty"),

@@ -143,10 +143,9 @@ def prepared(inputs: Sequence[str], data_type: str, tokenizer, tokenizer_dir: st
     """The prepared dataset of the raw `inputs`' `part` (a `coati.dataset.prepare.DataPart`, None: the whole;
     `coati.dataset.prepare.load_rows`), from the cache or made now (printing what was kept); `images`, a
     vision-language model's `ImageProcessing`."""
-    from coati.dataset.prepare import DataPart
+    from coati.dataset.prepare import DataPart, prepare_dataset, truncation_summary
 
     part = part or DataPart()
-    from coati.dataset.prepare import prepare_dataset, truncation_summary
 
     limits = images.limits.as_info() if images is not None else None
     entry = cache_root(cache_dir) / cache_key(inputs, data_type, tokenizer_dir, max_length, part, limits,
