@@ -358,19 +358,21 @@ def split_overrides(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Tup
     overrides: Dict[str, Any] = {}
     rest: List[str] = []
     takes = 0   # how many more arguments the last flag takes (-1: any number)
-    switch = False   # the last argument is a switch, which may take true or false (HF's `--packing true`)
+    switch = ""   # the last argument, where it is a switch, which may take true or false (HF's `--packing true`)
     for arg in argv:
         if arg.startswith("-") and len(arg) > 1 and not _is_number(arg):
             rest.append(arg)
             action = parser._option_string_actions.get(arg)
             takes = 0 if "=" in arg else _arity(action)
-            switch = "=" not in arg and action is not None and action.nargs == 0
+            switch = arg if "=" not in arg and action is not None and action.nargs == 0 else ""
             continue
         if switch and arg.lower() in TRUTH_WORDS:
             rest.append(arg)
-            switch = False
+            switch = ""
             continue
-        switch = False
+        if switch and "=" not in arg:
+            raise CoatiUsageError(f"{switch} {arg}: a switch takes true or false, or nothing")
+        switch = ""
         if takes and not names_a_setting(arg):
             rest.append(arg)
             takes -= takes > 0
@@ -380,7 +382,7 @@ def split_overrides(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Tup
             rest.append(arg)
             continue
         key, equals, value = arg.lstrip("+").partition("=")   # Hydra's +key=value (add) and ++key=value (force)
-        if equals and (key in actions or key.split(".")[0] in sections):
+        if equals and (key in actions or key in NO_SETTING_KEYS or key.split(".")[0] in sections):
             _nest(overrides, key.split("."), _yaml_value(value))
             continue
         raise CoatiUsageError(_unexpected(arg, sections))

@@ -70,8 +70,8 @@ class CoatiArgumentParser(argparse.ArgumentParser):
             argv = [a for a in argv if a not in blank]
         try:
             path, command_line = split_config_flag(argv)
-            overrides, command_line = split_overrides(self, command_line)
-            command_line = drop_ignored_flags(self, hf_negations(self, command_line))
+            overrides, command_line = split_overrides(self, hf_negations(self, command_line))
+            command_line = drop_ignored_flags(self, command_line)
             check_flags_known(self, command_line)
             command_line = switch_words(self, command_line)
             from_file = config_tokens(self, read_config(path), path) if path else []

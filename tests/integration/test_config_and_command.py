@@ -674,6 +674,8 @@ def test_verl_style_overrides_set_a_sections_setting_between_the_file_and_the_fl
     assert (args.lr, args.num_generations, args.seed, args.report_to) == (2e-3, 4, 3, ["none"])
     args = _parse("grpo", [*GRPO, "optim.lr=2e-3", "--lr", "3e-3"], monkeypatch, config, tmp_path)
     assert args.lr == 3e-3
+    args = _parse("grpo", [*GRPO, "--no_packing", "shuffle_dataset=true"], monkeypatch)   # a TRL key, after HF's --no_X
+    assert args.packing is False
     args = _parse("grpo", [*MODEL_AND_DATA, "--reward_fn", "math_answer", "optim.learning_rate=1e-6",
                            "--lr_scheduler", "cosine_with_min_lr", "--lr_scheduler_option", "min_lr_rate=0.1"],
                   monkeypatch)
@@ -738,6 +740,7 @@ def test_a_switch_the_file_turns_on_is_turned_off_on_the_command_line(off, monke
 
 @pytest.mark.parametrize("argv, message", [
     (["grpo.yaml"], r"unexpected argument 'grpo.yaml': a config file is given as --config grpo.yaml"),
+    (["--packing", "maybe"], r"--packing maybe: a switch takes true or false, or nothing"),
     (["foo"], r"unexpected argument 'foo': settings are flags \(--name value\) or keys of a --config file, or "
               r"section\.key=value"),
     (["optm.lr=3"], r"unexpected argument 'optm.lr=3': 'optm' is no section of this command's settings \(did you "
