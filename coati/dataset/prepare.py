@@ -30,8 +30,11 @@ from .vision import IMAGES, LIMITS_INFO, ImageLimits, ImageProcessing, ImageToke
 
 PathLike = Union[str, Path]
 JSONL_SUFFIXES = (".jsonl", ".json")
-DATASET_FILE_SUFFIXES = (".parquet", ".arrow", ".csv", ".tsv")
-"""Data files that are not JSON Lines: `datasets.load_dataset` reads the folder that holds them."""
+FILE_BUILDERS = {".parquet": ("parquet", {}), ".arrow": ("arrow", {}), ".csv": ("csv", {}),
+                 ".tsv": ("csv", {"delimiter": "\t"})}
+"""The `datasets` builder, and its options, that read one data file of each suffix."""
+DATASET_FILE_SUFFIXES = tuple(FILE_BUILDERS)
+"""Data files that are not JSON Lines, which `datasets.load_dataset` reads: one by its format, or their folder."""
 PREPARED_INFO = "coati_prepared.json"
 
 
@@ -59,10 +62,7 @@ def _jsonl_files(path: Path, split: Optional[str] = None) -> List[Path]:
     if path.is_file():
         if split not in (None, "train"):
             raise CoatiUsageError(f"{path} is one file, with no {split!r} split: {instead}")
-        if path.suffix in DATASET_FILE_SUFFIXES:
-            raise CoatiUsageError(f"{path}: a {path.suffix} file is read as part of its folder: give the folder "
-                                  f"({path.parent}), which datasets.load_dataset reads, or JSONL files")
-        return [path]
+        return [] if path.suffix in DATASET_FILE_SUFFIXES else [path]
     if is_saved_raw(path):
         return []   # save_to_disk's own JSON files are no data: load_from_disk reads the folder
     files = sorted(p for p in path.iterdir() if p.suffix in JSONL_SUFFIXES) if path.is_dir() else []
@@ -103,6 +103,10 @@ def _dataset_entries(path: Path, cache_dir: Optional[PathLike] = None, split: st
     try:
         if is_saved_raw(path):
             dataset = _saved_split(path, split, subset)
+        elif path.is_file():   # one parquet, arrow or CSV file (verl's data.train_files), read by its format
+            builder, options = FILE_BUILDERS[path.suffix]
+            dataset = load_dataset(builder, data_files=str(path), split="train", **options,
+                                   cache_dir=None if cache_dir is None else str(cache_dir))
         else:
             dataset = load_dataset(str(path), subset, split=split,
                                    cache_dir=None if cache_dir is None else str(cache_dir))

@@ -97,15 +97,13 @@ def test_every_image_source_trl_and_openai_rows_use_gives_the_same_row(vision_as
     picture = Image.open(folder / name)
     Dataset.from_list([{**_one_image_row([picture])}]).to_parquet(str(tmp_path / "hub" / "train.parquet"))
     Dataset.from_list([{**_one_image_row([picture])}]).save_to_disk(str(tmp_path / "saved"))
-    for given in ("hub", "saved"):
-        prepare_dataset([tmp_path / given], "sft", tokenizer, 256, tmp_path / f"from_{given}", images=images)
-        from_hub = load_from_disk(str(tmp_path / f"from_{given}"))[0]
+    for given in ("hub", "saved", "hub/train.parquet"):   # the folder, save_to_disk's, one file by its format
+        out = tmp_path / f"from_{given.replace('/', '_')}"
+        prepare_dataset([tmp_path / given], "sft", tokenizer, 256, out, images=images)
+        from_hub = load_from_disk(str(out))[0]
         assert from_hub["input_ids"] == prepared[0]["input_ids"]
         assert Image.open(io.BytesIO(from_hub["images"][0])).tobytes() == picture.convert("RGB").tobytes()
     assert is_raw(str(tmp_path / "saved")) and not is_raw(str(tmp_path / "from_saved"))
-    with pytest.raises(CoatiUsageError, match=r"train.parquet: a .parquet file is read as part of its folder: give the "
-                                              r"folder \(.*hub\)"):
-        prepare_dataset([tmp_path / "hub" / "train.parquet"], "sft", tokenizer, 256, tmp_path / "never", images=images)
 
 
 def test_each_bad_image_input_is_one_line_naming_file_line_and_field(vision_assets, tmp_path):
