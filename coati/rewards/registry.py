@@ -11,7 +11,8 @@ may be `async def`, and may also return a dict of named lists (each a component,
 Built-ins: `math_answer`, `answer_format`, `code_tests`, and `judge` (an LLM judge, `coati.rewards.judge`, which the
 training scripts configure with their `--judge_*` flags); a reward server by its `http(s)://` URL (these get text);
 your own as `package.module:function`, `module.function` (TRL's form; the working directory is importable) or
-`path/to/file.py:function`, logged as `rewards/function/...`; each with an optional weight:
+`path/to/file.py:function` (TRL's arguments, or verl's `compute_score(data_source, solution_str, ground_truth,
+extra_info)`), logged as `rewards/function/...`; each with an optional weight:
 `--reward_fn math_answer answer_format=0.1`.
 """
 import asyncio
@@ -32,6 +33,7 @@ from .code import code_tests
 from .math import answer_format, math_answer
 from .output import RewardOutput
 from .remote import RemoteReward, Sequences, is_url
+from .verl import as_trl_reward
 
 RewardFn = Callable[..., object]
 BUILTIN: Dict[str, RewardFn] = {"math_answer": math_answer, "answer_format": answer_format, "code_tests": code_tests}
@@ -62,13 +64,14 @@ def user_frames(error: BaseException) -> str:
 
 def resolve(name: str, builtins: Optional[Dict[str, RewardFn]] = None) -> RewardFn:
     """A built-in by name (from `builtins`, default `BUILTIN`), a reward server's `http(s)://` URL (`RemoteReward`;
-    `builtins` may hold one configured for it), or `package.module:function` (REWARD_FUNCTIONS)."""
+    `builtins` may hold one configured for it), or `package.module:function` (REWARD_FUNCTIONS; verl's
+    `compute_score(data_source, solution_str, ground_truth, extra_info)` is taken too, `coati.rewards.verl`)."""
     builtins = BUILTIN if builtins is None else builtins
     if name in builtins:
         return builtins[name]
     if is_url(name):
         return RemoteReward(name)
-    return REWARD_FUNCTIONS.get(name)
+    return as_trl_reward(REWARD_FUNCTIONS.get(name))
 
 
 class RewardTimeoutError(RewardFunctionError):
@@ -206,6 +209,10 @@ class WeightedReward:
             passed = BUILTIN_ARGUMENTS if builtin else TRL_ARGUMENTS
             missing = ", ".join(repr(name) for name in required_parameters(fn)
                                 if name not in passed and name not in columns)
+            lacking = getattr(fn, "missing_columns", lambda _: None)(columns)
+            if lacking:
+                raise CoatiUsageError(f"reward function {self.specs.get(label, label)} (verl's arguments) needs "
+                                      f"{lacking}, which {data} has not (its columns: {', '.join(columns)})")
             if missing:
                 fix = (f"give the data a column {missing}" if builtin else
                        "add the column, or give the parameter a default")
