@@ -14,12 +14,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from coati.cli.arguments import run_config_from, run_config_parser
 from coati.cli.colossalchat import add_colossalchat_flags
 from coati.cli.preflight import check_paths, image_limits
-from coati.cli.trl_names import add_trl_names
+from coati.cli.trl_names import ON_POLICY, add_trl_names
+from coati.cli.verl_names import add_verl_names
 from coati.config import (COLOSSALCHAT_MARGIN, DEFAULT_BETA, PREPARE_MAX_LENGTH, TINY_VISION_STYLES,
                           PreferenceLossSettings, VisionSettings)
 from coati.cli.options import CoatiArgumentParser, add_settings, errors_named_as_given
 from coati.run_config import (RUN_CONFIGS, DPORunConfig, GRPORunConfig, KTORunConfig, ORPORunConfig, PPORunConfig,
                               PRMRunConfig, RMRunConfig, SFTRunConfig)
+from coati.distributed.launch import LAUNCH
 from coati.utils.errors import CoatiUsageError, exit_cleanly
 from coati.utils.file_checks import check_writable_dir, resolve_model_dir
 from coati.utils.ranges import at_least
@@ -54,8 +56,6 @@ class _ParserBuilt(BaseException):
 
 _MODE = contextvars.ContextVar("coati_command_mode", default="run")
 """How far a command goes: `run`; `check` (`check_flags`: parse and check the paths); `parser` (`command_parser`)."""
-_LAUNCH: contextvars.ContextVar = contextvars.ContextVar("coati_launch", default=(1, 1))
-"""In `check` mode, the (world size, processes on this node) the launch will start."""
 
 
 def check_flags(name: str, argv: List[str], launch: Tuple[int, int] = (1, 1)) -> None:
@@ -63,7 +63,7 @@ def check_flags(name: str, argv: List[str], launch: Tuple[int, int] = (1, 1)) ->
     size, processes on this node), as its run would, printing nothing unless they fail (then one line and exit 2):
     `coati --nproc_per_node N` does this before it starts any process, so a wrong flag is answered once, not on every
     rank under torchrun's report."""
-    token, said, launching = _MODE.set("check"), io.StringIO(), _LAUNCH.set(launch)
+    token, said, launching = _MODE.set("check"), io.StringIO(), LAUNCH.set(launch)
     try:
         with contextlib.redirect_stderr(said):
             TRAINING[name](argv)
@@ -74,7 +74,7 @@ def check_flags(name: str, argv: List[str], launch: Tuple[int, int] = (1, 1)) ->
         raise
     finally:
         _MODE.reset(token)
-        _LAUNCH.reset(launching)
+        LAUNCH.reset(launching)
 
 
 def command_parser(name: str) -> argparse.ArgumentParser:
@@ -102,6 +102,8 @@ def _finish(parser: argparse.ArgumentParser, argv: Optional[List[str]]) -> argpa
     script = parser.run_config.command
     parser.set_defaults(data_type=DATA_TYPES[script])
     add_colossalchat_flags(parser, script)
+    if script in ON_POLICY:
+        add_verl_names(parser)
     add_trl_names(parser, script)
     args = _parse(parser, argv)
     with errors_named_as_given(args):
@@ -111,7 +113,7 @@ def _finish(parser: argparse.ArgumentParser, argv: Optional[List[str]]) -> argpa
         _check_plugin(args.plugin)
         from coati.distributed.memory import check_run_memory
 
-        check_run_memory(args._run_config, launch=_LAUNCH.get())
+        check_run_memory(args._run_config, launch=LAUNCH.get())
         raise _FlagsChecked
     return args
 

@@ -20,6 +20,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from coati.cli.trl_keys import (IGNORED_KEYS, NO_SETTING_KEYS, ONE_VALUE_KEYS, REFUSED_KEYS, TRUTH_WORDS, refusal,
                                 truthy, unused_reason)
+from coati.cli.verl_names import VERL_SECTIONS, is_verl_key, split_verl, verl_settings
 from coati.run_config import RUN_CONFIGS, sections
 from coati.utils.errors import CoatiUsageError, note_user
 from coati.utils.settings import dest, flag_name
@@ -213,10 +214,16 @@ def config_tokens(parser: argparse.ArgumentParser, values: Mapping[str, Any], pa
     source = source or f"{CONFIG_FLAG} {path}"
     actions = _actions_by_key(parser)
     tokens: List[str] = []
-    settings = flat_settings(parser, values, source, actions)
     command = _command(parser)
+    values, verl = split_verl(values, command)
+    try:
+        from_verl, verl_unused = verl_settings(verl, command) if verl else ([], {})
+    except CoatiUsageError as error:
+        raise CoatiUsageError(f"{source}: {error}") from None
+    settings = from_verl + flat_settings(parser, values, source, actions)
+    _refuse_twice_given(settings, actions, source)
     unused = {where: unused_reason(key, value, command) for key, value, where in settings if key not in actions}
-    unused = {where: reason for where, reason in unused.items() if reason is not None}
+    unused = {**verl_unused, **{where: reason for where, reason in unused.items() if reason is not None}}
     if unused:
         note_user(f"{source}: not used: " + "; ".join(f"{where} ({why})" for where, why in unused.items()))
     settings = [(key, value, where) for key, value, where in settings
@@ -344,14 +351,18 @@ def split_overrides(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Tup
     that no flag takes is refused in one line, for a parser that takes no positional arguments."""
     positional = any(not action.option_strings for action in parser._actions)
     owners = section_owners(parser)
+    command = _command(parser)
     sections = set(owners.values())
+    verl = {name for name in VERL_SECTIONS if is_verl_key(command, name)}
     actions = _actions_by_key(parser)
 
     def names_a_setting(arg: str) -> bool:
         match = OVERRIDE.fullmatch(arg)
-        if not match or match.group(1).split(".")[0] not in sections:
+        if not match or match.group(1).split(".")[0] not in sections | verl:
             return False
         section, _, key = match.group(1).partition(".")
+        if is_verl_key(command, section, key.split(".")[0]):
+            return True
         action = actions.get(key)
         return action is not None and owners.get(action.dest) == section
 
@@ -382,10 +393,10 @@ def split_overrides(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Tup
             rest.append(arg)
             continue
         key, equals, value = arg.lstrip("+").partition("=")   # Hydra's +key=value (add) and ++key=value (force)
-        if equals and (key in actions or key in NO_SETTING_KEYS or key.split(".")[0] in sections):
+        if equals and (key in actions or key in NO_SETTING_KEYS or key.split(".")[0] in sections | verl):
             _nest(overrides, key.split("."), _yaml_value(value))
             continue
-        raise CoatiUsageError(_unexpected(arg, sections))
+        raise CoatiUsageError(_unexpected(arg, sections, verl))
     return overrides, rest
 
 
@@ -424,15 +435,17 @@ def _yaml_value(text: str) -> Any:
         return text
 
 
-def _unexpected(arg: str, sections: Iterable[str]) -> str:
-    """What to give instead of the argument `arg`, which no flag takes and which overrides no setting."""
+def _unexpected(arg: str, sections: Iterable[str], verl: Iterable[str] = ()) -> str:
+    """What to give instead of the argument `arg`, which no flag takes and which overrides no setting (`sections`:
+    the command's; `verl`: verl's that it reads too)."""
     if arg.endswith((".yaml", ".yml", ".json")):
         return f"unexpected argument {arg!r}: a config file is given as {CONFIG_FLAG} {arg}"
     match = OVERRIDE.fullmatch(arg.lstrip("+"))
     if match:
+        also = f" (and verl's {', '.join(sorted(verl))})" if verl else ""
         return (f"unexpected argument {arg!r}: {match.group(1).split('.')[0]!r} is no section of this command's "
-                f"settings{nearest(match.group(1).split('.')[0], sections)}; its sections: "
-                f"{', '.join(sorted(sections))}")
+                f"settings{nearest(match.group(1).split('.')[0], {*sections, *verl})}; its sections: "
+                f"{', '.join(sorted(sections))}{also}")
     overrides = ", or section.key=value" if sections else ""
     return f"unexpected argument {arg!r}: settings are flags (--name value) or keys of a --config file{overrides}"
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Dict, List, Mapping, NoReturn, Optional, Tuple
 
 from coati.cli.config_file import LAUNCH_KEYS, nearest, read_config, split_config_flag
+from coati.cli.verl_names import verl_launch
 from coati.utils.errors import USAGE_EXIT_CODE, CoatiUsageError, fail
 from coati.utils.lifetime import ends_with_parent
 
@@ -50,7 +51,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     if name not in commands:
         _refuse(f"unknown command {name!r}{nearest(name, commands)}; the commands are {', '.join(commands)}")
     try:
-        launch, rest = launch_options(rest)
+        launch, rest = launch_options(rest, name)
     except CoatiUsageError as error:
         _refuse(str(error))
     if launch and not any(os.environ.get(v) for v in LAUNCHER_ENV):
@@ -113,15 +114,16 @@ def _refuse(message: str) -> NoReturn:
     fail(f"error: {message} (see coati --help)", USAGE_EXIT_CODE)
 
 
-def launch_options(argv: List[str]) -> Tuple[Dict[str, str], List[str]]:
-    """The launch flags in `argv` (and launch keys of its `--config` file, which the flags override), and the other
-    arguments."""
+def launch_options(argv: List[str], command: str = "") -> Tuple[Dict[str, str], List[str]]:
+    """The launch flags in `argv` (and launch keys of its `--config` file, and verl's `trainer.n_gpus_per_node` and
+    `trainer.nnodes` there or as overrides, which the flags override), and the other arguments."""
     launch: Dict[str, str] = {}
     path, _ = split_config_flag(argv)
-    if path:
-        for key, value in read_config(path).items():
-            if key in LAUNCH_KEYS:
-                launch[LAUNCH_KEYS[key]] = str(value)
+    values = read_config(path) if path else {}
+    for key, value in values.items():
+        if key in LAUNCH_KEYS:
+            launch[LAUNCH_KEYS[key]] = str(value)
+    launch.update(verl_launch(command, values, argv))
     rest, i = [], 0
     while i < len(argv):
         flag, sep, value = argv[i].partition("=")

@@ -41,7 +41,8 @@ class CoatiArgumentParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self.add_argument(CONFIG_FLAG, metavar="FILE", default=None,
                           help="a YAML or JSON file of settings: keys are these flags without their dashes (coati's, "
-                               "ColossalChat's or TRL's names); flags given here override it")
+                               "ColossalChat's or TRL's names; GRPO and PPO also read verl's sections, and its "
+                               "section.key=value overrides after the command); flags given here override it")
         self.given: Dict[str, str] = {}
 
     def error(self, message: str) -> NoReturn:

@@ -1,8 +1,18 @@
 """Process-group start-up for training scripts, under torchrun, `colossalai run`, or plain `python`."""
+import contextvars
 import os
 from datetime import timedelta
 
 from coati.config import DEFAULT_DIST_TIMEOUT_S as DEFAULT_TIMEOUT_S
+
+LAUNCH: contextvars.ContextVar = contextvars.ContextVar("coati_launch", default=(1, 1))
+"""The (world size, processes on this node) of the launch the `coati` command checks a run's flags for, before it
+starts the processes (`coati.cli.commands.check_flags`)."""
+
+
+def launched_world_size() -> int:
+    """The processes the run trains on: WORLD_SIZE in a launched process, else the launch being checked, else 1."""
+    return int(os.environ.get("WORLD_SIZE") or LAUNCH.get()[0])
 
 
 def init_distributed(seed: int = 42, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:

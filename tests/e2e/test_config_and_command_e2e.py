@@ -64,3 +64,50 @@ def test_a_reward_column_missing_from_the_data_ends_a_launched_run_with_its_one_
         "error: reward function my_rewards.accuracy takes 'solution', which the data of --prompt_dataset has no column "
         "for (its columns: gt_answer, prompt); add the column, or give the parameter a default")
     assert "Traceback" not in result.stderr and "ChildFailedError" not in result.stderr
+
+
+VERL_REWARD = """import json, os
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    with open(f"seen-{os.environ['RANK']}.jsonl", "a") as seen:
+        seen.write(json.dumps([data_source, ground_truth, extra_info["index"]]) + "\\n")
+    return {"score": float(ground_truth in solution_str), "length": len(solution_str)}
+"""
+
+
+@pytest.mark.slow
+def test_verls_grpo_command_with_its_parquet_rows_and_reward_function_runs_and_resumes(tiny_assets, tmp_path):
+    """verl's GRPO quickstart as a verl user writes it (Hydra overrides, parquet rows with `reward_model` and
+    `extra_info`, `compute_score` in a file of the working directory): `trainer.n_gpus_per_node=2` launches 2
+    processes, 16 prompts a step over 2 ranks = 4 steps for 64 prompts; the reward function sees each row's ground
+    truth, and its other numbers are logged; checkpoints go to verl's checkpoints/PROJECT/EXPERIMENT, and the same
+    command again finds the run finished there."""
+    from datasets import Dataset
+
+    rows = [{"data_source": "openai/gsm8k", "ability": "math", "extra_info": {"split": "train", "index": i},
+             "prompt": [{"role": "user", "content": f"What is {i} + {i}?"}],
+             "reward_model": {"style": "rule", "ground_truth": str(2 * i)}} for i in range(64)]
+    Dataset.from_list(rows).to_parquet(str(tmp_path / "train.parquet"))
+    (tmp_path / "my_reward.py").write_text(VERL_REWARD)
+    command = ["grpo", "algorithm.adv_estimator=grpo", "data.train_files=train.parquet", "data.train_batch_size=16",
+               "data.max_prompt_length=32", "data.max_response_length=8",
+               f"actor_rollout_ref.model.path={tiny_assets['model']}",
+               "actor_rollout_ref.actor.optim.lr=1e-3", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "actor_rollout_ref.actor.use_kl_loss=True",
+               "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.name=hf", "trainer.n_gpus_per_node=2",
+               "trainer.project_name=p", "trainer.experiment_name=e", "trainer.save_freq=2", "trainer.total_epochs=1",
+               "custom_reward_function.path=my_reward.py", "--output_dir", "out"]
+    first = _run_coati(*command, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert re.search(r"step 4/4 \| epoch 1 \|", first.stdout), first.stdout[-2000:]
+    assert sorted(p.name for p in (tmp_path / "checkpoints" / "p" / "e").iterdir()) == ["epoch-0_step-2",
+                                                                                       "epoch-0_step-4"]
+    seen = [json.loads(line) for rank in (0, 1) for line in (tmp_path / f"seen-{rank}.jsonl").read_text().splitlines()]
+    assert len(seen) == 4 * 16 * 2 and all(truth == str(2 * index) for _, truth, index in seen)
+    assert {source for source, _, _ in seen} == {"openai/gsm8k"} and len({index for *_, index in seen}) == 64
+    records = train_records(tmp_path / "out" / "logs")
+    assert [r["step"] for r in records] == [1, 2, 3, 4] and all("train/rewards/compute_score/length/mean" in r
+                                                                for r in records)
+    again = _run_coati(*command, cwd=tmp_path)
+    assert again.returncode == 0 and "the run is finished" in again.stdout + again.stderr

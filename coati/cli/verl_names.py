@@ -1,0 +1,543 @@
+"""verl's names for the on-policy settings: its `section.key=value` overrides, and config files in its sections
+(`data:`, `actor_rollout_ref:`, `algorithm:`, `trainer:`, `custom_reward_function:`, `critic:`), read as coati's.
+
+verl counts as coati's on-policy runs do: its training step is one generation and the learning on it, coati's
+episode, so `trainer.total_training_steps`, `save_freq` and `test_freq` carry over. Its batch sizes count over every
+GPU (`data.train_batch_size` prompts a step, `actor.ppo_mini_batch_size` prompts an optimizer step) and become
+coati's per-rank counts once the flags are parsed (`convert_batches`). `trainer.n_gpus_per_node` and `trainer.nnodes`
+launch the run (`coati.cli.main`). A verl key that changes nothing here (verl's engine: FSDP, Ray, its profiler) is
+named in the run's "not used" note; any other key coati has nothing for is refused by name. Light: no torch.
+"""
+import argparse
+import difflib
+import os
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from coati.utils.errors import CoatiUsageError, note_user
+
+ON_POLICY = ("ppo", "grpo")
+VERL_SECTIONS = ("actor_rollout_ref", "custom_reward_function", "reward_model", "trainer", "global_profiler",
+                 "ray_kwargs", "reward_manager", "transfer_queue")
+"""verl's top-level sections that coati's run configs do not have."""
+SHARED_SECTIONS = {
+    "data": ("tokenizer", "use_shm", "train_files", "val_files", "train_max_samples", "val_max_samples", "prompt_key",
+             "reward_fn_key", "max_prompt_length", "max_response_length", "train_batch_size", "val_batch_size",
+             "tool_config_path", "return_raw_input_ids", "return_raw_chat", "return_full_prompt", "shuffle", "seed",
+             "dataloader_num_workers", "image_patch_size", "validation_shuffle", "filter_overlong_prompts",
+             "filter_overlong_prompts_workers", "truncation", "image_key", "video_key", "trust_remote_code",
+             "custom_cls", "return_multi_modal_inputs", "sampler", "datagen", "apply_chat_template_kwargs"),
+    "algorithm": ("rollout_correction", "gamma", "lam", "adv_estimator", "norm_adv_by_std_in_grpo", "use_kl_in_reward",
+                  "kl_penalty", "kl_ctrl", "use_pf_ppo", "pf_ppo", "_target_"),
+    "critic": ("optim", "model", "rollout_n", "strategy", "enable", "ppo_mini_batch_size", "ppo_micro_batch_size",
+               "ppo_micro_batch_size_per_gpu", "use_dynamic_bsz", "ppo_max_token_len_per_gpu",
+               "forward_max_token_len_per_gpu", "ppo_epochs", "shuffle", "data_loader_seed", "cliprange_value",
+               "loss_agg_mode", "checkpoint", "profiler", "forward_micro_batch_size",
+               "forward_micro_batch_size_per_gpu", "ulysses_sequence_parallel_size", "grad_clip", "_target_"),
+}
+"""verl's keys in the sections whose names coati's run configs use too (coati's own keys there stay coati's)."""
+LAUNCH = {"trainer.n_gpus_per_node": "--nproc_per_node", "trainer.nnodes": "--nnodes"}
+"""verl's keys that say how many processes to start: the `coati` command's launch flags."""
+BATCHES = ("data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size",
+           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu")
+"""verl's batch sizes, converted after parsing (`convert_batches`): they go as the hidden `--verl_<key>` flags."""
+
+A, R, M = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_rollout_ref.model."
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _path(value: Any) -> Any:
+    """A path, or a list of them, with `~` expanded, as verl expands it."""
+    if isinstance(value, (list, tuple)):
+        return [_path(item) for item in value]
+    return os.path.expanduser(value) if isinstance(value, str) else value
+
+
+def _off_at_minus_one(value: Any) -> Any:
+    """verl's -1 (off, never) is coati's 0."""
+    return 0 if value == -1 else value
+
+
+def _named(names: Dict[str, str], key: str) -> Callable[[Any], Any]:
+    """A conversion of verl's value names to coati's (`names`); a name coati has not is refused, naming `key`."""
+    def convert(value: Any) -> Any:
+        if str(value) not in names:
+            raise CoatiUsageError(f"{key}={value} has no counterpart here; coati takes {', '.join(names)}")
+        return names[str(value)]
+
+    return convert
+
+
+SAPO_TEMPERATURES = {"tau_pos": 1.0, "tau_neg": 1.05}
+"""verl's SAPO temperatures and their defaults (coati's sapo's too): `--policy_loss_option temperature_pos=...`."""
+KL_ESTIMATORS = {"kl": "k1", "k1": "k1", "mse": "k2", "k2": "k2", "low_var_kl": "k3", "k3": "k3"}
+"""verl's `kl_loss_type` -> coati's `--kl_estimator`."""
+TAKEN: Dict[str, Tuple[str, Callable[[Any], Any]]] = {
+    "data.train_files": ("prompt_dataset", _path),
+    "data.val_files": ("eval_dataset", _path),
+    "data.max_prompt_length": ("max_prompt_length", _same),
+    "data.max_response_length": ("max_new_tokens", _same),
+    "data.seed": ("seed", _same),
+    M + "path": ("pretrain", _path),
+    M + "tokenizer_path": ("tokenizer_dir", _path),
+    M + "trust_remote_code": ("trust_remote_code", _same),
+    M + "enable_gradient_checkpointing": ("grad_checkpoint", _same),
+    M + "lora_rank": ("lora_rank", _same),
+    M + "lora_alpha": ("lora_alpha", _same),
+    M + "target_modules": ("lora_target_modules", _same),
+    A + "optim.lr": ("lr", _same),
+    A + "optim.weight_decay": ("weight_decay", _same),
+    A + "optim.lr_warmup_steps_ratio": ("warmup_ratio", _same),
+    A + "optim.lr_scheduler_type": ("lr_scheduler", _same),
+    A + "optim.warmup_style": ("lr_scheduler", _same),
+    A + "optim.clip_grad": ("grad_clip", _same),
+    A + "grad_clip": ("grad_clip", _same),
+    A + "clip_ratio_low": ("clip_eps_low", _same),
+    A + "clip_ratio_high": ("clip_eps_high", _same),
+    A + "loss_agg_mode": ("loss_agg", _named({name: name for name in ("token-mean", "seq-mean-token-mean",
+                                                                      "seq-mean-token-sum-norm")},
+                                             A + "loss_agg_mode")),
+    A + "entropy_coeff": ("entropy_coef", _same),
+    A + "kl_loss_type": ("kl_estimator", _named(KL_ESTIMATORS, A + "kl_loss_type")),
+    A + "ppo_epochs": ("num_update_steps", _same),
+    A + "policy_loss.loss_mode": ("policy_loss", _named({"vanilla": "ppo", "gspo": "gspo", "cispo": "cispo",
+                                                         "sapo": "sapo"}, A + "policy_loss.loss_mode")),
+    R + "n": ("num_generations", _same),
+    R + "temperature": ("temperature", _same),
+    R + "top_p": ("top_p", _same),
+    R + "top_k": ("top_k", _off_at_minus_one),
+    R + "response_length": ("max_new_tokens", _same),
+    R + "prompt_length": ("max_prompt_length", _same),
+    R + "name": ("rollout_backend", _named({"vllm": "vllm", "hf": "hf"}, R + "name")),
+    R + "gpu_memory_utilization": ("vllm_gpu_memory_utilization", _same),
+    R + "enforce_eager": ("vllm_enforce_eager", _same),
+    R + "log_prob_micro_batch_size_per_gpu": ("logits_forward_batch_size", _same),
+    R + "val_kwargs.temperature": ("eval_temperature", _same),
+    R + "val_kwargs.n": ("eval_n_samples", lambda n: 0 if n == 1 else n),
+    A + "freeze_vision_tower": ("freeze_vision_tower", _same),
+    R + "multi_turn.max_assistant_turns": ("max_turns", _same),
+    "algorithm.gamma": ("gamma", _same),
+    "algorithm.lam": ("lam", _same),
+    "critic.optim.lr": ("critic_lr", _same),
+    "critic.model.path": ("critic_pretrain", _path),
+    "critic.cliprange_value": ("value_clip", _same),
+    "trainer.total_epochs": ("num_epochs", _same),
+    "trainer.total_training_steps": ("num_episodes", _same),
+    "trainer.save_freq": ("save_interval", _off_at_minus_one),
+    "trainer.test_freq": ("eval_interval", _off_at_minus_one),
+    "trainer.project_name": ("wandb_project", _same),
+    "trainer.experiment_name": ("run_name", _same),
+    "trainer.default_local_dir": ("save_dir", _path),
+    "trainer.max_actor_ckpt_to_keep": ("keep_last", lambda value: 0 if value is None else value),
+}
+"""verl's keys that mean one coati setting (by a coati or TRL name), each with the conversion of its value."""
+ENGINE = "verl's engine setting; coati's --plugin decides (zero2_cpu offloads, gemini places memory)"
+NOT_USED: Dict[str, str] = {
+    "fsdp_config": ENGINE, "megatron": ENGINE, "strategy": ENGINE, "ulysses_sequence_parallel_size": ENGINE,
+    "profiler": "verl's profiler", "global_profiler": "verl's profiler", "_target_": "verl's config class",
+    "ray_kwargs": "verl's Ray cluster", "transfer_queue": "verl's Ray data transfer", "reward_manager": "verl's "
+    "reward loop; coati scores with --reward_funcs", "checkpoint": "verl's checkpoint contents; coati saves the "
+    "whole state", "use_remove_padding": "coati's learning step packs its rows (--packing) where the plugin allows",
+    "use_torch_compile": ENGINE, "entropy_from_logits_with_chunking": ENGINE, "entropy_checkpointing": ENGINE,
+    "use_fused_kernels": ENGINE, "use_liger": ENGINE, "use_shm": "verl's model copy in shared memory",
+    "router_replay": "verl's MoE router replay", "rollout_n": "set from rollout.n", "data_loader_seed": "--seed",
+    "shuffle": "coati shuffles the prompts each pass, seeded by --seed", "hybrid_engine": ENGINE,
+    "nccl_timeout": "--dist_timeout", "log_prob_micro_batch_size_per_gpu": "--logits_forward_batch_size, from "
+    "rollout.log_prob_micro_batch_size_per_gpu", "log_prob_use_dynamic_bsz": ENGINE,
+    "log_prob_max_token_len_per_gpu": ENGINE, "use_dynamic_bsz": "coati's micro-batches count completions "
+    "(ppo_micro_batch_size_per_gpu)", "ppo_max_token_len_per_gpu": "coati's micro-batches count completions",
+    "tensor_model_parallel_size": "coati's vLLM engine serves each rank whole", "mode": "coati's rollouts",
+    "dtype": "--mixed_precision", "free_cache_engine": ENGINE, "load_format": ENGINE, "layered_summon": ENGINE,
+    "enable_chunked_prefill": ENGINE, "enable_prefix_caching": ENGINE, "max_num_batched_tokens": ENGINE,
+    "max_num_seqs": ENGINE, "max_model_len": ENGINE, "disable_log_stats": ENGINE, "agent": ENGINE,
+    "checkpoint_engine": ENGINE, "trace": "verl's rollout tracing", "prometheus": "verl's metrics server",
+    "engine_kwargs": ENGINE, "cudagraph_capture_sizes": ENGINE, "calculate_log_probs": ENGINE,
+    "skip_tokenizer_init": ENGINE, "device": "colossalai's accelerator decides", "logger": "",
+    "dataloader_num_workers": "coati's prompts are prepared once, cached", "return_raw_chat": "coati keeps "
+    "conversational prompts as messages", "return_raw_input_ids": "coati tokenizes once",
+    "return_full_prompt": "coati tokenizes once", "filter_overlong_prompts": "coati cuts a prompt longer than "
+    "data.max_prompt_length from the left, keeping its end", "filter_overlong_prompts_workers": "coati's "
+    "preparation", "truncation": "coati cuts a prompt longer than data.max_prompt_length from the left",
+    "val_batch_size": "--eval_batch_size", "validation_shuffle": "coati evaluates in order",
+    "balance_batch": ENGINE, "log_val_generations": "coati's sample tables (--sample_log_interval)",
+    "rollout_data_dir": "coati's sample tables", "validation_data_dir": "coati's sample tables",
+    "esi_redundant_time": ENGINE, "default_hdfs_dir": "coati saves to --save_dir",
+    "del_local_ckpt_after_load": "coati keeps its checkpoints (--keep_last)", "max_critic_ckpt_to_keep":
+    "--keep_last keeps whole checkpoints", "ray_wait_register_center_timeout": "verl's Ray cluster",
+    "use_legacy_worker_impl": ENGINE, "val_before_train": "coati evaluates every trainer.test_freq steps",
+    "critic_warmup": "", "lr_warmup_steps": "", "adv_estimator": "", "clip_ratio": "",
+    "kl_penalty": "", "use_kl_in_reward": "", "norm_adv_by_std_in_grpo": "",
+    "custom_reward_function": "", "use_kl_loss": "", "kl_loss_coef": "", "enable": "", "kl_ctrl": "",
+    "rollout_correction": "coati corrects for the rollout engine with --behaviour_correction", "resume_mode": "",
+    "resume_from_path": "", "tau_pos": "", "tau_neg": "", "over_sample_rate": ENGINE, "multi_stage_wake_up": ENGINE,
+    "forward_prefetch": ENGINE, "image_key": "coati's vision rows take an images column", "video_key": "coati's vision rows take images", "image_patch_size": "the model's processor decides",
+    "return_multi_modal_inputs": ENGINE, "trust_remote_code": "actor_rollout_ref.model.trust_remote_code loads "
+    "the tokenizer too", "multi_turn": "verl's multi-turn rollouts, off (coati's: --tools, --max_turns)",
+    "policy_loss": "the settings of verl's clip-cov and kl-cov losses, which coati has not", "mtp": "verl's "
+    "multi-token prediction", "tiled_mlp": ENGINE, "fused_kernel_options": ENGINE, "skip_dump_dir": ENGINE,
+    "enable_rollout_routing_replay": "verl's MoE router replay", "quantization_config_file": ENGINE,
+    "pf_ppo": "verl's PF-PPO, off (algorithm.use_pf_ppo)",
+}
+"""verl's keys (by a part of their name) that change nothing here, with why; those with no reason are the keys a
+conversion of its own reads (`_convert`)."""
+NOT_USED_UNDER = {
+    "actor_rollout_ref.ref.": "the reference is the actor's model at the start; its log-probs are computed in "
+                              "--logits_forward_batch_size rows",
+    "critic.optim.": "coati's critic takes the actor's optimizer settings, but --critic_lr",
+    "critic.model.": "coati's critic is --critic_pretrain with a value head, on the actor's plugin",
+    "critic.": "coati's critic learns on the actor's batches",
+    "reward_model.": "coati's reward model (--rm_pretrain) scores on the training processes",
+}
+"""verl's sections whose other keys change nothing here, with why (the first prefix that matches)."""
+AT_DEFAULT: Dict[str, Any] = {
+    A + "clip_ratio_c": 3.0, A + "optim.optimizer": "AdamW", A + "optim.optimizer_impl": "torch.optim",
+    A + "optim.min_lr_ratio": 0.0, A + "optim.num_cycles": 0.5, A + "optim.betas": [0.9, 0.999],
+    A + "optim.override_optimizer_config": None, A + "optim.total_training_steps": -1,
+    A + "use_prefix_grouper": False, A + "calculate_entropy": False, A + "loss_scale_factor": None,
+    A + "ppo_micro_batch_size": None, A + "calculate_sum_pi_squared": False,
+    A + "sum_pi_squared_checkpointing": False, R + "ignore_eos": False, R + "do_sample": True,
+    R + "log_prob_micro_batch_size": None, R + "multi_turn.enable": False, R + "val_kwargs.do_sample": False,
+    R + "val_kwargs.top_k": -1, R + "val_kwargs.top_p": 1.0, R + "data_parallel_size": 1,
+    R + "expert_parallel_size": 1, R + "pipeline_model_parallel_size": 1, R + "skip_rollout": False,
+    R + "quantization": None, R + "logprobs_mode": "processed_logprobs", R + "scheduling_policy": "fcfs",
+    M + "custom_chat_template": None, M + "external_lib": None, M + "override_config": {}, M + "hf_config_path": None,
+    M + "enable_activation_offload": False, M + "exclude_modules": None, M + "lora_adapter_path": None,
+    "actor_rollout_ref.ref.log_prob_micro_batch_size": None, "data.train_max_samples": -1,
+    "data.val_max_samples": -1, "data.tokenizer": None, "data.tool_config_path": None,
+    "algorithm.use_pf_ppo": False, "trainer.val_only": False,
+    "data.custom_cls.path": None, "data.custom_cls.name": None, "data.sampler.class_path": None,
+    "data.sampler.class_name": None, "data.datagen.path": None, "data.datagen.name": None,
+    "data.prompt_key": "prompt", "data.reward_fn_key": "data_source", "data.apply_chat_template_kwargs": {},
+}
+"""verl's keys coati has no setting for, at the value coati's run matches (verl's default): taken and noted there,
+refused at any other value."""
+
+
+def is_verl_key(command: str, section: str, key: Optional[str] = None) -> bool:
+    """Whether `section` (and its `key`) of a config file or an override is verl's, for `command`."""
+    if command not in ON_POLICY:
+        return False
+    if section in VERL_SECTIONS:
+        return True
+    return key is not None and key in SHARED_SECTIONS.get(section, ())
+
+
+def split_verl(values: Mapping[str, Any], command: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(the config's values that are not verl's, verl's by dotted key): a section shared with coati's run config is
+    split by key."""
+    rest: Dict[str, Any] = {}
+    verl: Dict[str, Any] = {}
+    for section, value in values.items():
+        section = str(section)
+        if is_verl_key(command, section):
+            _flatten(value, section, verl)
+        elif section in SHARED_SECTIONS and isinstance(value, Mapping) and command in ON_POLICY:
+            own = {k: v for k, v in value.items() if not is_verl_key(command, section, str(k))}
+            theirs = {k: v for k, v in value.items() if k not in own}
+            if theirs:
+                _flatten(theirs, section, verl)
+            if own or not theirs:
+                rest[section] = own
+        else:
+            rest[section] = value
+    return rest, verl
+
+
+NOT_FLATTENED = ("override_config", "engine_kwargs", "apply_chat_template_kwargs")
+"""verl's keys whose value is one mapping of options, not a section."""
+
+
+def _flatten(value: Any, prefix: str, into: Dict[str, Any]) -> None:
+    if isinstance(value, Mapping) and value and not prefix.endswith(NOT_FLATTENED):
+        for key, inner in value.items():
+            _flatten(inner, f"{prefix}.{key}", into)
+    else:
+        into[prefix] = value
+
+
+def verl_settings(verl: Mapping[str, Any], command: str) -> Tuple[List[Tuple[str, Any, str]], Dict[str, str]]:
+    """((coati's flag name without dashes, value, the verl key it comes from) for verl's `verl` (dotted key ->
+    value); verl's keys that change nothing here, with why). Every key coati cannot honour is refused in one line,
+    all of them named."""
+    settings: List[Tuple[str, Any, str]] = []
+    unused: Dict[str, str] = {}
+    problems: List[str] = []
+    for key, value in verl.items():
+        if key in LAUNCH:
+            continue
+        if key in TAKEN:
+            name, convert = TAKEN[key]
+            try:
+                settings.append((name, convert(value), key))
+            except CoatiUsageError as error:
+                problems.append(str(error))
+        elif key in BATCHES:
+            settings.append((f"verl_{key.rsplit('.', 1)[-1]}", value, key))
+        elif key in AT_DEFAULT:
+            if value == AT_DEFAULT[key] or value is None and AT_DEFAULT[key] in ({}, None):
+                unused[key] = "verl's default, which coati's run matches"
+            else:
+                problems.append(f"{key}={value}: coati has no counterpart (it runs as verl's default "
+                                f"{AT_DEFAULT[key]!r})")
+        elif _reason(key) is None:
+            close = difflib.get_close_matches(key, [*TAKEN, *BATCHES, *AT_DEFAULT], n=2, cutoff=0.8)
+            hint = f" (did you mean {' or '.join(close)}?)" if close else \
+                " (docs/migration/verl.md lists the verl keys coati takes)"
+            problems.append(f"{key}: verl's, with no counterpart here{hint}")
+        elif _reason(key):
+            unused[key] = _reason(key)
+    try:
+        settings += _convert(verl, command, unused)
+        settings = _one_each(settings, command, unused)
+    except CoatiUsageError as error:
+        problems.append(str(error))
+    if problems:
+        raise CoatiUsageError("; ".join(problems))
+    return [*settings, ("verl_keys", sorted(verl), "verl")], unused
+
+
+PPO_ONLY = ("critic_lr", "critic_pretrain", "value_clip", "gamma", "lam", "critic_warmup_episodes")
+"""coati's settings of PPO's critic and GAE, which verl's keys may give a GRPO run too (verl's config holds them)."""
+
+
+def _one_each(settings: List[Tuple[str, Any, str]], command: str, unused: Dict[str, str]) -> List[Tuple[str, Any, str]]:
+    """`settings` with one value per setting: two verl keys for one (`data.max_response_length` and
+    `rollout.response_length`, as verl's config holds both) agree or one is null; PPO's settings in a GRPO run are
+    named as not used."""
+    kept: Dict[str, Tuple[str, Any, str]] = {}
+    for name, value, key in settings:
+        if command == "grpo" and name in PPO_ONLY:
+            unused[key] = "PPO's critic and GAE (coati ppo)"
+            continue
+        earlier = kept.get(name)
+        if earlier is not None and value is not None and earlier[1] is not None and earlier[1] != value:
+            raise CoatiUsageError(f"{earlier[2]}={earlier[1]} and {key}={value} set the same setting (--{name}); "
+                                  "keep one")
+        if earlier is None or earlier[1] is None:
+            kept[name] = (name, value, key)
+    return list(kept.values())
+
+
+def _reason(key: str) -> Optional[str]:
+    """Why verl's `key` changes nothing here ('' where a conversion of its own reads it), or None where it is no
+    key coati knows: the reason of its last part, or of a section it is in (`fsdp_config`, `profiler`, ...)."""
+    for part in reversed(key.split(".")):
+        if part in NOT_USED:
+            return NOT_USED[part]
+    return next((why for prefix, why in NOT_USED_UNDER.items() if key.startswith(prefix)), None)
+
+
+def _convert(verl: Mapping[str, Any], command: str, unused: Dict[str, str]) -> List[Tuple[str, Any, str]]:
+    """The settings that come from several of verl's keys, or from one with a meaning of its own: the KL, the reward
+    function, checkpoints and resuming, the logger, the advantage's scaling, the critic's warm-up."""
+    settings: List[Tuple[str, Any, str]] = []
+    if A + "use_kl_loss" in verl or A + "kl_loss_coef" in verl:   # verl adds the KL loss only with use_kl_loss
+        coef = verl.get(A + "kl_loss_coef", 0.001) if verl.get(A + "use_kl_loss") else 0.0
+        settings.append(("kl_coef", coef, A + "use_kl_loss"))
+    if verl.get(A + "clip_ratio") is not None:   # verl's clip_ratio_low and _high, where given, come first
+        settings += [(name, verl[A + "clip_ratio"], A + "clip_ratio") for name, own in (
+            ("clip_eps_low", A + "clip_ratio_low"), ("clip_eps_high", A + "clip_ratio_high")) if verl.get(own) is None]
+    temperatures = {f"temperature_{key[4:]}": verl[A + key] for key, default in SAPO_TEMPERATURES.items()
+                    if verl.get(A + key, default) != default}
+    if temperatures:   # SAPO's, which coati's sapo takes as options
+        settings.append(("policy_loss_option", [f"{name}={value}" for name, value in temperatures.items()],
+                         A + "tau_pos"))
+    if verl.get("algorithm.use_kl_in_reward"):
+        raise CoatiUsageError("algorithm.use_kl_in_reward=true: coati puts the KL to the reference in the loss; give "
+                              "actor_rollout_ref.actor.use_kl_loss=true and its kl_loss_coef")
+    for key in [k for k in verl if k.startswith("algorithm.kl_ctrl.") or k == "algorithm.kl_penalty"]:
+        unused[key] = "the KL in the reward (algorithm.use_kl_in_reward), which coati puts in the loss"
+    correction = [k for k in verl if k.startswith("algorithm.rollout_correction.") and
+                  k.endswith(("rollout_is", "rollout_rs")) and verl[k] is not None]
+    if correction:
+        raise CoatiUsageError(f"{correction[0]}={verl[correction[0]]}: coati corrects for the rollout engine's "
+                              "log-probs with --behaviour_correction")
+    if "algorithm.norm_adv_by_std_in_grpo" in verl and command == "grpo":
+        settings.append(("no_std_normalize", not verl["algorithm.norm_adv_by_std_in_grpo"],
+                         "algorithm.norm_adv_by_std_in_grpo"))
+    elif "algorithm.norm_adv_by_std_in_grpo" in verl:
+        unused["algorithm.norm_adv_by_std_in_grpo"] = "GRPO's; PPO's advantages are whitened (--no_whiten_advantages)"
+    if "algorithm.adv_estimator" in verl:
+        settings += _advantages(verl["algorithm.adv_estimator"], command, unused)
+    settings += _reward(verl) + _checkpoints(verl)
+    if verl.get("trainer.logger") is not None:
+        settings += _report_to(verl["trainer.logger"])
+    if verl.get("trainer.critic_warmup", 0) and command == "ppo":
+        settings.append(("critic_warmup_episodes", verl["trainer.critic_warmup"], "trainer.critic_warmup"))
+    warmup = verl.get(A + "optim.lr_warmup_steps", -1)
+    if warmup not in (-1, None):
+        raise CoatiUsageError(f"{A}optim.lr_warmup_steps={warmup}: give lr_warmup_steps_ratio (coati's "
+                              "--warmup_steps count optimizer steps, verl's training steps)")
+    return settings
+
+
+ADV_ESTIMATORS = {"grpo": "grpo", "rloo": "rloo", "reinforce_plus_plus": "reinforce_pp"}
+"""verl's `algorithm.adv_estimator`s that `coati grpo` has, by coati's name (`coati ppo` is verl's gae)."""
+
+
+def _advantages(estimator: str, command: str, unused: Dict[str, str]) -> List[Tuple[str, Any, str]]:
+    """verl's `algorithm.adv_estimator`: gae is `coati ppo` (a critic), the others `coati grpo`'s `--adv_estimator`."""
+    key = f"algorithm.adv_estimator={estimator}"
+    if command == "ppo":
+        if estimator != "gae":
+            raise CoatiUsageError(f"{key} learns without a critic: run `coati grpo` with these settings")
+        unused["algorithm.adv_estimator"] = "coati ppo's advantages are GAE's"
+        return []
+    if estimator == "gae":
+        raise CoatiUsageError(f"{key} learns a critic: run `coati ppo` with these settings")
+    if estimator not in ADV_ESTIMATORS:
+        raise CoatiUsageError(f"{key} has no counterpart here; coati grpo takes {', '.join(ADV_ESTIMATORS)} "
+                              "(and its own --adv_estimator names)")
+    return [("adv_estimator", ADV_ESTIMATORS[estimator], "algorithm.adv_estimator")]
+
+
+def _reward(verl: Mapping[str, Any]) -> List[Tuple[str, Any, str]]:
+    """verl's `custom_reward_function.path` and `.name` (default `compute_score`) -> `--reward_fn PATH:NAME`; its
+    reward model, `reward_model.model.path` with `reward_model.enable`, -> `--rm_pretrain`."""
+    path = verl.get("custom_reward_function.path")
+    other = [key for key in verl if key.startswith("custom_reward_function.") and
+             key not in ("custom_reward_function.path", "custom_reward_function.name")]
+    if other:
+        raise CoatiUsageError(f"{other[0]}: coati calls verl's reward function with its four arguments only "
+                              "(data_source, solution_str, ground_truth, extra_info)")
+    settings = []
+    if verl.get("reward_model.enable"):
+        if not verl.get("reward_model.model.path"):
+            raise CoatiUsageError("reward_model.enable=true needs reward_model.model.path")
+        settings.append(("rm_pretrain", _path(verl["reward_model.model.path"]), "reward_model.model.path"))
+    if path:
+        name = verl.get("custom_reward_function.name") or "compute_score"
+        settings.append(("reward_fn", [f"{_path(path)}:{name}"], "custom_reward_function.path"))
+    return settings
+
+
+def _checkpoints(verl: Mapping[str, Any]) -> List[Tuple[str, Any, str]]:
+    """verl's checkpoints: every `trainer.save_freq` steps into `trainer.default_local_dir` (verl's default
+    checkpoints/PROJECT/EXPERIMENT), resumed from the newest there unless `trainer.resume_mode` is disable, or from
+    `trainer.resume_from_path` with resume_path."""
+    settings: List[Tuple[str, Any, str]] = []
+    saving = verl.get("trainer.save_freq", -1) not in (-1, 0, None)
+    if saving and "trainer.default_local_dir" not in verl:
+        settings.append(("save_dir", f"checkpoints/{verl.get('trainer.project_name', 'verl_examples')}/"
+                                     f"{verl.get('trainer.experiment_name', 'gsm8k')}", "trainer.save_freq"))
+    mode = verl.get("trainer.resume_mode", "auto")
+    if mode == "resume_path":
+        if not verl.get("trainer.resume_from_path"):
+            raise CoatiUsageError("trainer.resume_mode=resume_path needs trainer.resume_from_path")
+        settings.append(("checkpoint_path", _path(verl["trainer.resume_from_path"]), "trainer.resume_from_path"))
+    elif mode == "auto" and (saving or "trainer.default_local_dir" in verl):
+        settings.append(("checkpoint_path", "latest", "trainer.resume_mode"))
+    elif mode not in ("auto", "disable"):
+        raise CoatiUsageError(f"trainer.resume_mode={mode}: verl's modes are auto, disable and resume_path")
+    return settings
+
+
+def _report_to(logger: Any) -> List[Tuple[str, Any, str]]:
+    """verl's `trainer.logger` list -> `--report_to`: console is always on here; wandb and tensorboard as named."""
+    names = [logger] if isinstance(logger, str) else list(logger)
+    unknown = [name for name in names if name not in ("console", "wandb", "tensorboard")]
+    if unknown:
+        raise CoatiUsageError(f"trainer.logger {unknown[0]!r}: coati logs to console, wandb and tensorboard")
+    chosen = [name for name in names if name != "console"]
+    return [("report_to", chosen, "trainer.logger")] if chosen else []
+
+
+def verl_launch(command: str, values: Mapping[str, Any], argv: Sequence[str]) -> Dict[str, str]:
+    """The launch flags that verl's `trainer.n_gpus_per_node` and `trainer.nnodes` give, in a config file's `values`
+    or as overrides in `argv` (which win), for an on-policy `command`."""
+    if command not in ON_POLICY:
+        return {}
+    found: Dict[str, str] = {}
+    trainer = values.get("trainer")
+    for key, flag in LAUNCH.items():
+        if isinstance(trainer, Mapping) and key.split(".")[1] in trainer:
+            found[flag] = str(trainer[key.split(".")[1]])
+    for arg in argv:
+        key, equals, value = arg.lstrip("+").partition("=")
+        if equals and key in LAUNCH:
+            found[LAUNCH[key]] = value
+    return found
+
+
+def add_verl_names(parser: argparse.ArgumentParser) -> None:
+    """The hidden flags verl's names go as (its batch sizes, `BATCHES`, and the verl keys given, `--verl_keys`), and
+    their conversion after parsing, for the processes the run has (`launched_world_size`)."""
+    from coati.cli.options import add_post_parse
+    from coati.distributed.launch import launched_world_size
+
+    group = parser.add_argument_group("verl's names (section.key=value; see coati.cli.verl_names)")
+    for key in BATCHES:
+        name = key.rsplit(".", 1)[-1]
+        group.add_argument(f"--verl_{name}", dest=f"verl_{name}", type=int, default=argparse.SUPPRESS,
+                           help=argparse.SUPPRESS)
+    group.add_argument("--verl_keys", nargs="+", action="extend", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+    def after_parse(args: argparse.Namespace) -> None:
+        given = getattr(parser, "given", {})
+        convert_batches(args, launched_world_size(), given)
+        note_other_defaults(args, _take(args, "verl_keys") or [], given)
+
+    add_post_parse(parser, after_parse)
+
+
+OTHER_DEFAULTS = {"lr": (A + "optim.lr", 1e-6), "lr_scheduler": (A + "optim.lr_scheduler_type", "constant"),
+                  "weight_decay": (A + "optim.weight_decay", 0.01),
+                  "grad_checkpoint": (M + "enable_gradient_checkpointing", True),
+                  "max_new_tokens": ("data.max_response_length", 512)}
+"""coati's settings whose default is not verl's: (verl's key, verl's default), said in a note where a run in verl's
+names leaves them out."""
+
+
+def note_other_defaults(args: argparse.Namespace, verl_keys: Sequence[str], given: Mapping[str, str]) -> None:
+    """One note, for a run given in verl's names, naming the settings it leaves at coati's default where verl's
+    differs, with both values."""
+    if not verl_keys:
+        return
+    keys = set(verl_keys)
+    differ = [f"{key} (verl {verl_default}, here --{name} {getattr(args, name)})"
+              for name, (key, verl_default) in OTHER_DEFAULTS.items()
+              if key not in keys and name not in given and getattr(args, name, verl_default) != verl_default]
+    if differ:
+        note_user("coati's defaults where verl's differ, for what this run does not give: " + "; ".join(differ))
+
+
+def convert_batches(args: argparse.Namespace, world_size: int, given: Mapping[str, str]) -> None:
+    """verl's batch sizes over every GPU -> coati's per rank: `data.train_batch_size` prompts a step
+    (`--batch_size` = it / world), one optimizer step per `ppo_mini_batch_size` prompts (default the whole batch)
+    in micro-batches of `ppo_micro_batch_size_per_gpu` completions (`--train_batch_size`, default the whole mini-
+    batch; `--accumulation_steps` = mini-batch / micro-batch); each must divide."""
+    batch = _take(args, "verl_train_batch_size")
+    mini = _take(args, "verl_ppo_mini_batch_size")
+    micro = _take(args, "verl_ppo_micro_batch_size_per_gpu")
+    if batch is None and mini is None and micro is None:
+        return
+    for flag in ("batch_size", "train_batch_size", "accumulation_steps"):
+        if flag in given:
+            raise CoatiUsageError(f"{given[flag]} and verl's batch sizes (data.train_batch_size, the actor's "
+                                  "ppo_mini_batch_size, ppo_micro_batch_size_per_gpu) both set the batches; give one")
+    prompts = batch if batch is not None else args.batch_size * world_size
+    if prompts % world_size:
+        raise CoatiUsageError(f"data.train_batch_size={prompts} prompts is not a whole number for each of the "
+                              f"{world_size} processes; make it a multiple of {world_size}")
+    args.batch_size = prompts // world_size
+    mini = prompts if mini is None else mini
+    completions = mini * args.num_generations
+    if prompts % mini or completions % world_size:
+        raise CoatiUsageError(f"{A}ppo_mini_batch_size={mini}: it must divide data.train_batch_size={prompts}, "
+                              f"and its {completions} completions the {world_size} processes")
+    per_rank = completions // world_size
+    micro = per_rank if micro is None else micro
+    if per_rank % micro:
+        raise CoatiUsageError(f"{A}ppo_micro_batch_size_per_gpu={micro} does not divide the {per_rank} "
+                              f"completions of a mini-batch on each process (ppo_mini_batch_size {mini} x rollout.n "
+                              f"{args.num_generations} / {world_size} processes)")
+    args.train_batch_size, args.accumulation_steps = micro, per_rank // micro
+
+
+def _take(args: argparse.Namespace, name: str) -> Optional[int]:
+    value = getattr(args, name, None)
+    if hasattr(args, name):
+        delattr(args, name)
+    return value

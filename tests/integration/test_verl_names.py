@@ -1,0 +1,233 @@
+"""verl's names (`coati.cli.verl_names`): its Hydra overrides and config sections read as coati's settings, its global
+batch sizes as coati's per-rank ones, its launch keys as the `coati` command's, and every key coati cannot honour
+refused by name."""
+import math
+
+import pytest
+import yaml
+
+from coati.cli.main import launch_options
+from coati.distributed.launch import LAUNCH
+from coati.rewards.registry import WeightedReward
+from coati.rewards.verl import VerlScore
+from conftest import parsed_args
+
+VERL_GSM8K = [   # verl's examples/grpo_trainer/run_qwen3-8b.sh, at a tiny size
+    "algorithm.adv_estimator=grpo", "data.train_files=train.parquet", "data.val_files=test.parquet",
+    "data.train_batch_size=16", "data.max_prompt_length=512", "data.max_response_length=1024",
+    "data.filter_overlong_prompts=True", "data.truncation=error", "actor_rollout_ref.model.path=Qwen/Qwen3-8B",
+    "actor_rollout_ref.actor.optim.lr=1e-6", "actor_rollout_ref.model.use_remove_padding=True",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.001",
+    "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "actor_rollout_ref.actor.entropy_coeff=0",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.name=vllm",
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.6", "actor_rollout_ref.rollout.n=5",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32", "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+    "algorithm.use_kl_in_reward=False", "trainer.critic_warmup=0", "trainer.logger=[\"console\",\"wandb\"]",
+    "trainer.project_name=verl_grpo_example_gsm8k", "trainer.experiment_name=qwen3_8b_function_rm",
+    "trainer.n_gpus_per_node=2", "trainer.nnodes=1", "trainer.save_freq=20", "trainer.test_freq=5",
+    "trainer.total_epochs=15", "custom_reward_function.path=my_reward.py"]
+
+
+GRPO_BASE = ["--pretrain", "m", "--prompt_dataset", "d", "--reward_fn", "math_answer"]
+
+
+def _parse(argv, monkeypatch, world=2, command="grpo"):
+    """The args of `coati <command> argv` checked for a launch of `world` processes (as the `coati` command checks
+    them before it starts the processes)."""
+    token = LAUNCH.set((world, world))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    try:
+        return parsed_args(command, argv, monkeypatch)
+    finally:
+        LAUNCH.reset(token)
+
+
+def _refused(argv, monkeypatch, capsys, world=1, command="grpo") -> str:
+    with pytest.raises(SystemExit) as stop:
+        _parse(argv, monkeypatch, world, command)
+    assert stop.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+def test_verls_gsm8k_grpo_command_is_read_as_coatis_settings(monkeypatch, capsys):
+    """Each of the verl example's keys becomes its coati setting; the batch sizes over 2 processes: 16 prompts a step
+    = 8 a rank, an optimizer step per 8 prompts x 5 completions / 2 = 20 completions a rank, in micro-batches of 4
+    (5 accumulation steps); the engine's keys are named as not used."""
+    args = _parse(VERL_GSM8K, monkeypatch)
+    got = {name: getattr(args, name) for name in (
+        "adv_estimator", "dataset", "eval_dataset", "max_length", "max_new_tokens", "pretrain", "lr", "kl_coef",
+        "kl_estimator", "entropy_coef", "grad_checkpoint", "logits_forward_batch_size", "rollout_backend",
+        "vllm_gpu_memory_utilization", "num_generations", "report_to", "wandb_project", "run_name", "save_interval",
+        "eval_interval", "num_epochs", "reward_fn", "save_dir", "checkpoint_path", "batch_size", "train_batch_size",
+        "accumulation_steps")}
+    assert got == {
+        "adv_estimator": "grpo", "dataset": ["train.parquet"], "eval_dataset": ["test.parquet"], "max_length": 512,
+        "max_new_tokens": 1024, "pretrain": "Qwen/Qwen3-8B", "lr": 1e-6, "kl_coef": 0.001, "kl_estimator": "k3",
+        "entropy_coef": 0.0, "grad_checkpoint": True, "logits_forward_batch_size": 32, "rollout_backend": "vllm",
+        "vllm_gpu_memory_utilization": 0.6, "num_generations": 5, "report_to": ["wandb"],
+        "wandb_project": "verl_grpo_example_gsm8k", "run_name": "qwen3_8b_function_rm", "save_interval": 20,
+        "eval_interval": 5, "num_epochs": 15.0, "reward_fn": ["my_reward.py:compute_score"],
+        "save_dir": "checkpoints/verl_grpo_example_gsm8k/qwen3_8b_function_rm", "checkpoint_path": "latest",
+        "batch_size": 8, "train_batch_size": 4, "accumulation_steps": 5}
+    note = capsys.readouterr().err
+    for key in ("data.filter_overlong_prompts", "actor_rollout_ref.actor.fsdp_config.param_offload",
+                "actor_rollout_ref.rollout.tensor_model_parallel_size", "actor_rollout_ref.model.use_remove_padding"):
+        assert key in note
+    assert not hasattr(args, "verl_train_batch_size")
+
+
+def test_verls_launch_keys_start_the_processes(tmp_path):
+    """`trainer.n_gpus_per_node` and `trainer.nnodes`, as overrides or in a file's trainer section, are the `coati`
+    command's launch; its own flags win; other commands read no verl section."""
+    launch, rest = launch_options(["trainer.n_gpus_per_node=4", "trainer.nnodes=1", "--lr", "1"], "grpo")
+    assert launch == {"--nproc_per_node": "4", "--nnodes": "1"} and rest[-2:] == ["--lr", "1"]
+    (tmp_path / "verl.yaml").write_text(yaml.safe_dump({"trainer": {"n_gpus_per_node": 8}}))
+    launch, _ = launch_options(["--config", str(tmp_path / "verl.yaml"), "--nproc_per_node", "2"], "ppo")
+    assert launch == {"--nproc_per_node": "2"}
+    assert launch_options(["--config", str(tmp_path / "verl.yaml")], "ppo")[0] == {"--nproc_per_node": "8"}
+    assert launch_options(["--config", str(tmp_path / "verl.yaml")], "sft")[0] == {}
+
+
+def test_a_verl_config_file_in_its_sections_beside_coatis_own(monkeypatch, tmp_path):
+    """A file in verl's nested sections; `data:` and `algorithm:` hold verl's keys and coati's own side by side;
+    a world of one takes the whole batch; SAPO takes verl's temperatures; PPO takes verl's critic and GAE settings."""
+    config = {"data": {"train_files": "train.parquet", "train_batch_size": 4, "dataset_config": "main"},
+              "actor_rollout_ref": {"model": {"path": "m", "lora_rank": 8},
+                                    "actor": {"optim": {"lr": 2e-6, "lr_scheduler_type": "constant"},
+                                              "clip_ratio_low": 0.2, "clip_ratio_high": 0.28,
+                                              "loss_agg_mode": "token-mean", "ppo_epochs": 2,
+                                              "policy_loss": {"loss_mode": "sapo"}, "tau_neg": 1.2},
+                                    "rollout": {"n": 4, "temperature": 0.7, "top_k": -1}},
+              "algorithm": {"adv_estimator": "rloo", "norm_adv_by_std_in_grpo": False, "entropy_coef": 0.01},
+              "custom_reward_function": {"path": "r.py", "name": "my_score"},
+              "trainer": {"total_training_steps": 3, "save_freq": -1, "test_freq": -1, "logger": ["console"]}}
+    (tmp_path / "verl.yaml").write_text(yaml.safe_dump(config))
+    args = _parse(["--config", str(tmp_path / "verl.yaml")], monkeypatch, world=1)
+    assert (args.dataset, args.dataset_config, args.batch_size, args.train_batch_size, args.accumulation_steps) == (
+        ["train.parquet"], "main", 4, 16, 1)
+    assert (args.lora_rank, args.lr, args.lr_scheduler, args.clip_eps_low, args.clip_eps_high, args.loss_agg) == (
+        8, 2e-6, "constant", 0.2, 0.28, "token-mean")
+    assert (args.num_update_steps, args.temperature, args.top_k, args.adv_estimator, args.no_std_normalize) == (
+        2, 0.7, 0, "rloo", True)
+    assert (args.entropy_coef, args.reward_fn, args.num_episodes, args.save_interval, args.eval_interval) == (
+        0.01, ["r.py:my_score"], 3, 0, 0)
+    assert args.save_dir is None and args.report_to == ["tensorboard"]
+    assert (args.policy_loss, args.policy_loss_option) == ("sapo", [("temperature_neg", 1.2)])
+    ppo = {"algorithm": {"adv_estimator": "gae", "gamma": 0.99, "lam": 0.95},
+           "critic": {"optim": {"lr": 1e-5}, "model": {"path": "c"}, "cliprange_value": 0.5}}
+    (tmp_path / "ppo.yaml").write_text(yaml.safe_dump(ppo))
+    args = _parse(["--config", str(tmp_path / "ppo.yaml"), *GRPO_BASE], monkeypatch,
+                  world=1, command="ppo")
+    assert (args.gamma, args.lam, args.critic_lr, args.critic_pretrain, args.value_clip) == (0.99, 0.95, 1e-5, "c", 0.5)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["actor_rollout_ref.rollout.name=sglang"], "actor_rollout_ref.rollout.name=sglang has no counterpart here; "
+                                                 "coati takes vllm, hf"),
+    (["algorithm.adv_estimator=gae"], "algorithm.adv_estimator=gae learns a critic: run `coati ppo` with these "
+                                      "settings"),
+    (["actor_rollout_ref.actor.ppo_mini_batch=4"], "actor_rollout_ref.actor.ppo_mini_batch: verl's, with no "
+                                                   "counterpart here (did you mean "
+                                                   "actor_rollout_ref.actor.ppo_mini_batch_size or"),
+    (["data.prompt_key=question"], "data.prompt_key=question: coati has no counterpart (it runs as verl's default "
+                                   "'prompt')"),
+    (["algorithm.use_kl_in_reward=True"], "algorithm.use_kl_in_reward=true: coati puts the KL to the reference in the "
+                                          "loss"),
+    (["actor_rollout_ref.actor.optim.lr_warmup_steps=10"], "give lr_warmup_steps_ratio"),
+    (["data.train_batch_size=6"], "data.train_batch_size=6 prompts is not a whole number for each of the 4 "
+                                  "processes; make it a multiple of 4"),
+    (["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"],
+     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3 does not divide the 16 completions of a mini-batch on "
+     "each process (ppo_mini_batch_size 8 x rollout.n 8 / 4 processes)"),
+    (["data.train_batch_size=8", "--batch_size", "2"], "--batch_size and verl's batch sizes"),
+])
+def test_what_coati_cannot_honour_is_refused_in_one_line(extra, message, monkeypatch, capsys):
+    base = ["actor_rollout_ref.model.path=m", "data.train_files=d", "custom_reward_function.path=r.py"]
+    assert message in _refused([*base, *extra], monkeypatch, capsys, world=4)
+
+
+def test_a_verl_reward_function_scores_each_completion_with_verls_arguments():
+    """`compute_score(data_source, solution_str, ground_truth, extra_info)` is called once per completion with the
+    row's `reward_model.ground_truth`, `data_source` and `extra_info`; a dict's `score` is the reward, its other
+    numbers logged beside it (a boolean as 0/1), its other values shown in the sample tables."""
+    seen = []
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+        seen.append((data_source, solution_str, ground_truth, extra_info))
+        right = solution_str.strip().endswith(ground_truth)
+        return {"score": 1.0 if right else -0.5, "acc": right, "pred": solution_str[-1:]}
+
+    reward = WeightedReward([("compute_score", VerlScore(compute_score), 2.0)])
+    reward.check_columns(["prompt", "reward_model", "data_source"], "the data")
+    inputs = {"reward_model": [{"ground_truth": "4", "style": "rule"}] * 2, "data_source": ["openai/gsm8k"] * 2,
+              "extra_info": [{"index": 0}, None]}
+    completions = [[{"role": "assistant", "content": "#### 4"}], [{"role": "assistant", "content": "#### 5"}]]
+    from coati.rewards.registry import RewardInputs
+    total, components = reward(["p", "p"], ["#### 4", "#### 5"], inputs=RewardInputs(["p", "p"], completions,
+                                                                                       [[1], [2]]), **inputs)
+    assert total == [2.0, -1.0] and components["compute_score"] == [1.0, -0.5]
+    assert components["compute_score/acc"] == [1.0, 0.0] and components["log_extra/compute_score/pred"] == ["4", "5"]
+    assert seen == [("openai/gsm8k", "#### 4", "4", {"index": 0}), ("openai/gsm8k", "#### 5", "4", {})]
+    with pytest.raises(Exception, match="needs a ground truth: verl's 'reward_model' column"):
+        reward.check_columns(["prompt", "answer"], "the data")
+    assert math.isclose(VerlScore(lambda data_source, solution_str, ground_truth, extra_info=None: 0.5)(
+        ["x"], ground_truth=["y"]).values[0], 0.5)
+
+
+def test_the_migration_page_names_every_verl_key_coati_takes_and_its_batch_example_holds(monkeypatch, capsys):
+    """docs/migration/verl.md lists each key of `TAKEN`, `BATCHES` and `LAUNCH`; its example on 8 processes is 128
+    prompts a process and 4 optimizer steps of 5 micro-batches of 32; a run in verl's names that leaves verl's
+    learning rate out is told coati's."""
+    from coati.cli.arguments import optimizer_steps_per_episode
+    from coati.cli.verl_names import BATCHES, LAUNCH, TAKEN
+    from conftest import REPO
+
+    page = (REPO / "docs" / "migration" / "verl.md").read_text()
+    assert [key for key in (*TAKEN, *BATCHES, *LAUNCH) if f"`{key}`" not in page] == []
+    sizes = ["data.train_batch_size=1024", "actor_rollout_ref.actor.ppo_mini_batch_size=256",
+             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32", "actor_rollout_ref.rollout.n=5"]
+    args = _parse(["actor_rollout_ref.model.path=m", "data.train_files=d", "custom_reward_function.path=r.py",
+                   *sizes], monkeypatch, world=8)
+    assert (args.batch_size, args.train_batch_size, args.accumulation_steps, optimizer_steps_per_episode(args)) == (
+        128, 32, 5, 4)
+    note = capsys.readouterr().err
+    assert "actor_rollout_ref.actor.optim.lr (verl 1e-06, here --lr 5e-05)" in note
+    _parse(["actor_rollout_ref.model.path=m", "data.train_files=d", "custom_reward_function.path=r.py",
+            "actor_rollout_ref.actor.optim.lr=1e-6", "--lr_scheduler", "constant"], monkeypatch, world=1)
+    note = capsys.readouterr().err
+    assert "optim.lr " not in note and "lr_scheduler_type" not in note and "weight_decay (verl 0.01" in note
+
+
+def test_a_config_verl_wrote_out_reads_with_its_repeated_and_other_trainers_keys(monkeypatch, capsys, tmp_path):
+    """A config as verl resolves it holds a setting twice (`data.max_response_length` and `rollout.response_length`)
+    and PPO's critic and GAE in a GRPO run: the two agree and count once, PPO's are noted; its `clip_ratio` gives
+    the bounds `clip_ratio_low`/`_high` leave out; `~` in its paths is the home folder; two keys that disagree are
+    refused naming both."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = {"data": {"train_files": "~/data/train.parquet", "max_response_length": 256},
+              "actor_rollout_ref": {"model": {"path": "~/models/m"},
+                                    "actor": {"clip_ratio": 0.1, "clip_ratio_high": 0.28,
+                                              "optim": {"lr_scheduler_type": "constant", "warmup_style": None}},
+                                    "rollout": {"response_length": 256, "prompt_length": None}},
+              "critic": {"optim": {"lr": 1e-5}, "model": {"path": "~/models/m"}},
+              "algorithm": {"gamma": 1.0, "lam": 1.0, "kl_penalty": "kl", "kl_ctrl": {"kl_coef": 0.001}},
+              "custom_reward_function": {"path": "~/r.py", "name": "compute_score"}}
+    (tmp_path / "verl.yaml").write_text(yaml.safe_dump(config))
+    args = _parse(["--config", str(tmp_path / "verl.yaml")], monkeypatch, world=1)
+    assert (args.dataset, args.pretrain, args.reward_fn) == ([f"{tmp_path}/data/train.parquet"], f"{tmp_path}/models/m",
+                                                             [f"{tmp_path}/r.py:compute_score"])
+    assert (args.max_new_tokens, args.clip_eps_low, args.clip_eps_high, args.lr_scheduler) == (256, 0.1, 0.28,
+                                                                                               "constant")
+    note = capsys.readouterr().err
+    assert "critic.optim.lr (PPO's critic and GAE (coati ppo))" in note and "algorithm.kl_penalty (the KL in" in note
+    config["actor_rollout_ref"]["rollout"]["response_length"] = 512
+    (tmp_path / "verl.yaml").write_text(yaml.safe_dump(config))
+    message = _refused(["--config", str(tmp_path / "verl.yaml")], monkeypatch, capsys)
+    assert "actor_rollout_ref.rollout.response_length=512 and data.max_response_length=256 set the same setting " \
+           "(--max_new_tokens); keep one" in message
