@@ -14,8 +14,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from coati.cli.arguments import run_config_from, run_config_parser
 from coati.cli.colossalchat import add_colossalchat_flags
 from coati.cli.preflight import check_paths, image_limits
-from coati.cli.trl_names import ON_POLICY, add_trl_names
-from coati.cli.verl_names import add_verl_names
+from coati.cli.trl_names import add_trl_names
+from coati.cli.verl_names import VERL_COMMANDS, add_verl_names
 from coati.config import (COLOSSALCHAT_MARGIN, DEFAULT_BETA, PREPARE_MAX_LENGTH, TINY_VISION_STYLES,
                           PreferenceLossSettings, VisionSettings)
 from coati.cli.options import CoatiArgumentParser, add_settings, errors_named_as_given
@@ -102,7 +102,7 @@ def _finish(parser: argparse.ArgumentParser, argv: Optional[List[str]]) -> argpa
     script = parser.run_config.command
     parser.set_defaults(data_type=DATA_TYPES[script])
     add_colossalchat_flags(parser, script)
-    if script in ON_POLICY:
+    if script in VERL_COMMANDS:
         add_verl_names(parser)
     add_trl_names(parser, script)
     args = _parse(parser, argv)

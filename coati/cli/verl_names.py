@@ -15,7 +15,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from coati.utils.errors import CoatiUsageError, note_user
 
-ON_POLICY = ("ppo", "grpo")
+VERL_COMMANDS = ("ppo", "grpo")
+"""The commands that read verl's names (its PPO trainer, with GRPO among its advantage estimators)."""
 VERL_SECTIONS = ("actor_rollout_ref", "custom_reward_function", "reward_model", "trainer", "global_profiler",
                  "ray_kwargs", "reward_manager", "transfer_queue")
 """verl's top-level sections that coati's run configs do not have."""
@@ -35,7 +36,7 @@ SHARED_SECTIONS = {
                "forward_micro_batch_size_per_gpu", "ulysses_sequence_parallel_size", "grad_clip", "_target_"),
 }
 """verl's keys in the sections whose names coati's run configs use too (coati's own keys there stay coati's)."""
-LAUNCH = {"trainer.n_gpus_per_node": "--nproc_per_node", "trainer.nnodes": "--nnodes"}
+VERL_LAUNCH_KEYS = {"trainer.n_gpus_per_node": "--nproc_per_node", "trainer.nnodes": "--nnodes"}
 """verl's keys that say how many processes to start: the `coati` command's launch flags."""
 BATCHES = ("data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size",
            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu")
@@ -217,7 +218,7 @@ refused at any other value."""
 
 def is_verl_key(command: str, section: str, key: Optional[str] = None) -> bool:
     """Whether `section` (and its `key`) of a config file or an override is verl's, for `command`."""
-    if command not in ON_POLICY:
+    if command not in VERL_COMMANDS:
         return False
     if section in VERL_SECTIONS:
         return True
@@ -233,7 +234,7 @@ def split_verl(values: Mapping[str, Any], command: str) -> Tuple[Dict[str, Any],
         section = str(section)
         if is_verl_key(command, section):
             _flatten(value, section, verl)
-        elif section in SHARED_SECTIONS and isinstance(value, Mapping) and command in ON_POLICY:
+        elif section in SHARED_SECTIONS and isinstance(value, Mapping) and command in VERL_COMMANDS:
             own = {k: v for k, v in value.items() if not is_verl_key(command, section, str(k))}
             theirs = {k: v for k, v in value.items() if k not in own}
             if theirs:
@@ -250,6 +251,7 @@ NOT_FLATTENED = ("override_config", "engine_kwargs", "apply_chat_template_kwargs
 
 
 def _flatten(value: Any, prefix: str, into: Dict[str, Any]) -> None:
+    """`into[prefix.key.subkey...] = value` for each leaf of the section `value` (an empty mapping is a leaf)."""
     if isinstance(value, Mapping) and value and not prefix.endswith(NOT_FLATTENED):
         for key, inner in value.items():
             _flatten(inner, f"{prefix}.{key}", into)
@@ -265,7 +267,7 @@ def verl_settings(verl: Mapping[str, Any], command: str) -> Tuple[List[Tuple[str
     unused: Dict[str, str] = {}
     problems: List[str] = []
     for key, value in verl.items():
-        if key in LAUNCH:
+        if key in VERL_LAUNCH_KEYS:
             continue
         if key in TAKEN:
             name, convert = TAKEN[key]
@@ -282,12 +284,9 @@ def verl_settings(verl: Mapping[str, Any], command: str) -> Tuple[List[Tuple[str
                 problems.append(f"{key}={value}: coati has no counterpart (it runs as verl's default "
                                 f"{AT_DEFAULT[key]!r})")
         elif _reason(key) is None:
-            close = difflib.get_close_matches(key, [*TAKEN, *BATCHES, *AT_DEFAULT], n=2, cutoff=0.8)
-            hint = f" (did you mean {' or '.join(close)}?)" if close else \
-                " (docs/migration/verl.md lists the verl keys coati takes)"
-            problems.append(f"{key}: verl's, with no counterpart here{hint}")
+            problems.append(f"{key}: verl's, with no counterpart here{_nearest(key)}")
         elif _reason(key):
-            unused[key] = _reason(key)
+            unused[key] = str(_reason(key))
     try:
         settings += _convert(verl, command, unused)
         settings = _one_each(settings, command, unused)
@@ -318,6 +317,13 @@ def _one_each(settings: List[Tuple[str, Any, str]], command: str, unused: Dict[s
         if earlier is None or earlier[1] is None:
             kept[name] = (name, value, key)
     return list(kept.values())
+
+
+def _nearest(key: str) -> str:
+    """' (did you mean X?)' for the verl keys coati takes that are closest to `key`, else where they are listed."""
+    close = difflib.get_close_matches(key, [*TAKEN, *BATCHES, *AT_DEFAULT], n=2, cutoff=0.8)
+    return f" (did you mean {' or '.join(close)}?)" if close else \
+        " (docs/migration/verl.md lists the verl keys coati takes)"
 
 
 def _reason(key: str) -> Optional[str]:
@@ -447,17 +453,17 @@ def _report_to(logger: Any) -> List[Tuple[str, Any, str]]:
 def verl_launch(command: str, values: Mapping[str, Any], argv: Sequence[str]) -> Dict[str, str]:
     """The launch flags that verl's `trainer.n_gpus_per_node` and `trainer.nnodes` give, in a config file's `values`
     or as overrides in `argv` (which win), for an on-policy `command`."""
-    if command not in ON_POLICY:
+    if command not in VERL_COMMANDS:
         return {}
     found: Dict[str, str] = {}
     trainer = values.get("trainer")
-    for key, flag in LAUNCH.items():
+    for key, flag in VERL_LAUNCH_KEYS.items():
         if isinstance(trainer, Mapping) and key.split(".")[1] in trainer:
             found[flag] = str(trainer[key.split(".")[1]])
     for arg in argv:
         key, equals, value = arg.lstrip("+").partition("=")
-        if equals and key in LAUNCH:
-            found[LAUNCH[key]] = value
+        if equals and key in VERL_LAUNCH_KEYS:
+            found[VERL_LAUNCH_KEYS[key]] = value
     return found
 
 

@@ -181,15 +181,15 @@ def test_a_verl_reward_function_scores_each_completion_with_verls_arguments():
 
 
 def test_the_migration_page_names_every_verl_key_coati_takes_and_its_batch_example_holds(monkeypatch, capsys):
-    """docs/migration/verl.md lists each key of `TAKEN`, `BATCHES` and `LAUNCH`; its example on 8 processes is 128
+    """docs/migration/verl.md lists each key of `TAKEN`, `BATCHES` and `VERL_LAUNCH_KEYS`; its example on 8 processes is 128
     prompts a process and 4 optimizer steps of 5 micro-batches of 32; a run in verl's names that leaves verl's
     learning rate out is told coati's."""
     from coati.cli.arguments import optimizer_steps_per_episode
-    from coati.cli.verl_names import BATCHES, LAUNCH, TAKEN
+    from coati.cli.verl_names import BATCHES, TAKEN, VERL_LAUNCH_KEYS
     from conftest import REPO
 
     page = (REPO / "docs" / "migration" / "verl.md").read_text()
-    assert [key for key in (*TAKEN, *BATCHES, *LAUNCH) if f"`{key}`" not in page] == []
+    assert [key for key in (*TAKEN, *BATCHES, *VERL_LAUNCH_KEYS) if f"`{key}`" not in page] == []
     sizes = ["data.train_batch_size=1024", "actor_rollout_ref.actor.ppo_mini_batch_size=256",
              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32", "actor_rollout_ref.rollout.n=5"]
     args = _parse(["actor_rollout_ref.model.path=m", "data.train_files=d", "custom_reward_function.path=r.py",
