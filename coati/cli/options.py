@@ -18,6 +18,8 @@ from coati.utils.errors import USAGE_EXIT_CODE, CoatiUsageError, fail, warn_user
 from coati.utils.settings import dest, flag_name
 
 T = TypeVar("T")
+OVERRIDES = "section.key=value overrides"
+"""How messages and a run's record name the settings given as verl's (Hydra's) overrides."""
 
 
 class RangeHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -76,12 +78,14 @@ class CoatiArgumentParser(argparse.ArgumentParser):
             check_flags_known(self, command_line)
             command_line = switch_words(self, command_line)
             from_file = config_tokens(self, read_config(path), path) if path else []
-            if overrides:   # verl's section.key=value: after the file, before the flags
-                command_line = config_tokens(self, overrides, "", "section.key=value overrides") + command_line
+            overridden = config_tokens(self, overrides, "", OVERRIDES) if overrides else []
         except CoatiUsageError as exc:
             self.error(str(exc))
+        flags_alone = given_flags(self, command_line)
+        command_line = overridden + command_line   # verl's section.key=value: after the file, before the flags
         from_flags, in_file = given_flags(self, command_line), given_flags(self, from_file)
         self.given, self.on_command_line = {**in_file, **from_flags}, from_flags
+        by_override = {dest: flag for dest, flag in from_flags.items() if dest not in flags_alone}
         parsed = super().parse_args(from_file + command_line, namespace)
         parsed.config = path
         parsed._given_as = dict(self.given)
@@ -92,21 +96,25 @@ class CoatiArgumentParser(argparse.ArgumentParser):
                 self.error(str(exc))
         for destination, trl_name in getattr(self, "derived", {}).items():   # a setting a TRL name set goes by it
             parsed._given_as.setdefault(destination, f"--{trl_name}")
-        parsed._run_record = RunRecord(resolved_config(self, parsed), self._sources(parsed, in_file, from_flags), argv,
+        parsed._run_record = RunRecord(resolved_config(self, parsed),
+                                       self._sources(parsed, in_file, from_flags, by_override), argv,
                                        getattr(getattr(self, "run_config", None), "command", ""))
         return parsed
 
-    def _sources(self, parsed: argparse.Namespace, in_file: Dict[str, str], from_flags: Dict[str, str]) -> Dict[str, str]:
-        """Where each setting's value came from (`in_file` and `from_flags`: destination -> the flag that set it):
-        `flag --x`, `file` (by its name or a TRL name's, `file (per_device_train_batch_size)`), `derived` (set from
-        other settings) or `default`."""
+    def _sources(self, parsed: argparse.Namespace, in_file: Dict[str, str], from_flags: Dict[str, str],
+                 by_override: Dict[str, str]) -> Dict[str, str]:
+        """Where each setting's value came from (`in_file`, `from_flags`, and `by_override` among them: destination
+        -> the flag that set it): `flag --x`, `override` (section.key=value), `file` (by its name or a TRL name's,
+        `file (per_device_train_batch_size)`), `derived` (set from other settings) or `default`."""
         sources = {}
         for action in self._actions:
             if not action.option_strings or action.default is argparse.SUPPRESS or not hasattr(parsed, action.dest) \
                     or action.dest in NOT_SAVED:
                 continue
             trl_dest = f"trl_{getattr(self, 'derived', {}).get(action.dest)}"
-            if trl_dest in from_flags:
+            if action.dest in by_override or trl_dest in by_override:
+                sources[action.dest] = OVERRIDES
+            elif trl_dest in from_flags:
                 sources[action.dest] = f"flag {from_flags[trl_dest]}"
             elif trl_dest in in_file:
                 sources[action.dest] = f"file ({trl_dest[4:]})"

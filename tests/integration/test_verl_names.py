@@ -80,6 +80,7 @@ def test_verls_gsm8k_grpo_command_is_read_as_coatis_settings(monkeypatch, capsys
                 "actor_rollout_ref.rollout.tensor_model_parallel_size", "actor_rollout_ref.model.use_remove_padding"):
         assert key in note
     assert not hasattr(args, "verl_train_batch_size")
+    assert args._run_record.sources["pretrain"] == "section.key=value overrides"
 
 
 def test_verls_launch_keys_start_the_processes(tmp_path):
