@@ -218,7 +218,8 @@ class OnPolicyRun(RunConfig):
         model, a process reward model or a teacher) is refused before anything loads, not halfway through."""
         if not (self.reward.reward_fn or self.reward.rm_pretrain or self.process_reward.prm_pretrain
                 or self.distillation.teacher):
-            raise CoatiUsageError(f"{self.command.upper()} needs a reward: --reward_fn (at least one function), "
+            raise CoatiUsageError(f"{self.command.upper()} needs a reward: --reward_fn (at least one function; TRL's "
+                                  "reward_funcs, verl's custom_reward_function.path), "
                                   "--rm_pretrain (a trained reward model) and/or --prm_pretrain (a process reward "
                                   "model), or a distillation teacher (--teacher_model or --teacher_url)")
 

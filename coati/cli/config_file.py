@@ -249,7 +249,7 @@ def _key_problem(key: str, value: Any, where: str, actions: Dict[str, argparse.A
     refused = refusal(key, value, command)
     if refused is not None:
         return f"key {where!r} {refused}"
-    return f"unknown key {where!r}{nearest(key, [k for k in actions if not k.startswith('trl_')])}"
+    return f"unknown key {where!r}{nearest(key, [k for k in actions if not k.startswith(('trl_', 'verl_'))])}"
 
 
 def _actions_by_key(parser: argparse.ArgumentParser) -> Dict[str, argparse.Action]:

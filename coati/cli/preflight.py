@@ -2,7 +2,10 @@
 every path a flag names (models, tokenizer, data, output folders, the checkpoint to resume) is usable, or
 the run stops with one line naming the flag. Every rank runs them, so all ranks stop together."""
 import argparse
+import netrc
+import os
 from pathlib import Path
+from urllib.parse import urlparse
 from typing import TYPE_CHECKING, Dict, List, Optional
 
 from coati.cli.trl_names import HELD_OUT, TRL_SAVE_NAMES
@@ -69,7 +72,28 @@ def check_paths(args: argparse.Namespace) -> Dict[str, dict]:
             raise CoatiUsageError(f"--{flag} needs --save_dir, the directory checkpoints are written to" +
                                   (", or output_dir (they then go to OUTPUT_DIR/checkpoints)" if trl_name else ""))
     check_held_out(args)
+    check_wandb_login(args)
     return configs
+
+
+OFFLINE_WANDB_MODES = ("offline", "disabled", "dryrun")
+
+
+def check_wandb_login(args: argparse.Namespace) -> None:
+    """A run that logs to W&B has its API key (WANDB_API_KEY, or `wandb login`'s ~/.netrc entry for the W&B host) or
+    runs W&B offline: refused in one line before anything loads otherwise, where W&B would stop rank 0 at its start."""
+    if not getattr(args, "use_wandb", False) or os.environ.get("WANDB_API_KEY") or \
+            os.environ.get("WANDB_MODE", "").lower() in OFFLINE_WANDB_MODES:
+        return
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        if netrc.netrc(os.environ.get("NETRC")).authenticators(host):
+            return
+    except (OSError, netrc.NetrcParseError):   # no ~/.netrc: no login
+        pass
+    raise CoatiUsageError(f"logging to W&B (--report_to wandb, verl's trainer.logger) needs an API key for {host}: "
+                          "log in (`wandb login`, or WANDB_API_KEY), or set WANDB_MODE=offline to keep its files "
+                          "local")
 
 
 def check_run_paths(args: argparse.Namespace) -> Dict[str, dict]:

@@ -11,6 +11,7 @@ named in the run's "not used" note; any other key coati has nothing for is refus
 import argparse
 import difflib
 import os
+import re
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from coati.utils.errors import CoatiUsageError, note_user
@@ -18,7 +19,7 @@ from coati.utils.errors import CoatiUsageError, note_user
 VERL_COMMANDS = ("ppo", "grpo")
 """The commands that read verl's names (its PPO trainer, with GRPO among its advantage estimators)."""
 VERL_SECTIONS = ("actor_rollout_ref", "custom_reward_function", "reward_model", "trainer", "global_profiler",
-                 "ray_kwargs", "reward_manager", "transfer_queue")
+                 "ray_kwargs", "ray_init", "reward_manager", "transfer_queue")
 """verl's top-level sections that coati's run configs do not have."""
 SHARED_SECTIONS = {
     "data": ("tokenizer", "use_shm", "train_files", "val_files", "train_max_samples", "val_max_samples", "prompt_key",
@@ -39,7 +40,7 @@ SHARED_SECTIONS = {
 VERL_LAUNCH_KEYS = {"trainer.n_gpus_per_node": "--nproc_per_node", "trainer.nnodes": "--nnodes"}
 """verl's keys that say how many processes to start: the `coati` command's launch flags."""
 BATCHES = ("data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size",
-           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu")
+           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor_rollout_ref.actor.ppo_micro_batch_size")
 """verl's batch sizes, converted after parsing (`convert_batches`): they go as the hidden `--verl_<key>` flags."""
 
 A, R, M = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_rollout_ref.model."
@@ -115,8 +116,6 @@ TAKEN: Dict[str, Tuple[str, Callable[[Any], Any]]] = {
     R + "gpu_memory_utilization": ("vllm_gpu_memory_utilization", _same),
     R + "enforce_eager": ("vllm_enforce_eager", _same),
     R + "log_prob_micro_batch_size_per_gpu": ("logits_forward_batch_size", _same),
-    R + "val_kwargs.temperature": ("eval_temperature", _same),
-    R + "val_kwargs.n": ("eval_n_samples", lambda n: 0 if n == 1 else n),
     A + "freeze_vision_tower": ("freeze_vision_tower", _same),
     R + "multi_turn.max_assistant_turns": ("max_turns", _same),
     "algorithm.gamma": ("gamma", _same),
@@ -134,62 +133,121 @@ TAKEN: Dict[str, Tuple[str, Callable[[Any], Any]]] = {
     "trainer.max_actor_ckpt_to_keep": ("keep_last", lambda value: 0 if value is None else value),
 }
 """verl's keys that mean one coati setting (by a coati or TRL name), each with the conversion of its value."""
-ENGINE = "verl's engine setting; coati's --plugin decides (zero2_cpu offloads, gemini places memory)"
+ENGINE = "verl's training engine setting; coati's --plugin decides (zero2_cpu offloads, gemini places memory)"
+INFERENCE = "verl's inference engine setting (coati's vLLM settings are --vllm_*)"
 NOT_USED: Dict[str, str] = {
-    "fsdp_config": ENGINE, "megatron": ENGINE, "strategy": ENGINE, "ulysses_sequence_parallel_size": ENGINE,
-    "profiler": "verl's profiler", "global_profiler": "verl's profiler", "_target_": "verl's config class",
-    "ray_kwargs": "verl's Ray cluster", "transfer_queue": "verl's Ray data transfer", "reward_manager": "verl's "
-    "reward loop; coati scores with --reward_funcs", "checkpoint": "verl's checkpoint contents; coati saves the "
-    "whole state", "use_remove_padding": "coati's learning step packs its rows (--packing) where the plugin allows",
-    "use_torch_compile": ENGINE, "entropy_from_logits_with_chunking": ENGINE, "entropy_checkpointing": ENGINE,
-    "use_fused_kernels": ENGINE, "use_liger": ENGINE, "use_shm": "verl's model copy in shared memory",
-    "router_replay": "verl's MoE router replay", "rollout_n": "set from rollout.n", "data_loader_seed": "--seed",
-    "shuffle": "coati shuffles the prompts each pass, seeded by --seed", "hybrid_engine": ENGINE,
-    "nccl_timeout": "--dist_timeout", "log_prob_micro_batch_size_per_gpu": "--logits_forward_batch_size, from "
-    "rollout.log_prob_micro_batch_size_per_gpu", "log_prob_use_dynamic_bsz": ENGINE,
-    "log_prob_max_token_len_per_gpu": ENGINE, "use_dynamic_bsz": "coati's micro-batches count completions "
-    "(ppo_micro_batch_size_per_gpu)", "ppo_max_token_len_per_gpu": "coati's micro-batches count completions",
-    "tensor_model_parallel_size": "coati's vLLM engine serves each rank whole", "mode": "coati's rollouts",
-    "dtype": "--mixed_precision", "free_cache_engine": ENGINE, "load_format": ENGINE, "layered_summon": ENGINE,
-    "enable_chunked_prefill": ENGINE, "enable_prefix_caching": ENGINE, "max_num_batched_tokens": ENGINE,
-    "max_num_seqs": ENGINE, "max_model_len": ENGINE, "disable_log_stats": ENGINE, "agent": ENGINE,
-    "checkpoint_engine": ENGINE, "trace": "verl's rollout tracing", "prometheus": "verl's metrics server",
-    "engine_kwargs": ENGINE, "cudagraph_capture_sizes": ENGINE, "calculate_log_probs": ENGINE,
-    "skip_tokenizer_init": ENGINE, "device": "colossalai's accelerator decides", "logger": "",
-    "dataloader_num_workers": "coati's prompts are prepared once, cached", "return_raw_chat": "coati keeps "
-    "conversational prompts as messages", "return_raw_input_ids": "coati tokenizes once",
-    "return_full_prompt": "coati tokenizes once", "filter_overlong_prompts": "coati cuts a prompt longer than "
-    "data.max_prompt_length from the left, keeping its end", "filter_overlong_prompts_workers": "coati's "
-    "preparation", "truncation": "coati cuts a prompt longer than data.max_prompt_length from the left",
-    "val_batch_size": "--eval_batch_size", "validation_shuffle": "coati evaluates in order",
-    "balance_batch": ENGINE, "log_val_generations": "coati's sample tables (--sample_log_interval)",
-    "rollout_data_dir": "coati's sample tables", "validation_data_dir": "coati's sample tables",
-    "esi_redundant_time": ENGINE, "default_hdfs_dir": "coati saves to --save_dir",
-    "del_local_ckpt_after_load": "coati keeps its checkpoints (--keep_last)", "max_critic_ckpt_to_keep":
-    "--keep_last keeps whole checkpoints", "ray_wait_register_center_timeout": "verl's Ray cluster",
-    "use_legacy_worker_impl": ENGINE, "val_before_train": "coati evaluates every trainer.test_freq steps",
-    "critic_warmup": "", "lr_warmup_steps": "", "adv_estimator": "", "clip_ratio": "",
-    "kl_penalty": "", "use_kl_in_reward": "", "norm_adv_by_std_in_grpo": "",
-    "custom_reward_function": "", "use_kl_loss": "", "kl_loss_coef": "", "enable": "", "kl_ctrl": "",
-    "rollout_correction": "coati corrects for the rollout engine with --behaviour_correction", "resume_mode": "",
-    "resume_from_path": "", "tau_pos": "", "tau_neg": "", "over_sample_rate": ENGINE, "multi_stage_wake_up": ENGINE,
-    "forward_prefetch": ENGINE, "image_key": "coati's vision rows take an images column", "video_key": "coati's vision rows take images", "image_patch_size": "the model's processor decides",
-    "return_multi_modal_inputs": ENGINE, "trust_remote_code": "actor_rollout_ref.model.trust_remote_code loads "
-    "the tokenizer too", "multi_turn": "verl's multi-turn rollouts, off (coati's: --tools, --max_turns)",
-    "policy_loss": "the settings of verl's clip-cov and kl-cov losses, which coati has not", "mtp": "verl's "
-    "multi-token prediction", "tiled_mlp": ENGINE, "fused_kernel_options": ENGINE, "skip_dump_dir": ENGINE,
-    "enable_rollout_routing_replay": "verl's MoE router replay", "quantization_config_file": ENGINE,
+    "fsdp_config": ENGINE,
+    "megatron": ENGINE,
+    "strategy": ENGINE,
+    "ulysses_sequence_parallel_size": ENGINE,
+    "profiler": "verl's profiler",
+    "global_profiler": "verl's profiler",
+    "_target_": "verl's config class",
+    "ray_kwargs": "verl's Ray cluster",
+    "ray_init": "verl's Ray cluster",
+    "transfer_queue": "verl's Ray data transfer",
+    "reward_manager": "verl's reward loop; coati scores with --reward_funcs",
+    "checkpoint": "verl's checkpoint contents; coati saves the whole state",
+    "use_remove_padding": "coati's learning step packs its rows (--packing) where the plugin allows",
+    "use_torch_compile": "verl's torch.compile of the model",
+    "entropy_from_logits_with_chunking": ENGINE,
+    "entropy_checkpointing": ENGINE,
+    "use_fused_kernels": ENGINE,
+    "use_liger": ENGINE,
+    "use_shm": "verl's model copy in shared memory",
+    "router_replay": "verl's MoE router replay",
+    "rollout_n": "set from rollout.n",
+    "data_loader_seed": "--seed",
+    "shuffle": "coati shuffles the prompts each pass, seeded by --seed",
+    "hybrid_engine": ENGINE,
+    "nccl_timeout": "--dist_timeout",
+    "log_prob_micro_batch_size_per_gpu": "--logits_forward_batch_size, from rollout.log_prob_micro_batch_size_per_gpu",
+    "log_prob_use_dynamic_bsz": ENGINE,
+    "log_prob_max_token_len_per_gpu": ENGINE,
+    "use_dynamic_bsz": "coati's micro-batches count completions (ppo_micro_batch_size_per_gpu)",
+    "ppo_max_token_len_per_gpu": "coati's micro-batches count completions",
+    "tensor_model_parallel_size": "coati's vLLM engine serves each rank whole",
+    "mode": "verl's rollout server mode; coati generates on the training processes (or vLLM servers with "
+            "rollout.name=vllm)",
+    "dtype": "--mixed_precision",
+    "free_cache_engine": INFERENCE,
+    "load_format": INFERENCE,
+    "layered_summon": INFERENCE,
+    "enable_chunked_prefill": INFERENCE,
+    "enable_prefix_caching": INFERENCE,
+    "max_num_batched_tokens": INFERENCE,
+    "max_num_seqs": INFERENCE,
+    "max_model_len": INFERENCE,
+    "disable_log_stats": INFERENCE,
+    "agent": "verl's agent loop (coati's: --tools, --agent)",
+    "checkpoint_engine": INFERENCE,
+    "trace": "verl's rollout tracing",
+    "prometheus": "verl's metrics server",
+    "engine_kwargs": INFERENCE,
+    "cudagraph_capture_sizes": INFERENCE,
+    "calculate_log_probs": INFERENCE,
+    "skip_tokenizer_init": INFERENCE,
+    "device": "colossalai's accelerator decides",
+    "dataloader_num_workers": "coati's prompts are prepared once, cached",
+    "return_raw_chat": "coati keeps conversational prompts as messages",
+    "return_raw_input_ids": "coati tokenizes once",
+    "return_full_prompt": "coati tokenizes once",
+    "filter_overlong_prompts": "coati cuts a prompt longer than data.max_prompt_length from the left, keeping its end",
+    "filter_overlong_prompts_workers": "coati's preparation",
+    "truncation": "coati cuts a prompt longer than data.max_prompt_length from the left",
+    "val_batch_size": "verl's validation batch over every GPU; coati's is --eval_batch_size a process",
+    "validation_shuffle": "coati evaluates in order",
+    "balance_batch": "verl's balancing of sequence lengths across GPUs",
+    "log_val_generations": "coati's sample tables (--sample_log_interval)",
+    "rollout_data_dir": "coati's sample tables",
+    "validation_data_dir": "coati's sample tables",
+    "esi_redundant_time": ENGINE,
+    "default_hdfs_dir": "coati saves to --save_dir",
+    "del_local_ckpt_after_load": "coati keeps its checkpoints (--keep_last)",
+    "max_critic_ckpt_to_keep": "--keep_last keeps whole checkpoints",
+    "ray_wait_register_center_timeout": "verl's Ray cluster",
+    "use_legacy_worker_impl": ENGINE,
+    "val_before_train": "coati evaluates the held-out prompts before training, every trainer.test_freq steps and "
+                        "after the last",
+    "rollout_correction": "coati corrects for the rollout engine with --behaviour_correction",
+    "over_sample_rate": INFERENCE,
+    "multi_stage_wake_up": INFERENCE,
+    "forward_prefetch": ENGINE,
+    "image_key": "coati's vision rows take an images column",
+    "video_key": "coati's vision rows take images",
+    "image_patch_size": "the model's processor decides",
+    "return_multi_modal_inputs": ENGINE,
+    "trust_remote_code": "actor_rollout_ref.model.trust_remote_code loads the tokenizer too",
+    "multi_turn": "verl's multi-turn rollouts, off (coati's: --tools, --max_turns)",
+    "policy_loss": "the settings of verl's clip-cov and kl-cov losses, which coati has not",
+    "mtp": "verl's multi-token prediction",
+    "tiled_mlp": ENGINE,
+    "fused_kernel_options": ENGINE,
+    "skip_dump_dir": INFERENCE,
+    "enable_rollout_routing_replay": "verl's MoE router replay",
+    "quantization_config_file": INFERENCE,
     "pf_ppo": "verl's PF-PPO, off (algorithm.use_pf_ppo)",
 }
-"""verl's keys (by a part of their name) that change nothing here, with why; those with no reason are the keys a
-conversion of its own reads (`_convert`)."""
+"""verl's keys (by a part of their name) that change nothing here, with why."""
+OVERLONG = ("reward_model.overlong_buffer.", "reward_model.reward_kwargs.overlong_buffer_cfg.")
+"""Where verl's DAPO recipes set the overlong penalty (`enable`, `len`, `penalty_factor`, `log`): coati's
+`--reward_shaping overlong`."""
+CONVERTED = (A + "use_kl_loss", A + "kl_loss_coef", A + "clip_ratio", A + "tau_pos", A + "tau_neg",
+             A + "optim.lr_warmup_steps", R + "val_kwargs.do_sample", R + "val_kwargs.n", R + "val_kwargs.temperature",
+             "algorithm.adv_estimator", "algorithm.use_kl_in_reward", "algorithm.norm_adv_by_std_in_grpo",
+             "algorithm.kl_penalty", "algorithm.kl_ctrl.", "trainer.logger", "trainer.critic_warmup",
+             "trainer.resume_mode", "trainer.resume_from_path", "reward_model.enable", "reward_model.model.path",
+             "custom_reward_function.", *OVERLONG)
+"""verl's keys (a name ending in a dot: every key under it) that a conversion of several keys reads (`_convert`)."""
 NOT_USED_UNDER = {
     "actor_rollout_ref.ref.": "the reference is the actor's model at the start; its log-probs are computed in "
                               "--logits_forward_batch_size rows",
     "critic.optim.": "coati's critic takes the actor's optimizer settings, but --critic_lr",
     "critic.model.": "coati's critic is --critic_pretrain with a value head, on the actor's plugin",
     "critic.": "coati's critic learns on the actor's batches",
-    "reward_model.": "coati's reward model (--rm_pretrain) scores on the training processes",
+    "reward_model.sandbox_fusion.": "verl's remote sandbox; coati's code_tests reward runs code in a sandbox of "
+                                    "its own",
+    "reward_model.": "coati's reward model (--rm_pretrain) and reward functions score on the training processes",
 }
 """verl's sections whose other keys change nothing here, with why (the first prefix that matches)."""
 AT_DEFAULT: Dict[str, Any] = {
@@ -197,9 +255,8 @@ AT_DEFAULT: Dict[str, Any] = {
     A + "optim.min_lr_ratio": 0.0, A + "optim.num_cycles": 0.5, A + "optim.betas": [0.9, 0.999],
     A + "optim.override_optimizer_config": None, A + "optim.total_training_steps": -1,
     A + "use_prefix_grouper": False, A + "calculate_entropy": False, A + "loss_scale_factor": None,
-    A + "ppo_micro_batch_size": None, A + "calculate_sum_pi_squared": False,
-    A + "sum_pi_squared_checkpointing": False, R + "ignore_eos": False, R + "do_sample": True,
-    R + "log_prob_micro_batch_size": None, R + "multi_turn.enable": False, R + "val_kwargs.do_sample": False,
+    A + "calculate_sum_pi_squared": False, A + "sum_pi_squared_checkpointing": False, R + "ignore_eos": False,
+    R + "do_sample": True, R + "log_prob_micro_batch_size": None, R + "multi_turn.enable": False,
     R + "val_kwargs.top_k": -1, R + "val_kwargs.top_p": 1.0, R + "data_parallel_size": 1,
     R + "expert_parallel_size": 1, R + "pipeline_model_parallel_size": 1, R + "skip_rollout": False,
     R + "quantization": None, R + "logprobs_mode": "processed_logprobs", R + "scheduling_policy": "fcfs",
@@ -226,10 +283,12 @@ def is_verl_key(command: str, section: str, key: Optional[str] = None) -> bool:
 
 
 def split_verl(values: Mapping[str, Any], command: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """(the config's values that are not verl's, verl's by dotted key): a section shared with coati's run config is
-    split by key."""
+    """(the config's values that are not verl's, verl's by dotted key, its interpolations resolved): a section
+    shared with coati's run config is split by key."""
     rest: Dict[str, Any] = {}
     verl: Dict[str, Any] = {}
+    if command in VERL_COMMANDS:
+        values = resolved(values)
     for section, value in values.items():
         section = str(section)
         if is_verl_key(command, section):
@@ -244,6 +303,51 @@ def split_verl(values: Mapping[str, Any], command: str) -> Tuple[Dict[str, Any],
         else:
             rest[section] = value
     return rest, verl
+
+
+INTERPOLATION = re.compile(r"\$\{([^{}]*)\}")
+MISSING = object()
+
+
+def resolved(values: Mapping[str, Any]) -> Dict[str, Any]:
+    """`values` with OmegaConf's interpolations resolved as verl's Hydra resolves them, so a config verl wrote or a
+    copy of its own reads as it means: `${a.b}` (from the top), `${.b}` (beside the key), `${oc.select:a.b,default}`,
+    `${oc.env:NAME,default}`; one that finds nothing is its default, else null, as is Hydra's `???` (not given)."""
+    def lookup(path: str, here: Mapping[str, Any]) -> Any:
+        node: Any = here if path.startswith(".") else values
+        for part in path.lstrip(".").split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                return MISSING
+            node = node[part]
+        return node
+
+    def resolve(value: Any, here: Mapping[str, Any], depth: int = 0) -> Any:
+        if isinstance(value, Mapping):
+            return {key: resolve(inner, value, depth) for key, inner in value.items()}
+        if isinstance(value, list):
+            return [resolve(inner, here, depth) for inner in value]
+        if value == "???":
+            return None
+        match = INTERPOLATION.fullmatch(value.strip()) if isinstance(value, str) else None
+        if match is None or depth > 8:
+            return value
+        kind, _, expression = match.group(1).strip().rpartition(":") if match.group(1).startswith("oc.") else \
+            ("", "", match.group(1).strip())
+        path, _, fallback = expression.partition(",")
+        default = _yaml_value(fallback.strip()) if fallback.strip() else None
+        found = os.environ.get(path.strip(), MISSING) if kind == "oc.env" else lookup(path.strip(), here)
+        return default if found is MISSING else resolve(found, here, depth + 1)
+
+    return resolve(values, values)
+
+
+def _yaml_value(text: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
 
 
 NOT_FLATTENED = ("override_config", "engine_kwargs", "apply_chat_template_kwargs")
@@ -267,12 +371,12 @@ def verl_settings(verl: Mapping[str, Any], command: str) -> Tuple[List[Tuple[str
     unused: Dict[str, str] = {}
     problems: List[str] = []
     for key, value in verl.items():
-        if key in VERL_LAUNCH_KEYS:
+        if key in VERL_LAUNCH_KEYS or _converted(key):
             continue
         if key in TAKEN:
             name, convert = TAKEN[key]
             try:
-                settings.append((name, convert(value), key))
+                settings.append((name, None if value is None else convert(value), key))
             except CoatiUsageError as error:
                 problems.append(str(error))
         elif key in BATCHES:
@@ -303,20 +407,31 @@ PPO_ONLY = ("critic_lr", "critic_pretrain", "value_clip", "gamma", "lam", "criti
 
 def _one_each(settings: List[Tuple[str, Any, str]], command: str, unused: Dict[str, str]) -> List[Tuple[str, Any, str]]:
     """`settings` with one value per setting: two verl keys for one (`data.max_response_length` and
-    `rollout.response_length`, as verl's config holds both) agree or one is null; PPO's settings in a GRPO run are
-    named as not used."""
+    `rollout.response_length`, as verl's config holds both) agree or one is null; PPO's settings in a GRPO run, the
+    epochs where the steps are given (verl's steps win) and vLLM's settings without vLLM are named as not used."""
     kept: Dict[str, Tuple[str, Any, str]] = {}
+    by_name = {name: value for name, value, _ in settings if value is not None}
     for name, value, key in settings:
         if command == "grpo" and name in PPO_ONLY:
             unused[key] = "PPO's critic and GAE (coati ppo)"
             continue
+        if name == "num_epochs" and "num_episodes" in by_name:
+            unused[key] = "trainer.total_training_steps decides the run's length, as in verl"
+            continue
+        if name.startswith("vllm_") and by_name.get("rollout_backend") != "vllm":
+            unused[key] = "vLLM's, and the rollouts are not on vLLM (actor_rollout_ref.rollout.name)"
+            continue
         earlier = kept.get(name)
         if earlier is not None and value is not None and earlier[1] is not None and earlier[1] != value:
-            raise CoatiUsageError(f"{earlier[2]}={earlier[1]} and {key}={value} set the same setting (--{name}); "
-                                  "keep one")
+            raise CoatiUsageError(f"{earlier[2]}={earlier[1]} and {key}={value} set the same setting; keep one")
         if earlier is None or earlier[1] is None:
             kept[name] = (name, value, key)
     return list(kept.values())
+
+
+def _converted(key: str) -> bool:
+    """Whether `_convert` reads verl's `key` (one of `CONVERTED`, or under one of its sections)."""
+    return key in CONVERTED or key.startswith(tuple(name for name in CONVERTED if name.endswith(".")))
 
 
 def _nearest(key: str) -> str:
@@ -367,9 +482,9 @@ def _convert(verl: Mapping[str, Any], command: str, unused: Dict[str, str]) -> L
         unused["algorithm.norm_adv_by_std_in_grpo"] = "GRPO's; PPO's advantages are whitened (--no_whiten_advantages)"
     if "algorithm.adv_estimator" in verl:
         settings += _advantages(verl["algorithm.adv_estimator"], command, unused)
-    settings += _reward(verl) + _checkpoints(verl)
+    settings += _reward(verl) + _checkpoints(verl) + _evaluation(verl, unused) + _overlong(verl, unused)
     if verl.get("trainer.logger") is not None:
-        settings += _report_to(verl["trainer.logger"])
+        settings += _report_to(verl["trainer.logger"], unused)
     if verl.get("trainer.critic_warmup", 0) and command == "ppo":
         settings.append(("critic_warmup_episodes", verl["trainer.critic_warmup"], "trainer.critic_warmup"))
     warmup = verl.get(A + "optim.lr_warmup_steps", -1)
@@ -440,14 +555,50 @@ def _checkpoints(verl: Mapping[str, Any]) -> List[Tuple[str, Any, str]]:
     return settings
 
 
-def _report_to(logger: Any) -> List[Tuple[str, Any, str]]:
-    """verl's `trainer.logger` list -> `--report_to`: console is always on here; wandb and tensorboard as named."""
+def _report_to(logger: Any, unused: Dict[str, str]) -> List[Tuple[str, Any, str]]:
+    """verl's `trainer.logger` list -> `--report_to`: console is always on here; wandb and tensorboard as named;
+    console alone keeps coati's default (TensorBoard events and metrics.jsonl in --log_dir), said in the note."""
     names = [logger] if isinstance(logger, str) else list(logger)
     unknown = [name for name in names if name not in ("console", "wandb", "tensorboard")]
     if unknown:
         raise CoatiUsageError(f"trainer.logger {unknown[0]!r}: coati logs to console, wandb and tensorboard")
     chosen = [name for name in names if name != "console"]
+    if not chosen:
+        unused["trainer.logger"] = ("coati prints to the console and keeps TensorBoard events and metrics.jsonl in "
+                                    "--log_dir too (--report_to none drops them)")
     return [("report_to", chosen, "trainer.logger")] if chosen else []
+
+
+def _evaluation(verl: Mapping[str, Any], unused: Dict[str, str]) -> List[Tuple[str, Any, str]]:
+    """verl's validation sampling: greedy, or with `val_kwargs.do_sample` `val_kwargs.n` completions at its
+    temperature -> coati's greedy completion of each held-out prompt, and `--eval_n_samples` sampled at
+    `--eval_temperature` beside it."""
+    keys = [R + f"val_kwargs.{name}" for name in ("n", "temperature")]
+    if not verl.get(R + "val_kwargs.do_sample"):
+        unused.update({key: "verl samples held-out prompts only with val_kwargs.do_sample=true; coati evaluates "
+                            "greedily too" for key in keys if key in verl})
+        return []
+    settings: List[Tuple[str, Any, str]] = [("eval_n_samples", verl.get(keys[0]) or 1, keys[0])]
+    if verl.get(keys[1]):   # 0 samples greedily: coati's greedy completion is there already
+        settings.append(("eval_temperature", verl[keys[1]], keys[1]))
+    return settings
+
+
+def _overlong(verl: Mapping[str, Any], unused: Dict[str, str]) -> List[Tuple[str, Any, str]]:
+    """DAPO's overlong penalty as verl's recipes set it (`OVERLONG`) -> `--reward_shaping overlong` with its buffer
+    length and factor; off, its keys are noted."""
+    for prefix in OVERLONG:
+        keys = [key for key in verl if key.startswith(prefix)]
+        if not verl.get(prefix + "enable"):
+            unused.update({key: "DAPO's overlong penalty, off" for key in keys})
+            continue
+        unused.update({key: "coati logs each reward part" for key in keys if key == prefix + "log"})
+        settings: List[Tuple[str, Any, str]] = [("reward_shaping", ["overlong"], prefix + "enable")]
+        for name, coati in (("len", "overlong_buffer_len"), ("penalty_factor", "overlong_penalty_factor")):
+            if verl.get(prefix + name) is not None:
+                settings.append((coati, verl[prefix + name], prefix + name))
+        return settings
+    return []
 
 
 def verl_launch(command: str, values: Mapping[str, Any], argv: Sequence[str]) -> Dict[str, str]:
@@ -512,11 +663,12 @@ def note_other_defaults(args: argparse.Namespace, verl_keys: Sequence[str], give
 def convert_batches(args: argparse.Namespace, world_size: int, given: Mapping[str, str]) -> None:
     """verl's batch sizes over every GPU -> coati's per rank: `data.train_batch_size` prompts a step
     (`--batch_size` = it / world), one optimizer step per `ppo_mini_batch_size` prompts (default the whole batch)
-    in micro-batches of `ppo_micro_batch_size_per_gpu` completions (`--train_batch_size`, default the whole mini-
-    batch; `--accumulation_steps` = mini-batch / micro-batch); each must divide."""
-    batch = _take(args, "verl_train_batch_size")
-    mini = _take(args, "verl_ppo_mini_batch_size")
-    micro = _take(args, "verl_ppo_micro_batch_size_per_gpu")
+    in micro-batches of `ppo_micro_batch_size_per_gpu` completions (or verl's older `ppo_micro_batch_size`, over
+    every GPU) (`--train_batch_size`, default the whole mini-batch; `--accumulation_steps` = mini-batch /
+    micro-batch); each must divide."""
+    batch, mini = _take(args, "verl_train_batch_size"), _take(args, "verl_ppo_mini_batch_size")
+    micro = _micro_batch(_take(args, "verl_ppo_micro_batch_size_per_gpu"), _take(args, "verl_ppo_micro_batch_size"),
+                         world_size)
     if batch is None and mini is None and micro is None:
         return
     for flag in ("batch_size", "train_batch_size", "accumulation_steps"):
@@ -530,9 +682,12 @@ def convert_batches(args: argparse.Namespace, world_size: int, given: Mapping[st
     args.batch_size = prompts // world_size
     mini = prompts if mini is None else mini
     completions = mini * args.num_generations
-    if prompts % mini or completions % world_size:
-        raise CoatiUsageError(f"{A}ppo_mini_batch_size={mini}: it must divide data.train_batch_size={prompts}, "
-                              f"and its {completions} completions the {world_size} processes")
+    if prompts % mini:
+        raise CoatiUsageError(f"{A}ppo_mini_batch_size={mini} does not divide data.train_batch_size={prompts}: a "
+                              "step's prompts make whole mini-batches, one optimizer step each")
+    if completions % world_size:
+        raise CoatiUsageError(f"{A}ppo_mini_batch_size={mini} x rollout.n {args.num_generations} = {completions} "
+                              f"completions do not split evenly over the {world_size} processes")
     per_rank = completions // world_size
     micro = per_rank if micro is None else micro
     if per_rank % micro:
@@ -540,6 +695,19 @@ def convert_batches(args: argparse.Namespace, world_size: int, given: Mapping[st
                               f"completions of a mini-batch on each process (ppo_mini_batch_size {mini} x rollout.n "
                               f"{args.num_generations} / {world_size} processes)")
     args.train_batch_size, args.accumulation_steps = micro, per_rank // micro
+
+
+def _micro_batch(per_gpu: Optional[int], overall: Optional[int], world_size: int) -> Optional[int]:
+    """Completions a micro-batch on each process: verl's `ppo_micro_batch_size_per_gpu`, or its older
+    `ppo_micro_batch_size` over every GPU divided by their number."""
+    if overall is None:
+        return per_gpu
+    if per_gpu is not None:
+        raise CoatiUsageError(f"{A}ppo_micro_batch_size and ppo_micro_batch_size_per_gpu: give one (verl takes one)")
+    if overall % world_size:
+        raise CoatiUsageError(f"{A}ppo_micro_batch_size={overall} completions over every process is not a whole "
+                              f"number for each of the {world_size}; give ppo_micro_batch_size_per_gpu")
+    return overall // world_size
 
 
 def _take(args: argparse.Namespace, name: str) -> Optional[int]:

@@ -27,12 +27,13 @@ def is_verl_function(fn: Callable) -> bool:
 
 
 class VerlScore:
-    """A verl `compute_score`, called once per completion with verl's arguments, taking TRL's (the completions and
-    the data's columns) and returning their scores, a dict's other numbers as diagnostics."""
+    """A verl `compute_score`, called once per completion with verl's arguments (those it takes), taking TRL's (the
+    completions and the data's columns) and returning their scores, a dict's other numbers as diagnostics."""
 
     def __init__(self, fn: Callable) -> None:
         self.fn = fn
         self.__name__ = getattr(fn, "__name__", "compute_score")
+        self.takes = _parameters(fn)
 
     def __call__(self, completions: Sequence[Any], reward_model: Optional[Sequence[Any]] = None,
                  ground_truth: Optional[Sequence[Any]] = None, data_source: Optional[Sequence[Any]] = None,
@@ -41,10 +42,16 @@ class VerlScore:
         truths = list(ground_truth) if ground_truth is not None else [_truth(value) for value in reward_model or []]
         sources = list(data_source) if data_source is not None else [None] * rows
         extras = list(extra_info) if extra_info is not None else [None] * rows
-        scores = [self.fn(data_source=sources[i], solution_str=_text(completions[i]), ground_truth=truths[i],
-                          extra_info=dict(extras[i] or {})) for i in range(rows)]
+        scores = [self.fn(**self._arguments(sources[i], _text(completions[i]), truths[i], extras[i]))
+                  for i in range(rows)]
         numbers, others = _extras(scores)
         return RewardOutput([_score(score) for score in scores], numbers, others)
+
+    def _arguments(self, data_source: Any, solution_str: str, ground_truth: Any, extra_info: Any) -> Dict[str, Any]:
+        """verl's four arguments, those the function takes (verl's own `gsm8k.compute_score` takes two)."""
+        given = {"data_source": data_source, "solution_str": solution_str, "ground_truth": ground_truth,
+                 "extra_info": dict(extra_info or {})}
+        return {name: value for name, value in given.items() if self.takes is None or name in self.takes}
 
     @staticmethod
     def missing_columns(columns: Sequence[str]) -> Optional[str]:
@@ -52,6 +59,14 @@ class VerlScore:
         if any(column in columns for column in GROUND_TRUTH_COLUMNS):
             return None
         return "a ground truth: verl's 'reward_model' column ({'ground_truth': ...}) or a 'ground_truth' column"
+
+
+def _parameters(fn: Callable) -> Optional[Tuple[str, ...]]:
+    """The names `fn` takes by keyword, or None where it takes any (`**kwargs`)."""
+    parameters = inspect.signature(fn).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    return tuple(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
 def as_trl_reward(fn: Callable) -> Callable:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from coati.utils.comm import is_rank_0
+from coati.utils.errors import CoatiUsageError, first_line
 
 JSONL_NAME = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -92,8 +93,13 @@ class MetricsLogger:
             import wandb
 
             wandb_dir = str(self.log_dir) if self.log_dir is not None else None
-            self._wandb_run = wandb.init(project=wandb_project, name=run_name, dir=wandb_dir,
-                                         config=public_config(config or {}))
+            try:
+                self._wandb_run = wandb.init(project=wandb_project, name=run_name, dir=wandb_dir,
+                                             config=public_config(config or {}))
+            except (wandb.errors.UsageError, wandb.errors.CommError) as error:   # no API key, or W&B unreachable
+                raise CoatiUsageError(f"Weights & Biases: {first_line(error)}; log in (`wandb login`, or "
+                                      "WANDB_API_KEY), or set WANDB_MODE=offline to keep the run's W&B files "
+                                      "local") from None
 
     def log(self, metrics: Dict[str, float], step: int) -> None:
         if not self.active or not metrics:

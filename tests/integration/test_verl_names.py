@@ -25,7 +25,8 @@ VERL_GSM8K = [   # verl's examples/grpo_trainer/run_qwen3-8b.sh, at a tiny size
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32",
     "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.name=vllm",
     "actor_rollout_ref.rollout.gpu_memory_utilization=0.6", "actor_rollout_ref.rollout.n=5",
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32", "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32",
+    "actor_rollout_ref.ref.fsdp_config.param_offload=True",
     "algorithm.use_kl_in_reward=False", "trainer.critic_warmup=0", "trainer.logger=[\"console\",\"wandb\"]",
     "trainer.project_name=verl_grpo_example_gsm8k", "trainer.experiment_name=qwen3_8b_function_rm",
     "trainer.n_gpus_per_node=2", "trainer.nnodes=1", "trainer.save_freq=20", "trainer.test_freq=5",
@@ -147,10 +148,16 @@ def test_a_verl_config_file_in_its_sections_beside_coatis_own(monkeypatch, tmp_p
      "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3 does not divide the 16 completions of a mini-batch on "
      "each process (ppo_mini_batch_size 8 x rollout.n 8 / 4 processes)"),
     (["data.train_batch_size=8", "--batch_size", "2"], "--batch_size and verl's batch sizes"),
+    (["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=3"],
+     "actor_rollout_ref.actor.ppo_mini_batch_size=3 does not divide data.train_batch_size=8"),
+    (["actor_rollout_ref.actor.ppo_micro_batch_size=6"], "actor_rollout_ref.actor.ppo_micro_batch_size=6 completions "
+                                                         "over every process is not a whole number for each of the 4"),
+    (["data.train_batch_szie=4"], "unknown key 'data.train_batch_szie'"),
 ])
 def test_what_coati_cannot_honour_is_refused_in_one_line(extra, message, monkeypatch, capsys):
     base = ["actor_rollout_ref.model.path=m", "data.train_files=d", "custom_reward_function.path=r.py"]
-    assert message in _refused([*base, *extra], monkeypatch, capsys, world=4)
+    refused = _refused([*base, *extra], monkeypatch, capsys, world=4)
+    assert message in refused and "verl_" not in refused
 
 
 def test_a_verl_reward_function_scores_each_completion_with_verls_arguments():
@@ -180,10 +187,16 @@ def test_a_verl_reward_function_scores_each_completion_with_verls_arguments():
     assert math.isclose(VerlScore(lambda data_source, solution_str, ground_truth, extra_info=None: 0.5)(
         ["x"], ground_truth=["y"]).values[0], 0.5)
 
+    def gsm8k_compute_score(solution_str, ground_truth, method="strict", format_score=0.0, score=1.0):
+        return score if solution_str.endswith(ground_truth) else format_score   # verl's gsm8k.py takes two of the four
+
+    assert VerlScore(gsm8k_compute_score)(["#### 4", "#### 5"], reward_model=inputs["reward_model"]).values == [1.0,
+                                                                                                               0.0]
+
 
 def test_the_migration_page_names_every_verl_key_coati_takes_and_its_batch_example_holds(monkeypatch, capsys):
-    """docs/migration/verl.md lists each key of `TAKEN`, `BATCHES` and `VERL_LAUNCH_KEYS`; its example on 8 processes is 128
-    prompts a process and 4 optimizer steps of 5 micro-batches of 32; a run in verl's names that leaves verl's
+    """docs/migration/verl.md lists each key of `TAKEN`, `BATCHES` and `VERL_LAUNCH_KEYS`; its example on 8 processes
+    is 128 prompts a process and 4 optimizer steps of 5 micro-batches of 32; a run in verl's names that leaves verl's
     learning rate out is told coati's."""
     from coati.cli.arguments import optimizer_steps_per_episode
     from coati.cli.verl_names import BATCHES, TAKEN, VERL_LAUNCH_KEYS
@@ -230,5 +243,62 @@ def test_a_config_verl_wrote_out_reads_with_its_repeated_and_other_trainers_keys
     config["actor_rollout_ref"]["rollout"]["response_length"] = 512
     (tmp_path / "verl.yaml").write_text(yaml.safe_dump(config))
     message = _refused(["--config", str(tmp_path / "verl.yaml")], monkeypatch, capsys)
-    assert "actor_rollout_ref.rollout.response_length=512 and data.max_response_length=256 set the same setting " \
-           "(--max_new_tokens); keep one" in message
+    assert "actor_rollout_ref.rollout.response_length=512 and data.max_response_length=256 set the same setting; " \
+           "keep one" in message
+
+
+VERL_CONFIG = """# as verl's ppo_trainer.yaml writes it: interpolations, Hydra's ??? and both run lengths
+data:
+  train_files: train.parquet
+  max_prompt_length: 128
+  max_response_length: 64
+  train_batch_size: 8
+actor_rollout_ref:
+  actor:
+    ppo_mini_batch_size: 4
+    ppo_micro_batch_size: 8
+    rollout_n: ${oc.select:actor_rollout_ref.rollout.n,1}
+    use_remove_padding: ${oc.select:actor_rollout_ref.model.use_remove_padding,false}
+    checkpoint:
+      save_contents: [model, optimizer, extra]
+      load_contents: ${.save_contents}
+  model:
+    path: m
+  rollout:
+    name: ???
+    n: 4
+    prompt_length: ${oc.select:data.max_prompt_length,512}
+    response_length: ${data.max_response_length}
+    val_kwargs: {temperature: 0, n: 1, do_sample: false}
+critic:
+  model:
+    tokenizer_path: ${oc.select:actor_rollout_ref.model.path,"~/models/deepseek-llm-7b-chat"}
+reward_model:
+  overlong_buffer: {enable: true, len: 16, penalty_factor: 0.5, log: false}
+custom_reward_function: {path: r.py, name: compute_score}
+trainer:
+  total_epochs: 30
+  total_training_steps: 5
+ray_init:
+  num_cpus: null
+"""
+
+
+def test_verls_own_config_with_interpolations_reads_as_verl_resolves_it(monkeypatch, capsys, tmp_path):
+    """`${a.b}`, `${.b}` and `${oc.select:a.b,default}` resolve as Hydra resolves them (so a setting verl's config
+    gives twice, once by reference, counts once), `???` is not given; the steps decide the length over the epochs;
+    greedy validation at temperature 0 is coati's evaluation; DAPO's overlong buffer is coati's overlong shaping;
+    verl's global micro-batch is divided over the processes."""
+    (tmp_path / "verl.yaml").write_text(VERL_CONFIG)
+    args = _parse(["--config", str(tmp_path / "verl.yaml")], monkeypatch, world=2)
+    assert (args.max_length, args.max_new_tokens, args.num_episodes, args.num_epochs, args.rollout_backend) == (
+        128, 64, 5, 0.0, "hf")
+    assert (args.batch_size, args.train_batch_size, args.accumulation_steps, args.eval_n_samples) == (4, 4, 2, 0)
+    assert (args.reward_shaping, args.overlong_buffer_len, args.overlong_penalty_factor) == (["overlong"], 16, 0.5)
+    note = capsys.readouterr().err
+    assert "trainer.total_epochs (trainer.total_training_steps decides the run's length, as in verl)" in note
+    assert "ray_init.num_cpus (verl's Ray cluster)" in note
+    sampled = ["actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.val_kwargs.n=4",
+               "actor_rollout_ref.rollout.val_kwargs.temperature=0.6"]
+    args = _parse(["--config", str(tmp_path / "verl.yaml"), *sampled], monkeypatch, world=2)
+    assert (args.eval_n_samples, args.eval_temperature) == (4, 0.6)

@@ -1,6 +1,7 @@
 """The metrics logger's sinks, and the performance callback's counting."""
 import json
 
+import pytest
 import torch
 import wandb
 
@@ -84,3 +85,26 @@ def test_sample_tables_as_json_sidecars_and_at_most_n_rows_to_wandb(tmp_path, mo
                                             "data": [[f"q{i}", f"a{i}", float(i)] for i in range(10)]}
     sent = list((tmp_path / "wandb").rglob("completions_*.table.json"))
     assert len(sent) == 1 and json.loads(sent[0].read_text())["data"] == [[f"q{i}", f"a{i}", float(i)] for i in range(4)]
+
+
+def test_a_run_logging_to_wandb_without_a_login_is_refused_before_anything_loads(monkeypatch, tmp_path):
+    """W&B logging needs WANDB_API_KEY, `wandb login`'s ~/.netrc entry for the W&B host, or WANDB_MODE=offline;
+    without any, one line says so at the flags' check (W&B would stop rank 0 with a traceback once it starts)."""
+    import argparse
+
+    from coati.cli.preflight import check_wandb_login
+    from coati.utils.errors import CoatiUsageError
+
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    args = argparse.Namespace(use_wandb=True)
+    with pytest.raises(CoatiUsageError, match=r"logging to W&B .* needs an API key for api.wandb.ai: log in"):
+        check_wandb_login(args)
+    check_wandb_login(argparse.Namespace(use_wandb=False))
+    (tmp_path / "netrc").write_text("machine api.wandb.ai\n  login user\n  password 0123456789\n")
+    (tmp_path / "netrc").chmod(0o600)
+    check_wandb_login(args)
+    (tmp_path / "netrc").unlink()
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    check_wandb_login(args)
