@@ -13,7 +13,7 @@ from typing import Dict, List, Mapping, NoReturn, Optional, Tuple
 
 from coati.cli.config_file import LAUNCH_KEYS, nearest, read_config, split_config_flag
 from coati.cli.verl_names import verl_launch
-from coati.utils.errors import USAGE_EXIT_CODE, CoatiUsageError, fail
+from coati.utils.errors import USAGE_EXIT_CODE, CoatiUsageError, fail, note_user
 from coati.utils.lifetime import ends_with_parent
 
 LAUNCH_FLAGS = ("--nproc_per_node", "--nnodes", "--node_rank", "--master_addr", "--master_port", "--hostfile")
@@ -56,6 +56,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         _refuse(str(error))
     if launch and not any(os.environ.get(v) for v in LAUNCHER_ENV):
         _check_before_launch(name, rest, launch)
+        if rendezvous_note(launch):
+            note_user(rendezvous_note(launch))
         sys.exit(run_launcher(launcher_command(name, launch, rest), launch_environment(launch, os.environ)))
     sys.argv[0] = f"coati {name}"   # the command's --help and errors name it
     commands[name](rest)
@@ -96,6 +98,21 @@ def _check_before_launch(name: str, argv: List[str], launch: Dict[str, str]) -> 
     if name in TRAINING:
         sys.argv[0] = f"coati {name}"
         check_flags(name, argv, launched_processes(launch))
+
+
+TORCHRUN_MASTER = ("127.0.0.1", "29500")
+"""torchrun's --master_addr and --master_port where they are not given."""
+
+
+def rendezvous_note(launch: Dict[str, str]) -> Optional[str]:
+    """Where torchrun joins several nodes, that this node now waits for the others and where (torchrun prints
+    nothing until every node has joined); None for one node or a hostfile's launch."""
+    nodes = int(launch.get("--nnodes", "1"))
+    if nodes == 1 or "--hostfile" in launch:
+        return None
+    address = f"{launch.get('--master_addr', TORCHRUN_MASTER[0])}:{launch.get('--master_port', TORCHRUN_MASTER[1])}"
+    return (f"node {launch.get('--node_rank', '0')} of {nodes}: waiting for every node to join at {address} (each "
+            "node runs this command with its own --node_rank, and --master_addr naming node 0)")
 
 
 def launched_processes(launch: Dict[str, str]) -> Tuple[int, int]:

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from conftest import REPO, SCRIPTS, child_env, parsed_args, train_records
-from coati.cli.main import launch_options, launched_processes, launcher_command
+from coati.cli.main import launch_options, launched_processes, launcher_command, rendezvous_note
 from support import run_coati as _run_coati
 
 
@@ -870,3 +870,13 @@ def test_disable_dropout_and_tf32_reach_the_model_and_torch(monkeypatch, tiny_as
         assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def test_a_launch_of_several_nodes_says_that_it_waits_for_them_and_where():
+    """torchrun prints nothing while a node waits for the others: the `coati` command says so first (verl's
+    `trainer.nnodes=2` on one machine looked like a hang)."""
+    assert rendezvous_note({"--nnodes": "2", "--node_rank": "1", "--master_addr": "node0"}) == (
+        "node 1 of 2: waiting for every node to join at node0:29500 (each node runs this command with its own "
+        "--node_rank, and --master_addr naming node 0)")
+    assert rendezvous_note({"--nnodes": "3"}).startswith("node 0 of 3: waiting for every node to join at 127.0.0.1:29500")
+    assert rendezvous_note({"--nproc_per_node": "2"}) is None and rendezvous_note({"--nnodes": "1"}) is None
