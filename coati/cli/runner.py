@@ -218,7 +218,7 @@ def finished_run(args: argparse.Namespace, checkpoint: Optional[str], total: int
     target = export_dir(args)
     exported = target is None or (target / "config.json").is_file()
     further = ("--max_steps or --max_epochs" if unit == "optimizer steps" else
-               "--num_episodes (TRL's max_steps) or --num_epochs")
+               "--num_episodes (TRL's max_steps, verl's trainer.total_training_steps) or --num_epochs")
     where = f"; its model is in {target}" if target is not None and exported else ""
     if is_rank_0():
         print(f"the run is finished: {checkpoint} has done {done} of {total} {unit}, nothing is left to train (raise "
