@@ -19,17 +19,19 @@ from coati.utils.errors import CoatiUsageError, note_user
 VERL_COMMANDS = ("ppo", "grpo")
 """The commands that read verl's names (its PPO trainer, with GRPO among its advantage estimators)."""
 VERL_SECTIONS = ("actor_rollout_ref", "custom_reward_function", "reward_model", "trainer", "global_profiler",
-                 "ray_kwargs", "ray_init", "reward_manager", "transfer_queue")
-"""verl's top-level sections that coati's run configs do not have."""
+                 "ray_kwargs", "ray_init", "reward_manager", "transfer_queue", "defaults", "hydra")
+"""verl's top-level sections that coati's run configs do not have (Hydra's `defaults` list and `hydra` among them,
+as verl's recipe configs open)."""
 SHARED_SECTIONS = {
     "data": ("tokenizer", "use_shm", "train_files", "val_files", "train_max_samples", "val_max_samples", "prompt_key",
              "reward_fn_key", "max_prompt_length", "max_response_length", "train_batch_size", "val_batch_size",
              "tool_config_path", "return_raw_input_ids", "return_raw_chat", "return_full_prompt", "shuffle", "seed",
              "dataloader_num_workers", "image_patch_size", "validation_shuffle", "filter_overlong_prompts",
              "filter_overlong_prompts_workers", "truncation", "image_key", "video_key", "trust_remote_code",
-             "custom_cls", "return_multi_modal_inputs", "sampler", "datagen", "apply_chat_template_kwargs"),
+             "custom_cls", "return_multi_modal_inputs", "sampler", "datagen", "apply_chat_template_kwargs",
+             "gen_batch_size"),
     "algorithm": ("rollout_correction", "gamma", "lam", "adv_estimator", "norm_adv_by_std_in_grpo", "use_kl_in_reward",
-                  "kl_penalty", "kl_ctrl", "use_pf_ppo", "pf_ppo", "_target_"),
+                  "kl_penalty", "kl_ctrl", "use_pf_ppo", "pf_ppo", "filter_groups", "_target_"),
     "critic": ("optim", "model", "rollout_n", "strategy", "enable", "ppo_mini_batch_size", "ppo_micro_batch_size",
                "ppo_micro_batch_size_per_gpu", "use_dynamic_bsz", "ppo_max_token_len_per_gpu",
                "forward_max_token_len_per_gpu", "ppo_epochs", "shuffle", "data_loader_seed", "cliprange_value",
@@ -145,6 +147,10 @@ NOT_USED: Dict[str, str] = {
     "_target_": "verl's config class",
     "ray_kwargs": "verl's Ray cluster",
     "ray_init": "verl's Ray cluster",
+    "defaults": "Hydra's defaults list: what the run leaves out is coati's default (verl's that differ are noted)",
+    "hydra": "Hydra's own settings",
+    "gen_batch_size": "DAPO's generation batch: coati draws further batches of data.train_batch_size prompts, at "
+                      "most algorithm.filter_groups.max_num_gen_batches",
     "transfer_queue": "verl's Ray data transfer",
     "reward_manager": "verl's reward loop; coati scores with --reward_funcs",
     "checkpoint": "verl's checkpoint contents; coati saves the whole state",
@@ -237,7 +243,7 @@ CONVERTED = (A + "use_kl_loss", A + "kl_loss_coef", A + "clip_ratio", A + "tau_p
              "algorithm.adv_estimator", "algorithm.use_kl_in_reward", "algorithm.norm_adv_by_std_in_grpo",
              "algorithm.kl_penalty", "algorithm.kl_ctrl.", "trainer.logger", "trainer.critic_warmup",
              "trainer.resume_mode", "trainer.resume_from_path", "reward_model.enable", "reward_model.model.path",
-             "custom_reward_function.", *OVERLONG)
+             "custom_reward_function.", "algorithm.filter_groups.", *OVERLONG)
 """verl's keys (a name ending in a dot: every key under it) that a conversion of several keys reads (`_convert`)."""
 NOT_USED_UNDER = {
     "actor_rollout_ref.ref.": "the reference is the actor's model at the start; its log-probs are computed in "
@@ -482,7 +488,8 @@ def _convert(verl: Mapping[str, Any], command: str, unused: Dict[str, str]) -> L
         unused["algorithm.norm_adv_by_std_in_grpo"] = "GRPO's; PPO's advantages are whitened (--no_whiten_advantages)"
     if "algorithm.adv_estimator" in verl:
         settings += _advantages(verl["algorithm.adv_estimator"], command, unused)
-    settings += _reward(verl) + _checkpoints(verl) + _evaluation(verl, unused) + _overlong(verl, unused)
+    settings += _reward(verl) + _checkpoints(verl) + _evaluation(verl, unused) + _overlong(verl, unused) + \
+        _filter_groups(verl, unused)
     if verl.get("trainer.logger") is not None:
         settings += _report_to(verl["trainer.logger"], unused)
     if verl.get("trainer.critic_warmup", 0) and command == "ppo":
@@ -581,6 +588,35 @@ def _evaluation(verl: Mapping[str, Any], unused: Dict[str, str]) -> List[Tuple[s
     settings: List[Tuple[str, Any, str]] = [("eval_n_samples", verl.get(keys[0]) or 1, keys[0])]
     if verl.get(keys[1]):   # 0 samples greedily: coati's greedy completion is there already
         settings.append(("eval_temperature", verl[keys[1]], keys[1]))
+    return settings
+
+
+FILTER_METRICS = ("seq_reward", "score", "seq_final_reward", "acc")
+"""verl's DAPO `filter_groups.metric`s: coati's dynamic sampling looks at the reward (acc is it where the reward is
+the accuracy, as in DAPO's recipes)."""
+
+
+def _filter_groups(verl: Mapping[str, Any], unused: Dict[str, str]) -> List[Tuple[str, Any, str]]:
+    """DAPO's dynamic sampling as verl's recipe sets it (`algorithm.filter_groups.enable`, `metric`,
+    `max_num_gen_batches`) -> `--dynamic_sampling` and `--max_sampling_rounds`; off, its keys are noted."""
+    prefix = "algorithm.filter_groups."
+    keys = [key for key in verl if key.startswith(prefix)]
+    if not verl.get(prefix + "enable"):
+        unused.update({key: "DAPO's dynamic sampling, off" for key in keys})
+        return []
+    metric = verl.get(prefix + "metric") or "acc"
+    if metric not in FILTER_METRICS:
+        raise CoatiUsageError(f"{prefix}metric={metric}: coati's dynamic sampling replaces groups whose rewards all "
+                              f"tie; it takes {', '.join(FILTER_METRICS)}")
+    rounds = verl.get(prefix + "max_num_gen_batches")
+    if rounds is not None and rounds <= 0:
+        raise CoatiUsageError(f"{prefix}max_num_gen_batches={rounds} (no limit): give a bound, the extra prompt "
+                              "batches a step may draw")
+    if prefix + "metric" in verl:
+        unused[prefix + "metric"] = "coati replaces the groups whose rewards all tie"
+    settings: List[Tuple[str, Any, str]] = [("dynamic_sampling", True, prefix + "enable")]
+    if rounds is not None:
+        settings.append(("max_sampling_rounds", rounds, prefix + "max_num_gen_batches"))
     return settings
 
 

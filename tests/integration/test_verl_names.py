@@ -302,3 +302,33 @@ def test_verls_own_config_with_interpolations_reads_as_verl_resolves_it(monkeypa
                "actor_rollout_ref.rollout.val_kwargs.temperature=0.6"]
     args = _parse(["--config", str(tmp_path / "verl.yaml"), *sampled], monkeypatch, world=2)
     assert (args.eval_n_samples, args.eval_temperature) == (4, 0.6)
+
+
+VERL_DAPO = ["algorithm.adv_estimator=grpo", "data.train_files=train.parquet", "reward_model.reward_manager=dapo",
+             "algorithm.use_kl_in_reward=False", "algorithm.kl_ctrl.kl_coef=0.0",
+             "actor_rollout_ref.actor.use_kl_loss=False",
+             "actor_rollout_ref.actor.clip_ratio_low=0.2", "actor_rollout_ref.actor.clip_ratio_high=0.28",
+             "data.max_prompt_length=1024", "data.max_response_length=2048", "reward_model.overlong_buffer.enable=True",
+             "reward_model.overlong_buffer.len=128", "reward_model.overlong_buffer.penalty_factor=1.0",
+             "actor_rollout_ref.actor.loss_agg_mode=token-mean", "data.train_batch_size=32", "data.gen_batch_size=128",
+             "algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=seq_reward",
+             "algorithm.filter_groups.max_num_gen_batches=10", "actor_rollout_ref.model.path=m",
+             "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "custom_reward_function.path=r.py"]
+"""verl's tests/special_e2e/run_dapo.sh (recipe.dapo.main_dapo), at its 8 GPUs."""
+
+
+def test_verls_dapo_recipe_is_coatis_dapo(monkeypatch, capsys, tmp_path):
+    """DAPO's decoupled clip, token-mean loss, overlong buffer and dynamic sampling (filter_groups) as verl's DAPO
+    recipe gives them; a recipe config opening with Hydra's `defaults` list reads too."""
+    args = _parse(VERL_DAPO, monkeypatch, world=8)
+    assert (args.clip_eps_low, args.clip_eps_high, args.loss_agg, args.kl_coef) == (0.2, 0.28, "token-mean", 0.0)
+    assert (args.reward_shaping, args.overlong_buffer_len, args.dynamic_sampling, args.max_sampling_rounds) == (
+        ["overlong"], 128, True, 10)
+    assert (args.batch_size, args.train_batch_size, args.accumulation_steps) == (4, 2, 4)
+    assert "data.gen_batch_size (DAPO's generation batch" in capsys.readouterr().err
+    (tmp_path / "dapo.yaml").write_text(yaml.safe_dump({"hydra": {"searchpath": ["file://verl/trainer/config"]},
+                                                        "defaults": ["ppo_trainer", "_self_"],
+                                                        "data": {"gen_batch_size": "${data.train_batch_size}"}}))
+    args = _parse(["--config", str(tmp_path / "dapo.yaml"), *GRPO_BASE], monkeypatch, world=1)
+    assert "defaults (Hydra's defaults list" in capsys.readouterr().err
