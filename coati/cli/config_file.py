@@ -62,23 +62,45 @@ def read_config(path: str) -> Dict[str, Any]:
     return values
 
 
+HYDRA_CONFIG_FLAGS = {"--config-path": "folder", "-cp": "folder", "--config-name": "name", "-cn": "name"}
+"""Hydra's flags for the config file (verl's recipes: `--config-path=config --config-name=dapo_trainer`): the
+file NAME(.yaml) in the folder, as `--config`."""
+
+
 def split_config_flag(argv: Sequence[str]) -> tuple:
-    """(`--config`'s file or None, the other arguments); `--config` given twice, or without a file, is refused."""
-    paths, rest, i = [], [], 0
+    """(`--config`'s file, or the one Hydra's `--config-path` and `--config-name` name, or None; the other
+    arguments); a config file given twice, or a flag without its value, is refused."""
+    paths, hydra, rest, i = [], {}, [], 0
     while i < len(argv):
         arg = argv[i]
-        if arg == CONFIG_FLAG or arg.startswith(CONFIG_FLAG + "="):
+        flag = arg.partition("=")[0]
+        if flag == CONFIG_FLAG or flag in HYDRA_CONFIG_FLAGS:
             value = arg.partition("=")[2] if "=" in arg else (argv[i + 1] if i + 1 < len(argv) else "")
-            if not value or value.startswith("--"):
-                raise CoatiUsageError(f"{CONFIG_FLAG} needs a file (YAML or JSON)")
-            paths.append(value)
+            if not value or value.startswith("-"):
+                raise CoatiUsageError(f"{flag} needs a " + ("file (YAML or JSON)" if flag == CONFIG_FLAG else
+                                                            HYDRA_CONFIG_FLAGS[flag]))
+            if flag == CONFIG_FLAG:
+                paths.append(value)
+            else:
+                hydra[HYDRA_CONFIG_FLAGS[flag]] = value
             i += 1 if "=" in arg else 2
             continue
         rest.append(arg)
         i += 1
+    if hydra:
+        paths.append(_hydra_config(hydra))
     if len(paths) > 1:
-        raise CoatiUsageError(f"{CONFIG_FLAG} given {len(paths)} times; give one file (flags override its values)")
+        raise CoatiUsageError(f"{CONFIG_FLAG} given {len(paths)} times (Hydra's --config-name counts as one); give "
+                              "one file (flags override its values)")
     return (paths[0] if paths else None), rest
+
+
+def _hydra_config(hydra: Dict[str, str]) -> str:
+    """The file Hydra's `--config-path` (default: here) and `--config-name` (`.yaml` unless it has a suffix) name."""
+    if "name" not in hydra:
+        raise CoatiUsageError("--config-path needs --config-name, the config file in that folder")
+    name = hydra["name"] if Path(hydra["name"]).suffix in (".yaml", ".yml", ".json") else f"{hydra['name']}.yaml"
+    return str(Path(hydra.get("folder", ".")) / name)
 
 
 def nearest(name: str, known: Iterable[str]) -> str:

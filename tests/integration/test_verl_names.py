@@ -332,3 +332,19 @@ def test_verls_dapo_recipe_is_coatis_dapo(monkeypatch, capsys, tmp_path):
                                                         "data": {"gen_batch_size": "${data.train_batch_size}"}}))
     args = _parse(["--config", str(tmp_path / "dapo.yaml"), *GRPO_BASE], monkeypatch, world=1)
     assert "defaults (Hydra's defaults list" in capsys.readouterr().err
+
+
+def test_hydras_config_path_and_name_are_the_config_file(tmp_path):
+    """verl's recipes name their file with Hydra's flags: `--config-path=config --config-name=dapo_trainer` is
+    `--config config/dapo_trainer.yaml`; a name alone is in the working directory; a path alone, or with --config
+    too, is refused in one line."""
+    from coati.cli.config_file import split_config_flag
+    from coati.utils.errors import CoatiUsageError
+
+    assert split_config_flag(["--config-path=config", "--config-name=dapo_trainer", "--lr", "1"]) == (
+        "config/dapo_trainer.yaml", ["--lr", "1"])
+    assert split_config_flag(["-cn", "run.yml", "data.seed=1"]) == ("run.yml", ["data.seed=1"])
+    with pytest.raises(CoatiUsageError, match="--config-path needs --config-name"):
+        split_config_flag(["--config-path", "config"])
+    with pytest.raises(CoatiUsageError, match="given 2 times"):
+        split_config_flag(["--config", "a.yaml", "--config-name", "b"])
