@@ -16,7 +16,7 @@ import re
 import sys
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from coati.cli.trl_keys import (IGNORED_KEYS, NO_SETTING_KEYS, ONE_VALUE_KEYS, REFUSED_KEYS, TRUTH_WORDS, refusal,
                                 truthy, unused_reason)
@@ -67,9 +67,16 @@ HYDRA_CONFIG_FLAGS = {"--config-path": "folder", "-cp": "folder", "--config-name
 file NAME(.yaml) in the folder, as `--config`."""
 
 
-def split_config_flag(argv: Sequence[str]) -> tuple:
+VERL_BUILTIN_CONFIGS = ("ppo_trainer", "ppo_megatron_trainer", "_generated_ppo_trainer",
+                        "_generated_ppo_megatron_trainer")
+"""verl's own configs, which its scripts name with `--config-name` from inside its package: coati's defaults stand in
+for them (those that differ are noted)."""
+
+
+def split_config_flag(argv: Sequence[str], say: Optional[Callable[[str], None]] = None) -> tuple:
     """(`--config`'s file, or the one Hydra's `--config-path` and `--config-name` name, or None; the other
-    arguments); a config file given twice, or a flag without its value, is refused."""
+    arguments); a config file given twice, or a flag without its value, is refused. One of verl's own configs
+    (`VERL_BUILTIN_CONFIGS`) that is not there is none, said through `say`."""
     paths, hydra, rest, i = [], {}, [], 0
     while i < len(argv):
         arg = argv[i]
@@ -87,12 +94,22 @@ def split_config_flag(argv: Sequence[str]) -> tuple:
             continue
         rest.append(arg)
         i += 1
-    if hydra:
+    if hydra and not _verl_builtin(hydra, say):
         paths.append(_hydra_config(hydra))
     if len(paths) > 1:
         raise CoatiUsageError(f"{CONFIG_FLAG} given {len(paths)} times (Hydra's --config-name counts as one); give "
                               "one file (flags override its values)")
     return (paths[0] if paths else None), rest
+
+
+def _verl_builtin(hydra: Dict[str, str], say: Optional[Callable[[str], None]]) -> bool:
+    """Whether Hydra's flags name one of verl's own configs that is not here (verl finds it inside its package)."""
+    if Path(hydra.get("name", "")).stem not in VERL_BUILTIN_CONFIGS or Path(_hydra_config(hydra)).is_file():
+        return False
+    if say is not None:
+        say(f"--config-name {hydra['name']}: verl's own config, which coati's defaults stand in for (the overrides "
+            "still apply)")
+    return True
 
 
 def _hydra_config(hydra: Dict[str, str]) -> str:
@@ -254,9 +271,12 @@ def config_tokens(parser: argparse.ArgumentParser, values: Mapping[str, Any], pa
                 if key in REFUSED_KEYS or key.lstrip("-") not in actions]
     if problems:
         raise CoatiUsageError(f"{source}: " + "; ".join(problems))
+    origins = getattr(parser, "origins", {})
     for key, value, where in settings:
         action = actions[key.lstrip("-")]
         tokens += _tokens(action, _flag_for(action, key), value, f"{source}: {where}")
+        if where != key:   # `optim.lr`, verl's `actor_rollout_ref.rollout.n`: errors name the key as written
+            origins[_flag_for(action, key)] = where
     return tokens
 
 

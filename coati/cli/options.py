@@ -14,7 +14,8 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, NoReturn, Op
 from coati.cli.config_file import (CONFIG_FLAG, NOT_SAVED, add_switch_offs, check_flags_known, config_tokens,
                                    drop_ignored_flags, expand_output_dir, given_flags, hf_negations, read_config,
                                    resolved_config, split_config_flag, split_overrides, switch_words)
-from coati.utils.errors import USAGE_EXIT_CODE, CoatiUsageError, fail, warn_user
+from coati.cli.verl_names import overrides_into_file
+from coati.utils.errors import USAGE_EXIT_CODE, CoatiUsageError, fail, note_user, warn_user
 from coati.utils.settings import dest, flag_name
 
 T = TypeVar("T")
@@ -46,19 +47,24 @@ class CoatiArgumentParser(argparse.ArgumentParser):
                                "ColossalChat's or TRL's names; GRPO and PPO also read verl's sections, and its "
                                "section.key=value overrides after the command); flags given here override it")
         self.given: Dict[str, str] = {}
+        self.origins: Dict[str, str] = {}
+        """The flags a config key or an override gave under another name (`--lr`: `optim.lr`), for messages."""
+        self.typed: Set[str] = set()
+        """The flags typed on the command line itself (their errors name them alone)."""
 
     def error(self, message: str) -> NoReturn:
         fail(f"error: {self._named_as_given(message)} (see {self.prog} --help)", USAGE_EXIT_CODE)
 
     def _named_as_given(self, message: str) -> str:
         """argparse names a flag with aliases by all its spellings (`argument --lr/--learning_rate: ...`): name it
-        as the user wrote it, else by its first spelling."""
-        match = re.match(r"argument ((?:--?[\w-]+/)+--?[\w-]+): ", message)
+        as the user wrote it, else by its first spelling, beside the config key or override that gave it."""
+        match = re.match(r"argument ((?:--?[\w-]+/)*--?[\w-]+): ", message)
         if not match:
             return message
         names = match.group(1).split("/")
         typed = next((name for name in names if name in self.given.values()), names[0])
-        return f"argument {typed}: {message[match.end():]}"
+        origin = self.origins.get(typed) if typed not in self.typed else None
+        return f"argument {f'{origin} ({typed})' if origin else typed}: {message[match.end():]}"
 
     def parse_args(self, args=None, namespace=None) -> argparse.Namespace:
         """Parse `--config`'s file and the command line, then run the parser's `post_parse` steps (e.g. translating
@@ -72,16 +78,19 @@ class CoatiArgumentParser(argparse.ArgumentParser):
             warn_user(f"ignoring {len(blank)} blank argument(s) {blank!r} (an escaped space in the command line?)")
             argv = [a for a in argv if a not in blank]
         try:
-            path, command_line = split_config_flag(argv)
+            path, command_line = split_config_flag(argv, note_user)
             overrides, command_line = split_overrides(self, hf_negations(self, command_line))
             command_line = drop_ignored_flags(self, command_line)
             check_flags_known(self, command_line)
             command_line = switch_words(self, command_line)
-            from_file = config_tokens(self, read_config(path), path) if path else []
+            file_values, overrides = overrides_into_file(read_config(path) if path else {}, overrides,
+                                                          getattr(getattr(self, "run_config", None), "command", ""))
+            from_file = config_tokens(self, file_values, path) if path else []
             overridden = config_tokens(self, overrides, "", OVERRIDES) if overrides else []
         except CoatiUsageError as exc:
             self.error(str(exc))
         flags_alone = given_flags(self, command_line)
+        self.typed = set(flags_alone.values())
         command_line = overridden + command_line   # verl's section.key=value: after the file, before the flags
         from_flags, in_file = given_flags(self, command_line), given_flags(self, from_file)
         self.given, self.on_command_line = {**in_file, **from_flags}, from_flags

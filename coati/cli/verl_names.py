@@ -42,7 +42,8 @@ SHARED_SECTIONS = {
 VERL_LAUNCH_KEYS = {"trainer.n_gpus_per_node": "--nproc_per_node", "trainer.nnodes": "--nnodes"}
 """verl's keys that say how many processes to start: the `coati` command's launch flags."""
 BATCHES = ("data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size",
-           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor_rollout_ref.actor.ppo_micro_batch_size")
+           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor_rollout_ref.actor.ppo_micro_batch_size",
+           "actor_rollout_ref.rollout.log_prob_micro_batch_size")
 """verl's batch sizes, converted after parsing (`convert_batches`): they go as the hidden `--verl_<key>` flags."""
 
 A, R, M = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_rollout_ref.model."
@@ -91,6 +92,9 @@ TAKEN: Dict[str, Tuple[str, Callable[[Any], Any]]] = {
     M + "lora_rank": ("lora_rank", _same),
     M + "lora_alpha": ("lora_alpha", _same),
     M + "target_modules": ("lora_target_modules", _same),
+    M + "lora.rank": ("lora_rank", _same),
+    M + "lora.alpha": ("lora_alpha", _same),
+    M + "lora.dropout": ("lora_dropout", _same),
     A + "optim.lr": ("lr", _same),
     A + "optim.weight_decay": ("weight_decay", _same),
     A + "optim.lr_warmup_steps_ratio": ("warmup_ratio", _same),
@@ -248,6 +252,7 @@ CONVERTED = (A + "use_kl_loss", A + "kl_loss_coef", A + "clip_ratio", A + "tau_p
 NOT_USED_UNDER = {
     "actor_rollout_ref.ref.": "the reference is the actor's model at the start; its log-probs are computed in "
                               "--logits_forward_batch_size rows",
+    M + "lora.": "Megatron's LoRA settings (coati's LoRA adapts --lora_target_modules, HF's module names)",
     "critic.optim.": "coati's critic takes the actor's optimizer settings, but --critic_lr",
     "critic.model.": "coati's critic is --critic_pretrain with a value head, on the actor's plugin",
     "critic.": "coati's critic learns on the actor's batches",
@@ -262,13 +267,13 @@ AT_DEFAULT: Dict[str, Any] = {
     A + "optim.override_optimizer_config": None, A + "optim.total_training_steps": -1,
     A + "use_prefix_grouper": False, A + "calculate_entropy": False, A + "loss_scale_factor": None,
     A + "calculate_sum_pi_squared": False, A + "sum_pi_squared_checkpointing": False, R + "ignore_eos": False,
-    R + "do_sample": True, R + "log_prob_micro_batch_size": None, R + "multi_turn.enable": False,
+    R + "do_sample": True, R + "multi_turn.enable": False,
     R + "val_kwargs.top_k": -1, R + "val_kwargs.top_p": 1.0, R + "data_parallel_size": 1,
     R + "expert_parallel_size": 1, R + "pipeline_model_parallel_size": 1, R + "skip_rollout": False,
     R + "quantization": None, R + "logprobs_mode": "processed_logprobs", R + "scheduling_policy": "fcfs",
     M + "custom_chat_template": None, M + "external_lib": None, M + "override_config": {}, M + "hf_config_path": None,
     M + "enable_activation_offload": False, M + "exclude_modules": None, M + "lora_adapter_path": None,
-    "actor_rollout_ref.ref.log_prob_micro_batch_size": None, "data.train_max_samples": -1,
+"data.train_max_samples": -1,
     "data.val_max_samples": -1, "data.tokenizer": None, "data.tool_config_path": None,
     "algorithm.use_pf_ppo": False, "trainer.val_only": False,
     "data.custom_cls.path": None, "data.custom_cls.name": None, "data.sampler.class_path": None,
@@ -289,26 +294,54 @@ def is_verl_key(command: str, section: str, key: Optional[str] = None) -> bool:
 
 
 def split_verl(values: Mapping[str, Any], command: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """(the config's values that are not verl's, verl's by dotted key, its interpolations resolved): a section
-    shared with coati's run config is split by key."""
+    """(the config's values that are not verl's, verl's by dotted key, its interpolations resolved)."""
+    rest, verl = verl_part(resolved(values) if command in VERL_COMMANDS else values, command)
+    flat: Dict[str, Any] = {}
+    for section, value in verl.items():
+        _flatten(value, section, flat)
+    return rest, flat
+
+
+def verl_part(values: Mapping[str, Any], command: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(the config's values that are not verl's, verl's), both nested as given: a section shared with coati's run
+    config is split by key."""
     rest: Dict[str, Any] = {}
     verl: Dict[str, Any] = {}
-    if command in VERL_COMMANDS:
-        values = resolved(values)
     for section, value in values.items():
         section = str(section)
         if is_verl_key(command, section):
-            _flatten(value, section, verl)
+            verl[section] = value
         elif section in SHARED_SECTIONS and isinstance(value, Mapping) and command in VERL_COMMANDS:
             own = {k: v for k, v in value.items() if not is_verl_key(command, section, str(k))}
             theirs = {k: v for k, v in value.items() if k not in own}
             if theirs:
-                _flatten(theirs, section, verl)
+                verl[section] = theirs
             if own or not theirs:
                 rest[section] = own
         else:
             rest[section] = value
     return rest, verl
+
+
+def overrides_into_file(file_values: Mapping[str, Any], overrides: Mapping[str, Any],
+                        command: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(the config file's values with verl's keys among `overrides` put in, the other overrides): as in Hydra, the
+    command line replaces the file's value before anything reads it, so the file's `rollout.name: sglang` under
+    `actor_rollout_ref.rollout.name=hf` is never refused, and keys read together (use_kl_loss with kl_loss_coef) are
+    read together."""
+    rest, verl = verl_part(overrides, command)
+    if not verl or not file_values:
+        return dict(file_values), dict(overrides)
+    return _merged(file_values, verl), rest
+
+
+def _merged(base: Mapping[str, Any], update: Mapping[str, Any]) -> Dict[str, Any]:
+    """`base` with `update`'s values put in, mapping into mapping."""
+    merged = dict(base)
+    for key, value in update.items():
+        merged[key] = _merged(merged[key], value) if isinstance(value, Mapping) and isinstance(
+            merged.get(key), Mapping) else value
+    return merged
 
 
 INTERPOLATION = re.compile(r"\$\{([^{}]*)\}")
@@ -376,8 +409,12 @@ def verl_settings(verl: Mapping[str, Any], command: str) -> Tuple[List[Tuple[str
     settings: List[Tuple[str, Any, str]] = []
     unused: Dict[str, str] = {}
     problems: List[str] = []
+    lora_off = not any(verl.get(key) for key in (M + "lora_rank", M + "lora.rank"))
     for key, value in verl.items():
         if key in VERL_LAUNCH_KEYS or _converted(key):
+            continue
+        if lora_off and key.startswith(LORA_KEYS):
+            unused[key] = "LoRA is off (actor_rollout_ref.model.lora_rank 0)"
             continue
         if key in TAKEN:
             name, convert = TAKEN[key]
@@ -391,8 +428,7 @@ def verl_settings(verl: Mapping[str, Any], command: str) -> Tuple[List[Tuple[str
             if value == AT_DEFAULT[key] or value is None and AT_DEFAULT[key] in ({}, None):
                 unused[key] = "verl's default, which coati's run matches"
             else:
-                problems.append(f"{key}={value}: coati has no counterpart (it runs as verl's default "
-                                f"{AT_DEFAULT[key]!r})")
+                problems.append(_at_default_refusal(key, value))
         elif _reason(key) is None:
             problems.append(f"{key}: verl's, with no counterpart here{_nearest(key)}")
         elif _reason(key):
@@ -407,6 +443,8 @@ def verl_settings(verl: Mapping[str, Any], command: str) -> Tuple[List[Tuple[str
     return [*settings, ("verl_keys", sorted(verl), "verl")], unused
 
 
+LORA_KEYS = (M + "lora_alpha", M + "target_modules", M + "exclude_modules", M + "lora_adapter_path", M + "lora.")
+"""verl's LoRA settings beside its rank, which change nothing while LoRA is off (rank 0, verl's default)."""
 PPO_ONLY = ("critic_lr", "critic_pretrain", "value_clip", "gamma", "lam", "critic_warmup_episodes")
 """coati's settings of PPO's critic and GAE, which verl's keys may give a GRPO run too (verl's config holds them)."""
 
@@ -435,6 +473,28 @@ def _one_each(settings: List[Tuple[str, Any, str]], command: str, unused: Dict[s
     return list(kept.values())
 
 
+AT_DEFAULT_HINTS = {
+    A + "clip_ratio_c": "coati's clipped loss has no dual clip",
+    A + "optim.betas": "give --adam_beta1 and --adam_beta2",
+    R + "multi_turn.enable": "coati's multi-turn rollouts are --tools (and --max_turns)",
+    R + "val_kwargs.top_p": "held-out prompts are sampled at --eval_temperature alone",
+    R + "val_kwargs.top_k": "held-out prompts are sampled at --eval_temperature alone",
+    M + "exclude_modules": "coati's LoRA adapts --lora_target_modules", "data.prompt_key": "name the column prompt",
+    "data.reward_fn_key": "name the column data_source", "data.train_max_samples": "coati trains on every row",
+    M + "custom_chat_template": "set the tokenizer's chat template in its folder",
+}
+"""What to do instead, for the keys of `AT_DEFAULT` given another value."""
+
+
+def _at_default_refusal(key: str, value: Any) -> str:
+    """Why `key` at `value` is refused: coati runs as verl's default for it, and what to do instead where known."""
+    default = AT_DEFAULT[key]
+    runs_as = f"coati runs as verl's default {default!r} and has no setting for it" if default not in (None, {}) else \
+        "coati has no setting for it"
+    hint = AT_DEFAULT_HINTS.get(key)
+    return f"{key}={value}: {runs_as}" + (f" ({hint})" if hint else "")
+
+
 def _converted(key: str) -> bool:
     """Whether `_convert` reads verl's `key` (one of `CONVERTED`, or under one of its sections)."""
     return key in CONVERTED or key.startswith(tuple(name for name in CONVERTED if name.endswith(".")))
@@ -448,9 +508,9 @@ def _nearest(key: str) -> str:
 
 
 def _reason(key: str) -> Optional[str]:
-    """Why verl's `key` changes nothing here ('' where a conversion of its own reads it), or None where it is no
-    key coati knows: the reason of its last part, or of a section it is in (`fsdp_config`, `profiler`, ...)."""
-    for part in reversed(key.split(".")):
+    """Why verl's `key` changes nothing here, or None where it is no key coati knows: the reason of the outermost
+    part of its name that has one (`fsdp_config`, `profiler`, ..., then its own), else of a section it is in."""
+    for part in key.split("."):   # the outermost first: megatron.tensor_model_parallel_size is the engine's
         if part in NOT_USED:
             return NOT_USED[part]
     return next((why for prefix, why in NOT_USED_UNDER.items() if key.startswith(prefix)), None)
@@ -670,6 +730,7 @@ def add_verl_names(parser: argparse.ArgumentParser) -> None:
     def after_parse(args: argparse.Namespace) -> None:
         given = getattr(parser, "given", {})
         convert_batches(args, launched_world_size(), given)
+        convert_log_prob_batch(args, launched_world_size())
         note_other_defaults(args, _take(args, "verl_keys") or [], given)
 
     add_post_parse(parser, after_parse)
@@ -731,6 +792,14 @@ def convert_batches(args: argparse.Namespace, world_size: int, given: Mapping[st
                               f"completions of a mini-batch on each process (ppo_mini_batch_size {mini} x rollout.n "
                               f"{args.num_generations} / {world_size} processes)")
     args.train_batch_size, args.accumulation_steps = micro, per_rank // micro
+
+
+def convert_log_prob_batch(args: argparse.Namespace, world_size: int) -> None:
+    """verl's older `rollout.log_prob_micro_batch_size`, rows a forward over every GPU -> `--logits_forward_batch_size`
+    a process (a memory setting: rounded down, at least 1)."""
+    overall = _take(args, "verl_log_prob_micro_batch_size")
+    if overall is not None:
+        args.logits_forward_batch_size = max(1, overall // world_size)
 
 
 def _micro_batch(per_gpu: Optional[int], overall: Optional[int], world_size: int) -> Optional[int]:

@@ -137,8 +137,9 @@ def test_a_verl_config_file_in_its_sections_beside_coatis_own(monkeypatch, tmp_p
     (["actor_rollout_ref.actor.ppo_mini_batch=4"], "actor_rollout_ref.actor.ppo_mini_batch: verl's, with no "
                                                    "counterpart here (did you mean "
                                                    "actor_rollout_ref.actor.ppo_mini_batch_size or"),
-    (["data.prompt_key=question"], "data.prompt_key=question: coati has no counterpart (it runs as verl's default "
-                                   "'prompt')"),
+    (["data.prompt_key=question"], "data.prompt_key=question: coati runs as verl's default 'prompt' and has no "
+                                   "setting for it (name the column prompt)"),
+    (["actor_rollout_ref.rollout.n=1"], "argument actor_rollout_ref.rollout.n (--num_generations): must be >= 2"),
     (["algorithm.use_kl_in_reward=True"], "algorithm.use_kl_in_reward=true: coati puts the KL to the reference in the "
                                           "loss"),
     (["actor_rollout_ref.actor.optim.lr_warmup_steps=10"], "give lr_warmup_steps_ratio"),
@@ -348,3 +349,32 @@ def test_hydras_config_path_and_name_are_the_config_file(tmp_path):
         split_config_flag(["--config-path", "config"])
     with pytest.raises(CoatiUsageError, match="given 2 times"):
         split_config_flag(["--config", "a.yaml", "--config-name", "b"])
+
+
+def test_the_command_line_replaces_a_files_verl_keys_before_they_are_read(monkeypatch, capsys, tmp_path):
+    """As in Hydra, `actor_rollout_ref.rollout.name=hf` replaces the file's `sglang` before it is read (so it is not
+    refused), and an override read with a file's key (kl_loss_coef with the file's use_kl_loss) is read with it;
+    verl's own `--config-name ppo_megatron_trainer`, not here, is coati's defaults, said in a note; LoRA's other keys
+    are noted while LoRA is off, Megatron's nested LoRA keys are coati's; verl's older global log-prob batch is
+    divided over the processes."""
+    config = {"data": {"train_files": "d"}, "actor_rollout_ref": {"model": {"path": "m"},
+                                                                  "rollout": {"name": "sglang", "n": 4},
+                                                                  "actor": {"use_kl_loss": True}},
+              "algorithm": {"adv_estimator": "gae"}, "custom_reward_function": {"path": "r.py"}}
+    (tmp_path / "verl.yaml").write_text(yaml.safe_dump(config))
+    args = _parse(["--config", str(tmp_path / "verl.yaml"), "actor_rollout_ref.rollout.name=hf",
+                   "algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.kl_loss_coef=0.01"], monkeypatch, world=1)
+    assert (args.rollout_backend, args.adv_estimator, args.kl_coef) == ("hf", "grpo", 0.01)
+    base = ["actor_rollout_ref.model.path=m", "data.train_files=d", "custom_reward_function.path=r.py"]
+    capsys.readouterr()
+    args = _parse(["--config-path=config", "--config-name=ppo_megatron_trainer", *base,
+                   "actor_rollout_ref.model.lora_alpha=0", "actor_rollout_ref.model.exclude_modules=DONT_EXCLUDE",
+                   "actor_rollout_ref.rollout.log_prob_micro_batch_size=8"], monkeypatch, world=4)
+    note = capsys.readouterr().err
+    assert "--config-name ppo_megatron_trainer: verl's own config, which coati's defaults stand in for" in note
+    assert "actor_rollout_ref.model.lora_alpha (LoRA is off (actor_rollout_ref.model.lora_rank 0))" in note
+    assert (args.lora_rank, args.lora_alpha, args.logits_forward_batch_size) == (0, 16, 2)
+    args = _parse([*base, "actor_rollout_ref.model.lora.rank=8", "actor_rollout_ref.model.lora.alpha=32",
+                   "actor_rollout_ref.model.lora.target_modules=[linear_qkv]"], monkeypatch, world=1)
+    assert (args.lora_rank, args.lora_alpha, args.lora_target_modules) == (8, 32, ["all-linear"])
+    assert "actor_rollout_ref.model.lora.target_modules (Megatron's LoRA settings" in capsys.readouterr().err
