@@ -43,8 +43,9 @@ VERL_LAUNCH_KEYS = {"trainer.n_gpus_per_node": "--nproc_per_node", "trainer.nnod
 """verl's keys that say how many processes to start: the `coati` command's launch flags."""
 BATCHES = ("data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size",
            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor_rollout_ref.actor.ppo_micro_batch_size",
-           "actor_rollout_ref.rollout.log_prob_micro_batch_size")
-"""verl's batch sizes, converted after parsing (`convert_batches`): they go as the hidden `--verl_<key>` flags."""
+           "actor_rollout_ref.rollout.log_prob_micro_batch_size", "actor_rollout_ref.actor.optim.lr_warmup_steps")
+"""verl's batch sizes (and its warm-up, in training steps), converted after parsing (`convert_batches`): they go as
+the hidden `--verl_<key>` flags."""
 
 A, R, M = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "actor_rollout_ref.model."
 
@@ -243,7 +244,7 @@ OVERLONG = ("reward_model.overlong_buffer.", "reward_model.reward_kwargs.overlon
 """Where verl's DAPO recipes set the overlong penalty (`enable`, `len`, `penalty_factor`, `log`): coati's
 `--reward_shaping overlong`."""
 CONVERTED = (A + "use_kl_loss", A + "kl_loss_coef", A + "clip_ratio", A + "tau_pos", A + "tau_neg",
-             A + "optim.lr_warmup_steps", R + "val_kwargs.do_sample", R + "val_kwargs.n", R + "val_kwargs.temperature",
+             R + "val_kwargs.do_sample", R + "val_kwargs.n", R + "val_kwargs.temperature",
              "algorithm.adv_estimator", "algorithm.use_kl_in_reward", "algorithm.norm_adv_by_std_in_grpo",
              "algorithm.kl_penalty", "algorithm.kl_ctrl.", "trainer.logger", "trainer.critic_warmup",
              "trainer.resume_mode", "trainer.resume_from_path", "reward_model.enable", "reward_model.model.path",
@@ -462,6 +463,9 @@ def _one_each(settings: List[Tuple[str, Any, str]], command: str, unused: Dict[s
         if name == "num_epochs" and "num_episodes" in by_name:
             unused[key] = "trainer.total_training_steps decides the run's length, as in verl"
             continue
+        if name == "warmup_ratio" and (by_name.get("verl_lr_warmup_steps") or -1) > 0:
+            unused[key] = "optim.lr_warmup_steps decides the warm-up, as in verl"
+            continue
         if name.startswith("vllm_") and by_name.get("rollout_backend") != "vllm":
             unused[key] = "vLLM's, and the rollouts are not on vLLM (actor_rollout_ref.rollout.name)"
             continue
@@ -554,10 +558,6 @@ def _convert(verl: Mapping[str, Any], command: str, unused: Dict[str, str]) -> L
         settings += _report_to(verl["trainer.logger"], unused)
     if verl.get("trainer.critic_warmup", 0) and command == "ppo":
         settings.append(("critic_warmup_episodes", verl["trainer.critic_warmup"], "trainer.critic_warmup"))
-    warmup = verl.get(A + "optim.lr_warmup_steps", -1)
-    if warmup not in (-1, None):
-        raise CoatiUsageError(f"{A}optim.lr_warmup_steps={warmup}: give lr_warmup_steps_ratio (coati's "
-                              "--warmup_steps count optimizer steps, verl's training steps)")
     return settings
 
 
@@ -731,6 +731,7 @@ def add_verl_names(parser: argparse.ArgumentParser) -> None:
         given = getattr(parser, "given", {})
         convert_batches(args, launched_world_size(), given)
         convert_log_prob_batch(args, launched_world_size())
+        convert_warmup(args, given)
         note_other_defaults(args, _take(args, "verl_keys") or [], given)
 
     add_post_parse(parser, after_parse)
@@ -792,6 +793,19 @@ def convert_batches(args: argparse.Namespace, world_size: int, given: Mapping[st
                               f"completions of a mini-batch on each process (ppo_mini_batch_size {mini} x rollout.n "
                               f"{args.num_generations} / {world_size} processes)")
     args.train_batch_size, args.accumulation_steps = micro, per_rank // micro
+
+
+def convert_warmup(args: argparse.Namespace, given: Mapping[str, str]) -> None:
+    """verl's `optim.lr_warmup_steps` counts training steps (its schedule steps once a step; -1 or 0: the ratio
+    decides) -> coati's `--warmup_steps`, which counts optimizer steps: it times the optimizer steps of an episode."""
+    from coati.cli.arguments import optimizer_steps_per_episode
+
+    steps = _take(args, "verl_lr_warmup_steps")
+    if steps is None or steps <= 0:
+        return
+    if "warmup_steps" in given:
+        raise CoatiUsageError(f"{given['warmup_steps']} and {A}optim.lr_warmup_steps both set the warm-up; give one")
+    args.warmup_steps = steps * optimizer_steps_per_episode(args)
 
 
 def convert_log_prob_batch(args: argparse.Namespace, world_size: int) -> None:

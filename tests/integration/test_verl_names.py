@@ -142,7 +142,8 @@ def test_a_verl_config_file_in_its_sections_beside_coatis_own(monkeypatch, tmp_p
     (["actor_rollout_ref.rollout.n=1"], "argument actor_rollout_ref.rollout.n (--num_generations): must be >= 2"),
     (["algorithm.use_kl_in_reward=True"], "algorithm.use_kl_in_reward=true: coati puts the KL to the reference in the "
                                           "loss"),
-    (["actor_rollout_ref.actor.optim.lr_warmup_steps=10"], "give lr_warmup_steps_ratio"),
+    (["actor_rollout_ref.actor.optim.lr_warmup_steps=10", "--warmup_steps", "3"], "--warmup_steps and "
+     "actor_rollout_ref.actor.optim.lr_warmup_steps both set the warm-up; give one"),
     (["data.train_batch_size=6"], "data.train_batch_size=6 prompts is not a whole number for each of the 4 "
                                   "processes; make it a multiple of 4"),
     (["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"],
@@ -197,8 +198,9 @@ def test_a_verl_reward_function_scores_each_completion_with_verls_arguments():
 
 def test_the_migration_page_names_every_verl_key_coati_takes_and_its_batch_example_holds(monkeypatch, capsys):
     """docs/migration/verl.md lists each key of `TAKEN`, `BATCHES` and `VERL_LAUNCH_KEYS`; its example on 8 processes
-    is 128 prompts a process and 4 optimizer steps of 5 micro-batches of 32; a run in verl's names that leaves verl's
-    learning rate out is told coati's."""
+    is 128 prompts a process and 4 optimizer steps of 5 micro-batches of 32 (so verl's warm-up of 10 training steps
+    is 40 optimizer steps, and decides over the ratio); a run in verl's names that leaves verl's learning rate out is
+    told coati's."""
     from coati.cli.arguments import optimizer_steps_per_episode
     from coati.cli.verl_names import BATCHES, TAKEN, VERL_LAUNCH_KEYS
     from conftest import REPO
@@ -211,6 +213,10 @@ def test_the_migration_page_names_every_verl_key_coati_takes_and_its_batch_examp
                    *sizes], monkeypatch, world=8)
     assert (args.batch_size, args.train_batch_size, args.accumulation_steps, optimizer_steps_per_episode(args)) == (
         128, 32, 5, 4)
+    args = _parse(["actor_rollout_ref.model.path=m", "data.train_files=d", "custom_reward_function.path=r.py", *sizes,
+                   "actor_rollout_ref.actor.optim.lr_warmup_steps=10",
+                   "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1"], monkeypatch, world=8)
+    assert (args.warmup_steps, args.warmup_ratio) == (40, 0.0)   # verl's 10 training steps, 4 optimizer steps each
     note = capsys.readouterr().err
     assert "actor_rollout_ref.actor.optim.lr (verl 1e-06, here --lr 5e-05)" in note
     _parse(["actor_rollout_ref.model.path=m", "data.train_files=d", "custom_reward_function.path=r.py",
