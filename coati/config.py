@@ -583,6 +583,10 @@ class EvalSettings:
                                        "N), maj@N and mean@N (0: greedy only)")
     eval_temperature: Optional[float] = setting(None, parse=positive(),
                                                 help="sampling temperature of --eval_n_samples (default: --temperature)")
+    eval_top_p: Optional[float] = setting(None, parse=in_range(0, 1, low_open=True),
+                                          help="nucleus cut of --eval_n_samples (default: --top_p)")
+    eval_top_k: Optional[int] = setting(None, parse=at_least(0), help="top-k cut of --eval_n_samples, 0: none "
+                                                                      "(default: --top_k)")
     save_best: Optional[str] = setting(None, metavar="METRIC",
                                        help="after each evaluation that beats the earlier ones on this eval metric "
                                             "(higher is better, e.g. rewards/math_answer), export the model to "

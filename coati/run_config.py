@@ -27,7 +27,8 @@ ON_POLICY_HELP = {
 }
 SUPERVISED_HELP = {"steps": "log the mean of the metrics every N optimizer steps",
                    "eval_interval": "also evaluate --eval_dataset every N optimizer steps (always after each epoch)"}
-ON_POLICY_EVAL = ("eval_freq_epochs", "eval_freq_secs", "eval_n_samples", "eval_temperature", "save_best")
+ON_POLICY_EVAL = ("eval_freq_epochs", "eval_freq_secs", "eval_n_samples", "eval_temperature", "eval_top_p",
+                  "eval_top_k", "save_best")
 """Held-out evaluation settings of the on-policy trainers only (supervised runs take `eval_interval`)."""
 
 

@@ -244,7 +244,8 @@ OVERLONG = ("reward_model.overlong_buffer.", "reward_model.reward_kwargs.overlon
 """Where verl's DAPO recipes set the overlong penalty (`enable`, `len`, `penalty_factor`, `log`): coati's
 `--reward_shaping overlong`."""
 CONVERTED = (A + "use_kl_loss", A + "kl_loss_coef", A + "clip_ratio", A + "tau_pos", A + "tau_neg",
-             R + "val_kwargs.do_sample", R + "val_kwargs.n", R + "val_kwargs.temperature",
+             R + "val_kwargs.do_sample", R + "val_kwargs.n", R + "val_kwargs.temperature", R + "val_kwargs.top_p",
+             R + "val_kwargs.top_k",
              "algorithm.adv_estimator", "algorithm.use_kl_in_reward", "algorithm.norm_adv_by_std_in_grpo",
              "algorithm.kl_penalty", "algorithm.kl_ctrl.", "trainer.logger", "trainer.critic_warmup",
              "trainer.resume_mode", "trainer.resume_from_path", "reward_model.enable", "reward_model.model.path",
@@ -269,7 +270,7 @@ AT_DEFAULT: Dict[str, Any] = {
     A + "use_prefix_grouper": False, A + "calculate_entropy": False, A + "loss_scale_factor": None,
     A + "calculate_sum_pi_squared": False, A + "sum_pi_squared_checkpointing": False, R + "ignore_eos": False,
     R + "do_sample": True, R + "multi_turn.enable": False,
-    R + "val_kwargs.top_k": -1, R + "val_kwargs.top_p": 1.0, R + "data_parallel_size": 1,
+    R + "data_parallel_size": 1,
     R + "expert_parallel_size": 1, R + "pipeline_model_parallel_size": 1, R + "skip_rollout": False,
     R + "quantization": None, R + "logprobs_mode": "processed_logprobs", R + "scheduling_policy": "fcfs",
     M + "custom_chat_template": None, M + "external_lib": None, M + "override_config": {}, M + "hf_config_path": None,
@@ -481,8 +482,6 @@ AT_DEFAULT_HINTS = {
     A + "clip_ratio_c": "coati's clipped loss has no dual clip",
     A + "optim.betas": "give --adam_beta1 and --adam_beta2",
     R + "multi_turn.enable": "coati's multi-turn rollouts are --tools (and --max_turns)",
-    R + "val_kwargs.top_p": "held-out prompts are sampled at --eval_temperature alone",
-    R + "val_kwargs.top_k": "held-out prompts are sampled at --eval_temperature alone",
     M + "exclude_modules": "coati's LoRA adapts --lora_target_modules", "data.prompt_key": "name the column prompt",
     "data.reward_fn_key": "name the column data_source", "data.train_max_samples": "coati trains on every row",
     M + "custom_chat_template": "set the tokenizer's chat template in its folder",
@@ -638,16 +637,20 @@ def _report_to(logger: Any, unused: Dict[str, str]) -> List[Tuple[str, Any, str]
 
 def _evaluation(verl: Mapping[str, Any], unused: Dict[str, str]) -> List[Tuple[str, Any, str]]:
     """verl's validation sampling: greedy, or with `val_kwargs.do_sample` `val_kwargs.n` completions at its
-    temperature -> coati's greedy completion of each held-out prompt, and `--eval_n_samples` sampled at
-    `--eval_temperature` beside it."""
-    keys = [R + f"val_kwargs.{name}" for name in ("n", "temperature")]
+    temperature, top-p and top-k -> coati's greedy completion of each held-out prompt, and `--eval_n_samples` sampled
+    at `--eval_temperature`, `--eval_top_p` and `--eval_top_k` beside it."""
+    keys = {name: R + f"val_kwargs.{name}" for name in ("n", "temperature", "top_p", "top_k")}
     if not verl.get(R + "val_kwargs.do_sample"):
         unused.update({key: "verl samples held-out prompts only with val_kwargs.do_sample=true; coati evaluates "
-                            "greedily too" for key in keys if key in verl})
+                            "greedily too" for key in keys.values() if key in verl})
         return []
-    settings: List[Tuple[str, Any, str]] = [("eval_n_samples", verl.get(keys[0]) or 1, keys[0])]
-    if verl.get(keys[1]):   # 0 samples greedily: coati's greedy completion is there already
-        settings.append(("eval_temperature", verl[keys[1]], keys[1]))
+    settings: List[Tuple[str, Any, str]] = [("eval_n_samples", verl.get(keys["n"]) or 1, keys["n"])]
+    if verl.get(keys["temperature"]):   # 0 samples greedily: coati's greedy completion is there already
+        settings.append(("eval_temperature", verl[keys["temperature"]], keys["temperature"]))
+    if verl.get(keys["top_p"]) is not None:
+        settings.append(("eval_top_p", verl[keys["top_p"]], keys["top_p"]))
+    if verl.get(keys["top_k"]) is not None:
+        settings.append(("eval_top_k", _off_at_minus_one(verl[keys["top_k"]]), keys["top_k"]))
     return settings
 
 

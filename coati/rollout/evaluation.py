@@ -3,7 +3,7 @@
 are scored like rollouts; with N samples per prompt, pass@k, maj@N and mean@N (`coati.experience.evaluation`)."""
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
@@ -19,7 +19,7 @@ from coati.experience.experience import per_name
 from coati.experience.scorer import Scorer
 from coati.models.generation import HFEngine
 from coati.models.vision import auto_model_class
-from coati.config import SamplingConfig
+from coati.config import EvalSettings, SamplingConfig
 from coati.rewards import WeightedReward
 from coati.rewards.math import extract_answer
 from coati.experience.metrics import component_metrics
@@ -32,6 +32,14 @@ from .multiturn import MultiTurnWorkflow
 from .tool_calls import hermes
 from .tools import ToolEnvironment, ToolRunner, resolve_tools, tool_schemas
 from .workflow import RLVRWorkflow, RolloutWorkflow, Trajectory, run_episodes
+
+
+def held_out_sampling(sampling: SamplingConfig, evaluation: EvalSettings) -> SamplingConfig:
+    """How `--eval_n_samples` samples the held-out prompts: the training's sampling, at `--eval_temperature`,
+    `--eval_top_p` and `--eval_top_k` where given."""
+    return replace(sampling, do_sample=True, temperature=evaluation.eval_temperature or sampling.temperature,
+                   top_p=sampling.top_p if evaluation.eval_top_p is None else evaluation.eval_top_p,
+                   top_k=sampling.top_k if evaluation.eval_top_k is None else evaluation.eval_top_k)
 
 
 def complete(pool: RolloutPool, workflow: RolloutWorkflow, rows: Sequence[Dict[str, Any]], sampling: SamplingConfig,

@@ -22,7 +22,7 @@ from coati.models.loss import PolicyLoss
 from coati.rollout.workflow import RLVRWorkflow, RolloutWorkflow
 from coati.dataset.collators import prompt_rows
 from coati.dataset.sampler import held_out_batches
-from coati.rollout.evaluation import complete, record_sampled, record_scores
+from coati.rollout.evaluation import complete, held_out_sampling, record_sampled, record_scores
 from coati.utils.cadence import Evaluator, Saver
 from coati.utils.ckpt_io import ModelState, load_checkpoint, read_running_state, save_checkpoint
 from coati.utils.metrics_logger import MetricsLogger
@@ -112,7 +112,7 @@ class OLTrainer(_TrainerCore):
         self.evaluator = Evaluator(evaluation.eval_freq_epochs, evaluation.eval_interval, evaluation.eval_freq_secs)
         self.eval_dataloader = eval_dataloader
         sampling = experience_maker.config.sampling
-        self.eval_sampling = replace(sampling, do_sample=True, temperature=evaluation.eval_temperature or sampling.temperature)
+        self.eval_sampling = held_out_sampling(sampling, evaluation)
         self.eval_history: Dict[int, Dict[str, float]] = {}
         self.controllers: Dict[str, Any] = {}
         self.start_episode = self.episode = self.global_step = 0

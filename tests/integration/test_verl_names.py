@@ -306,9 +306,10 @@ def test_verls_own_config_with_interpolations_reads_as_verl_resolves_it(monkeypa
     assert "trainer.total_epochs (trainer.total_training_steps decides the run's length, as in verl)" in note
     assert "ray_init.num_cpus (verl's Ray cluster)" in note
     sampled = ["actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.val_kwargs.n=4",
-               "actor_rollout_ref.rollout.val_kwargs.temperature=0.6"]
+               "actor_rollout_ref.rollout.val_kwargs.temperature=0.6", "actor_rollout_ref.rollout.val_kwargs.top_p=0.7",
+               "actor_rollout_ref.rollout.val_kwargs.top_k=-1"]
     args = _parse(["--config", str(tmp_path / "verl.yaml"), *sampled], monkeypatch, world=2)
-    assert (args.eval_n_samples, args.eval_temperature) == (4, 0.6)
+    assert (args.eval_n_samples, args.eval_temperature, args.eval_top_p, args.eval_top_k) == (4, 0.6, 0.7, 0)
 
 
 VERL_DAPO = ["algorithm.adv_estimator=grpo", "data.train_files=train.parquet", "reward_model.reward_manager=dapo",
@@ -384,3 +385,16 @@ def test_the_command_line_replaces_a_files_verl_keys_before_they_are_read(monkey
                    "actor_rollout_ref.model.lora.target_modules=[linear_qkv]"], monkeypatch, world=1)
     assert (args.lora_rank, args.lora_alpha, args.lora_target_modules) == (8, 32, ["all-linear"])
     assert "actor_rollout_ref.model.lora.target_modules (Megatron's LoRA settings" in capsys.readouterr().err
+
+
+def test_held_out_samples_take_their_own_temperature_top_p_and_top_k_else_the_trainings():
+    """`--eval_n_samples` samples at `--eval_temperature`, `--eval_top_p` and `--eval_top_k` where given (verl's
+    `val_kwargs`), else at the training's sampling."""
+    from coati.config import EvalSettings, SamplingConfig
+    from coati.rollout.evaluation import held_out_sampling
+
+    training = SamplingConfig(temperature=1.0, top_p=0.9, top_k=20)
+    own = held_out_sampling(training, EvalSettings(eval_temperature=0.6, eval_top_p=0.7, eval_top_k=0))
+    assert (own.do_sample, own.temperature, own.top_p, own.top_k) == (True, 0.6, 0.7, 0)
+    default = held_out_sampling(training, EvalSettings())
+    assert (default.do_sample, default.temperature, default.top_p, default.top_k) == (True, 1.0, 0.9, 20)
