@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 from coati.cli.trl_keys import (IGNORED_KEYS, NO_SETTING_KEYS, ONE_VALUE_KEYS, REFUSED_KEYS, TRUTH_WORDS, refusal,
                                 truthy, unused_reason)
-from coati.cli.verl_names import VERL_SECTIONS, is_verl_key, split_verl, verl_settings
+from coati.cli.verl_names import VERL_SECTIONS, is_verl_key, split_verl, verl_settings, yaml_value
 from coati.run_config import RUN_CONFIGS, sections
 from coati.utils.errors import CoatiUsageError, note_user
 from coati.utils.settings import dest, flag_name
@@ -152,7 +152,7 @@ def flat_settings(parser: argparse.ArgumentParser, values: Mapping[str, Any], so
                   actions: Dict[str, argparse.Action]) -> List[tuple]:
     """(key, value, where) of each setting in a config file's `values`: a section's mapping (`optim: {lr: ...}`) gives
     its keys, each checked to belong to that section (TRL's converted names go at the top level); any other key is a
-    setting itself. A setting given twice (`learning_rate` and `optim.lr`) is refused, whichever way it is named."""
+    setting itself (`config_tokens` refuses a setting given twice, `learning_rate` and `optim.lr`)."""
     owners = section_owners(parser)
     known_sections = {*owners.values(), COLOSSALCHAT_SECTION}
     flat: List[tuple] = []
@@ -169,7 +169,6 @@ def flat_settings(parser: argparse.ArgumentParser, values: Mapping[str, Any], so
             raise CoatiUsageError(f"{source}: unknown section {key!r}"
                                   f"{_elsewhere(key, parser) or nearest(key, known_sections)}")
         flat.append((key, value, key))
-    _refuse_twice_given(flat, actions, source)
     return flat
 
 
@@ -260,7 +259,7 @@ def config_tokens(parser: argparse.ArgumentParser, values: Mapping[str, Any], pa
     except CoatiUsageError as error:
         raise CoatiUsageError(f"{source}: {error}") from None
     settings = from_verl + flat_settings(parser, values, source, actions)
-    _refuse_twice_given(settings, actions, source)
+    _refuse_twice_given(settings, actions, source)   # `learning_rate` and `optim.lr`, or a verl key and coati's
     unused = {where: unused_reason(key, value, command) for key, value, where in settings if key not in actions}
     unused = {**verl_unused, **{where: reason for where, reason in unused.items() if reason is not None}}
     if unused:
@@ -436,7 +435,7 @@ def split_overrides(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Tup
             continue
         key, equals, value = arg.lstrip("+").partition("=")   # Hydra's +key=value (add) and ++key=value (force)
         if equals and (key in actions or key in NO_SETTING_KEYS or key.split(".")[0] in sections | verl):
-            _nest(overrides, key.split("."), _yaml_value(value))
+            _nest(overrides, key.split("."), yaml_value(value))
             continue
         raise CoatiUsageError(_unexpected(arg, sections, verl))
     return overrides, rest
@@ -465,16 +464,6 @@ def _nest(tree: Dict[str, Any], keys: List[str], value: Any) -> None:
     for key in keys[:-1]:
         tree = tree.setdefault(key, {})
     tree[keys[-1]] = value
-
-
-def _yaml_value(text: str) -> Any:
-    """An override's value as a config file would hold it (`[a, b]` a list, `true` a boolean, `1e-6` as written)."""
-    import yaml
-
-    try:
-        return yaml.safe_load(text) if text else None
-    except yaml.YAMLError:
-        return text
 
 
 def _unexpected(arg: str, sections: Iterable[str], verl: Iterable[str] = ()) -> str:

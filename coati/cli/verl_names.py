@@ -375,18 +375,20 @@ def resolved(values: Mapping[str, Any]) -> Dict[str, Any]:
         kind, _, expression = match.group(1).strip().rpartition(":") if match.group(1).startswith("oc.") else \
             ("", "", match.group(1).strip())
         path, _, fallback = expression.partition(",")
-        default = _yaml_value(fallback.strip()) if fallback.strip() else None
+        default = yaml_value(fallback.strip())
         found = os.environ.get(path.strip(), MISSING) if kind == "oc.env" else lookup(path.strip(), here)
         return default if found is MISSING else resolve(found, here, depth + 1)
 
     return resolve(values, values)
 
 
-def _yaml_value(text: str) -> Any:
+def yaml_value(text: str) -> Any:
+    """A value as Hydra's overrides and OmegaConf's defaults write it (`[a, b]` a list, `true` a boolean, `1e-6` as
+    written, nothing null), read as a config file would hold it."""
     import yaml
 
     try:
-        return yaml.safe_load(text)
+        return yaml.safe_load(text) if text else None
     except yaml.YAMLError:
         return text
 
@@ -431,10 +433,10 @@ def verl_settings(verl: Mapping[str, Any], command: str) -> Tuple[List[Tuple[str
                 unused[key] = "verl's default, which coati's run matches"
             else:
                 problems.append(_at_default_refusal(key, value))
-        elif _reason(key) is None:
+        elif (reason := _reason(key)) is None:
             problems.append(f"{key}: verl's, with no counterpart here{_nearest(key)}")
-        elif _reason(key):
-            unused[key] = str(_reason(key))
+        elif reason:
+            unused[key] = reason
     try:
         settings += _convert(verl, command, unused)
         settings = _one_each(settings, command, unused)
@@ -731,9 +733,9 @@ def add_verl_names(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--verl_keys", nargs="+", action="extend", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
     def after_parse(args: argparse.Namespace) -> None:
-        given = getattr(parser, "given", {})
-        convert_batches(args, launched_world_size(), given)
-        convert_log_prob_batch(args, launched_world_size())
+        given, world_size = getattr(parser, "given", {}), launched_world_size()
+        convert_batches(args, world_size, given)
+        convert_log_prob_batch(args, world_size)
         convert_warmup(args, given)
         note_other_defaults(args, _take(args, "verl_keys") or [], given)
 
