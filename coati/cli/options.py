@@ -72,6 +72,7 @@ class CoatiArgumentParser(argparse.ArgumentParser):
         is only blanks (a shell line ending in `\\ \\`, as one of ColossalChat's own test commands does) is dropped
         with a warning. The parsed namespace carries the run's record (`RunRecord`) as `_run_record`."""
         argv = sys.argv[1:] if args is None else list(args)
+        command = getattr(getattr(self, "run_config", None), "command", "")
         add_switch_offs(self)
         blank = [a for a in argv if isinstance(a, str) and a and not a.strip()]
         if blank:
@@ -83,8 +84,7 @@ class CoatiArgumentParser(argparse.ArgumentParser):
             command_line = drop_ignored_flags(self, command_line)
             check_flags_known(self, command_line)
             command_line = switch_words(self, command_line)
-            file_values, overrides = overrides_into_file(read_config(path) if path else {}, overrides,
-                                                          getattr(getattr(self, "run_config", None), "command", ""))
+            file_values, overrides = overrides_into_file(read_config(path) if path else {}, overrides, command)
             from_file = config_tokens(self, file_values, path) if path else []
             overridden = config_tokens(self, overrides, "", OVERRIDES) if overrides else []
         except CoatiUsageError as exc:
@@ -97,7 +97,8 @@ class CoatiArgumentParser(argparse.ArgumentParser):
         by_override = {dest: flag for dest, flag in from_flags.items() if dest not in flags_alone}
         parsed = super().parse_args(from_file + command_line, namespace)
         parsed.config = path
-        parsed._given_as = dict(self.given)
+        parsed._given_as = {dest: flag if flag in self.typed else self.origins.get(flag, flag)
+                            for dest, flag in self.given.items()}   # a config key's or override's own name
         for step in [*getattr(self, "post_parse", []), expand_output_dir]:
             try:
                 step(parsed)
@@ -106,8 +107,7 @@ class CoatiArgumentParser(argparse.ArgumentParser):
         for destination, trl_name in getattr(self, "derived", {}).items():   # a setting a TRL name set goes by it
             parsed._given_as.setdefault(destination, f"--{trl_name}")
         parsed._run_record = RunRecord(resolved_config(self, parsed),
-                                       self._sources(parsed, in_file, from_flags, by_override), argv,
-                                       getattr(getattr(self, "run_config", None), "command", ""))
+                                       self._sources(parsed, in_file, from_flags, by_override), argv, command)
         return parsed
 
     def _sources(self, parsed: argparse.Namespace, in_file: Dict[str, str], from_flags: Dict[str, str],

@@ -82,6 +82,10 @@ def test_verls_gsm8k_grpo_command_is_read_as_coatis_settings(monkeypatch, capsys
         assert key in note
     assert not hasattr(args, "verl_train_batch_size")
     assert args._run_record.sources["pretrain"] == "section.key=value overrides"
+    from coati.cli.options import named_as_given   # a later check's line names the verl key that gave the path
+
+    assert named_as_given("--prompt_dataset x does not exist", args) == "data.train_files (--prompt_dataset) x does " \
+                                                                         "not exist"
 
 
 def test_verls_launch_keys_start_the_processes(tmp_path):
