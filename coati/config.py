@@ -566,6 +566,15 @@ class PolicyLossSettings:
     behaviour_correction_options: Dict[str, Any] = _option_list(
         flag="--behaviour_correction_option", help="the correction's own hyperparameters, e.g. low=0.5 high=5 for icepop")
 
+    def check(self, run: Any) -> None:
+        """ppo's dual clip bounds a negative advantage's loss at dual_clip |A|, above the clipped ratio's, so it
+        must exceed 1 (as verl's clip_ratio_c)."""
+        dual = self.policy_loss_options.get("dual_clip")
+        if dual is not None and dual <= 1:
+            raise CoatiUsageError(f"--policy_loss_option dual_clip={dual}: the dual clip bounds the loss of a token "
+                                  "with a negative advantage at dual_clip x |A|, and must be above 1 (verl's and the "
+                                  "paper's is 3)")
+
 
 @dataclass(frozen=True)
 class EvalSettings:

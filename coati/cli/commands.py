@@ -108,7 +108,7 @@ def _finish(parser: argparse.ArgumentParser, argv: Optional[List[str]]) -> argpa
     args = _parse(parser, argv)
     with errors_named_as_given(args):
         check_paths(args)
-    args._run_config = run_config_from(args, parser.run_config)
+        args._run_config = run_config_from(args, parser.run_config)
     if _MODE.get() == "check":
         _check_plugin(args.plugin)
         from coati.distributed.memory import check_run_memory

@@ -243,7 +243,7 @@ NOT_USED: Dict[str, str] = {
 OVERLONG = ("reward_model.overlong_buffer.", "reward_model.reward_kwargs.overlong_buffer_cfg.")
 """Where verl's DAPO recipes set the overlong penalty (`enable`, `len`, `penalty_factor`, `log`): coati's
 `--reward_shaping overlong`."""
-CONVERTED = (A + "use_kl_loss", A + "kl_loss_coef", A + "clip_ratio", A + "tau_pos", A + "tau_neg",
+CONVERTED = (A + "use_kl_loss", A + "kl_loss_coef", A + "clip_ratio", A + "clip_ratio_c", A + "tau_pos", A + "tau_neg",
              R + "val_kwargs.do_sample", R + "val_kwargs.n", R + "val_kwargs.temperature", R + "val_kwargs.top_p",
              R + "val_kwargs.top_k",
              "algorithm.adv_estimator", "algorithm.use_kl_in_reward", "algorithm.norm_adv_by_std_in_grpo",
@@ -264,7 +264,7 @@ NOT_USED_UNDER = {
 }
 """verl's sections whose other keys change nothing here, with why (the first prefix that matches)."""
 AT_DEFAULT: Dict[str, Any] = {
-    A + "clip_ratio_c": 3.0, A + "optim.optimizer": "AdamW", A + "optim.optimizer_impl": "torch.optim",
+    A + "optim.optimizer": "AdamW", A + "optim.optimizer_impl": "torch.optim",
     A + "optim.min_lr_ratio": 0.0, A + "optim.num_cycles": 0.5, A + "optim.betas": [0.9, 0.999],
     A + "optim.override_optimizer_config": None, A + "optim.total_training_steps": -1,
     A + "use_prefix_grouper": False, A + "calculate_entropy": False, A + "loss_scale_factor": None,
@@ -481,7 +481,6 @@ def _one_each(settings: List[Tuple[str, Any, str]], command: str, unused: Dict[s
 
 
 AT_DEFAULT_HINTS = {
-    A + "clip_ratio_c": "coati's clipped loss has no dual clip",
     A + "optim.betas": "give --adam_beta1 and --adam_beta2",
     R + "multi_turn.enable": "coati's multi-turn rollouts are --tools (and --max_turns)",
     M + "exclude_modules": "coati's LoRA adapts --lora_target_modules", "data.prompt_key": "name the column prompt",
@@ -531,11 +530,7 @@ def _convert(verl: Mapping[str, Any], command: str, unused: Dict[str, str]) -> L
     if verl.get(A + "clip_ratio") is not None:   # verl's clip_ratio_low and _high, where given, come first
         settings += [(name, verl[A + "clip_ratio"], A + "clip_ratio") for name, own in (
             ("clip_eps_low", A + "clip_ratio_low"), ("clip_eps_high", A + "clip_ratio_high")) if verl.get(own) is None]
-    temperatures = {f"temperature_{key[4:]}": verl[A + key] for key, default in SAPO_TEMPERATURES.items()
-                    if verl.get(A + key, default) != default}
-    if temperatures:   # SAPO's, which coati's sapo takes as options
-        settings.append(("policy_loss_option", [f"{name}={value}" for name, value in temperatures.items()],
-                         A + "tau_pos"))
+    settings += _policy_loss_options(verl, unused)
     if verl.get("algorithm.use_kl_in_reward"):
         raise CoatiUsageError("algorithm.use_kl_in_reward=true: coati puts the KL to the reference in the loss; give "
                               "actor_rollout_ref.actor.use_kl_loss=true and its kl_loss_coef")
@@ -560,6 +555,29 @@ def _convert(verl: Mapping[str, Any], command: str, unused: Dict[str, str]) -> L
     if verl.get("trainer.critic_warmup", 0) and command == "ppo":
         settings.append(("critic_warmup_episodes", verl["trainer.critic_warmup"], "trainer.critic_warmup"))
     return settings
+
+
+def _policy_loss_options(verl: Mapping[str, Any], unused: Dict[str, str]) -> List[Tuple[str, Any, str]]:
+    """The hyperparameters of verl's policy losses as coati's `--policy_loss_option`s, for the loss they belong to:
+    SAPO's temperatures (`tau_pos`, `tau_neg`) and the dual clip (`clip_ratio_c`) of verl's vanilla loss, coati's
+    ppo."""
+    mode = verl.get(A + "policy_loss.loss_mode") or "vanilla"
+    options: Dict[str, Tuple[Any, str]] = {}
+    for key, default in SAPO_TEMPERATURES.items():
+        if verl.get(A + key, default) == default:
+            continue
+        if mode == "sapo":
+            options[f"temperature_{key[4:]}"] = (verl[A + key], A + key)
+        else:
+            unused[A + key] = f"SAPO's temperature, and the loss is verl's {mode}"
+    if verl.get(A + "clip_ratio_c") is not None and mode == "vanilla":
+        options["dual_clip"] = (verl[A + "clip_ratio_c"], A + "clip_ratio_c")
+    elif verl.get(A + "clip_ratio_c") is not None:
+        unused[A + "clip_ratio_c"] = f"the dual clip of verl's vanilla loss, which its {mode} loss does not apply"
+    if not options:
+        return []
+    return [("policy_loss_option", [f"{name}={value}" for name, (value, _) in options.items()],
+             next(iter(options.values()))[1])]
 
 
 ADV_ESTIMATORS = {"grpo": "grpo", "rloo": "rloo", "reinforce_plus_plus": "reinforce_pp"}
@@ -759,6 +777,10 @@ def note_other_defaults(args: argparse.Namespace, verl_keys: Sequence[str], give
     differ = [f"{key} (verl {verl_default}, here --{name} {getattr(args, name)})"
               for name, (key, verl_default) in OTHER_DEFAULTS.items()
               if key not in keys and name not in given and getattr(args, name, verl_default) != verl_default]
+    if A + "clip_ratio_c" not in keys and getattr(args, "policy_loss", None) == "ppo" and \
+            "dual_clip" not in dict(getattr(args, "policy_loss_option", None) or []):
+        differ.append(f"{A}clip_ratio_c (verl's vanilla loss clips at 3.0, here no dual clip: --policy_loss_option "
+                      "dual_clip=3)")
     if differ:
         note_user("coati's defaults where verl's differ, for what this run does not give: " + "; ".join(differ))
 

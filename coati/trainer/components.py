@@ -24,7 +24,8 @@ Metrics = Dict[str, Tuple[float, float]]
 Aggregate = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 POLICY_LOSS_METRICS = {"clip_ratio/region": ("clip_ratio", "clip_ratio/region_mean"), "clip_ratio/low": ("clip_ratio/low_mean",),
-                       "clip_ratio/high": ("clip_ratio/high_mean",), "token_loss": ("loss_per_completion_token",),
+                       "clip_ratio/high": ("clip_ratio/high_mean",), "clip_ratio/dual": ("clip_ratio/dual_mean",),
+                       "token_loss": ("loss_per_completion_token",),
                        "skipped": ("policy_skipped",)}
 """`PolicyLoss` stats -> the logged names of the published GRPO module (the others keep their own)."""
 POLICY_LOSS_MINIMA = {"clip_ratio/low": "clip_ratio/low_min", "behaviour_ratio_min": "behaviour_ratio/min"}

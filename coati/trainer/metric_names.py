@@ -57,7 +57,9 @@ CATALOGUE = (
     Metric("train/loss_per_completion_token", "the policy loss per completion token", ON_POLICY),
     Metric("train/approx_kl", "approximate KL between the old and the current policy over the update", ON_POLICY),
     Metric("train/clip_ratio", "share of tokens whose ratio was clipped", ON_POLICY),
-    Metric("train/clip_ratio/<side>_<stat>", "clipped shares below and above the range, and in the region", ON_POLICY),
+    Metric("train/clip_ratio/<side>_<stat>", "clipped shares below and above the range, in the region, and under "
+                                             "ppo's dual clip (dual_mean, with --policy_loss_option dual_clip)",
+           ON_POLICY),
     Metric("train/policy_entropy", "mean entropy of the policy over completion tokens", ON_POLICY),
     Metric("train/policy_skipped", "update batches skipped because the old log-probs were too far off", ON_POLICY),
     Metric("train/kl", "mean per-token KL to the reference (KTO: its KL estimate)", "GRPO, PPO, KTO"),

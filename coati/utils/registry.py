@@ -224,7 +224,8 @@ BEHAVIOUR_CORRECTIONS: Registry = Registry("behaviour correction", {
 log pi_behaviour of the sampled tokens: how each token's loss is weighted where the samples came from other
 weights or another engine, by the name `--behaviour_correction` takes."""
 POLICY_LOSSES: Registry = Registry("policy loss", {
-    "ppo": Entry(f"{LOSS}:ppo_clip", "token-level clipped ratio"),
+    "ppo": Entry(f"{LOSS}:ppo_clip", "token-level clipped ratio (option dual_clip=C bounds a negative advantage's "
+                                     "loss at C |A|)", ("dual_clip",)),
     "gspo": Entry(f"{LOSS}:gspo_clip", "sequence-level ratio (GSPO; use --clip_eps_low/high ~3e-4/4e-4 and --loss_agg "
                                        "seq-mean-token-mean)"),
     "cispo": Entry(f"{LOSS}:cispo", "truncated, stop-gradient importance weight on every token (cap 1 + "

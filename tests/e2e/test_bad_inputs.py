@@ -314,7 +314,10 @@ CASES = [
     ("sapo_option_not_a_number", lambda p: _grpo(p, "--policy_loss", "sapo", "--policy_loss_option", "temperature_neg=abc"),
      "--policy_loss_option: policy loss 'sapo': option temperature_neg='abc' must be a number above 0"),
     ("policy_loss_unknown_option", lambda p: _ppo(p, "--policy_loss_option", "temperatur_neg=1.1"),
-     "--policy_loss_option: policy loss 'ppo' takes no option 'temperatur_neg'; its options: none"),
+     "--policy_loss_option: policy loss 'ppo' takes no option 'temperatur_neg'; its options: dual_clip"),
+    ("dual_clip_not_above_one", lambda p: _ppo(p, "--policy_loss_option", "dual_clip=0.9"),
+     "--policy_loss_option dual_clip=0.9: the dual clip bounds the loss of a token with a negative advantage at "
+     "dual_clip x |A|, and must be above 1"),
     ("partial_rollouts_without_async", lambda p: _grpo(p, "--partial_rollout_tokens", "4"),
      "--partial_rollout_tokens needs --async_rollout"),
     ("behaviour_correction_unknown_option",

@@ -81,8 +81,8 @@ def test_verls_grpo_command_with_its_parquet_rows_and_reward_function_runs_and_r
     """verl's GRPO quickstart as a verl user writes it (Hydra overrides, parquet rows with `reward_model` and
     `extra_info`, `compute_score` in a file of the working directory): `trainer.n_gpus_per_node=2` launches 2
     processes, 16 prompts a step over 2 ranks = 4 steps for 64 prompts; the reward function sees each row's ground
-    truth, and its other numbers are logged; checkpoints go to verl's checkpoints/PROJECT/EXPERIMENT, and the same
-    command again finds the run finished there."""
+    truth, and its other numbers are logged, as is the dual clip's share (`clip_ratio_c`); checkpoints go to verl's
+    checkpoints/PROJECT/EXPERIMENT, and the same command again finds the run finished there."""
     from datasets import Dataset
 
     rows = [{"data_source": "openai/gsm8k", "ability": "math", "extra_info": {"split": "train", "index": i},
@@ -95,7 +95,7 @@ def test_verls_grpo_command_with_its_parquet_rows_and_reward_function_runs_and_r
                f"actor_rollout_ref.model.path={tiny_assets['model']}",
                "actor_rollout_ref.actor.optim.lr=1e-3", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "actor_rollout_ref.actor.use_kl_loss=True",
-               "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.name=hf", "trainer.n_gpus_per_node=2",
+               "actor_rollout_ref.actor.clip_ratio_c=3.0", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.name=hf", "trainer.n_gpus_per_node=2",
                "trainer.project_name=p", "trainer.experiment_name=e", "trainer.save_freq=2", "trainer.total_epochs=1",
                "custom_reward_function.path=my_reward.py", "--output_dir", "out"]
     first = _run_coati(*command, cwd=tmp_path)
@@ -107,7 +107,7 @@ def test_verls_grpo_command_with_its_parquet_rows_and_reward_function_runs_and_r
     assert len(seen) == 4 * 16 * 2 and all(truth == str(2 * index) for _, truth, index in seen)
     assert {source for source, _, _ in seen} == {"openai/gsm8k"} and len({index for *_, index in seen}) == 64
     records = train_records(tmp_path / "out" / "logs")
-    assert [r["step"] for r in records] == [1, 2, 3, 4] and all("train/rewards/compute_score/length/mean" in r
-                                                                for r in records)
+    assert [r["step"] for r in records] == [1, 2, 3, 4] and all("train/rewards/compute_score/length/mean" in r and
+                                                                "train/clip_ratio/dual_mean" in r for r in records)
     again = _run_coati(*command, cwd=tmp_path)
     assert again.returncode == 0 and "the run is finished" in again.stdout + again.stderr

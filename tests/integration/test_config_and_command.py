@@ -252,10 +252,11 @@ def test_the_command_lines_run_length_overrides_the_files(monkeypatch, tmp_path)
     (["--scale_rewards", "batch"], r"--scale_rewards batch: coati scales by the group's std"),
     (["--bf16", "--fp16"], r"--bf16 and --fp16: choose one precision"),
     (["--lr_scheduler_type", "cosine_with_min_lr"],
-     r"--lr_scheduler cosine_with_min_lr needs --lr_scheduler_option min_lr_rate=... or --lr_scheduler_option "
-     r"min_lr=... \(one of them\)"),
+     r"error: lr_scheduler_type \(--lr_scheduler\) cosine_with_min_lr needs --lr_scheduler_option min_lr_rate=... "
+     r"or --lr_scheduler_option min_lr=... \(one of them\)"),   # named as given, coati's flag beside it
     (["--lr_scheduler", "linear", "--lr_scheduler_kwargs", "min_lr_rate=0.1"],
-     r"--lr_scheduler_option min_lr_rate: not a setting of --lr_scheduler linear \(it takes none\)"),
+     r"lr_scheduler_kwargs \(--lr_scheduler_option\) min_lr_rate: not a setting of --lr_scheduler linear \(it "
+     r"takes none\)"),
     (["--report_to", "none", "wandb"], r"--report_to none wandb: none means no logs; give it alone"),
     (["--per_device_train_batch_size", "6", "--steps_per_generation", "3", "--num_generations", "4"],
      r"--per_device_train_batch_size 6 x --steps_per_generation 3 = 18 completions per rank is not a whole number"),

@@ -402,3 +402,27 @@ def test_held_out_samples_take_their_own_temperature_top_p_and_top_k_else_the_tr
     assert (own.do_sample, own.temperature, own.top_p, own.top_k) == (True, 0.6, 0.7, 0)
     default = held_out_sampling(training, EvalSettings())
     assert (default.do_sample, default.temperature, default.top_p, default.top_k) == (True, 1.0, 0.9, 20)
+
+
+def test_verls_dual_clip_is_ppos_for_its_vanilla_loss_and_named_where_left_out(monkeypatch, capsys):
+    """`clip_ratio_c` is the dual clip of verl's vanilla loss (coati's ppo) and of no other; a run that leaves it out
+    is told verl clips at 3.0; a bound not above 1 is refused naming verl's key."""
+    base = ["actor_rollout_ref.model.path=m", "data.train_files=d", "custom_reward_function.path=r.py"]
+    args = _parse([*base, "actor_rollout_ref.actor.clip_ratio_c=10.0"], monkeypatch, world=1)
+    assert (args.policy_loss, args.policy_loss_option) == ("ppo", [("dual_clip", 10.0)])
+    assert "clip_ratio_c" not in capsys.readouterr().err
+    args = _parse([*base, "actor_rollout_ref.actor.clip_ratio_c=10.0", "actor_rollout_ref.actor.tau_pos=2",
+                   "actor_rollout_ref.actor.policy_loss.loss_mode=gspo"], monkeypatch, world=1)
+    assert (args.policy_loss, args.policy_loss_option) == ("gspo", [])
+    note = capsys.readouterr().err
+    assert "actor_rollout_ref.actor.clip_ratio_c (the dual clip of verl's vanilla loss, which its gspo loss does not " \
+           "apply)" in note and "actor_rollout_ref.actor.tau_pos (SAPO's temperature, and the loss is verl's gspo)" in note
+    _parse(base, monkeypatch, world=1)
+    assert "actor_rollout_ref.actor.clip_ratio_c (verl's vanilla loss clips at 3.0, here no dual clip: " \
+           "--policy_loss_option dual_clip=3)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        _parse([*base, "actor_rollout_ref.actor.clip_ratio_c=1.0"], monkeypatch, world=1)
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        "error: actor_rollout_ref.actor.clip_ratio_c (--policy_loss_option) dual_clip=1.0: the dual clip bounds the "
+        "loss of a token with a negative advantage at dual_clip x |A|, and must be above 1")

@@ -2,6 +2,7 @@
 overlong shaping against hand-computed values, the KL and entropy terms under --loss_agg, a bad name refused with
 the choices, DAPO's dynamic sampling, and an advantage estimator added from outside the package that a GRPO step
 trains with."""
+import json
 import math
 
 import pytest
@@ -12,6 +13,8 @@ from coati.models.loss import PolicyLoss, PolicyLossConfig
 from coati.utils.registry import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, Entry
 from coati.trainer.callbacks import Callback
 from coati.utils.errors import CoatiUsageError
+from coati.utils.metrics_logger import MetricsLogger
+from conftest import unknown_metrics
 from support import grpo_trainer
 
 T = torch.tensor
@@ -77,6 +80,31 @@ def test_sapo_gates_softly_with_the_temperature_of_the_advantage_s_sign():
     on_policy = T([[-1.0, -2.0]]).requires_grad_()
     PolicyLoss(loss="sapo", options={"temperature_pos": 3.0})(on_policy, on_policy.detach(), T([1.0]), mask)[0].backward()
     assert on_policy.grad.tolist() == [pytest.approx([-0.5, -0.5])]   # at r = 1 it is the policy gradient, any tau
+
+
+def test_ppos_dual_clip_bounds_a_negative_advantages_loss_and_leaves_that_token_no_gradient(world_of_one,
+                                                                                           tiny_assets, tmp_path):
+    """-A max(r, clip(r)) for A < 0, at most -c A with dual_clip c (verl's clip_ratio_c): ratios 5, 1, 2 at A = -1
+    lose 3, 1, 2 with c = 3 (5, 1, 2 without); the bounded token has no gradient; A > 0 is not bounded; a GRPO step
+    logs the bounded share under a catalogued name."""
+    old, mask = torch.log(T([[0.2, 1.0, 0.5]])), T([[1.0, 1.0, 1.0]])
+    for options, expected, grads, dual in (({}, 8 / 3, [5 / 3, 1 / 3, 2 / 3], None),
+                                           ({"dual_clip": 3.0}, 2.0, [0.0, 1 / 3, 2 / 3], 1 / 3)):
+        logps = torch.zeros(1, 3, requires_grad=True)
+        loss, stats = PolicyLoss(0.2, options=options)(logps, old, T([-1.0]), mask)
+        assert loss.item() == pytest.approx(expected)
+        loss.backward()
+        assert logps.grad.tolist() == [pytest.approx(grads)]
+        assert (stats["clip_ratio/dual"].item() if dual else stats.get("clip_ratio/dual")) == pytest.approx(dual)
+    loss, stats = PolicyLoss(0.2, options={"dual_clip": 3.0})(torch.zeros(1, 3), old, T([1.0]), mask)
+    assert loss.item() == pytest.approx(-(1.2 + 1.0 + 1.2) / 3) and stats["clip_ratio/dual"].item() == 0.0
+    with pytest.raises(CoatiUsageError, match="policy loss 'gspo' takes no option 'dual_clip'"):
+        PolicyLoss(loss="gspo", options={"dual_clip": 3.0})
+    trainer = grpo_trainer(tiny_assets, policy_loss=PolicyLoss(options={"dual_clip": 3.0}))
+    trainer.fit(num_episodes=1, num_collect_steps=1, num_update_steps=1,
+                metrics_logger=MetricsLogger(str(tmp_path / "logs")))
+    logged = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert "train/clip_ratio/dual_mean" in logged[-1] and not unknown_metrics(logged)
 
 
 def test_kl_and_entropy_terms_follow_the_loss_aggregation():
