@@ -73,6 +73,12 @@ class ModelSettings:
                                                   "eos_token, e.g. <|im_end|> for a base model with a chat template): "
                                                   "the tokenizer's EOS in the data, generation and the saved tokenizer "
                                                   "(default: its own)")
+    chat_template: Optional[str] = setting(
+        None, metavar="FILE_OR_DIR", aliases=("--chat_template_path",),
+        help="the chat template used instead of the tokenizer's, for the data, the rollouts and the saved tokenizer "
+             "(TRL's chat_template_path): a Jinja file, or a tokenizer folder or HF id whose template and EOS are "
+             "taken; e.g. an instruct template for a base model, or the fix for a template that rewrites earlier "
+             "turns in multi-turn rollouts")
     trust_remote_code: bool = setting(False, help="allow custom modelling code shipped with the model")
     grad_checkpoint: bool = setting(False, aliases=("--gradient_checkpointing",), help="recompute activations in backward to save memory")
     use_flash_attn: bool = setting(False, help="FlashAttention-2 where CUDA and flash-attn are there (else a warning "
@@ -925,10 +931,6 @@ class AgentSettings:
     malformed_tool_penalty: float = setting(0.0, parse=non_negative(),
                                             help="subtracted from the reward per malformed tool call (logged as "
                                                  "rewards/environment)")
-    chat_template: Optional[str] = setting(None, parse=readable_file, metavar="FILE",
-                                           help="a Jinja chat template used instead of the tokenizer's for multi-turn "
-                                                "rollouts, the check and the exported tokenizer: the fix for a template "
-                                                "that rewrites earlier turns (e.g. one that keeps earlier reasoning)")
     agent: Optional[str] = setting(None, parse=AGENTS.choice(),
                                    help="package.module:function, an agent program run as each rollout: called as "
                                         "agent(base_url, row) with an OpenAI-compatible endpoint local to the run, it "

@@ -172,6 +172,11 @@ def flat_settings(parser: argparse.ArgumentParser, values: Mapping[str, Any], so
     return flat
 
 
+MOVED_SETTINGS = {("multi_turn", "chat_template")}
+"""(section, key) of settings that have moved to another section since run configs were saved with them (GRPO's
+chat template is the model's since 2026-12-02): still read from there."""
+
+
 def _section_settings(section: str, value: Any, owners: Dict[str, str], actions: Dict[str, argparse.Action],
                       source: str) -> List[tuple]:
     """The (key, value, where) of one section's mapping; an empty section is none."""
@@ -187,7 +192,7 @@ def _section_settings(section: str, value: Any, owners: Dict[str, str], actions:
         sub = str(sub)
         action = actions.get(sub.lstrip("-"))
         owner = owners.get(action.dest) if action is not None else None
-        if owner is not None and owner != section:
+        if owner is not None and owner != section and (section, sub) not in MOVED_SETTINGS:
             raise CoatiUsageError(f"{source}: {section}.{sub} is a setting of section {owner!r}, not "
                                   f"{section!r}; move it there (or to the top level)")
         if action is not None and owner is None and section != COLOSSALCHAT_SECTION:

@@ -30,8 +30,27 @@ def resolve_model_flags(args: argparse.Namespace) -> None:
     for name in (*MODEL_FLAGS, "tokenizer_dir", "teacher_model", "prm_pretrain"):
         if getattr(args, name, None):
             setattr(args, name, resolve_model_dir(getattr(args, name), f"--{name}"))
+    template = getattr(args, "chat_template", None)
+    if template and not template.endswith(JINJA_SUFFIXES) and not Path(template).is_file():   # a tokenizer's
+        args.chat_template = resolve_model_dir(template, "--chat_template")
     if getattr(args, "rm_checkpoint_path", None):
         args.rm_pretrain = checkpoint_model_dir(args.rm_checkpoint_path, "--rm_checkpoint_path")
+
+
+JINJA_SUFFIXES = (".jinja", ".j2")
+"""How a Jinja chat template file's name ends (never a Hugging Face id)."""
+
+
+def check_chat_template(template: Optional[str]) -> None:
+    """--chat_template names a readable file (its text is the template) or a folder holding a tokenizer."""
+    if not template or Path(template).is_file() and os.access(template, os.R_OK):
+        return
+    folder = Path(template)
+    if not folder.is_dir():
+        raise CoatiUsageError(f"--chat_template {template}: neither a readable Jinja file nor a tokenizer folder")
+    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        raise CoatiUsageError(f"--chat_template {template} is a folder with no tokenizer in it (no tokenizer.json or "
+                              "tokenizer_config.json)")
 
 
 def checkpoint_model_dir(path: str, flag: str) -> str:
@@ -59,6 +78,7 @@ def check_paths(args: argparse.Namespace) -> Dict[str, dict]:
     tokenizer = getattr(args, "tokenizer_dir", None)
     if tokenizer and not Path(tokenizer).is_dir():
         raise CoatiUsageError(f"--tokenizer_dir {tokenizer} does not exist or is not a directory")
+    check_chat_template(getattr(args, "chat_template", None))
     for name in DATA_FLAGS:
         if getattr(args, name, None):
             setattr(args, name, [resolve_dataset_id(path, _data_flag(args, name)) for path in getattr(args, name)])
@@ -153,7 +173,7 @@ def prepare_raw_data(args: argparse.Namespace) -> None:
         try:
             return str(prepared(inputs, RAW_DATA_FLAGS[name] or data_type, tokenizer, tokenizer_dir,
                                 args.max_length or PREPARE_MAX_LENGTH, args.prepared_cache_dir,
-                                DataPart(split_name, subset), images))
+                                DataPart(split_name, subset), images, not getattr(args, "chat_template", None)))
         except CoatiUsageError as error:
             raise CoatiUsageError(f"{_data_flag(args, name)}: {error}") from None
 
@@ -170,11 +190,12 @@ def prepare_raw_data(args: argparse.Namespace) -> None:
 
 
 def run_tokenizer(args: argparse.Namespace) -> "PreTrainedTokenizerBase":
-    """The run's tokenizer: --tokenizer_dir's (else --pretrain's), with TRL's --eos_token where given."""
+    """The run's tokenizer: --tokenizer_dir's (else --pretrain's), with --chat_template's template and TRL's
+    --eos_token where given."""
     from coati.dataset.tokenization import load_tokenizer
 
     return load_tokenizer(args.tokenizer_dir or args.pretrain, args.trust_remote_code,
-                          eos_token=getattr(args, "eos_token", None))
+                          eos_token=getattr(args, "eos_token", None), chat_template=getattr(args, "chat_template", None))
 
 
 def image_limits(args: argparse.Namespace) -> "ImageLimits":

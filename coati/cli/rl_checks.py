@@ -22,7 +22,7 @@ from coati.utils.errors import CoatiUsageError, warn_user
 from coati.trainer.onpolicy import OLTrainer
 
 from .rl_parts import (adapter_sync_blocker, chat_tokens, check_model_source, has_teacher, health_monitor,
-                       policy_loss, reward_fn, with_template)
+                       policy_loss, reward_fn)
 from .preflight import run_tokenizer
 from .runner import check_model_kind
 
@@ -57,7 +57,7 @@ def check_agent(args: argparse.Namespace) -> None:
     appending, and the prompt rows are conversations whose own `tools` name tools `--tools` implements."""
     if not (args.tools or args.agent):
         return
-    tokenizer = with_template(args, run_tokenizer(args))
+    tokenizer = run_tokenizer(args)
     check_appending(chat_tokens(args, tokenizer))
     tools = resolve_tools(args.tools)
     for flag, paths in (("--prompt_dataset", args.dataset), ("--eval_dataset", args.eval_dataset)):

@@ -259,19 +259,12 @@ def step_scorer(args: argparse.Namespace, setup: Any, tokenizer: Any) -> Optiona
 
 
 def chat_tokens(args: argparse.Namespace, tokenizer: Any, images: Optional[ImageProcessing] = None) -> ChatTokens:
-    """How multi-turn episodes render and tokenize: `tokenizer`'s chat template (`with_template` has put
+    """How multi-turn episodes render and tokenize: `tokenizer`'s chat template (`run_tokenizer` has put
     `--chat_template`'s there) with `--tools`' schemas, and `images`, a vision-language model's processor for the
     prompts' images."""
     name = (f"the chat template {args.chat_template}" if args.chat_template
             else f"the chat template of {args.tokenizer_dir or args.pretrain}")
     return ChatTokens(tokenizer, stop_ids(args, tokenizer), tool_schemas(resolve_tools(args.tools)), name, images)
-
-
-def with_template(args: argparse.Namespace, tokenizer: Any) -> Any:
-    """`tokenizer`, its chat template replaced by `--chat_template`'s where given."""
-    if args.chat_template:
-        tokenizer.chat_template = Path(args.chat_template).read_text()
-    return tokenizer
 
 
 def workflow(args: argparse.Namespace, maker: Any, prompt_rows: PromptRows) -> RolloutWorkflow:

@@ -44,7 +44,7 @@ from .runner import (_require_dir, build_dataloader, build_held_out_dataloader, 
 
 from .rl_checks import check_on_policy_flags, check_run
 from .rl_parts import (distillation, health_monitor, kl_controller, policy_loss, ptx_loader, rollout_side, scorer,
-                       step_scorer, stop_ids, vllm_pool, with_template, workflow)
+                       step_scorer, stop_ids, vllm_pool, workflow)
 
 
 def _total_steps(args: argparse.Namespace) -> int:
@@ -88,7 +88,6 @@ def _run(args: argparse.Namespace, build: Callable[..., OLTrainer], callbacks: S
     """Prompts, actor, reference and engine; `build(args, setup, ...)` makes the trainer; then resume,
     fit, the held-out results and the export (None: the run resumed is finished, `finished_run`)."""
     setup, coordinator, tokenizer = start_run(args, check_run)
-    tokenizer = with_template(args, tokenizer)
     images = load_images(args, tokenizer)
     saved_tokenizer = tokenizer_to_save(tokenizer, images)
     collator = PromptRows(args.max_length, images)

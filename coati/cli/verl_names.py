@@ -485,7 +485,7 @@ AT_DEFAULT_HINTS = {
     R + "multi_turn.enable": "coati's multi-turn rollouts are --tools (and --max_turns)",
     M + "exclude_modules": "coati's LoRA adapts --lora_target_modules", "data.prompt_key": "name the column prompt",
     "data.reward_fn_key": "name the column data_source", "data.train_max_samples": "coati trains on every row",
-    M + "custom_chat_template": "set the tokenizer's chat template in its folder",
+    M + "custom_chat_template": "write the template to a file and give --chat_template FILE",
 }
 """What to do instead, for the keys of `AT_DEFAULT` given another value."""
 

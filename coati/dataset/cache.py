@@ -91,17 +91,18 @@ TRL `margin`)."""
 
 def cache_key(inputs: Sequence[str], data_type: str, tokenizer_dir: str, max_length: int,
               part: Optional["DataPart"] = None, image_limits: Optional[Dict[str, int]] = None,
-              eos_token: Optional[str] = None) -> str:
+              eos_token: Optional[str] = None, chat_template: Optional[str] = None) -> str:
     """A name for the prepared form of `inputs`' `part` (a `coati.dataset.prepare.DataPart`: split and
     configuration): their content (the files of a folder given, its images among them), the data type, the
-    tokenizer's files and EOS (--eos_token), `max_length` and a vision-language model's pixel limits."""
+    tokenizer's files, EOS (--eos_token) and a chat template given in place of its own (--chat_template),
+    `max_length` and a vision-language model's pixel limits."""
     split, subset = (part.split, part.subset) if part is not None else (None, None)
     content = [f.relative_to(Path(i)).as_posix().encode() + f.read_bytes() if Path(i).is_dir() else f.read_bytes()
                for i in inputs for f in _files(Path(i))]
     tokenizer = [name.encode() + (Path(tokenizer_dir) / name).read_bytes() for name in TOKENIZER_FILES
                  if (Path(tokenizer_dir) / name).is_file()]
     settings = json.dumps({"type": data_type, "max_length": max_length, "split": split, "format": PREPARED_FORMAT,
-                           "eos": eos_token,
+                           "eos": eos_token, **({"chat_template": chat_template} if chat_template else {}),
                            **({"image_limits": image_limits} if image_limits else {}),
                            **({"subset": subset} if subset else {})}).encode()
     return f"{data_type}-{_digest([*content, *tokenizer, settings])}"
@@ -139,17 +140,19 @@ def _cached(entry: Path, make) -> Path:
 
 
 def prepared(inputs: Sequence[str], data_type: str, tokenizer, tokenizer_dir: str, max_length: int,
-             cache_dir: Optional[str] = None, part: Optional["DataPart"] = None, images: Any = None) -> Path:
+             cache_dir: Optional[str] = None, part: Optional["DataPart"] = None, images: Any = None,
+             own_template: bool = True) -> Path:
     """The prepared dataset of the raw `inputs`' `part` (a `coati.dataset.prepare.DataPart`, None: the whole;
     `coati.dataset.prepare.load_rows`), from the cache or made now (printing what was kept); `images`, a
-    vision-language model's `ImageProcessing`."""
+    vision-language model's `ImageProcessing`; `own_template` False where `tokenizer`'s chat template is not its
+    folder's (--chat_template)."""
     from coati.dataset.prepare import DataPart, prepare_dataset, truncation_summary
 
     part = part or DataPart()
 
     limits = images.limits.as_info() if images is not None else None
     entry = cache_root(cache_dir) / cache_key(inputs, data_type, tokenizer_dir, max_length, part, limits,
-                                              tokenizer.eos_token)
+                                              tokenizer.eos_token, None if own_template else tokenizer.chat_template)
 
     def make(folder: Path) -> None:
         counts = prepare_dataset(list(inputs), data_type, tokenizer, max_length, folder, part=part, images=images)

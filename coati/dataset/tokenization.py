@@ -14,10 +14,11 @@ IGNORE_INDEX = -100
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False, template_config: Optional[str] = None,
-                   eos_token: Optional[str] = None) -> PreTrainedTokenizerBase:
+                   eos_token: Optional[str] = None, chat_template: Optional[str] = None) -> PreTrainedTokenizerBase:
     """The tokenizer in `path` (EOS standing in for a missing pad token), with the chat template (where the
     JSON `template_config` has one; the tokenizer's own otherwise, as in ColossalChat, or its folder's processor's) and the optional
-    end-of-turn token of `template_config` when given; `eos_token` (TRL's), a token of its vocabulary, as its EOS."""
+    end-of-turn token of `template_config` when given; `chat_template` (TRL's chat_template_path, `take_chat_template`)
+    replaces the template; `eos_token` (TRL's), a token of its vocabulary, as its EOS."""
     if not Path(path).is_dir():
         raise CoatiUsageError(f"tokenizer directory {path} does not exist or is not a directory")
     config = _template_config(template_config)
@@ -33,6 +34,8 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, template_config: 
         tokenizer.chat_template = config.get("chat_template") or tokenizer.chat_template
         if config.get("end_of_turn_token"):
             tokenizer.eos_token = config["end_of_turn_token"]
+    if chat_template:
+        take_chat_template(tokenizer, chat_template, trust_remote_code)
     if eos_token:
         if eos_token not in tokenizer.get_vocab():
             raise CoatiUsageError(f"--eos_token {eos_token!r} is not a token of the tokenizer in {path}")
@@ -42,6 +45,33 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, template_config: 
     if config is not None:
         _check_template(tokenizer, template_config)
     return tokenizer
+
+
+def take_chat_template(tokenizer: PreTrainedTokenizerBase, source: str, trust_remote_code: bool = False) -> None:
+    """`tokenizer`'s chat template from `source`, as TRL's chat_template_path sets it: a Jinja file's text, or a
+    tokenizer folder's template and its EOS. TRL adds the folder's tokens that `tokenizer` lacks and resizes the
+    model's embeddings; here such a folder is refused, naming them, since a resized model is no longer the one given."""
+    if Path(source).is_file():
+        tokenizer.chat_template = Path(source).read_text()
+        return
+    try:
+        other = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as error:
+        raise CoatiUsageError(f"--chat_template {source}: no tokenizer could be loaded there ({first_line(error)})") \
+            from None
+    template = other.chat_template or processor_chat_template(Path(source))
+    if not isinstance(template, str):
+        raise CoatiUsageError(f"--chat_template {source}: its tokenizer has no chat template")
+    vocabulary = tokenizer.get_vocab()
+    missing = [token.content for token in other.added_tokens_decoder.values() if token.content not in vocabulary]
+    if missing:
+        raise CoatiUsageError(f"--chat_template {source}: this tokenizer lacks {len(missing)} of its tokens "
+                              f"({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}); taking them would "
+                              "resize the model's embeddings, which coati does not do: give a Jinja file of a template "
+                              "written in this tokenizer's tokens")
+    tokenizer.chat_template = template
+    if other.eos_token:
+        tokenizer.eos_token = other.eos_token
 
 
 def processor_chat_template(folder: Path) -> Optional[str]:

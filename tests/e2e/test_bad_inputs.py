@@ -224,7 +224,7 @@ CASES = [
                                                                   "--reward_fn", "math_answer"]),
      "does not render a conversation by appending turns"),
     ("chat_template_missing", lambda p: _grpo(p, "--tools", "calculator", "--chat_template", p["empty"] + "/none.jinja"),
-     "--chat_template: "),
+     "none.jinja: neither a readable Jinja file nor a tokenizer folder"),
     ("tools_column_names_an_unknown_tool", lambda p: _grpo(p, "--tools", "calculator", "--prompt_dataset",
                                                             p["prompts_unknown_tool"]),
      "--prompt_dataset row 0: the row's tools name 'search', which --tools does not implement (calculator)"),
