@@ -498,10 +498,16 @@ class GRPOConfig(RolloutConfig):
         (), nargs="+", parse=REWARD_SHAPERS.choice(),
         help=REWARD_SHAPERS.describe("reward shapers added to each completion's reward"))
     shaping: ShapingConfig = nested(ShapingConfig)
+    kl_in_reward: bool = setting(False, help="the KL to the reference in each completion's reward instead of the loss: "
+                                             "its per-token KL summed, times --kl_coef, subtracted before the "
+                                             "advantages (verl's algorithm.use_kl_in_reward, OpenRLHF's REINFORCE++)")
 
     def check(self, run: Any) -> None:
         """The overlong penalty's buffer lies within the completion limit; step scores go with the process
-        estimator, and it with them."""
+        estimator, and it with them; the KL in the reward has a weight."""
+        if self.kl_in_reward and run.kl.kl_coef <= 0:
+            raise CoatiUsageError("--kl_in_reward subtracts --kl_coef times each completion's KL to the reference from "
+                                  "its reward: give --kl_coef above 0")
         if "overlong" in self.reward_shaping and self.shaping.overlong_buffer > self.sampling.max_new_tokens:
             raise CoatiUsageError(f"--overlong_buffer_len {self.shaping.overlong_buffer} must be at most "
                                   f"--max_new_tokens {self.sampling.max_new_tokens}: the penalty grows over the last "

@@ -154,15 +154,16 @@ def _build_grpo(args, setup, tokenizer, actor, optimizer, scheduler, engine, ref
     config = _rollout_config(args)
     temperature = (TemperatureController(args.maxent_tau, args.maxent_target_entropy, args.maxent_tau_lr)
                    if args.adv_estimator == "maxent" else None)
+    kl = kl_controller(args)
     maker = GRPOExperienceMaker(actor, engine, scorer(args, tokenizer, config), config, reference,
                                 temperature=temperature, teacher=distillation(args, setup, tokenizer, kwargs),
-                                step_scorer=step_scorer(args, setup, tokenizer))
+                                step_scorer=step_scorer(args, setup, tokenizer), kl_controller=kl)
     kwargs["workflow"] = workflow(args, maker, prompts.collate_fn)
     if args.async_rollout:
         kwargs["source"] = AsyncRollouts(maker, actor, len(prompts.dataset),
                                          **rollout_side(args, maker, kwargs["workflow"], prompts.collate_fn))
-    return GRPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler,
-                       kl_controller=kl_controller(args), **kwargs)
+    return GRPOTrainer(actor, optimizer, setup.booster, maker, prompts, lr_scheduler=scheduler, kl_controller=kl,
+                       **kwargs)
 
 
 def run_grpo(args: argparse.Namespace, callbacks: Sequence[Callback] = ()) -> Optional[GRPOTrainer]:

@@ -79,7 +79,7 @@ def _named(names: Dict[str, str], key: str) -> Callable[[Any], Any]:
 SAPO_TEMPERATURES = {"tau_pos": 1.0, "tau_neg": 1.05}
 """verl's SAPO temperatures and their defaults (coati's sapo's too): `--policy_loss_option temperature_pos=...`."""
 KL_ESTIMATORS = {"kl": "k1", "k1": "k1", "mse": "k2", "k2": "k2", "low_var_kl": "k3", "k3": "k3"}
-"""verl's `kl_loss_type` -> coati's `--kl_estimator`."""
+"""verl's `kl_loss_type` and `kl_penalty` -> coati's `--kl_estimator`."""
 TAKEN: Dict[str, Tuple[str, Callable[[Any], Any]]] = {
     "data.train_files": ("prompt_dataset", _path),
     "data.val_files": ("eval_dataset", _path),
@@ -109,7 +109,6 @@ TAKEN: Dict[str, Tuple[str, Callable[[Any], Any]]] = {
                                                                       "seq-mean-token-sum-norm")},
                                              A + "loss_agg_mode")),
     A + "entropy_coeff": ("entropy_coef", _same),
-    A + "kl_loss_type": ("kl_estimator", _named(KL_ESTIMATORS, A + "kl_loss_type")),
     A + "ppo_epochs": ("num_update_steps", _same),
     A + "policy_loss.loss_mode": ("policy_loss", _named({"vanilla": "ppo", "gspo": "gspo", "cispo": "cispo",
                                                          "sapo": "sapo"}, A + "policy_loss.loss_mode")),
@@ -243,7 +242,7 @@ NOT_USED: Dict[str, str] = {
 OVERLONG = ("reward_model.overlong_buffer.", "reward_model.reward_kwargs.overlong_buffer_cfg.")
 """Where verl's DAPO recipes set the overlong penalty (`enable`, `len`, `penalty_factor`, `log`): coati's
 `--reward_shaping overlong`."""
-CONVERTED = (A + "use_kl_loss", A + "kl_loss_coef", A + "clip_ratio", A + "clip_ratio_c", A + "tau_pos", A + "tau_neg",
+CONVERTED = (A + "use_kl_loss", A + "kl_loss_coef", A + "kl_loss_type", A + "clip_ratio", A + "clip_ratio_c", A + "tau_pos", A + "tau_neg",
              R + "val_kwargs.do_sample", R + "val_kwargs.n", R + "val_kwargs.temperature", R + "val_kwargs.top_p",
              R + "val_kwargs.top_k",
              "algorithm.adv_estimator", "algorithm.use_kl_in_reward", "algorithm.norm_adv_by_std_in_grpo",
@@ -523,19 +522,11 @@ def _reason(key: str) -> Optional[str]:
 def _convert(verl: Mapping[str, Any], command: str, unused: Dict[str, str]) -> List[Tuple[str, Any, str]]:
     """The settings that come from several of verl's keys, or from one with a meaning of its own: the KL, the reward
     function, checkpoints and resuming, the logger, the advantage's scaling, the critic's warm-up."""
-    settings: List[Tuple[str, Any, str]] = []
-    if A + "use_kl_loss" in verl or A + "kl_loss_coef" in verl:   # verl adds the KL loss only with use_kl_loss
-        coef = verl.get(A + "kl_loss_coef", 0.001) if verl.get(A + "use_kl_loss") else 0.0
-        settings.append(("kl_coef", coef, A + "use_kl_loss"))
+    settings: List[Tuple[str, Any, str]] = _kl(verl, command, unused)
     if verl.get(A + "clip_ratio") is not None:   # verl's clip_ratio_low and _high, where given, come first
         settings += [(name, verl[A + "clip_ratio"], A + "clip_ratio") for name, own in (
             ("clip_eps_low", A + "clip_ratio_low"), ("clip_eps_high", A + "clip_ratio_high")) if verl.get(own) is None]
     settings += _policy_loss_options(verl, unused)
-    if verl.get("algorithm.use_kl_in_reward"):
-        raise CoatiUsageError("algorithm.use_kl_in_reward=true: coati puts the KL to the reference in the loss; give "
-                              "actor_rollout_ref.actor.use_kl_loss=true and its kl_loss_coef")
-    for key in [k for k in verl if k.startswith("algorithm.kl_ctrl.") or k == "algorithm.kl_penalty"]:
-        unused[key] = "the KL in the reward (algorithm.use_kl_in_reward), which coati puts in the loss"
     correction = [k for k in verl if k.startswith("algorithm.rollout_correction.") and
                   k.endswith(("rollout_is", "rollout_rs")) and verl[k] is not None]
     if correction:
@@ -555,6 +546,41 @@ def _convert(verl: Mapping[str, Any], command: str, unused: Dict[str, str]) -> L
     if verl.get("trainer.critic_warmup", 0) and command == "ppo":
         settings.append(("critic_warmup_episodes", verl["trainer.critic_warmup"], "trainer.critic_warmup"))
     return settings
+
+
+def _kl(verl: Mapping[str, Any], command: str, unused: Dict[str, str]) -> List[Tuple[str, Any, str]]:
+    """verl's KL to the reference: in the actor's loss (`use_kl_loss`, `kl_loss_coef`, `kl_loss_type`), or in the
+    reward (`algorithm.use_kl_in_reward`, `kl_ctrl.kl_coef`, `kl_penalty`), at most one of them. coati's GRPO has
+    both places (`--kl_in_reward`), its PPO the reward alone. verl's adaptive controller aims at a per-token mean KL,
+    coati's `--kl_target` at a completion's summed KL, so it is refused."""
+    in_loss, in_reward = bool(verl.get(A + "use_kl_loss")), bool(verl.get("algorithm.use_kl_in_reward"))
+    loss_keys, reward_keys = (A + "kl_loss_coef", A + "kl_loss_type"), ("algorithm.kl_penalty", "algorithm.kl_ctrl.")
+    if in_loss and in_reward:
+        raise CoatiUsageError(f"{A}use_kl_loss=true and algorithm.use_kl_in_reward=true: coati puts the KL to the "
+                              "reference in one place; keep one")
+    if in_loss and command == "ppo":
+        raise CoatiUsageError(f"{A}use_kl_loss=true: coati's PPO puts the KL to the reference in the reward; give "
+                              "algorithm.use_kl_in_reward=true and its algorithm.kl_ctrl.kl_coef")
+    for keys, used, why in ((loss_keys, in_loss, "the KL loss's, and actor.use_kl_loss is off"),
+                            (reward_keys, in_reward, "the KL in the reward's, and algorithm.use_kl_in_reward is off")):
+        unused.update({key: why for key in verl if key.startswith(keys) and not used})
+    if not in_reward:
+        settings = [("kl_estimator", _named(KL_ESTIMATORS, A + "kl_loss_type")(verl[A + "kl_loss_type"]),
+                     A + "kl_loss_type")] if A + "kl_loss_type" in verl and in_loss else []
+        if A + "use_kl_loss" in verl or A + "kl_loss_coef" in verl:   # verl adds the KL loss only with use_kl_loss
+            settings.append(("kl_coef", verl.get(A + "kl_loss_coef", 0.001) if in_loss else 0.0, A + "use_kl_loss"))
+        return settings
+    if verl.get("algorithm.kl_ctrl.type", "fixed") != "fixed":
+        raise CoatiUsageError(f"algorithm.kl_ctrl.type={verl['algorithm.kl_ctrl.type']}: verl's adaptive KL aims at a "
+                              "per-token mean KL, coati's at a completion's summed KL: give --kl_target in coati's "
+                              "sense (and --kl_horizon)")
+    for key in ("algorithm.kl_ctrl.target_kl", "algorithm.kl_ctrl.horizon"):
+        if key in verl:
+            unused[key] = "verl's adaptive KL's, and algorithm.kl_ctrl.type is fixed"
+    settings = [("kl_coef", verl.get("algorithm.kl_ctrl.kl_coef", 0.001), "algorithm.kl_ctrl.kl_coef"),
+                ("kl_estimator", _named(KL_ESTIMATORS, "algorithm.kl_penalty")(verl.get("algorithm.kl_penalty", "kl")),
+                 "algorithm.kl_penalty")]
+    return settings + ([("kl_in_reward", True, "algorithm.use_kl_in_reward")] if command == "grpo" else [])
 
 
 def _policy_loss_options(verl: Mapping[str, Any], unused: Dict[str, str]) -> List[Tuple[str, Any, str]]:

@@ -290,15 +290,19 @@ class GRPOExperienceMaker(ExperienceMaker):
     critic), by the `advantage_estimator` of `ADVANTAGE_ESTIMATORS` (`maxent` at the temperature of `temperature`).
     Groups whose rewards all tie carry no signal: with `drop_tied_groups` or `dynamic_sampling` (whose rollout
     source replaces them by groups of new prompts where it can) those left stay in the batch (every rank steps
-    alike) but are masked out of the loss."""
+    alike) but are masked out of the loss. With `kl_in_reward`, `kl_controller`'s beta times each completion's
+    summed KL to the reference is subtracted from its reward before the advantages (the logged rewards stay the
+    scores)."""
 
     config: GRPOConfig
 
-    def __init__(self, *args: Any, temperature: Optional[TemperatureController] = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, temperature: Optional[TemperatureController] = None,
+                 kl_controller: Optional[KLController] = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if self.config.advantage_estimator == "maxent" and temperature is None:
             temperature = TemperatureController()
         self.temperature = temperature
+        self.kl_controller = kl_controller or KLController.from_settings(KL_DEFAULTS)
         self.advantage_estimator = ADVANTAGE_ESTIMATORS.get(self.config.advantage_estimator)
 
     @property
@@ -324,7 +328,10 @@ class GRPOExperienceMaker(ExperienceMaker):
             lengths = through_last(experience.action_mask.bool()).sum(-1)
             rewards = shape_rewards(raw, experience.reward_components, lengths, config.reward_shaping,
                                     config.shaping.resolved(config.sampling.max_new_tokens))
-        advantages = self.advantage_estimator(rewards, self.advantage_config(experience))
+        scored = rewards
+        if config.kl_in_reward and experience.kl is not None:
+            scored = rewards - self.kl_controller.value * experience.kl.sum(-1)
+        advantages = self.advantage_estimator(scored, self.advantage_config(experience))
         loss_mask = experience.action_mask.clone()
         if config.drop_tied_groups or config.dynamic_sampling:
             loss_mask[tied_groups(raw, config.num_generations)] = False

@@ -11,16 +11,20 @@ from .onpolicy import OLTrainer
 class GRPOTrainer(OLTrainer):
     """`OLTrainer` with GRPO's experience (groups of `num_generations` completions per prompt, advantages from
     each group's rewards) and, with a KL weight beta > 0, beta times the KL to the reference (the maker's k1/k2/k3
-    estimator) added to the loss. beta is `kl_controller`'s (default: none, 0); it and the maker's MaxEnt
-    temperature, when they adapt, move after every episode. Asynchronous GRPO is this trainer with an
-    `AsyncRollouts` source. Takes `OLTrainer`'s arguments."""
+    estimator) added to the loss. beta is `kl_controller`'s (default: none, 0); with the maker's `kl_in_reward`,
+    the KL is in the rewards instead, weighted by the maker's controller. It and the maker's MaxEnt temperature,
+    when they adapt, move after every episode. Asynchronous GRPO is this trainer with an `AsyncRollouts` source.
+    Takes `OLTrainer`'s arguments."""
 
     maker: GRPOExperienceMaker
 
     def __init__(self, *args: Any, kl_controller: Optional[KLController] = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.kl_controller = kl_controller or KLController.from_settings(KL_DEFAULTS)
-        self.loss_terms.insert(0, KLTerm(self.kl_controller, self.maker.config.kl_estimator))
+        if self.maker.config.kl_in_reward:
+            self.kl_controller = self.maker.kl_controller
+        else:
+            self.kl_controller = kl_controller or KLController.from_settings(KL_DEFAULTS)
+            self.loss_terms.insert(0, KLTerm(self.kl_controller, self.maker.config.kl_estimator))
         if self.kl_controller.target > 0:
             self._adapt("kl_ctl", self.kl_controller)
         if self.maker.temperature is not None:

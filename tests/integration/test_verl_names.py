@@ -144,8 +144,14 @@ def test_a_verl_config_file_in_its_sections_beside_coatis_own(monkeypatch, tmp_p
     (["data.prompt_key=question"], "data.prompt_key=question: coati runs as verl's default 'prompt' and has no "
                                    "setting for it (name the column prompt)"),
     (["actor_rollout_ref.rollout.n=1"], "argument actor_rollout_ref.rollout.n (--num_generations): must be >= 2"),
-    (["algorithm.use_kl_in_reward=True"], "algorithm.use_kl_in_reward=true: coati puts the KL to the reference in the "
-                                          "loss"),
+    (["algorithm.use_kl_in_reward=True", "actor_rollout_ref.actor.use_kl_loss=True"],
+     "actor_rollout_ref.actor.use_kl_loss=true and algorithm.use_kl_in_reward=true: coati puts the KL to the reference "
+     "in one place; keep one"),
+    (["algorithm.use_kl_in_reward=True", "algorithm.kl_ctrl.type=adaptive"],
+     "algorithm.kl_ctrl.type=adaptive: verl's adaptive KL aims at a per-token mean KL, coati's at a completion's "
+     "summed KL"),
+    (["algorithm.use_kl_in_reward=True", "algorithm.kl_penalty=full"], "algorithm.kl_penalty=full has no counterpart "
+                                                                       "here; coati takes kl, k1, mse"),
     (["actor_rollout_ref.actor.optim.lr_warmup_steps=10", "--warmup_steps", "3"], "--warmup_steps and "
      "actor_rollout_ref.actor.optim.lr_warmup_steps both set the warm-up; give one"),
     (["data.train_batch_size=6"], "data.train_batch_size=6 prompts is not a whole number for each of the 4 "
@@ -426,3 +432,29 @@ def test_verls_dual_clip_is_ppos_for_its_vanilla_loss_and_named_where_left_out(m
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
         "error: actor_rollout_ref.actor.clip_ratio_c (--policy_loss_option) dual_clip=1.0: the dual clip bounds the "
         "loss of a token with a negative advantage at dual_clip x |A|, and must be above 1")
+
+
+def test_verls_kl_in_the_reward_is_grpos_kl_in_reward_and_ppos_own(monkeypatch, capsys):
+    """verl's RLOO example (`use_kl_in_reward=True`, `kl_ctrl.kl_coef`, `kl_penalty=kl`) is GRPO's --kl_in_reward at
+    that weight with the k1 estimator, the KL loss's keys noted; under `coati ppo` the reward is where the KL goes
+    anyway, and verl's KL loss is refused there."""
+    base = ["actor_rollout_ref.model.path=m", "data.train_files=d", "custom_reward_function.path=r.py"]
+    rloo = ["algorithm.adv_estimator=rloo", "algorithm.use_kl_in_reward=True", "algorithm.kl_penalty=kl",
+            "algorithm.kl_ctrl.kl_coef=0.001", "actor_rollout_ref.actor.use_kl_loss=False",
+            "actor_rollout_ref.actor.kl_loss_coef=0.01", "actor_rollout_ref.actor.kl_loss_type=low_var_kl"]
+    args = _parse([*base, *rloo], monkeypatch, world=1)
+    assert (args.adv_estimator, args.kl_in_reward, args.kl_coef, args.kl_estimator) == ("rloo", True, 0.001, "k1")
+    assert "actor_rollout_ref.actor.kl_loss_type (the KL loss's, and actor.use_kl_loss is off)" in \
+        capsys.readouterr().err
+    args = _parse([*base, "algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=True",
+                   "algorithm.kl_ctrl.kl_coef=0.05", "algorithm.kl_penalty=low_var_kl"], monkeypatch, world=1,
+                  command="ppo")
+    assert (args.kl_coef, args.kl_estimator, hasattr(args, "kl_in_reward")) == (0.05, "k3", False)
+    args = _parse([*base, "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.01"],
+                  monkeypatch, world=1)
+    assert (args.kl_in_reward, args.kl_coef) == (False, 0.01)
+    assert "algorithm.kl_ctrl.kl_coef" not in capsys.readouterr().err
+    refused = _refused([*base, "algorithm.adv_estimator=gae", "actor_rollout_ref.actor.use_kl_loss=True"],
+                       monkeypatch, capsys, command="ppo")
+    assert "use_kl_loss=true: coati's PPO puts the KL to the reference in the reward; give " \
+           "algorithm.use_kl_in_reward=true and its algorithm.kl_ctrl.kl_coef" in refused

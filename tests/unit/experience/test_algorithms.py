@@ -107,6 +107,46 @@ def test_ppos_dual_clip_bounds_a_negative_advantages_loss_and_leaves_that_token_
     assert "train/clip_ratio/dual_mean" in logged[-1] and not unknown_metrics(logged)
 
 
+def test_kl_in_reward_subtracts_beta_times_each_completions_summed_kl_before_the_advantages(world_of_one,
+                                                                                           tiny_assets):
+    """--kl_in_reward: advantages of r_i - beta sum_t KL_it (verl's use_kl_in_reward for GRPO and RLOO), the logged
+    rewards the scores alone, and no KL term in the loss; a group tied on its scores gets advantages from its KL."""
+    from coati.experience.experience import Experience
+    from coati.experience.advantages import AdvantageConfig
+    from coati.trainer.components import KLTerm
+
+    trainer = grpo_trainer(tiny_assets, maker_config={"num_generations": 2, "kl_in_reward": True})
+    maker = trainer.maker
+    assert trainer.kl_controller is maker.kl_controller and not any(isinstance(t, KLTerm) for t in trainer.loss_terms)
+    maker.kl_controller.value = 0.5
+    mask = torch.ones(4, 2, dtype=torch.bool)
+    kl = T([[0.2, 0.2], [0.1, 0.0], [0.3, 0.1], [0.0, 0.0]])
+    experience = Experience(torch.zeros(4, 4, dtype=torch.long), torch.ones(4, 4, dtype=torch.long), mask, 2, None,
+                            T([1.0, 0.0, 1.0, 1.0]), torch.zeros(4), kl=kl)
+    made = maker._with_advantages(experience)
+    scored = T([1.0 - 0.5 * 0.4, 0.0 - 0.5 * 0.1, 1.0 - 0.5 * 0.4, 1.0])
+    expected = ADVANTAGE_ESTIMATORS.get("grpo")(scored, AdvantageConfig(2))
+    assert torch.allclose(made.advantages, expected) and made.rewards.tolist() == [1.0, 0.0, 1.0, 1.0]
+    assert made.advantages[2] < 0 < made.advantages[3]   # tied scores, the one further from the reference loses
+
+
+def test_a_grpo_run_with_the_kl_in_its_reward_logs_the_kl_and_no_kl_loss(world_of_one, tiny_assets, tmp_path):
+    from coati.cli import commands
+    from support import run_main
+
+    argv = ["--pretrain", str(tiny_assets["model"]), "--prompt_dataset", str(tiny_assets["prompt_train"]),
+            "--plugin", "ddp", "--batch_size", "2", "--num_generations", "2", "--max_new_tokens", "4",
+            "--num_episodes", "2", "--reward_fn", "math_answer", "--adv_estimator", "rloo", "--kl_in_reward"]
+    result = run_main(commands.grpo, [*argv, "--kl_coef", "0.1", "--log_dir", str(tmp_path / "logs")])
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    logged = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in logged if "train/loss" in r]
+    assert len(train) == 2 and all("train/kl" in r and "train/loss/kl" not in r for r in train)
+    refused = run_main(commands.grpo, argv)
+    assert refused.returncode == 2 and "--kl_in_reward subtracts --kl_coef times each completion's KL to the " \
+                                       "reference from its reward: give --kl_coef above 0" in refused.stderr
+
+
 def test_kl_and_entropy_terms_follow_the_loss_aggregation():
     loss = PolicyLoss(aggregation="seq-mean-token-mean")
     values, mask = T([[1.0, 3.0], [2.0, 0.0]]), T([[1.0, 1.0], [1.0, 0.0]])
