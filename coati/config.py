@@ -580,12 +580,15 @@ class PolicyLossSettings:
 
     def check(self, run: Any) -> None:
         """ppo's dual clip bounds a negative advantage's loss at dual_clip |A|, above the clipped ratio's, so it
-        must exceed 1 (as verl's clip_ratio_c)."""
-        dual = self.policy_loss_options.get("dual_clip")
+        must exceed 1 (as verl's clip_ratio_c); cispo's floor lies below an on-policy weight of 1."""
+        dual, floor = self.policy_loss_options.get("dual_clip"), self.policy_loss_options.get("floor")
         if dual is not None and dual <= 1:
             raise CoatiUsageError(f"--policy_loss_option dual_clip={dual}: the dual clip bounds the loss of a token "
                                   "with a negative advantage at dual_clip x |A|, and must be above 1 (verl's and the "
                                   "paper's is 3)")
+        if floor is not None and floor >= 1:
+            raise CoatiUsageError(f"--policy_loss_option floor={floor}: cispo raises importance weights below the "
+                                  "floor to it, which must be below 1 (a weight of 1 is on-policy)")
 
 
 @dataclass(frozen=True)

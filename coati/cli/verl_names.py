@@ -101,6 +101,9 @@ TAKEN: Dict[str, Tuple[str, Callable[[Any], Any]]] = {
     A + "optim.lr_warmup_steps_ratio": ("warmup_ratio", _same),
     A + "optim.lr_scheduler_type": ("lr_scheduler", _same),
     A + "optim.warmup_style": ("lr_scheduler", _same),
+    A + "optim.lr_decay_style": ("lr_scheduler", _named({"constant": "constant", "linear": "linear", "cosine": "cosine",
+                                                         "inverse_square_root": "inverse_sqrt"},
+                                                        A + "optim.lr_decay_style")),
     A + "optim.clip_grad": ("grad_clip", _same),
     A + "grad_clip": ("grad_clip", _same),
     A + "clip_ratio_low": ("clip_eps_low", _same),
@@ -111,7 +114,8 @@ TAKEN: Dict[str, Tuple[str, Callable[[Any], Any]]] = {
     A + "entropy_coeff": ("entropy_coef", _same),
     A + "ppo_epochs": ("num_update_steps", _same),
     A + "policy_loss.loss_mode": ("policy_loss", _named({"vanilla": "ppo", "gspo": "gspo", "cispo": "cispo",
-                                                         "sapo": "sapo"}, A + "policy_loss.loss_mode")),
+                                                         "sapo": "sapo", "geo_mean": "gmpo"},
+                                                        A + "policy_loss.loss_mode")),
     R + "n": ("num_generations", _same),
     R + "temperature": ("temperature", _same),
     R + "top_p": ("top_p", _same),
@@ -179,7 +183,7 @@ NOT_USED: Dict[str, str] = {
     "tensor_model_parallel_size": "coati's vLLM engine serves each rank whole",
     "mode": "verl's rollout server mode; coati generates on the training processes (or vLLM servers with "
             "rollout.name=vllm)",
-    "dtype": "--mixed_precision",
+    "dtype": "--mixed_precision", "torch_dtype": "--mixed_precision",
     "free_cache_engine": INFERENCE,
     "load_format": INFERENCE,
     "layered_summon": INFERENCE,
@@ -413,8 +417,9 @@ def verl_settings(verl: Mapping[str, Any], command: str) -> Tuple[List[Tuple[str
     unused: Dict[str, str] = {}
     problems: List[str] = []
     lora_off = not any(verl.get(key) for key in (M + "lora_rank", M + "lora.rank"))
+    read_by_loss = READ_BY_LOSS.get(verl.get(A + "policy_loss.loss_mode"))
     for key, value in verl.items():
-        if key in VERL_LAUNCH_KEYS or _converted(key):
+        if key in VERL_LAUNCH_KEYS or _converted(key) or key == read_by_loss:
             continue
         if lora_off and key.startswith(LORA_KEYS):
             unused[key] = "LoRA is off (actor_rollout_ref.model.lora_rank 0)"
@@ -446,6 +451,8 @@ def verl_settings(verl: Mapping[str, Any], command: str) -> Tuple[List[Tuple[str
     return [*settings, ("verl_keys", sorted(verl), "verl")], unused
 
 
+READ_BY_LOSS = {"geo_mean": A + "loss_agg_mode", "cispo": A + "clip_ratio_low"}
+"""verl's keys whose meaning its policy loss (`policy_loss.loss_mode`) changes: read by `_policy_loss_options`."""
 LORA_KEYS = (M + "lora_alpha", M + "target_modules", M + "exclude_modules", M + "lora_adapter_path", M + "lora.")
 """verl's LoRA settings beside its rank, which change nothing while LoRA is off (rank 0, verl's default)."""
 PPO_ONLY = ("critic_lr", "critic_pretrain", "value_clip", "gamma", "lam", "critic_warmup_episodes")
@@ -586,7 +593,8 @@ def _kl(verl: Mapping[str, Any], command: str, unused: Dict[str, str]) -> List[T
 def _policy_loss_options(verl: Mapping[str, Any], unused: Dict[str, str]) -> List[Tuple[str, Any, str]]:
     """The hyperparameters of verl's policy losses as coati's `--policy_loss_option`s, for the loss they belong to:
     SAPO's temperatures (`tau_pos`, `tau_neg`) and the dual clip (`clip_ratio_c`) of verl's vanilla loss, coati's
-    ppo."""
+    ppo; CISPO's floor on its weight, 1 - `clip_ratio_low` (verl's default 0.2 gives 0.8); and GMPO's mean over
+    sequences (`--loss_agg seq-mean-token-mean`), which verl's geo_mean takes whatever `loss_agg_mode` says."""
     mode = verl.get(A + "policy_loss.loss_mode") or "vanilla"
     options: Dict[str, Tuple[Any, str]] = {}
     for key, default in SAPO_TEMPERATURES.items():
@@ -596,17 +604,38 @@ def _policy_loss_options(verl: Mapping[str, Any], unused: Dict[str, str]) -> Lis
             options[f"temperature_{key[4:]}"] = (verl[A + key], A + key)
         else:
             unused[A + key] = f"SAPO's temperature, and the loss is verl's {mode}"
+    if mode == "cispo":   # verl's CISPO clamps its weight to [1 - low, 1 + high]
+        options.update(_cispo_floor(verl, unused))
+    if mode == "geo_mean" and A + "loss_agg_mode" in verl:
+        unused[A + "loss_agg_mode"] = "verl's GMPO (geo_mean) averages over sequences whatever it says"
     if verl.get(A + "clip_ratio_c") is not None and mode == "vanilla":
         options["dual_clip"] = (verl[A + "clip_ratio_c"], A + "clip_ratio_c")
     elif verl.get(A + "clip_ratio_c") is not None:
         unused[A + "clip_ratio_c"] = f"the dual clip of verl's vanilla loss, which its {mode} loss does not apply"
+    averaged = [("loss_agg", "seq-mean-token-mean", A + "policy_loss.loss_mode")] if mode == "geo_mean" else []
     if not options:
-        return []
-    return [("policy_loss_option", [f"{name}={value}" for name, (value, _) in options.items()],
-             next(iter(options.values()))[1])]
+        return averaged
+    return averaged + [("policy_loss_option", [f"{name}={value}" for name, (value, _) in options.items()],
+                        next(iter(options.values()))[1])]
 
 
-ADV_ESTIMATORS = {"grpo": "grpo", "rloo": "rloo", "reinforce_plus_plus": "reinforce_pp"}
+def _cispo_floor(verl: Mapping[str, Any], unused: Dict[str, str]) -> Dict[str, Tuple[Any, str]]:
+    """coati's cispo option `floor` from verl's CISPO, whose weight has 1 - `clip_ratio_low` (else `clip_ratio`,
+    0.2) as its floor: none where that is not above 0."""
+    key = A + "clip_ratio_low" if verl.get(A + "clip_ratio_low") is not None else A + "clip_ratio"
+    try:
+        floor = 1 - float(verl.get(key, 0.2))
+    except (TypeError, ValueError):
+        raise CoatiUsageError(f"{key}={verl[key]}: not a number") from None
+    if floor > 0:
+        return {"floor": (round(floor, 12), key)}
+    if key == A + "clip_ratio_low":
+        unused[key] = "CISPO's floor on the weight is 1 - it, here none, as coati's cispo by default"
+    return {}
+
+
+ADV_ESTIMATORS = {"grpo": "grpo", "rloo": "rloo", "reinforce_plus_plus": "reinforce_pp",
+                  "reinforce_plus_plus_baseline": "reinforce_pp_baseline"}
 """verl's `algorithm.adv_estimator`s that `coati grpo` has, by coati's name (`coati ppo` is verl's gae)."""
 
 

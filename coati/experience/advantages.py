@@ -79,6 +79,14 @@ def global_normalised_advantages(rewards: torch.Tensor, config: AdvantageConfig)
     return centred
 
 
+def baseline_normalised_advantages(rewards: torch.Tensor, config: AdvantageConfig) -> torch.Tensor:
+    """REINFORCE++-baseline (Hu et al. 2025; verl's reinforce_plus_plus_baseline, OpenRLHF's reinforce_baseline):
+    each reward less its group's mean, then divided by the std over the global batch (every rank's completions),
+    without the division when `scale_rewards` is off."""
+    groups = rewards.view(-1, config.group_size)
+    return global_normalised_advantages((groups - groups.mean(-1, keepdim=True)).reshape(-1), config)
+
+
 def maxent_weights(rewards: torch.Tensor, group_size: int, tau: float) -> torch.Tensor:
     """w_i = softmax(r_group / tau)_i within each group of `group_size` consecutive completions."""
     return torch.softmax(rewards.view(-1, group_size).double() / tau, dim=-1).to(rewards.dtype).reshape(-1)

@@ -279,11 +279,12 @@ def cispo(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor
     """CISPO (MiniMax-M1, 2025): l_t = -sg(min(r_t, 1 + eps_high)) A_t log pi(y_t). The importance weight is
     truncated and its gradient stopped, so every token keeps a gradient (a clipped PPO token has none); the gradient
     is min(r_t, 1 + eps_high) A_t grad log pi. Truncated tokens are logged as `clip_ratio/high`. ScaleRL uses a cap
-    of 5: `--clip_eps_high 4`."""
+    of 5: `--clip_eps_high 4`. The option `floor` (`--policy_loss_option floor=0.8`; verl's 1 - clip_ratio_low)
+    also raises weights below it to it, logged as `clip_ratio/low`; by default there is none, as in TRL."""
     ratio = torch.exp(logps - old_logps)
-    cap = 1 + config.clip_eps_high
-    weight = ratio.clamp(max=cap).detach()
-    return PolicyTerms(-weight * advantages * logps, ratio, torch.zeros_like(ratio, dtype=torch.bool), ratio > cap)
+    cap, floor = 1 + config.clip_eps_high, config.options.get("floor", 0.0)
+    weight = ratio.clamp(min=floor, max=cap).detach()
+    return PolicyTerms(-weight * advantages * logps, ratio, ratio < floor, ratio > cap)
 
 
 
@@ -302,6 +303,23 @@ def sapo(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor,
     return PolicyTerms(-gate * advantages, ratio, nothing, nothing)
 
 
+
+
+def gmpo(logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+         config: PolicyLossConfig) -> PolicyTerms:
+    """GMPO (Zhao et al. 2025): one ratio per sequence, the geometric mean of its token ratios, each clipped in log
+    space to [-eps_low, eps_high] where the advantage's sign makes the clip bind: s_i = exp(mean_t sgn(A) min(sgn(A)
+    log r_t, sgn(A) clip(log r_t))), l_i = -A_i s_i on each of its tokens, A_i the sequence's mean advantage (use
+    wide clip ranges, 0.4 in the paper, and --loss_agg seq-mean-token-mean)."""
+    log_ratio = logps - old_logps
+    advantage = masked_mean(advantages.expand_as(logps), mask, dim=-1).unsqueeze(-1)
+    sign = torch.sign(advantage)
+    clamped = log_ratio.clamp(-config.clip_eps_low, config.clip_eps_high)
+    kept = sign * torch.min(sign * log_ratio, sign * clamped)
+    ratio = torch.exp(masked_mean(kept, mask, dim=-1)).unsqueeze(-1)
+    token_losses = (-advantage * ratio).expand_as(logps)
+    return PolicyTerms(token_losses, torch.exp(log_ratio), (log_ratio < -config.clip_eps_low) & (advantage < 0),
+                       (log_ratio > config.clip_eps_high) & (advantage > 0))
 
 
 @dataclass(frozen=True)

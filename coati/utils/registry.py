@@ -193,6 +193,8 @@ ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator", {
     "rloo": Entry(f"{ADV}:leave_one_out_advantages", "leave-one-out group baseline"),
     "reinforce_pp": Entry(f"{ADV}:global_normalised_advantages", "REINFORCE++, global batch mean/std "
                                                                   "(--no_std_normalize drops the std where one is used)"),
+    "reinforce_pp_baseline": Entry(f"{ADV}:baseline_normalised_advantages", "REINFORCE++-baseline, the group mean "
+                                                                             "off, then the global batch std"),
     "maxent": Entry(f"{ADV}:maxent_advantages", "n * softmax(rewards / tau) - 1 within the group", ("tau",)),
     "process": Entry(f"{ADV}:process_advantages", "a process reward model's step scores (--prm_pretrain; --adv_option "
                                                   "aggregation=min|sum) beside grpo's", ("aggregation",)),
@@ -229,8 +231,11 @@ POLICY_LOSSES: Registry = Registry("policy loss", {
     "gspo": Entry(f"{LOSS}:gspo_clip", "sequence-level ratio (GSPO; use --clip_eps_low/high ~3e-4/4e-4 and --loss_agg "
                                        "seq-mean-token-mean)"),
     "cispo": Entry(f"{LOSS}:cispo", "truncated, stop-gradient importance weight on every token (cap 1 + "
-                                    "--clip_eps_high; ScaleRL uses 4)"),
+                                    "--clip_eps_high; ScaleRL uses 4; option floor=F raises weights below F)",
+                   ("floor",)),
     "sapo": Entry(f"{LOSS}:sapo", "soft sigmoid gate instead of the clip", ("temperature_pos", "temperature_neg")),
+    "gmpo": Entry(f"{LOSS}:gmpo", "geometric mean of the token ratios, each clipped in log space (GMPO; use "
+                                  "--clip_eps_low/high ~0.4 and --loss_agg seq-mean-token-mean)"),
 })
 """`fn(logps, old_logps, advantages, mask, config: PolicyLossConfig) -> PolicyTerms` (per-token losses, ratio, where
 a clip acted), which `PolicyLoss` weights for off-policy samples and aggregates: the policy losses by the name

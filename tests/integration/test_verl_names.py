@@ -458,3 +458,29 @@ def test_verls_kl_in_the_reward_is_grpos_kl_in_reward_and_ppos_own(monkeypatch, 
                        monkeypatch, capsys, command="ppo")
     assert "use_kl_loss=true: coati's PPO puts the KL to the reference in the reward; give " \
            "algorithm.use_kl_in_reward=true and its algorithm.kl_ctrl.kl_coef" in refused
+
+
+def test_verls_gmpo_cispo_reinforce_pp_baseline_and_megatron_schedule_are_coatis(monkeypatch, capsys):
+    """verl's examples as written: GMPO (`loss_mode=geo_mean`, averaged over sequences whatever `loss_agg_mode`
+    says); CISPO with `clip_ratio_low=10` (no floor) and at verl's default 0.2 (a floor of 0.8); REINFORCE++-baseline;
+    Megatron's `lr_decay_style`; `model.torch_dtype` noted."""
+    base = ["actor_rollout_ref.model.path=m", "data.train_files=d", "custom_reward_function.path=r.py"]
+    args = _parse([*base, "actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean",
+                   "actor_rollout_ref.actor.loss_agg_mode=token-mean", "actor_rollout_ref.actor.clip_ratio_low=0.4",
+                   "actor_rollout_ref.actor.clip_ratio_high=0.4"], monkeypatch, world=1)
+    assert (args.policy_loss, args.loss_agg, args.clip_eps_low, args.clip_eps_high) == (
+        "gmpo", "seq-mean-token-mean", 0.4, 0.4)
+    assert "actor_rollout_ref.actor.loss_agg_mode (verl's GMPO (geo_mean) averages over sequences" in \
+        capsys.readouterr().err
+    args = _parse([*base, "actor_rollout_ref.actor.policy_loss.loss_mode=cispo",
+                   "actor_rollout_ref.actor.clip_ratio_low=10", "actor_rollout_ref.actor.clip_ratio_high=0.2",
+                   "actor_rollout_ref.model.torch_dtype=bfloat16"], monkeypatch, world=1)
+    assert (args.policy_loss, args.policy_loss_option, args.clip_eps_high) == ("cispo", [], 0.2)
+    note = capsys.readouterr().err
+    assert "actor_rollout_ref.actor.clip_ratio_low (CISPO's floor on the weight is 1 - it, here none" in note
+    assert "actor_rollout_ref.model.torch_dtype (--mixed_precision)" in note
+    args = _parse([*base, "actor_rollout_ref.actor.policy_loss.loss_mode=cispo"], monkeypatch, world=1)
+    assert args.policy_loss_option == [("floor", 0.8)]
+    args = _parse([*base, "algorithm.adv_estimator=reinforce_plus_plus_baseline",
+                   "actor_rollout_ref.actor.optim.lr_decay_style=inverse_square_root"], monkeypatch, world=1)
+    assert (args.adv_estimator, args.lr_scheduler) == ("reinforce_pp_baseline", "inverse_sqrt")

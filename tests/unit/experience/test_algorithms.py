@@ -107,12 +107,38 @@ def test_ppos_dual_clip_bounds_a_negative_advantages_loss_and_leaves_that_token_
     assert "train/clip_ratio/dual_mean" in logged[-1] and not unknown_metrics(logged)
 
 
+def test_reinforce_pp_baseline_takes_the_group_mean_off_then_divides_by_the_batch_std():
+    rewards = T([1.0, 3.0, 0.0, 8.0])                       # groups of 2: centred -1, 1, -4, 4; batch std sqrt(8.5)
+    advantages = ADVANTAGE_ESTIMATORS.get("reinforce_pp_baseline")(rewards, AdvantageConfig(2))
+    assert advantages.tolist() == pytest.approx([c / math.sqrt(8.5) for c in (-1, 1, -4, 4)], rel=1e-5)
+
+
+def test_gmpo_clips_each_token_ratio_in_log_space_and_takes_their_geometric_mean():
+    """s = exp(mean_t sgn(A) min(sgn(A) log r_t, sgn(A) clip(log r_t, -0.4, 0.4))), l = -A s on every token: for A > 0
+    a log-ratio above 0.4 counts as 0.4 and one below -0.4 as itself; for A < 0 the other way round."""
+    logps, old, mask = T([[0.0, 0.0, 0.0]]), T([[-1.0, 0.2, 0.0]]), T([[1.0, 1.0, 1.0]])   # log r = 1, -0.2, 0
+    loss = PolicyLoss(0.4, loss="gmpo", aggregation="seq-mean-token-mean")
+    value, stats = loss(logps, old, T([2.0]), mask)
+    assert value.item() == pytest.approx(-2.0 * math.exp((0.4 - 0.2 + 0.0) / 3), rel=1e-6)
+    assert stats["clip_ratio/high"].item() == pytest.approx(1 / 3)
+    value, stats = loss(logps, T([[1.0, 0.2, 0.0]]), T([-1.0]), mask)                   # log r = -1, -0.2, 0
+    assert value.item() == pytest.approx(math.exp((-0.4 - 0.2) / 3), rel=1e-6)
+    assert stats["clip_ratio/low"].item() == pytest.approx(1 / 3)
+
+
+def test_cispos_floor_raises_low_weights_and_is_off_by_default():
+    logps, old, mask = T([[-1.0, -2.0]]), T([[-0.5, -2.0]]), T([[1.0, 1.0]])             # r = e^-0.5 ~ 0.61, 1
+    plain, _ = PolicyLoss(0.2, loss="cispo")(logps, old, T([1.0]), mask)
+    floored, stats = PolicyLoss(0.2, loss="cispo", options={"floor": 0.8})(logps, old, T([1.0]), mask)
+    assert plain.item() == pytest.approx((math.exp(-0.5) * 1.0 + 2.0) / 2, rel=1e-6)
+    assert floored.item() == pytest.approx((0.8 * 1.0 + 2.0) / 2, rel=1e-6) and stats["clip_ratio/low"].item() == 0.5
+
+
 def test_kl_in_reward_subtracts_beta_times_each_completions_summed_kl_before_the_advantages(world_of_one,
                                                                                            tiny_assets):
     """--kl_in_reward: advantages of r_i - beta sum_t KL_it (verl's use_kl_in_reward for GRPO and RLOO), the logged
     rewards the scores alone, and no KL term in the loss; a group tied on its scores gets advantages from its KL."""
     from coati.experience.experience import Experience
-    from coati.experience.advantages import AdvantageConfig
     from coati.trainer.components import KLTerm
 
     trainer = grpo_trainer(tiny_assets, maker_config={"num_generations": 2, "kl_in_reward": True})
@@ -373,7 +399,8 @@ def test_a_part_registered_before_the_parser_is_built_is_listed_in_help_and_its_
     with pytest.raises(SystemExit):
         grpo(["--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "grpo | rloo | reinforce_pp | maxent | process | margin_sign | package.module:function" in help_text
+    assert "grpo | rloo | reinforce_pp | reinforce_pp_baseline | maxent | process | margin_sign | package.module:function" \
+        in help_text
     assert "margin_sign: +1 or -1 beyond a margin around the group mean" in help_text
     ADVANTAGE_ESTIMATORS.check_options("margin_sign", {"margin": 0.3}, "--adv_option")
     with pytest.raises(CoatiUsageError, match=r"^--adv_option: advantage estimator 'margin_sign' takes no option "
