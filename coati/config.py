@@ -73,6 +73,8 @@ class ModelSettings:
                                                   "eos_token, e.g. <|im_end|> for a base model with a chat template): "
                                                   "the tokenizer's EOS in the data, generation and the saved tokenizer "
                                                   "(default: its own)")
+    pad_token: Optional[str] = setting(None, help="a token of the tokenizer's to pad batches with (TRL's pad_token; "
+                                                  "default: its own pad token, else its EOS)")
     chat_template: Optional[str] = setting(
         None, metavar="FILE_OR_DIR", aliases=("--chat_template_path",),
         help="the chat template used instead of the tokenizer's, for the data, the rollouts and the saved tokenizer "
@@ -309,6 +311,9 @@ class ReferenceSettings:
     precompute_ref_logps: bool = setting(False, aliases=("--precompute_ref_log_probs",),
                                          help="score the data with the reference once, store it beside the data, and "
                                               "train without the reference model in memory")
+    precompute_ref_batch_size: int = setting(0, parse=at_least(0),
+                                             help="rows the reference scores at once with --precompute_ref_logps (0: "
+                                                  "--batch_size)")
 
 
 # ---- each supervised trainer's loss ---------------------------------------------------------------------

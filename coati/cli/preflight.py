@@ -191,11 +191,12 @@ def prepare_raw_data(args: argparse.Namespace) -> None:
 
 def run_tokenizer(args: argparse.Namespace) -> "PreTrainedTokenizerBase":
     """The run's tokenizer: --tokenizer_dir's (else --pretrain's), with --chat_template's template and TRL's
-    --eos_token where given."""
+    --eos_token and --pad_token where given."""
     from coati.dataset.tokenization import load_tokenizer
 
     return load_tokenizer(args.tokenizer_dir or args.pretrain, args.trust_remote_code,
-                          eos_token=getattr(args, "eos_token", None), chat_template=getattr(args, "chat_template", None))
+                          eos_token=getattr(args, "eos_token", None), chat_template=getattr(args, "chat_template", None),
+                          pad_token=getattr(args, "pad_token", None))
 
 
 def image_limits(args: argparse.Namespace) -> "ImageLimits":

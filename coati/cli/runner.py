@@ -270,7 +270,7 @@ def reference_hook(context: RunContext) -> Dict[str, Any]:
         load_plain = context.load_data
         context.load_data = lambda paths: with_reference_logps(
             paths, load_plain, args.ref_pretrain or args.pretrain, lambda: frozen_reference(args, context.setup),
-            context.collator, args.max_length, args.batch_size, run_device())
+            context.collator, args.max_length, args.precompute_ref_batch_size or args.batch_size, run_device())
         return {}
     return {"ref_model": frozen_reference(args, context.setup)}
 

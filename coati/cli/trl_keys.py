@@ -174,6 +174,12 @@ ONE_VALUE_KEYS: Dict[str, Tuple[Any, str]] = {
     "use_weighting": (False, "coati weighs every preference pair alike"),
     "generate_during_eval": (False, "coati's evaluation of preferences scores the pairs, generating nothing"),
     "f_divergence_type": ("reverse_kl", "coati's DPO is the DPO paper's, with the reverse KL"),
+    "dataset_kwargs": (None, "coati prepares raw data itself and reads the folders `coati prepare` wrote as they are"),
+    "eval_packing": (None, "held-out batches are packed as the training's are (--packing)"),
+    "ld_alpha": (None, "coati's DPO weighs every response token alike (LD-DPO's length desensitisation is not built)"),
+    "router_aux_loss_coef": (None, "coati trains on the task's loss alone, without a MoE router's auxiliary loss"),
+    "bnb_4bit_quant_storage": (None, _NO_QUANTIZATION),
+    "vllm_structured_outputs_regex": (None, "coati's vLLM rollouts sample without structured outputs"),
 }
 """Keys that coati takes at one value only, the one that is what coati does (TRL's default, mostly) -> (that value,
 what coati does). At that value the key is named in the note of unused keys; another is refused saying what coati

@@ -143,6 +143,8 @@ def add_trl_names(parser: argparse.ArgumentParser, script: str) -> None:
                                                "(GSPO, --policy_loss gspo)", choices=("token", "sequence"))
             add("--scale_rewards", "true/group: divide advantages by the group std; false/none: do not "
                                    "(--no_std_normalize)", type=str, metavar="{true,false,group,none}")
+            add("--max_tool_calling_iterations", "tool-calling rounds per episode at most: --max_turns is it + 1 (the "
+                                                 "model's last turn answers)", type=_positive_int)
     else:
         add("--per_device_train_batch_size", "rows per rank in a micro-batch (--batch_size)", type=_positive_int)
         for name in ("max_prompt_length", "max_completion_length"):
@@ -256,6 +258,9 @@ class _Conversion:
             self.grpo_loss()
         if script == "grpo" and "scale_rewards" in trl:
             self.set("no_std_normalize", _no_std_normalize(trl["scale_rewards"]), "scale_rewards")
+        if "max_tool_calling_iterations" in trl:
+            self.set("max_turns", trl["max_tool_calling_iterations"] + 1, "max_tool_calling_iterations",
+                     exclusive=True)
         if "per_device_train_batch_size" in trl or "steps_per_generation" in trl:
             self.completions_per_device()
         if self.given.get("log_interval") == "--logging_steps" or any(name in trl for name in STEP_COUNTS):

@@ -14,11 +14,12 @@ IGNORE_INDEX = -100
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False, template_config: Optional[str] = None,
-                   eos_token: Optional[str] = None, chat_template: Optional[str] = None) -> PreTrainedTokenizerBase:
+                   eos_token: Optional[str] = None, chat_template: Optional[str] = None,
+                   pad_token: Optional[str] = None) -> PreTrainedTokenizerBase:
     """The tokenizer in `path` (EOS standing in for a missing pad token), with the chat template (where the
     JSON `template_config` has one; the tokenizer's own otherwise, as in ColossalChat, or its folder's processor's) and the optional
     end-of-turn token of `template_config` when given; `chat_template` (TRL's chat_template_path, `take_chat_template`)
-    replaces the template; `eos_token` (TRL's), a token of its vocabulary, as its EOS."""
+    replaces the template; `eos_token` and `pad_token` (TRL's), tokens of its vocabulary, as its EOS and padding."""
     if not Path(path).is_dir():
         raise CoatiUsageError(f"tokenizer directory {path} does not exist or is not a directory")
     config = _template_config(template_config)
@@ -36,10 +37,11 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, template_config: 
             tokenizer.eos_token = config["end_of_turn_token"]
     if chat_template:
         take_chat_template(tokenizer, chat_template, trust_remote_code)
-    if eos_token:
-        if eos_token not in tokenizer.get_vocab():
-            raise CoatiUsageError(f"--eos_token {eos_token!r} is not a token of the tokenizer in {path}")
-        tokenizer.eos_token = eos_token
+    for flag, token in (("eos_token", eos_token), ("pad_token", pad_token)):
+        if token and token not in tokenizer.get_vocab():
+            raise CoatiUsageError(f"--{flag} {token!r} is not a token of the tokenizer in {path}")
+        if token:
+            setattr(tokenizer, flag, token)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     if config is not None:

@@ -44,6 +44,10 @@ def test_a_jinja_file_or_a_tokenizer_folder_sets_the_template(tiny_assets, tmp_p
     assert (from_folder.chat_template, from_folder.eos_token) == (BRACKETS, "<|pad|>")
     kept = load_tokenizer(str(tiny_assets["model"]), eos_token="<|im_end|>", chat_template=str(folder))
     assert kept.eos_token == "<|im_end|>"
+    padded = load_tokenizer(str(tiny_assets["model"]), pad_token="<|im_start|>")
+    assert (padded.pad_token, padded.pad_token_id) == ("<|im_start|>", own.convert_tokens_to_ids("<|im_start|>"))
+    with pytest.raises(CoatiUsageError, match="--pad_token '<none>' is not a token of the tokenizer"):
+        load_tokenizer(str(tiny_assets["model"]), pad_token="<none>")
 
 
 def test_a_folder_whose_tokens_the_tokenizer_lacks_or_with_no_template_is_refused(tiny_assets, tmp_path):

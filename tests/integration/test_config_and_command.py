@@ -82,6 +82,8 @@ SFT = ["--pretrain", "m", "--dataset", "d"]
     ("padding_free", True, "packing", True),
     ("logging_dir", "tb", "log_dir", "tb"),
     ("eos_token", "<|im_end|>", "eos_token", "<|im_end|>"),
+    ("pad_token", "<|pad|>", "pad_token", "<|pad|>"),
+    ("chat_template_path", "t.jinja", "chat_template", "t.jinja"),
     ("disable_dropout", True, "disable_dropout", True),
     ("tf32", True, "tf32", True),
     ("truncation_mode", "keep_start", "max_length", 0),
@@ -197,6 +199,7 @@ def test_use_peft_trains_lora_at_trls_rank_unless_lora_r_says(monkeypatch, tmp_p
      {"policy_loss": "sapo", "loss_agg": "seq-mean-token-mean", "policy_loss_option": [("temperature_neg", 1.2)]}),
     ({"sapo_temperature_neg": 1.2}, {"policy_loss": "ppo", "policy_loss_option": []}),   # TRL's: sapo's only
     ({"ddp_timeout": 1800}, {"dist_timeout": 1800}),
+    ({"max_tool_calling_iterations": 3}, {"max_turns": 4}),   # 3 rounds of tool calls, then the answer
 ])
 def test_a_trl_name_in_a_grpo_config_sets_coatis_setting_with_trls_meaning(config, expected, monkeypatch, tmp_path):
     args = _parse("grpo", MODEL_AND_DATA, monkeypatch, {"reward_funcs": ["math_answer"], **config}, tmp_path)
