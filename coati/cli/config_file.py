@@ -20,7 +20,8 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 from coati.cli.trl_keys import (IGNORED_KEYS, NO_SETTING_KEYS, ONE_VALUE_KEYS, REFUSED_KEYS, TRUTH_WORDS, refusal,
                                 truthy, unused_reason)
-from coati.cli.verl_names import VERL_SECTIONS, is_verl_key, split_verl, verl_settings, yaml_value
+from coati.cli.verl_names import (SHARED_SECTIONS, VERL_COMMANDS, VERL_SECTIONS, is_verl_key, split_verl,
+                                   verl_settings, yaml_value)
 from coati.run_config import RUN_CONFIGS, sections
 from coati.utils.errors import CoatiUsageError, note_user
 from coati.utils.settings import dest, flag_name
@@ -400,6 +401,8 @@ def split_overrides(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Tup
     command = _command(parser)
     sections = set(owners.values())
     verl = {name for name in VERL_SECTIONS if is_verl_key(command, name)}
+    if command in VERL_COMMANDS:   # verl's sections coati's share, the critic's under GRPO among them
+        verl |= set(SHARED_SECTIONS) - sections
     actions = _actions_by_key(parser)
 
     def names_a_setting(arg: str) -> bool:

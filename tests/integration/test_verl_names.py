@@ -484,3 +484,11 @@ def test_verls_gmpo_cispo_reinforce_pp_baseline_and_megatron_schedule_are_coatis
     args = _parse([*base, "algorithm.adv_estimator=reinforce_plus_plus_baseline",
                    "actor_rollout_ref.actor.optim.lr_decay_style=inverse_square_root"], monkeypatch, world=1)
     assert (args.adv_estimator, args.lr_scheduler) == ("reinforce_pp_baseline", "inverse_sqrt")
+
+
+def test_verls_critic_keys_in_a_grpo_command_are_noted(monkeypatch, capsys):
+    """verl's multi-turn GRPO scripts set critic keys too (verl reads them only with gae): noted, not refused."""
+    _parse(["actor_rollout_ref.model.path=m", "data.train_files=d", "custom_reward_function.path=r.py",
+            "critic.ppo_max_token_len_per_gpu=8192", "critic.optim.lr=1e-5"], monkeypatch, world=1)
+    note = capsys.readouterr().err
+    assert "critic.ppo_max_token_len_per_gpu (" in note and "critic.optim.lr (PPO's critic and GAE (coati ppo))" in note
