@@ -296,6 +296,11 @@ def _key_problem(key: str, value: Any, where: str, actions: Dict[str, argparse.A
     refused = refusal(key, value, command)
     if refused is not None:
         return f"key {where!r} {refused}"
+    section = where.split(".")[0]
+    if command in VERL_COMMANDS and section in SHARED_SECTIONS:   # verl's keys of that section first
+        verl_names = nearest(where, [f"{section}.{name}" for name in SHARED_SECTIONS[section]])
+        if verl_names:
+            return f"unknown key {where!r}{verl_names}"
     return f"unknown key {where!r}{nearest(key, [k for k in actions if not k.startswith(('trl_', 'verl_'))])}"
 
 
@@ -410,8 +415,8 @@ def split_overrides(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Tup
         if not match or match.group(1).split(".")[0] not in sections | verl:
             return False
         section, _, key = match.group(1).partition(".")
-        if is_verl_key(command, section, key.split(".")[0]):
-            return True
+        if is_verl_key(command, section, key.split(".")[0]) or command in VERL_COMMANDS and section in SHARED_SECTIONS:
+            return True   # in a section verl's names share, a key neither has is an override to refuse by name
         action = actions.get(key)
         return action is not None and owners.get(action.dest) == section
 

@@ -254,6 +254,14 @@ CONVERTED = (A + "use_kl_loss", A + "kl_loss_coef", A + "kl_loss_type", A + "cli
              "trainer.resume_mode", "trainer.resume_from_path", "reward_model.enable", "reward_model.model.path",
              "custom_reward_function.", "algorithm.filter_groups.", *OVERLONG)
 """verl's keys (a name ending in a dot: every key under it) that a conversion of several keys reads (`_convert`)."""
+OVERLONG_KEYS = ("enable", "len", "penalty_factor", "log")
+KEYS_UNDER = {"algorithm.kl_ctrl.": ("type", "kl_coef", "horizon", "target_kl"),
+              "algorithm.filter_groups.": ("enable", "metric", "max_num_gen_batches"),
+              "custom_reward_function.": ("path", "name"), OVERLONG[0]: OVERLONG_KEYS, OVERLONG[1]: OVERLONG_KEYS,
+              A + "policy_loss.": ("loss_mode", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio",
+                                   "ppo_kl_coef")}
+"""verl's keys under the sections whose keys are read together (besides its config classes' `_target_`): a key
+under one of them that verl has not is refused, where Hydra would refuse it, not read as nothing."""
 NOT_USED_UNDER = {
     "actor_rollout_ref.ref.": "the reference is the actor's model at the start; its log-probs are computed in "
                               "--logits_forward_batch_size rows",
@@ -418,6 +426,7 @@ def verl_settings(verl: Mapping[str, Any], command: str) -> Tuple[List[Tuple[str
     problems: List[str] = []
     lora_off = not any(verl.get(key) for key in (M + "lora_rank", M + "lora.rank"))
     read_by_loss = READ_BY_LOSS.get(verl.get(A + "policy_loss.loss_mode"))
+    problems += [f"{key}: verl has no such key{_nearest(key)}" for key in verl if not _known_under(key)]
     for key, value in verl.items():
         if key in VERL_LAUNCH_KEYS or _converted(key) or key == read_by_loss:
             continue
@@ -438,7 +447,7 @@ def verl_settings(verl: Mapping[str, Any], command: str) -> Tuple[List[Tuple[str
             else:
                 problems.append(_at_default_refusal(key, value))
         elif (reason := _reason(key)) is None:
-            problems.append(f"{key}: verl's, with no counterpart here{_nearest(key)}")
+            problems.append(f"{key}: no verl key coati reads{_nearest(key)}")
         elif reason:
             unused[key] = reason
     try:
@@ -510,9 +519,17 @@ def _converted(key: str) -> bool:
     return key in CONVERTED or key.startswith(tuple(name for name in CONVERTED if name.endswith(".")))
 
 
+def _known_under(key: str) -> bool:
+    """Whether `key`, where it lies under one of `KEYS_UNDER`'s sections, is one of verl's keys there."""
+    prefix = next((prefix for prefix in KEYS_UNDER if key.startswith(prefix)), None)
+    return prefix is None or key[len(prefix):] in (*KEYS_UNDER[prefix], "_target_")
+
+
 def _nearest(key: str) -> str:
     """' (did you mean X?)' for the verl keys coati takes that are closest to `key`, else where they are listed."""
-    close = difflib.get_close_matches(key, [*TAKEN, *BATCHES, *AT_DEFAULT], n=2, cutoff=0.8)
+    names = [*TAKEN, *BATCHES, *AT_DEFAULT, *(name for name in CONVERTED if not name.endswith(".")),
+             *(prefix + name for prefix, names in KEYS_UNDER.items() for name in names)]
+    close = difflib.get_close_matches(key, list(dict.fromkeys(names)), n=2, cutoff=0.8)
     return f" (did you mean {' or '.join(close)}?)" if close else \
         " (docs/migration/verl.md lists the verl keys coati takes)"
 

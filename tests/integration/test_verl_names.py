@@ -138,9 +138,16 @@ def test_a_verl_config_file_in_its_sections_beside_coatis_own(monkeypatch, tmp_p
                                                  "coati takes vllm, hf"),
     (["algorithm.adv_estimator=gae"], "algorithm.adv_estimator=gae learns a critic: run `coati ppo` with these "
                                       "settings"),
-    (["actor_rollout_ref.actor.ppo_mini_batch=4"], "actor_rollout_ref.actor.ppo_mini_batch: verl's, with no "
-                                                   "counterpart here (did you mean "
-                                                   "actor_rollout_ref.actor.ppo_mini_batch_size or"),
+    (["actor_rollout_ref.actor.ppo_mini_batch=4"], "actor_rollout_ref.actor.ppo_mini_batch: no verl key coati reads "
+                                                   "(did you mean actor_rollout_ref.actor.ppo_mini_batch_size or"),
+    (["actor_rollout_ref.actor.clip_ratio_cc=3"], "(did you mean actor_rollout_ref.actor.clip_ratio_c or"),
+    (["algorithm.kl_ctrl.kl_cof=0.05"], "algorithm.kl_ctrl.kl_cof: verl has no such key (did you mean "
+                                        "algorithm.kl_ctrl.kl_coef?)"),
+    (["actor_rollout_ref.actor.policy_loss.loss_mod=cispo"], "actor_rollout_ref.actor.policy_loss.loss_mod: verl has "
+                                                             "no such key (did you mean "
+                                                             "actor_rollout_ref.actor.policy_loss.loss_mode"),
+    (["algorithm.use_kl_in_rewards=True"], "unknown key 'algorithm.use_kl_in_rewards' (did you mean "
+                                           "algorithm.use_kl_in_reward?)"),
     (["data.prompt_key=question"], "data.prompt_key=question: coati runs as verl's default 'prompt' and has no "
                                    "setting for it (name the column prompt)"),
     (["actor_rollout_ref.rollout.n=1"], "argument actor_rollout_ref.rollout.n (--num_generations): must be >= 2"),
@@ -492,3 +499,11 @@ def test_verls_critic_keys_in_a_grpo_command_are_noted(monkeypatch, capsys):
             "critic.ppo_max_token_len_per_gpu=8192", "critic.optim.lr=1e-5"], monkeypatch, world=1)
     note = capsys.readouterr().err
     assert "critic.ppo_max_token_len_per_gpu (" in note and "critic.optim.lr (PPO's critic and GAE (coati ppo))" in note
+
+
+def test_an_override_after_a_list_flag_is_an_override_even_with_a_key_neither_has(monkeypatch, capsys):
+    """`--reward_fn math_answer algorithm.use_kl_in_rewards=True`: the misspelt override is refused by name (it was
+    read as a reward function's weight)."""
+    refused = _refused(["actor_rollout_ref.model.path=m", "data.train_files=d", "--reward_fn", "math_answer",
+                        "algorithm.use_kl_in_rewards=True"], monkeypatch, capsys)
+    assert "unknown key 'algorithm.use_kl_in_rewards' (did you mean algorithm.use_kl_in_reward?)" in refused
