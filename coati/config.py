@@ -511,8 +511,8 @@ class GRPOConfig(RolloutConfig):
         """The overlong penalty's buffer lies within the completion limit; step scores go with the process
         estimator, and it with them; the KL in the reward has a weight."""
         if self.kl_in_reward and run.kl.kl_coef <= 0:
-            raise CoatiUsageError("--kl_in_reward subtracts --kl_coef times each completion's KL to the reference from "
-                                  "its reward: give --kl_coef above 0")
+            raise CoatiUsageError(f"--kl_coef {run.kl.kl_coef}: --kl_in_reward subtracts it times each completion's KL "
+                                  "to the reference from its reward; give it above 0")
         if "overlong" in self.reward_shaping and self.shaping.overlong_buffer > self.sampling.max_new_tokens:
             raise CoatiUsageError(f"--overlong_buffer_len {self.shaping.overlong_buffer} must be at most "
                                   f"--max_new_tokens {self.sampling.max_new_tokens}: the penalty grows over the last "
@@ -586,7 +586,9 @@ class PolicyLossSettings:
     def check(self, run: Any) -> None:
         """ppo's dual clip bounds a negative advantage's loss at dual_clip |A|, above the clipped ratio's, so it
         must exceed 1 (as verl's clip_ratio_c); cispo's floor lies below an on-policy weight of 1."""
-        dual, floor = self.policy_loss_options.get("dual_clip"), self.policy_loss_options.get("floor")
+        options = {name: value for name, value in self.policy_loss_options.items()   # a word: refused as one later
+                   if isinstance(value, (int, float)) and not isinstance(value, bool)}
+        dual, floor = options.get("dual_clip"), options.get("floor")
         if dual is not None and dual <= 1:
             raise CoatiUsageError(f"--policy_loss_option dual_clip={dual}: the dual clip bounds the loss of a token "
                                   "with a negative advantage at dual_clip x |A|, and must be above 1 (verl's and the "

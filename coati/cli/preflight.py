@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 
 from coati.cli.trl_names import HELD_OUT, TRL_SAVE_NAMES
 from coati.config import PREPARE_MAX_LENGTH
-from coati.utils.errors import CoatiUsageError
+from coati.utils.errors import CoatiUsageError, note_user
 from coati.utils.file_checks import (check_data_dirs, check_data_exist, check_model_dir, check_writable_dir,
                                      resolve_dataset_id, resolve_model_dir)
 
@@ -152,6 +152,7 @@ def prepare_raw_data(args: argparse.Namespace) -> None:
 
     data_type = getattr(args, "data_type", None)
     raw = {name: [p for p in getattr(args, name, None) or () if is_raw(p)] for name in RAW_DATA_FLAGS}
+    note_prepared_template(args, raw)
     split, test_split = getattr(args, "eval_split", 0.0), getattr(args, "dataset_test_split", None)
     if data_type is None or not (any(raw.values()) or split or test_split):
         return
@@ -187,6 +188,19 @@ def prepare_raw_data(args: argparse.Namespace) -> None:
     if split:
         train, held_out = eval_split(args.dataset, data_type, split, args.seed, args.prepared_cache_dir)
         args.dataset, args.eval_dataset = [train], [held_out]
+
+
+def note_prepared_template(args: argparse.Namespace, raw: Dict[str, List[str]]) -> None:
+    """A note where --chat_template meets data prepared before: its rows keep the template they were tokenized with
+    (only the raw data a run prepares takes the one given)."""
+    if not getattr(args, "chat_template", None):
+        return
+    prepared = [path for name in RAW_DATA_FLAGS if name != "ptx_dataset" for path in getattr(args, name, None) or ()
+                if path not in raw[name]]
+    if prepared:
+        note_user(f"--chat_template {args.chat_template} renders the raw data this run prepares; {', '.join(prepared)} "
+                  "is prepared already and keeps the template it was prepared with (give its raw files here to train "
+                  "on this one)")
 
 
 def run_tokenizer(args: argparse.Namespace) -> "PreTrainedTokenizerBase":

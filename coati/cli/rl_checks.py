@@ -23,6 +23,7 @@ from coati.trainer.onpolicy import OLTrainer
 
 from .rl_parts import (adapter_sync_blocker, chat_tokens, check_model_source, has_teacher, health_monitor,
                        policy_loss, reward_fn)
+from .options import errors_named_as_given
 from .preflight import run_tokenizer
 from .runner import check_model_kind
 
@@ -123,13 +124,15 @@ def check_on_policy_flags(args: argparse.Namespace) -> None:
     """What GRPO and PPO both check before anything loads, beyond their run config's own checks
     (`coati.run_config.validate`): the files and programs the flags name. Building the reward, the health monitor
     and the policy loss refuses their own flags (an unknown or unimportable reward function among them). What a
-    vision-language policy cannot take is said first, before a teacher's or judge's URL is asked."""
-    check_model_kind(args)
-    check_distillation(args)
-    check_prm(args)
-    reward_fn(args, serve=False)
-    health_monitor(args)
-    policy_loss(args)
-    check_backend(args)
+    vision-language policy cannot take is said first, before a teacher's or judge's URL is asked. A refusal names
+    each setting as the user gave it (a TRL or verl key)."""
+    with errors_named_as_given(args):
+        check_model_kind(args)
+        check_distillation(args)
+        check_prm(args)
+        reward_fn(args, serve=False)
+        health_monitor(args)
+        policy_loss(args)
+        check_backend(args)
 
 

@@ -355,8 +355,8 @@ def start_run(args: argparse.Namespace, check: Optional[Callable[[argparse.Names
     the process group, booster and tokenizer."""
     with errors_named_as_given(args):
         preflight(args)
-    if check is not None:
-        check(args)
+        if check is not None:
+            check(args)
     if not (args.output_dir or args.save_dir):
         note_user("no --output_dir (or --save_dir): this run keeps no model, checkpoint or saved config")
     init_distributed(args.seed, args.dist_timeout)

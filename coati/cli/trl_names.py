@@ -23,6 +23,7 @@ from coati.cli.arguments import optimizer_steps_per_episode
 from coati.cli.options import add_post_parse
 from coati.cli.trl_keys import truthy
 from coati.config import DEFAULT_BETA, TRL_SFT_LOSS
+from coati.utils.ranges import at_least
 from coati.utils.errors import CoatiUsageError, note_user
 
 ON_POLICY = ("ppo", "grpo")
@@ -144,7 +145,7 @@ def add_trl_names(parser: argparse.ArgumentParser, script: str) -> None:
             add("--scale_rewards", "true/group: divide advantages by the group std; false/none: do not "
                                    "(--no_std_normalize)", type=str, metavar="{true,false,group,none}")
             add("--max_tool_calling_iterations", "tool-calling rounds per episode at most: --max_turns is it + 1 (the "
-                                                 "model's last turn answers)", type=_positive_int)
+                                                 "model's last turn answers; 0: no tool calls)", type=at_least(0))
     else:
         add("--per_device_train_batch_size", "rows per rank in a micro-batch (--batch_size)", type=_positive_int)
         for name in ("max_prompt_length", "max_completion_length"):

@@ -265,7 +265,7 @@ def _prepare(rows: List[Dict], encode: Callable[[Dict], Optional[Dict]], out_dir
     progress = tqdm(total=sampled, desc="tokenizing")
     encoded, cut = [], 0
     for index, part in parts:
-        rows_kept = [e for e in (encode(row) for row in part) if e is not None]
+        rows_kept = [e for e in (_encoded(encode, row) for row in part) if e is not None]
         cut += sum(bool(e.pop(CUT, False)) for e in rows_kept)
         progress.update(len(part))
         if rows_kept:
@@ -277,6 +277,19 @@ def _prepare(rows: List[Dict], encode: Callable[[Dict], Optional[Dict]], out_dir
                               "entirely at this --max_length); raise --max_length. Nothing was written")
     layout.write(with_every_column(encoded), out_dir, readable)
     return {"rows": len(rows), "kept": kept, "dropped": sampled - kept, "cut": cut, "unsampled": len(rows) - sampled}
+
+
+def _encoded(encode: Callable[[Dict], Optional[Dict]], row: Dict) -> Optional[Dict]:
+    """`encode(row)`; a chat template that fails on the row (its `raise_exception` on a role order, say) is one line
+    showing the row's start."""
+    from jinja2 import TemplateError
+
+    try:
+        return encode(row)
+    except TemplateError as error:
+        shown = str({key: row[key] for key in list(row)[:2]})
+        raise CoatiUsageError(f"the chat template fails on a row ({type(error).__name__}: {first_line(error)}): "
+                              f"{shown[:160]}") from None
 
 
 def with_every_column(parts: List[Tuple[int, List[Dict]]]) -> List[Tuple[int, List[Dict]]]:

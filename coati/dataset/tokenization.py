@@ -45,7 +45,7 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, template_config: 
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     if config is not None:
-        _check_template(tokenizer, template_config)
+        check_template(tokenizer, f"--conversation_template_config {template_config}")
     return tokenizer
 
 
@@ -55,6 +55,7 @@ def take_chat_template(tokenizer: PreTrainedTokenizerBase, source: str, trust_re
     model's embeddings; here such a folder is refused, naming them, since a resized model is no longer the one given."""
     if Path(source).is_file():
         tokenizer.chat_template = Path(source).read_text()
+        check_template(tokenizer, f"--chat_template {source}")
         return
     try:
         other = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
@@ -74,6 +75,7 @@ def take_chat_template(tokenizer: PreTrainedTokenizerBase, source: str, trust_re
     tokenizer.chat_template = template
     if other.eos_token:
         tokenizer.eos_token = other.eos_token
+    check_template(tokenizer, f"--chat_template {source}")
 
 
 def processor_chat_template(folder: Path) -> Optional[str]:
@@ -84,17 +86,24 @@ def processor_chat_template(folder: Path) -> Optional[str]:
     return template if isinstance(template, str) else None
 
 
-def _check_template(tokenizer: PreTrainedTokenizerBase, template_config: str) -> None:
-    """A template that fails on this tokenizer (one that reads a `bos_token` it lacks) is one line, not a
-    traceback from inside jinja at the first row."""
+PROBE = [{"role": "user", "content": "What is 1 + 1?"}, {"role": "assistant", "content": "The answer is 2."}]
+"""A conversation every chat template must render, its answer among what it writes."""
+
+
+def check_template(tokenizer: PreTrainedTokenizerBase, given: str) -> None:
+    """A template that fails on this tokenizer (a syntax error, or one that reads a `bos_token` it lacks) or that
+    leaves the assistant's turn out is one line naming `given` (where it came from), not a traceback from inside
+    jinja at the first row, nor every row dropped as if cut by truncation."""
     from jinja2 import TemplateError
 
     try:
-        tokenizer.apply_chat_template([{"role": "user", "content": "1 + 1?"}, {"role": "assistant", "content": "2"}],
-                                      tokenize=False)
+        rendered = tokenizer.apply_chat_template(PROBE, tokenize=False)
     except TemplateError as error:
-        raise CoatiUsageError(f"{template_config}: its chat template fails on the tokenizer "
-                              f"({type(error).__name__}: {first_line(error)}) (--conversation_template_config)") from None
+        raise CoatiUsageError(f"{given}: its chat template fails on the tokenizer ({type(error).__name__}: "
+                              f"{first_line(error)})") from None
+    if PROBE[-1]["content"] not in rendered:
+        raise CoatiUsageError(f"{given}: its chat template does not write the assistant's turn (a conversation's "
+                              "answer is not in what it renders)")
 
 
 def template_system_message(template_config: Optional[str]) -> Optional[str]:

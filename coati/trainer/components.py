@@ -60,17 +60,18 @@ class LossTerm:
 class KLTerm(LossTerm):
     """beta times the KL to the frozen reference (`estimator`: k1/k2/k3), aggregated like the policy loss; beta is
     the controller's value (fixed, or adapted after every episode). Logged as `loss/kl`, and beta as `beta` and
-    `kl_coeff` (the published GRPO module's names)."""
+    `kl_coeff` (the published GRPO module's names). With `in_loss` False (the KL is in the rewards), it adds nothing
+    and logs beta alone."""
 
     name = "kl"
 
-    def __init__(self, controller: KLController, estimator: str) -> None:
-        self.controller, self.estimator = controller, KL_ESTIMATORS.get(estimator)
+    def __init__(self, controller: KLController, estimator: str, in_loss: bool = True) -> None:
+        self.controller, self.estimator, self.in_loss = controller, KL_ESTIMATORS.get(estimator), in_loss
 
     def __call__(self, experience: Experience, logps: torch.Tensor, mask: torch.Tensor, aggregate: Aggregate,
                  logits: Optional[torch.Tensor] = None) -> Tuple[Optional[torch.Tensor], Metrics]:
         beta = self.controller.value
-        if beta <= 0 or experience.ref_log_probs is None:
+        if beta <= 0 or experience.ref_log_probs is None or not self.in_loss:
             return None, {}
         kl = aggregate(kl_penalty(logps, experience.ref_log_probs, self.estimator), mask)
         return beta * kl, {"loss/kl": (beta * kl.item(), 1)}

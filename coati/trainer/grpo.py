@@ -20,11 +20,10 @@ class GRPOTrainer(OLTrainer):
 
     def __init__(self, *args: Any, kl_controller: Optional[KLController] = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if self.maker.config.kl_in_reward:
-            self.kl_controller = self.maker.kl_controller
-        else:
-            self.kl_controller = kl_controller or KLController.from_settings(KL_DEFAULTS)
-            self.loss_terms.insert(0, KLTerm(self.kl_controller, self.maker.config.kl_estimator))
+        in_reward = self.maker.config.kl_in_reward
+        self.kl_controller = self.maker.kl_controller if in_reward else \
+            kl_controller or KLController.from_settings(KL_DEFAULTS)
+        self.loss_terms.insert(0, KLTerm(self.kl_controller, self.maker.config.kl_estimator, in_loss=not in_reward))
         if self.kl_controller.target > 0:
             self._adapt("kl_ctl", self.kl_controller)
         if self.maker.temperature is not None:

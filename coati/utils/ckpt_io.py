@@ -341,10 +341,30 @@ def resume_position(state: Dict[str, Any]) -> Tuple[int, int, int]:
     return state["epoch"], state["step"], state["global_samples_in_epoch"] // world_size()
 
 
+def with_tokenizer_ids(tokenizer: Any, config: Any, generation: Any) -> None:
+    """`config` and `generation` (the model's configs, or None) naming the tokenizer's EOS and padding, where the run
+    set them (TRL's eos_token and pad_token, a --chat_template folder's EOS), as TRL's clone_chat_template does: the
+    model config's EOS is the tokenizer's; generation stops there and at the ids it stopped at before."""
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    if eos is not None:
+        config.eos_token_id = eos
+    if pad is not None:
+        config.pad_token_id = pad
+    if generation is None:
+        return
+    before = generation.eos_token_id
+    stops = list(before) if isinstance(before, (list, tuple)) else [] if before is None else [before]
+    if eos is not None and eos not in stops:
+        generation.eos_token_id = [eos, *stops] if stops else eos
+    if pad is not None:
+        generation.pad_token_id = pad
+
+
 def save_hf_model(
     save_dir: PathLike, booster: Booster, model: torch.nn.Module, tokenizer: Any, coordinator: DistCoordinator
 ) -> Path:
-    """Export the model (safetensors, with its config) and tokenizer so `from_pretrained(save_dir)` loads them."""
+    """Export the model (safetensors, with its config) and tokenizer so `from_pretrained(save_dir)` loads them; the
+    configs name the tokenizer's EOS and padding (`with_tokenizer_ids`)."""
     path = Path(save_dir)
     check_finite_weights(model, path)
     booster.save_model(model, str(path), shard=True, use_safetensors=_use_safetensors(model))
@@ -352,9 +372,12 @@ def save_hf_model(
         unwrapped = inner_model(model)
         config = copy.deepcopy(unwrapped.config)
         config._attn_implementation_autoset = False   # as `save_pretrained` does: a reload picks SDPA, not eager
+        generation = copy.deepcopy(getattr(unwrapped, "generation_config", None))
+        if tokenizer is not None:
+            with_tokenizer_ids(getattr(tokenizer, "tokenizer", tokenizer), config, generation)
         config.save_pretrained(path)
-        if getattr(unwrapped, "generation_config", None) is not None:
-            unwrapped.generation_config.save_pretrained(path)
+        if generation is not None:
+            generation.save_pretrained(path)
         if tokenizer is not None:
             tokenizer.save_pretrained(path)
     barrier()

@@ -2,6 +2,7 @@
 and EOS, replaces the tokenizer's in the prepared data and the saved tokenizer; a folder whose tokens the tokenizer
 lacks is refused (TRL would resize the model's embeddings)."""
 import json
+import re
 
 import pytest
 from datasets import load_from_disk
@@ -69,10 +70,11 @@ def test_trls_sft_config_with_chat_template_path_trains_on_that_template_and_sav
     (tmp_path / "brackets.jinja").write_text(BRACKETS)
     (tmp_path / "train.jsonl").write_text(json.dumps(CONVERSATION) + "\n")
     cache = tmp_path / "cache"
-    config = {"model_name_or_path": str(tiny_assets["model"]), "dataset_name": str(tmp_path / "train.jsonl"),
+    settings = {"model_name_or_path": str(tiny_assets["model"]), "dataset_name": str(tmp_path / "train.jsonl"),
               "chat_template_path": str(tmp_path / "brackets.jinja"), "output_dir": str(tmp_path / "out"),
-              "max_steps": 1, "per_device_train_batch_size": 1, "plugin": "ddp", "prepared_cache_dir": str(cache)}
-    (tmp_path / "sft.yaml").write_text(json.dumps(config))
+              "max_steps": 1, "per_device_train_batch_size": 1, "plugin": "ddp", "prepared_cache_dir": str(cache),
+              "pad_token": "<|im_start|>"}
+    (tmp_path / "sft.yaml").write_text(json.dumps(settings))
     result = run_main(commands.sft, ["--config", str(tmp_path / "sft.yaml")])
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     tokenizer = AutoTokenizer.from_pretrained(tiny_assets["model"])
@@ -82,8 +84,14 @@ def test_trls_sft_config_with_chat_template_path_trains_on_that_template_and_sav
                                                 f"<|im_start|>#### 5{tokenizer.eos_token}"
     labelled = tokenizer.decode([t for t, label in zip(row["input_ids"], row["labels"]) if label != IGNORE_INDEX])
     assert labelled == f"#### 5{tokenizer.eos_token}"
-    assert AutoTokenizer.from_pretrained(tmp_path / "out" / "model").chat_template == BRACKETS
-    own = {**{k: v for k, v in config.items() if k != "chat_template_path"}, "output_dir": str(tmp_path / "out2")}
+    saved = AutoTokenizer.from_pretrained(tmp_path / "out" / "model")
+    assert saved.chat_template == BRACKETS and saved.pad_token == "<|im_start|>"
+    config = json.loads((tmp_path / "out" / "model" / "config.json").read_text())
+    generation = json.loads((tmp_path / "out" / "model" / "generation_config.json").read_text())
+    assert config["pad_token_id"] == generation["pad_token_id"] == saved.pad_token_id   # the configs say it too
+    assert config["eos_token_id"] == saved.eos_token_id
+    own = {**{k: v for k, v in settings.items() if k not in ("chat_template_path", "pad_token")},
+           "output_dir": str(tmp_path / "out2")}
     (tmp_path / "own.yaml").write_text(json.dumps(own))
     again = run_main(commands.sft, ["--config", str(tmp_path / "own.yaml")])
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
@@ -98,3 +106,32 @@ def test_a_grpo_run_config_saved_with_the_template_under_multi_turn_still_reads(
                                                    "multi_turn": {"chat_template": str(tmp_path / "t.jinja")}}))
     args = parsed_args("grpo", ["--config", str(tmp_path / "old.yaml"), "--reward_fn", "math_answer"], monkeypatch)
     assert args.chat_template == str(tmp_path / "t.jinja")
+
+
+def test_a_template_that_fails_or_drops_the_answer_is_one_line_and_prepared_data_keeps_its_own(tiny_assets, tmp_path,
+                                                                                                world_of_one):
+    """A syntax error, a template that never writes the assistant's turn, and one whose raise_exception fires on a
+    row are each one line; a prepared folder given with --chat_template is trained as it was prepared, said in a
+    note."""
+    from coati.dataset.prepare import prepare_dataset
+
+    for text, said in (("{{ messages", "its chat template fails on the tokenizer (TemplateSyntaxError"),
+                       ("{% for m in messages %}{% if m.role == 'user' %}{{ m.content }}{% endif %}{% endfor %}",
+                        "its chat template does not write the assistant's turn")):
+        (tmp_path / "t.jinja").write_text(text)
+        with pytest.raises(CoatiUsageError, match=re.escape(f"--chat_template {tmp_path / 't.jinja'}: {said}")):
+            load_tokenizer(str(tiny_assets["model"]), chat_template=str(tmp_path / "t.jinja"))
+    (tmp_path / "strict.jinja").write_text("{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception("
+                                           "'no system turns') }}{% endif %}[{{ m.role }}]<|im_start|>{{ m.content }}"
+                                           "{{ eos_token }}{% endfor %}")
+    tokenizer = load_tokenizer(str(tiny_assets["model"]), chat_template=str(tmp_path / "strict.jinja"))
+    (tmp_path / "sys.jsonl").write_text(json.dumps({"messages": [{"role": "system", "content": "Be brief."},
+                                                                 *CONVERSATION["prompt"], *CONVERSATION["completion"]]}))
+    with pytest.raises(CoatiUsageError, match=r"the chat template fails on a row \(TemplateError: no system turns\)"):
+        prepare_dataset([tmp_path / "sys.jsonl"], "sft", tokenizer, 64, tmp_path / "never")
+    (tmp_path / "brackets.jinja").write_text(BRACKETS)
+    result = run_main(commands.sft, ["--pretrain", str(tiny_assets["model"]), "--dataset", str(tiny_assets["sft_train"]),
+                                     "--chat_template", str(tmp_path / "brackets.jinja"), "--max_steps", "1",
+                                     "--plugin", "ddp", "--output_dir", str(tmp_path / "out")])
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert f"{tiny_assets['sft_train']} is prepared already and keeps the template it was prepared with" in result.stderr

@@ -143,7 +143,8 @@ def test_kl_in_reward_subtracts_beta_times_each_completions_summed_kl_before_the
 
     trainer = grpo_trainer(tiny_assets, maker_config={"num_generations": 2, "kl_in_reward": True})
     maker = trainer.maker
-    assert trainer.kl_controller is maker.kl_controller and not any(isinstance(t, KLTerm) for t in trainer.loss_terms)
+    terms = [t for t in trainer.loss_terms if isinstance(t, KLTerm)]
+    assert trainer.kl_controller is maker.kl_controller and [t.in_loss for t in terms] == [False]
     maker.kl_controller.value = 0.5
     mask = torch.ones(4, 2, dtype=torch.bool)
     kl = T([[0.2, 0.2], [0.1, 0.0], [0.3, 0.1], [0.0, 0.0]])
@@ -167,10 +168,11 @@ def test_a_grpo_run_with_the_kl_in_its_reward_logs_the_kl_and_no_kl_loss(world_o
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     logged = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in logged if "train/loss" in r]
-    assert len(train) == 2 and all("train/kl" in r and "train/loss/kl" not in r for r in train)
+    assert len(train) == 2 and all("train/kl" in r and "train/loss/kl" not in r and r["train/beta"] == 0.1
+                                   for r in train)
     refused = run_main(commands.grpo, argv)
-    assert refused.returncode == 2 and "--kl_in_reward subtracts --kl_coef times each completion's KL to the " \
-                                       "reference from its reward: give --kl_coef above 0" in refused.stderr
+    assert refused.returncode == 2 and "--kl_coef 0.0: --kl_in_reward subtracts it times each completion's KL to " \
+                                       "the reference from its reward; give it above 0" in refused.stderr
 
 
 def test_kl_and_entropy_terms_follow_the_loss_aggregation():
