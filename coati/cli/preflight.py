@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 
 from coati.cli.trl_names import HELD_OUT, TRL_SAVE_NAMES
 from coati.config import PREPARE_MAX_LENGTH
-from coati.utils.errors import CoatiUsageError, note_user
+from coati.utils.errors import CoatiUsageError, note_user, warn_user
 from coati.utils.file_checks import (check_data_dirs, check_data_exist, check_model_dir, check_writable_dir,
                                      resolve_dataset_id, resolve_model_dir)
 
@@ -162,10 +162,15 @@ def prepare_raw_data(args: argparse.Namespace) -> None:
                               f"{prepared_folder} is prepared already: give its held-out data with --eval_dataset")
     from coati.dataset.cache import eval_split, prepared
     from coati.dataset.prepare import DataPart
+    from coati.dataset.tokenization import splits_first_answer_token
     from coati.dataset.vision import ImageProcessing
 
     tokenizer_dir = args.tokenizer_dir or args.pretrain
     tokenizer = run_tokenizer(args) if any(raw.values()) else None
+    if tokenizer is not None and getattr(args, "chat_template", None) and splits_first_answer_token(tokenizer):
+        warn_user(f"--chat_template {args.chat_template}: its generation prompt ends inside the answer's first token "
+                  "(a trailing space the answer's first word joins), so that token is not trained on; end the "
+                  "generation prompt with a newline or a special token")
     images = (ImageProcessing.load(tokenizer_dir, tokenizer, image_limits(args), args.trust_remote_code)
               if tokenizer is not None else None)
 

@@ -106,6 +106,27 @@ def check_template(tokenizer: PreTrainedTokenizerBase, given: str) -> None:
                               "answer is not in what it renders)")
 
 
+PROBE_ANSWERS = ("The answer is 2.", "#### 2", "2")
+"""Answers whose first token a generation prompt ending in a space or a word's start would join."""
+
+
+def splits_first_answer_token(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether the chat template's generation prompt ends inside the first token of an answer (a trailing space the
+    answer's first word joins): labels covering the answer's characters then leave that token out."""
+    return any(_prompt_ends_inside_a_token(tokenizer, answer) for answer in PROBE_ANSWERS)
+
+
+def _prompt_ends_inside_a_token(tokenizer: PreTrainedTokenizerBase, answer: str) -> bool:
+    """Whether the first token of `answer` in the rendered conversation begins inside the generation prompt (labels
+    covering the answer's characters alone then leave that token out)."""
+    prompt = tokenizer.apply_chat_template(PROBE[:1], tokenize=False, add_generation_prompt=True)
+    rendered = tokenizer.apply_chat_template([PROBE[0], {"role": "assistant", "content": answer}], tokenize=False)
+    if not rendered.startswith(prompt):
+        return False
+    offsets = tokenizer(rendered, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    return any(begin < len(prompt) < end for begin, end in offsets)
+
+
 def template_system_message(template_config: Optional[str]) -> Optional[str]:
     """The `system_message` of a ColossalChat template config: the system turn of every conversation that has
     none of its own (None: no such turn)."""

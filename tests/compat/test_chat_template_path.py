@@ -112,7 +112,7 @@ def test_a_template_that_fails_or_drops_the_answer_is_one_line_and_prepared_data
                                                                                                 world_of_one):
     """A syntax error, a template that never writes the assistant's turn, and one whose raise_exception fires on a
     row are each one line; a prepared folder given with --chat_template is trained as it was prepared, said in a
-    note."""
+    note; a generation prompt ending in a space the answer's first token joins is warned about."""
     from coati.dataset.prepare import prepare_dataset
 
     for text, said in (("{{ messages", "its chat template fails on the tokenizer (TemplateSyntaxError"),
@@ -135,3 +135,11 @@ def test_a_template_that_fails_or_drops_the_answer_is_one_line_and_prepared_data
                                      "--plugin", "ddp", "--output_dir", str(tmp_path / "out")])
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert f"{tiny_assets['sft_train']} is prepared already and keeps the template it was prepared with" in result.stderr
+
+    (tmp_path / "space.jinja").write_text("{% for m in messages %}{{ m.role }}: {{ m.content }}{{ eos_token }}"
+                                          "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
+    (tmp_path / "train.jsonl").write_text(json.dumps(CONVERSATION) + "\n")
+    spaced = run_main(commands.sft, ["--pretrain", str(tiny_assets["model"]), "--dataset", str(tmp_path / "train.jsonl"),
+                                     "--chat_template", str(tmp_path / "space.jinja"), "--max_steps", "1", "--plugin",
+                                     "ddp", "--prepared_cache_dir", str(tmp_path / "cache")])
+    assert spaced.returncode == 0 and "its generation prompt ends inside the answer's first token" in spaced.stderr
