@@ -22,7 +22,7 @@ from coati.cli.options import CoatiArgumentParser, add_settings, errors_named_as
 from coati.run_config import (RUN_CONFIGS, DPORunConfig, GRPORunConfig, KTORunConfig, ORPORunConfig, PPORunConfig,
                               PRMRunConfig, RMRunConfig, SFTRunConfig)
 from coati.distributed.launch import LAUNCH
-from coati.utils.errors import CoatiUsageError, exit_cleanly
+from coati.utils.errors import CoatiUsageError, exit_cleanly, note_user
 from coati.utils.file_checks import check_writable_dir, resolve_model_dir
 from coati.utils.ranges import at_least
 
@@ -158,6 +158,9 @@ def dpo(argv: Optional[List[str]] = None, callbacks: Sequence[Any] = ()) -> None
     from coati.trainer.dpo import DPOTrainer
 
     loss = preference_loss(args._run_config.loss, args.disable_reference_model, args.length_normalization)
+    if args.precompute_ref_logps and not loss.needs_reference:
+        note_user(f"--precompute_ref_logps: this loss ({args.loss_type}) uses no reference model, so there is "
+                  "nothing to precompute")
     run_supervised(args, DPOTrainer, "preference", trainer_kwargs={"loss_fn": loss, "rpo_alpha": args.rpo_alpha},
                    setup_hook=reference_hook if loss.needs_reference else None, callbacks=callbacks)
 

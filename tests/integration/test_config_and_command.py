@@ -884,3 +884,10 @@ def test_a_launch_of_several_nodes_says_that_it_waits_for_them_and_where():
         "--node_rank, and --master_addr naming node 0)")
     assert rendezvous_note({"--nnodes": "3"}).startswith("node 0 of 3: waiting for every node to join at 127.0.0.1:29500")
     assert rendezvous_note({"--nproc_per_node": "2"}) is None and rendezvous_note({"--nnodes": "1"}) is None
+
+
+def test_precomputing_the_reference_for_a_loss_without_one_is_noted(monkeypatch, capsys):
+    parsed_args("dpo", ["--pretrain", "m", "--dataset", "d", "--loss_type", "simpo", "--precompute_ref_logps"],
+                monkeypatch)
+    assert "--precompute_ref_logps: this loss (simpo) uses no reference model, so there is nothing to precompute" in \
+        capsys.readouterr().err
