@@ -113,8 +113,12 @@ class CoatiArgumentParser(argparse.ArgumentParser):
     def _sources(self, parsed: argparse.Namespace, in_file: Dict[str, str], from_flags: Dict[str, str],
                  by_override: Dict[str, str]) -> Dict[str, str]:
         """Where each setting's value came from (`in_file`, `from_flags`, and `by_override` among them: destination
-        -> the flag that set it): `flag --x`, `override` (section.key=value), `file` (by its name or a TRL name's,
-        `file (per_device_train_batch_size)`), `derived` (set from other settings) or `default`."""
+        -> the flag that set it): `flag --x`, `override KEY` (a section.key=value override, by its key), `file` (by
+        the key it was given as where that is not its name: `file (per_device_train_batch_size)`, `file
+        (actor_rollout_ref.actor.optim.lr)`), `derived` (set from other settings) or `default`."""
+        def key_of(flag: str) -> str:
+            return self.origins.get(flag) or flag.lstrip("-")
+
         sources = {}
         for action in self._actions:
             if not action.option_strings or action.default is argparse.SUPPRESS or not hasattr(parsed, action.dest) \
@@ -122,7 +126,7 @@ class CoatiArgumentParser(argparse.ArgumentParser):
                 continue
             trl_dest = f"trl_{getattr(self, 'derived', {}).get(action.dest)}"
             if action.dest in by_override or trl_dest in by_override:
-                sources[action.dest] = OVERRIDES
+                sources[action.dest] = f"override {key_of(by_override.get(action.dest) or by_override[trl_dest])}"
             elif trl_dest in from_flags:
                 sources[action.dest] = f"flag {from_flags[trl_dest]}"
             elif trl_dest in in_file:
@@ -130,7 +134,8 @@ class CoatiArgumentParser(argparse.ArgumentParser):
             elif action.dest in from_flags:
                 sources[action.dest] = f"flag {from_flags[action.dest]}"
             elif action.dest in in_file:
-                sources[action.dest] = "file"
+                given = key_of(in_file[action.dest])
+                sources[action.dest] = "file" if given == action.dest else f"file ({given})"
             else:
                 default = action.default if not isinstance(action.default, tuple) else list(action.default)
                 sources[action.dest] = "default" if getattr(parsed, action.dest) == default else "derived"

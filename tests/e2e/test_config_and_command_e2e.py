@@ -35,7 +35,8 @@ def test_grpo_from_a_trl_recipe_saves_its_config_and_reruns_from_it_with_the_sam
     checkpoints = sorted((tmp_path / "first" / "ckpt").glob("epoch-*"))
     assert checkpoints and all((c / "modeling" / "tokenizer.json").is_file() for c in checkpoints)   # loads alone
     info = json.loads((tmp_path / "first" / "run_info.json").read_text())
-    assert info["sources"]["pretrain"] == "file" and info["sources"]["batch_size"] == "file (per_device_train_batch_size)"
+    assert info["sources"]["pretrain"] == "file (model_name_or_path)" and \
+        info["sources"]["batch_size"] == "file (per_device_train_batch_size)"
     assert info["sources"]["plugin"] == "default" and info["versions"]["torch"]
     assert info["command"][1:] == ["--config", str(tmp_path / "recipe.yaml")]
 

@@ -737,8 +737,9 @@ def test_a_switch_the_file_turns_on_is_turned_off_on_the_command_line(off, monke
     config = {"gradient_checkpointing": True, "packing": True}
     args = _parse("sft", [*SFT, *off], monkeypatch, config, tmp_path)
     assert (args.grad_checkpoint, args.packing) == (False, False)
-    assert args._run_record.sources["grad_checkpoint"] == ("section.key=value overrides" if "model.grad_checkpoint=false"
-                                                           in off else "flag --grad_checkpoint")
+    assert args._run_record.sources["grad_checkpoint"] == ("override model.grad_checkpoint" if
+                                                           "model.grad_checkpoint=false" in off else
+                                                           "flag --grad_checkpoint")
     args = _parse("sft", [*SFT, "--packing", "true", "optim.lr=0.1"], monkeypatch, {"packing": False}, tmp_path)
     assert (args.packing, args.lr) == (True, 0.1)
 

@@ -81,7 +81,7 @@ def test_verls_gsm8k_grpo_command_is_read_as_coatis_settings(monkeypatch, capsys
                 "actor_rollout_ref.rollout.tensor_model_parallel_size", "actor_rollout_ref.model.use_remove_padding"):
         assert key in note
     assert not hasattr(args, "verl_train_batch_size")
-    assert args._run_record.sources["pretrain"] == "section.key=value overrides"
+    assert args._run_record.sources["pretrain"] == "override actor_rollout_ref.model.path"
     from coati.cli.options import named_as_given   # a later check's line names the verl key that gave the path
 
     assert named_as_given("--prompt_dataset x does not exist", args) == "data.train_files (--prompt_dataset) x does " \
