@@ -415,8 +415,8 @@ def split_overrides(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Tup
         if not match or match.group(1).split(".")[0] not in sections | verl:
             return False
         section, _, key = match.group(1).partition(".")
-        if is_verl_key(command, section, key.split(".")[0]) or command in VERL_COMMANDS and section in SHARED_SECTIONS:
-            return True   # in a section verl's names share, a key neither has is an override to refuse by name
+        if section in verl or command in VERL_COMMANDS and section in SHARED_SECTIONS:
+            return True   # verl's, or in a section both share: a key neither has is an override to refuse by name
         action = actions.get(key)
         return action is not None and owners.get(action.dest) == section
 

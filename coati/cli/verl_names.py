@@ -246,20 +246,20 @@ NOT_USED: Dict[str, str] = {
 OVERLONG = ("reward_model.overlong_buffer.", "reward_model.reward_kwargs.overlong_buffer_cfg.")
 """Where verl's DAPO recipes set the overlong penalty (`enable`, `len`, `penalty_factor`, `log`): coati's
 `--reward_shaping overlong`."""
-CONVERTED = (A + "use_kl_loss", A + "kl_loss_coef", A + "kl_loss_type", A + "clip_ratio", A + "clip_ratio_c", A + "tau_pos", A + "tau_neg",
-             R + "val_kwargs.do_sample", R + "val_kwargs.n", R + "val_kwargs.temperature", R + "val_kwargs.top_p",
-             R + "val_kwargs.top_k",
-             "algorithm.adv_estimator", "algorithm.use_kl_in_reward", "algorithm.norm_adv_by_std_in_grpo",
-             "algorithm.kl_penalty", "algorithm.kl_ctrl.", "trainer.logger", "trainer.critic_warmup",
-             "trainer.resume_mode", "trainer.resume_from_path", "reward_model.enable", "reward_model.model.path",
-             "custom_reward_function.", "algorithm.filter_groups.", *OVERLONG)
-"""verl's keys (a name ending in a dot: every key under it) that a conversion of several keys reads (`_convert`)."""
 OVERLONG_KEYS = ("enable", "len", "penalty_factor", "log")
-KEYS_UNDER = {"algorithm.kl_ctrl.": ("type", "kl_coef", "horizon", "target_kl"),
-              "algorithm.filter_groups.": ("enable", "metric", "max_num_gen_batches"),
-              "custom_reward_function.": ("path", "name"), OVERLONG[0]: OVERLONG_KEYS, OVERLONG[1]: OVERLONG_KEYS,
-              A + "policy_loss.": ("loss_mode", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio",
-                                   "ppo_kl_coef")}
+CONVERTED_UNDER = {"algorithm.kl_ctrl.": ("type", "kl_coef", "horizon", "target_kl"),
+                   "algorithm.filter_groups.": ("enable", "metric", "max_num_gen_batches"),
+                   "custom_reward_function.": ("path", "name"), OVERLONG[0]: OVERLONG_KEYS, OVERLONG[1]: OVERLONG_KEYS}
+"""verl's sections whose keys a conversion of several keys reads (`_convert`), with the keys verl has there."""
+CONVERTED = (A + "use_kl_loss", A + "kl_loss_coef", A + "kl_loss_type", A + "clip_ratio", A + "clip_ratio_c",
+             A + "tau_pos", A + "tau_neg", R + "val_kwargs.do_sample", R + "val_kwargs.n", R + "val_kwargs.temperature",
+             R + "val_kwargs.top_p", R + "val_kwargs.top_k",
+             "algorithm.adv_estimator", "algorithm.use_kl_in_reward", "algorithm.norm_adv_by_std_in_grpo",
+             "algorithm.kl_penalty", "trainer.logger", "trainer.critic_warmup", "trainer.resume_mode",
+             "trainer.resume_from_path", "reward_model.enable", "reward_model.model.path", *CONVERTED_UNDER)
+"""verl's keys (a name ending in a dot: every key under it) that a conversion of several keys reads (`_convert`)."""
+KEYS_UNDER = {**CONVERTED_UNDER, A + "policy_loss.": ("loss_mode", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub",
+                                                       "kl_cov_ratio", "ppo_kl_coef")}
 """verl's keys under the sections whose keys are read together (besides its config classes' `_target_`): a key
 under one of them that verl has not is refused, where Hydra would refuse it, not read as nothing."""
 NOT_USED_UNDER = {
@@ -280,14 +280,12 @@ AT_DEFAULT: Dict[str, Any] = {
     A + "optim.override_optimizer_config": None, A + "optim.total_training_steps": -1,
     A + "use_prefix_grouper": False, A + "calculate_entropy": False, A + "loss_scale_factor": None,
     A + "calculate_sum_pi_squared": False, A + "sum_pi_squared_checkpointing": False, R + "ignore_eos": False,
-    R + "do_sample": True, R + "multi_turn.enable": False,
-    R + "data_parallel_size": 1,
+    R + "do_sample": True, R + "multi_turn.enable": False, R + "data_parallel_size": 1,
     R + "expert_parallel_size": 1, R + "pipeline_model_parallel_size": 1, R + "skip_rollout": False,
     R + "quantization": None, R + "logprobs_mode": "processed_logprobs", R + "scheduling_policy": "fcfs",
     M + "custom_chat_template": None, M + "external_lib": None, M + "override_config": {}, M + "hf_config_path": None,
     M + "enable_activation_offload": False, M + "exclude_modules": None, M + "lora_adapter_path": None,
-"data.train_max_samples": -1,
-    "data.val_max_samples": -1, "data.tokenizer": None, "data.tool_config_path": None,
+    "data.train_max_samples": -1, "data.val_max_samples": -1, "data.tokenizer": None, "data.tool_config_path": None,
     "algorithm.use_pf_ppo": False, "trainer.val_only": False,
     "data.custom_cls.path": None, "data.custom_cls.name": None, "data.sampler.class_path": None,
     "data.sampler.class_name": None, "data.datagen.path": None, "data.datagen.name": None,
@@ -528,7 +526,7 @@ def _known_under(key: str) -> bool:
 def _nearest(key: str) -> str:
     """' (did you mean X?)' for the verl keys coati takes that are closest to `key`, else where they are listed."""
     names = [*TAKEN, *BATCHES, *AT_DEFAULT, *(name for name in CONVERTED if not name.endswith(".")),
-             *(prefix + name for prefix, names in KEYS_UNDER.items() for name in names)]
+             *(prefix + name for prefix, under in KEYS_UNDER.items() for name in under)]
     close = difflib.get_close_matches(key, list(dict.fromkeys(names)), n=2, cutoff=0.8)
     return f" (did you mean {' or '.join(close)}?)" if close else \
         " (docs/migration/verl.md lists the verl keys coati takes)"
