@@ -36,6 +36,19 @@ def same_random_state():
     numpy.random.set_state(saved[2])
 
 
+@pytest.fixture(scope="session", autouse=True)
+def prepared_cache_of_the_session(tmp_path_factory):
+    """Prepared data is cached in a folder of this session (`$COATI_CACHE`, which the runs a test starts inherit):
+    the tests write nothing to the user's ~/.cache and read nothing an earlier version left there."""
+    saved = os.environ.get("COATI_CACHE")
+    os.environ["COATI_CACHE"] = str(tmp_path_factory.mktemp("prepared-cache"))
+    yield
+    if saved is None:
+        os.environ.pop("COATI_CACHE")
+    else:
+        os.environ["COATI_CACHE"] = saved
+
+
 @pytest.fixture(scope="session")
 def tiny_assets(tmp_path_factory):
     """A tiny model directory and prepared SFT, preference and prompt train/eval datasets, built once per session."""

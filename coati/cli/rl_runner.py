@@ -25,7 +25,7 @@ from coati.distributed.launch import seed_each_rank
 from coati.distributed.plugins import build_booster
 from coati.cli.arguments import micro_batches_per_pass, optimizer_steps_per_episode
 from coati.utils.ckpt_io import read_running_state, save_hf_model
-from coati.utils.errors import fail, note_user
+from coati.utils.errors import fail, note_user, resume_hint
 from coati.utils.registry import OBJECTIVES
 
 from coati.trainer.callbacks import Callback
@@ -135,9 +135,7 @@ def _run(args: argparse.Namespace, build: Callable[..., OLTrainer], callbacks: S
         (Path(args.output_dir) / "alarms.json").write_text(json.dumps(monitor.fired, indent=2))
     coordinator.print_on_master(f"alarms: {'; '.join(monitor.fired.values()) or 'none'}")
     if monitor.stopped_by:
-        where = (f"resume it from {args.save_dir} with --checkpoint_path latest" if args.save_dir else
-                 "it kept no checkpoint to resume from (no --save_dir)")
-        fail(f"error: stopped by alarm {monitor.stopped_by} (--stop_on_alarm); {where}", ALARM_EXIT_CODE)
+        fail(f"error: stopped by alarm {monitor.stopped_by} (--stop_on_alarm); {resume_hint()}", ALARM_EXIT_CODE)
     export_model(args, setup, actor, saved_tokenizer, coordinator)
     return trainer
 

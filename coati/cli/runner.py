@@ -44,7 +44,7 @@ from coati.utils.ckpt_io import (latest_checkpoint, read_running_state, resume_p
                                  set_aside_checkpoints, verify_checkpoint)
 from coati.cli.colossalchat import attention_implementation, write_config_file
 from coati.cli.config_file import save_run_record
-from coati.utils.errors import CoatiUsageError, note_user
+from coati.utils.errors import CoatiUsageError, note_user, remember_save_dir
 from coati.utils.file_checks import model_signature
 from coati.cli.preflight import check_run_paths, image_limits, run_tokenizer
 from coati.utils.metrics_logger import MetricsLogger
@@ -359,6 +359,7 @@ def start_run(args: argparse.Namespace, check: Optional[Callable[[argparse.Names
             check(args)
     if not (args.output_dir or args.save_dir):
         note_user("no --output_dir (or --save_dir): this run keeps no model, checkpoint or saved config")
+    remember_save_dir(args.save_dir)
     init_distributed(args.seed, args.dist_timeout)
     write_config_file(args)
     save_run_record(args)

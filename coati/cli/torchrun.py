@@ -17,7 +17,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import main
 
-from coati.utils.errors import INTERRUPTED
+from coati.utils.errors import interrupted_line
 
 
 def failure_line(failed: ChildFailedError) -> str:
@@ -49,7 +49,7 @@ if __name__ == "__main__":
         main()
     except SignalException as stop:
         if stop.sigval != signal.SIGINT:
-            print(INTERRUPTED, file=sys.stderr, flush=True)
+            print(interrupted_line(), file=sys.stderr, flush=True)
         sys.exit(128 + int(stop.sigval))
     except ChildFailedError as failed:
         line = failure_line(failed)

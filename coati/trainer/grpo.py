@@ -21,6 +21,9 @@ class GRPOTrainer(OLTrainer):
     def __init__(self, *args: Any, kl_controller: Optional[KLController] = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         in_reward = self.maker.config.kl_in_reward
+        if in_reward and kl_controller is not None and kl_controller is not self.maker.kl_controller:
+            raise ValueError("with kl_in_reward the KL weight is the experience maker's: give the KLController to "
+                             "GRPOExperienceMaker(kl_controller=...), not to GRPOTrainer")
         self.kl_controller = self.maker.kl_controller if in_reward else \
             kl_controller or KLController.from_settings(KL_DEFAULTS)
         self.loss_terms.insert(0, KLTerm(self.kl_controller, self.maker.config.kl_estimator, in_loss=not in_reward))

@@ -11,7 +11,7 @@ import os
 import sys
 import time
 import traceback
-from typing import Callable, NoReturn, TypeVar
+from typing import Callable, Dict, NoReturn, Optional, TypeVar
 
 USAGE_EXIT_CODE = 2
 PEER_LOST_EXIT_CODE = 3
@@ -58,8 +58,7 @@ def first_line(error: BaseException) -> str:
 
 def peer_lost_message(error: BaseException) -> str:
     return (f"error: rank {_rank()} lost contact with the other ranks ({first_line(error)}). Another process of this run "
-            f"died or cannot be reached, so every rank stops. Resume from the last complete checkpoint with "
-            f"--checkpoint_path latest.")
+            f"died or cannot be reached, so every rank stops; {resume_hint()}")
 
 
 def record_error(message: str) -> None:
@@ -107,8 +106,36 @@ def fail(message: str, code: int, every_rank: bool = False) -> NoReturn:
     sys.exit(code)
 
 
-INTERRUPTED = "error: interrupted; complete checkpoints are kept (resume with --checkpoint_path latest)"
-"""What a run stopped by Ctrl-C (or, launched, by SIGTERM) says last."""
+_RUN: Dict[str, Optional[str]] = {}
+"""The --save_dir of the run this process trains (`remember_save_dir`), for `resume_hint`."""
+
+
+def remember_save_dir(save_dir: Optional[str]) -> None:
+    """Say that this process trains a run that keeps its checkpoints in `save_dir` (None: keeps none)."""
+    _RUN["save_dir"] = save_dir
+
+
+def resume_hint() -> str:
+    """How a run stopped now goes on: from its newest complete checkpoint, or from the start where it has none. A
+    process that knows no run (the launcher) says what holds for any."""
+    if "save_dir" not in _RUN:
+        return "the complete checkpoints in --save_dir, if any, are kept (resume with --checkpoint_path latest)"
+    save_dir = _RUN["save_dir"]
+    if not save_dir:
+        return "this run keeps no checkpoint (no --save_dir): run it again from the start"
+    from coati.utils.ckpt_io import latest_checkpoint
+
+    found = latest_checkpoint(save_dir)
+    if found is None:
+        return f"no complete checkpoint in {save_dir} yet: run it again from the start"
+    return f"complete checkpoints in {save_dir} are kept (resume from {found.name} with --checkpoint_path latest)"
+
+
+def interrupted_line() -> str:
+    """What a run stopped by Ctrl-C (or, launched, by SIGTERM) says last."""
+    return f"error: interrupted; {resume_hint()}"
+
+
 QUIET_RANK_GRACE_S = 3.0
 """How long a rank that does not print the error waits before it exits: torchrun stops every rank as soon as one
 fails, and on a loaded machine the printing rank may not have printed yet."""
@@ -139,13 +166,13 @@ def exit_cleanly(main: Callable[..., T]) -> Callable[..., T]:
                 print(details.rstrip("\n"), file=sys.stderr, flush=True)
             fail(f"error: {error}", USAGE_EXIT_CODE)
         except KeyboardInterrupt:
-            fail(INTERRUPTED, INTERRUPTED_EXIT_CODE)
+            fail(interrupted_line(), INTERRUPTED_EXIT_CODE)
         except Exception as error:
             if is_peer_failure(error):
                 fail(peer_lost_message(error), PEER_LOST_EXIT_CODE, every_rank=True)
             if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-                fail(f"error: no space left on the device while writing {error.filename or 'a file'}; complete "
-                     "checkpoints are kept: free space, then resume with --checkpoint_path latest", USAGE_EXIT_CODE)
+                fail(f"error: no space left on the device while writing {error.filename or 'a file'}; free space: "
+                     f"{resume_hint()}", USAGE_EXIT_CODE)
             record_error(traceback.format_exc())
             raise
 

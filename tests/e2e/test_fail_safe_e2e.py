@@ -72,7 +72,7 @@ def test_a_launched_run_ends_with_its_coati_process_killed_outright(tiny_assets,
         proc.wait()
         gone, alive = psutil.wait_procs(run, timeout=60)
         assert not alive, f"still running 60 s after coati was killed: {[p.cmdline() for p in alive]}"
-        assert "error: interrupted; complete checkpoints are kept" in log.read_text()
+        assert "error: interrupted; the complete checkpoints in --save_dir, if any, are kept" in log.read_text()
     finally:
         for process in run:
             try:

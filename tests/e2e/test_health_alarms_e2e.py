@@ -17,8 +17,8 @@ def test_stop_on_alarm_ends_the_run_with_a_checkpoint_that_resumes(tiny_assets, 
                        "--stop_on_alarm", "entropy_collapse", "--alarm_threshold", "entropy_floor=2", "patience=1")
     assert stopped.returncode != 0 and re.search(r"exitcode\s*: 4", stopped.stderr), stopped.stderr[-3000:]
     errors = [line for line in stopped.stderr.splitlines() if line.startswith("error: ")]
-    assert errors == [f"error: stopped by alarm entropy_collapse (--stop_on_alarm); resume it from {tmp_path / 'ckpt'} "
-                      "with --checkpoint_path latest"]
+    assert errors == [f"error: stopped by alarm entropy_collapse (--stop_on_alarm); complete checkpoints in "
+                      f"{tmp_path / 'ckpt'} are kept (resume from epoch-0_step-1 with --checkpoint_path latest)"]
     assert "warning: alarm entropy_collapse at step 1: train/policy_entropy = " in stopped.stderr
     alarms = json.loads((tmp_path / "out" / "alarms.json").read_text())   # answer_format is 0 for all: no spread
     assert list(alarms) == ["entropy_collapse", "zero_std_groups"] and "--stop_on_alarm" in alarms["entropy_collapse"]

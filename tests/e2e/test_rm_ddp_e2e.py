@@ -71,8 +71,8 @@ def test_interrupted_reward_model_run_resumes_with_the_same_metrics(tiny_assets,
     assert proc.wait(timeout=120) == 128 + signal.SIGTERM, "the run finished before it could be interrupted"
     assert not psutil.wait_procs(run_processes, timeout=30)[1]
     said = (run / "err.log").read_text()
-    assert said.strip().splitlines()[-1] == ("error: interrupted; complete checkpoints are kept (resume with "
-                                             "--checkpoint_path latest)") and "Traceback" not in said
+    assert said.strip().splitlines()[-1] == ("error: interrupted; the complete checkpoints in --save_dir, if any, are "
+                                             "kept (resume with --checkpoint_path latest)") and "Traceback" not in said
     killed_at = latest_checkpoint(run / "ckpt")
     assert killed_at is not None and killed_at.name != "epoch-6_step-72"
 

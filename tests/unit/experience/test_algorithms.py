@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from coati.experience.advantages import AdvantageConfig
+from coati.experience.controllers import KLController
 from coati.models.loss import PolicyLoss, PolicyLossConfig
 from coati.utils.registry import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, Entry
 from coati.trainer.callbacks import Callback
@@ -155,6 +156,9 @@ def test_kl_in_reward_subtracts_beta_times_each_completions_summed_kl_before_the
     expected = ADVANTAGE_ESTIMATORS.get("grpo")(scored, AdvantageConfig(2))
     assert torch.allclose(made.advantages, expected) and made.rewards.tolist() == [1.0, 0.0, 1.0, 1.0]
     assert made.advantages[2] < 0 < made.advantages[3]   # tied scores, the one further from the reference loses
+    with pytest.raises(ValueError, match="give the KLController to GRPOExperienceMaker"):   # one owner of beta
+        grpo_trainer(tiny_assets, maker_config={"num_generations": 2, "kl_in_reward": True},
+                     kl_controller=KLController(0.1))
 
 
 def test_a_grpo_run_with_the_kl_in_its_reward_logs_the_kl_and_no_kl_loss(world_of_one, tiny_assets, tmp_path):
