@@ -12,7 +12,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from coati.utils.cadence import LogCadence
 from coati.utils.errors import CoatiUsageError
 from coati.utils.metrics_logger import DEFAULT_WANDB_TABLE_ROWS
-from coati.utils.ranges import at_least, in_range, non_negative, positive, readable_file, whole_or_fraction
+from coati.utils.ranges import (at_least, in_range, non_negative, positive, readable_file, renaming,
+                                whole_or_fraction)
 from coati.utils.registry import (ADVANTAGE_ESTIMATORS, AGENTS, AGGREGATIONS, BEHAVIOUR_CORRECTIONS, DISTILL_LOSSES,
                                   KL_ESTIMATORS, OBJECTIVES, POLICY_LOSSES, REWARD_SHAPERS, TOOL_CALL_PARSERS, TOOLS,
                                   option)
@@ -126,6 +127,10 @@ class DataSettings:
     dataset_config: Optional[str] = setting(None, help="the configuration (subset) of --dataset's datasets folders or "
                                                        "Hub datasets to read, datasets.load_dataset's name (e.g. main "
                                                        "for openai/gsm8k)")
+    dataset_columns: Dict[str, str] = setting(
+        factory=dict, parse=renaming, nargs="+", metavar="COLUMN=NAME", convert=dict,
+        help="read raw data's column COLUMN as NAME, the name coati's formats give it (e.g. question=prompt "
+             "answer=completion; OpenRLHF's input_key, verl's prompt_key)")
     eval_split: float = setting(0.0, parse=in_range(0, 1, high_open=True),
                                 help="hold out this fraction of the training rows (seeded by --seed) as the evaluation "
                                      "set, where --eval_dataset is not given (0: none)")

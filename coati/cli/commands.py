@@ -9,6 +9,7 @@ import contextlib
 import contextvars
 import io
 import sys
+from dataclasses import fields
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from coati.cli.arguments import run_config_from, run_config_parser
@@ -17,7 +18,7 @@ from coati.cli.preflight import check_paths, image_limits
 from coati.cli.trl_names import add_trl_names
 from coati.cli.verl_names import VERL_COMMANDS, add_verl_names
 from coati.config import (COLOSSALCHAT_MARGIN, DEFAULT_BETA, PREPARE_MAX_LENGTH, TINY_VISION_STYLES,
-                          PreferenceLossSettings, VisionSettings)
+                          DataSettings, PreferenceLossSettings, VisionSettings)
 from coati.cli.options import CoatiArgumentParser, add_settings, errors_named_as_given
 from coati.run_config import (RUN_CONFIGS, DPORunConfig, GRPORunConfig, KTORunConfig, ORPORunConfig, PPORunConfig,
                               PRMRunConfig, RMRunConfig, SFTRunConfig)
@@ -281,6 +282,8 @@ def prepare(argv: Optional[List[str]] = None) -> None:
                         help="also write each part as part-NNNNN.jsonl here, with its text decoded (ColossalChat's check)")
     parser.add_argument("--num_samples_per_datafile", type=at_least(-1), default=-1,
                         help="keep at most this many rows of each part, sampled with a fixed seed (-1 or 0: all)")
+    add_settings(parser, DataSettings, "Data",
+                 skip=[f.name for f in fields(DataSettings) if f.name != "dataset_columns"])
     add_settings(parser, VisionSettings, skip=("freeze_vision_tower", "freeze_multi_modal_projector"))
     args = _parse(parser, argv)
     out_dir = args.data_output_dirs or args.data_arrow_output_dir
@@ -302,7 +305,8 @@ def prepare(argv: Optional[List[str]] = None) -> None:
     counts = prepare_dataset([p for group in args.data_input_dirs for p in group], args.type, tokenizer,
                              args.max_length, out_dir, skip_invalid=args.skip_invalid, layout=layout,
                              system_message=template_system_message(args.conversation_template_config), images=images,
-                             part=DataPart(subset=args.dataset_config, cache_dir=args.data_cache_dir))
+                             part=DataPart(subset=args.dataset_config, cache_dir=args.data_cache_dir,
+                                           columns=tuple(dict(args.dataset_columns).items())))
     sampled = f", {counts['unsampled']} left out by --num_samples_per_datafile" if counts["unsampled"] else ""
     print(f"prepared {args.type} dataset in {out_dir}: {counts['kept']} of {counts['rows']} valid rows kept, "
           f"{truncation_summary(counts, args.max_length)}{sampled}, {counts['skipped']} invalid rows skipped")

@@ -154,6 +154,10 @@ def prepare_raw_data(args: argparse.Namespace) -> None:
     raw = {name: [p for p in getattr(args, name, None) or () if is_raw(p)] for name in RAW_DATA_FLAGS}
     note_prepared_template(args, raw)
     split, test_split = getattr(args, "eval_split", 0.0), getattr(args, "dataset_test_split", None)
+    if getattr(args, "dataset_columns", None) and args.dataset and not raw["dataset"] + raw["eval_dataset"]:
+        raise CoatiUsageError(f"--dataset_columns renames raw data's columns as it is prepared; "
+                              f"{_data_flag(args, 'dataset')} {args.dataset[0]} is prepared already: prepare its raw "
+                              "data again with them")
     if data_type is None or not (any(raw.values()) or split or test_split):
         return
     if test_split and len(raw["dataset"]) < len(args.dataset):
@@ -176,10 +180,12 @@ def prepare_raw_data(args: argparse.Namespace) -> None:
 
     def prepare(name: str, inputs: List[str], split_name: Optional[str]) -> str:
         subset = getattr(args, "dataset_config", None) if name == "dataset" else None
+        columns = tuple(dict(getattr(args, "dataset_columns", None) or {}).items()) if name != "ptx_dataset" else ()
         try:
             return str(prepared(inputs, RAW_DATA_FLAGS[name] or data_type, tokenizer, tokenizer_dir,
                                 args.max_length or PREPARE_MAX_LENGTH, args.prepared_cache_dir,
-                                DataPart(split_name, subset), images, not getattr(args, "chat_template", None)))
+                                DataPart(split_name, subset, columns=columns), images,
+                                not getattr(args, "chat_template", None)))
         except CoatiUsageError as error:
             raise CoatiUsageError(f"{_data_flag(args, name)}: {error}") from None
 

@@ -251,12 +251,15 @@ CONVERTED_UNDER = {"algorithm.kl_ctrl.": ("type", "kl_coef", "horizon", "target_
                    "algorithm.filter_groups.": ("enable", "metric", "max_num_gen_batches"),
                    "custom_reward_function.": ("path", "name"), OVERLONG[0]: OVERLONG_KEYS, OVERLONG[1]: OVERLONG_KEYS}
 """verl's sections whose keys a conversion of several keys reads (`_convert`), with the keys verl has there."""
+VERL_COLUMNS = {"data.prompt_key": "prompt", "data.reward_fn_key": "data_source"}
+"""verl's keys that name a column of the data -> the name coati's rows give that column (`--dataset_columns`)."""
 CONVERTED = (A + "use_kl_loss", A + "kl_loss_coef", A + "kl_loss_type", A + "clip_ratio", A + "clip_ratio_c",
              A + "tau_pos", A + "tau_neg", R + "val_kwargs.do_sample", R + "val_kwargs.n", R + "val_kwargs.temperature",
              R + "val_kwargs.top_p", R + "val_kwargs.top_k",
              "algorithm.adv_estimator", "algorithm.use_kl_in_reward", "algorithm.norm_adv_by_std_in_grpo",
              "algorithm.kl_penalty", "trainer.logger", "trainer.critic_warmup", "trainer.resume_mode",
-             "trainer.resume_from_path", "reward_model.enable", "reward_model.model.path", *CONVERTED_UNDER)
+             "trainer.resume_from_path", "reward_model.enable", "reward_model.model.path", *VERL_COLUMNS,
+             *CONVERTED_UNDER)
 """verl's keys (a name ending in a dot: every key under it) that a conversion of several keys reads (`_convert`)."""
 KEYS_UNDER = {**CONVERTED_UNDER, A + "policy_loss.": ("loss_mode", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub",
                                                        "kl_cov_ratio", "ppo_kl_coef")}
@@ -289,7 +292,7 @@ AT_DEFAULT: Dict[str, Any] = {
     "algorithm.use_pf_ppo": False, "trainer.val_only": False,
     "data.custom_cls.path": None, "data.custom_cls.name": None, "data.sampler.class_path": None,
     "data.sampler.class_name": None, "data.datagen.path": None, "data.datagen.name": None,
-    "data.prompt_key": "prompt", "data.reward_fn_key": "data_source", "data.apply_chat_template_kwargs": {},
+    "data.apply_chat_template_kwargs": {},
 }
 """verl's keys coati has no setting for, at the value coati's run matches (verl's default): taken and noted there,
 refused at any other value."""
@@ -496,8 +499,8 @@ def _one_each(settings: List[Tuple[str, Any, str]], command: str, unused: Dict[s
 AT_DEFAULT_HINTS = {
     A + "optim.betas": "give --adam_beta1 and --adam_beta2",
     R + "multi_turn.enable": "coati's multi-turn rollouts are --tools (and --max_turns)",
-    M + "exclude_modules": "coati's LoRA adapts --lora_target_modules", "data.prompt_key": "name the column prompt",
-    "data.reward_fn_key": "name the column data_source", "data.train_max_samples": "coati trains on every row",
+    M + "exclude_modules": "coati's LoRA adapts --lora_target_modules",
+    "data.train_max_samples": "coati trains on every row",
     M + "custom_chat_template": "write the template to a file and give --chat_template FILE",
 }
 """What to do instead, for the keys of `AT_DEFAULT` given another value."""
@@ -543,12 +546,15 @@ def _reason(key: str) -> Optional[str]:
 
 def _convert(verl: Mapping[str, Any], command: str, unused: Dict[str, str]) -> List[Tuple[str, Any, str]]:
     """The settings that come from several of verl's keys, or from one with a meaning of its own: the KL, the reward
-    function, checkpoints and resuming, the logger, the advantage's scaling, the critic's warm-up."""
+    function, checkpoints and resuming, the logger, the advantage's scaling, the critic's warm-up, the columns."""
     settings: List[Tuple[str, Any, str]] = _kl(verl, command, unused)
     if verl.get(A + "clip_ratio") is not None:   # verl's clip_ratio_low and _high, where given, come first
         settings += [(name, verl[A + "clip_ratio"], A + "clip_ratio") for name, own in (
             ("clip_eps_low", A + "clip_ratio_low"), ("clip_eps_high", A + "clip_ratio_high")) if verl.get(own) is None]
     settings += _policy_loss_options(verl, unused)
+    columns = {verl[key]: name for key, name in VERL_COLUMNS.items() if verl.get(key) not in (None, name)}
+    if columns:
+        settings.append(("dataset_columns", columns, next(key for key in VERL_COLUMNS if verl.get(key) in columns)))
     correction = [k for k in verl if k.startswith("algorithm.rollout_correction.") and
                   k.endswith(("rollout_is", "rollout_rs")) and verl[k] is not None]
     if correction:

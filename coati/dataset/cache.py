@@ -92,11 +92,11 @@ TRL `margin`)."""
 def cache_key(inputs: Sequence[str], data_type: str, tokenizer_dir: str, max_length: int,
               part: Optional["DataPart"] = None, image_limits: Optional[Dict[str, int]] = None,
               eos_token: Optional[str] = None, chat_template: Optional[str] = None) -> str:
-    """A name for the prepared form of `inputs`' `part` (a `coati.dataset.prepare.DataPart`: split and
-    configuration): their content (the files of a folder given, its images among them), the data type, the
+    """A name for the prepared form of `inputs`' `part` (a `coati.dataset.prepare.DataPart`: split, configuration
+    and renamed columns): their content (the files of a folder given, its images among them), the data type, the
     tokenizer's files, EOS (--eos_token) and a chat template given in place of its own (--chat_template),
     `max_length` and a vision-language model's pixel limits."""
-    split, subset = (part.split, part.subset) if part is not None else (None, None)
+    split, subset, columns = (part.split, part.subset, part.columns) if part is not None else (None, None, ())
     content = [f.relative_to(Path(i)).as_posix().encode() + f.read_bytes() if Path(i).is_dir() else f.read_bytes()
                for i in inputs for f in _files(Path(i))]
     tokenizer = [name.encode() + (Path(tokenizer_dir) / name).read_bytes() for name in TOKENIZER_FILES
@@ -104,7 +104,8 @@ def cache_key(inputs: Sequence[str], data_type: str, tokenizer_dir: str, max_len
     settings = json.dumps({"type": data_type, "max_length": max_length, "split": split, "format": PREPARED_FORMAT,
                            "eos": eos_token, **({"chat_template": chat_template} if chat_template else {}),
                            **({"image_limits": image_limits} if image_limits else {}),
-                           **({"subset": subset} if subset else {})}).encode()
+                           **({"subset": subset} if subset else {}),
+                           **({"columns": list(columns)} if columns else {})}).encode()
     return f"{data_type}-{_digest([*content, *tokenizer, settings])}"
 
 

@@ -25,7 +25,7 @@ from coati.utils.file_checks import PART_PREFIX, prepared_folders
 from .tokenization import (IGNORE_INDEX, tokenize_conversation, tokenize_kto, tokenize_preference, tokenize_steps,
                            tokenize_text)
 from .cache import COLOSSALCHAT_COLUMNS, is_saved_raw
-from .validation import Entry, jsonl_entries, validate_rows
+from .validation import Entry, jsonl_entries, validate_rows, with_columns_renamed
 from .vision import IMAGES, LIMITS_INFO, ImageLimits, ImageProcessing, ImageTokens, prepared_limits
 
 PathLike = Union[str, Path]
@@ -42,11 +42,13 @@ PREPARED_INFO = "coati_prepared.json"
 class DataPart:
     """Which part of raw data is read, and through which cache: a split (None: a folder's every JSONL file, a
     dataset's train split) of a configuration (`subset`, datasets.load_dataset's name; None: the dataset's only or
-    default one); `cache_dir`, datasets' cache for dataset folders (None: its default)."""
+    default one); `cache_dir`, datasets' cache for dataset folders (None: its default); `columns`, (OLD, NEW) pairs:
+    a row's column OLD read as NEW (--dataset_columns)."""
 
     split: Optional[str] = None
     subset: Optional[str] = None
     cache_dir: Optional[PathLike] = None
+    columns: Tuple[Tuple[str, str], ...] = ()
 
     def described(self) -> str:
         """' (configuration main, test split)', or '' for the train split of the default configuration."""
@@ -163,7 +165,7 @@ def load_rows(inputs: Sequence[PathLike], data_type: str, skip_invalid: bool = F
             raise CoatiUsageError(f"{path} is one file, with no configurations: leave --dataset_config out")
         files = _jsonl_files(path, split) if subset is None else []
         entries = jsonl_entries(files) if files else _dataset_entries(path, cache_dir, split or "train", subset)
-        found, bad = validate_rows(entries, data_type, skip_invalid)
+        found, bad = validate_rows(with_columns_renamed(entries, part.columns), data_type, skip_invalid)
         rows += found
         skipped += bad
     return rows, skipped

@@ -76,7 +76,8 @@ def _require(row: Any, field: str, where: str) -> Any:
     if not isinstance(row, dict):
         raise DataValidationError(where, "<row>", "expected a JSON object")
     if field not in row:
-        raise DataValidationError(where, field, f"missing (the row's columns: {', '.join(map(str, row)) or 'none'})")
+        raise DataValidationError(where, field, f"missing (the row's columns: {', '.join(map(str, row)) or 'none'}; "
+                                                f"--dataset_columns COLUMN={field} reads one of them as {field})")
     return row[field]
 
 
@@ -389,6 +390,28 @@ def _with_images(row: Row, raw: Any, where: str, base: Path, data_type: str) -> 
     row = row_images(row, raw, where, base)
     if IMAGES in row and data_type not in IMAGE_TYPES:
         raise DataValidationError(where, IMAGES, f"{data_type} data takes no images ({', '.join(IMAGE_TYPES)} data do)")
+    return row
+
+
+def with_columns_renamed(entries: Iterable[Entry], columns: Sequence[Tuple[str, str]]) -> Iterator[Entry]:
+    """`entries` whose rows have each column OLD of `columns` (OLD, NEW) under the name NEW (--dataset_columns):
+    data whose columns are named otherwise (OpenRLHF's input_key, verl's prompt_key) read as coati's formats."""
+    for where, read, base in entries:
+        yield where, functools.partial(_renamed, read, columns, where) if columns else read, base
+
+
+def _renamed(read: Callable[[], Any], columns: Sequence[Tuple[str, str]], where: str) -> Any:
+    row = read()
+    if not isinstance(row, dict):
+        return row
+    for old, new in columns:
+        if old not in row:
+            raise DataValidationError(where, old, f"no such column to read as {new!r} (--dataset_columns {old}={new}); "
+                                                  f"the row has {', '.join(map(repr, row)) or 'none'}")
+        if new in row:
+            raise DataValidationError(where, new, f"the row has it already beside {old!r}, which --dataset_columns "
+                                                  f"{old}={new} reads as it: name one of them otherwise")
+        row[new] = row.pop(old)
     return row
 
 

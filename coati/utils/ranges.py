@@ -3,7 +3,7 @@ name at parse time, before anything is loaded, and tell `--help` the range (`wan
 import argparse
 import math
 import os
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 
 def _number(kind: type, text: str) -> float:
@@ -72,3 +72,11 @@ def readable_file(text: str) -> str:
     if not os.path.isfile(text) or not os.access(text, os.R_OK):
         raise argparse.ArgumentTypeError(f"{text}: no readable file there")
     return text
+
+
+def renaming(text: str) -> Tuple[str, str]:
+    """An argparse `type`: OLD=NEW, a name and the name it is read as (`--dataset_columns question=prompt`)."""
+    old, sep, new = text.partition("=")
+    if not sep or not old.strip() or not new.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected COLUMN=NAME, e.g. question=prompt")
+    return old.strip(), new.strip()

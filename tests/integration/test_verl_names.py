@@ -148,8 +148,6 @@ def test_a_verl_config_file_in_its_sections_beside_coatis_own(monkeypatch, tmp_p
                                                              "actor_rollout_ref.actor.policy_loss.loss_mode"),
     (["algorithm.use_kl_in_rewards=True"], "unknown key 'algorithm.use_kl_in_rewards' (did you mean "
                                            "algorithm.use_kl_in_reward?)"),
-    (["data.prompt_key=question"], "data.prompt_key=question: coati runs as verl's default 'prompt' and has no "
-                                   "setting for it (name the column prompt)"),
     (["actor_rollout_ref.rollout.n=1"], "argument actor_rollout_ref.rollout.n (--num_generations): must be >= 2"),
     (["algorithm.use_kl_in_reward=True", "actor_rollout_ref.actor.use_kl_loss=True"],
      "actor_rollout_ref.actor.use_kl_loss=true and algorithm.use_kl_in_reward=true: coati puts the KL to the reference "
@@ -507,3 +505,9 @@ def test_an_override_after_a_list_flag_is_an_override_even_with_a_key_neither_ha
     refused = _refused(["actor_rollout_ref.model.path=m", "data.train_files=d", "--reward_fn", "math_answer",
                         "algorithm.use_kl_in_rewards=True"], monkeypatch, capsys)
     assert "unknown key 'algorithm.use_kl_in_rewards' (did you mean algorithm.use_kl_in_reward?)" in refused
+
+
+def test_verls_prompt_and_reward_fn_keys_name_the_columns_read_as_prompt_and_data_source(monkeypatch, capsys):
+    args = _parse([*GRPO_BASE, "data.prompt_key=question", "data.reward_fn_key=source"], monkeypatch)
+    assert dict(args.dataset_columns) == {"question": "prompt", "source": "data_source"}
+    assert dict(_parse([*GRPO_BASE, "data.prompt_key=prompt"], monkeypatch).dataset_columns) == {}   # verl's default

@@ -27,12 +27,51 @@ def _prepare(tiny_assets, data_type, inputs, out, *extra):
 
 BAD_ROWS = [
     ('{"messages": [', "field '<line>': invalid JSON (Expecting value at column 15)"),
-    ({"conversation": []}, "field 'messages': missing (the row's columns: conversation)"),
+    ({"conversation": []}, "field 'messages': missing (the row's columns: conversation; --dataset_columns "
+                           "COLUMN=messages reads one of them as messages)"),
     ({"messages": [{"role": "assistant", "content": "hi"}]}, "field 'messages': wrong role order: turn 1 is assistant, expected user"),
     ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "  "}]},
      "field 'messages': assistant turn 2 is empty"),
     ({"messages": [{"role": "robot", "content": "q"}]}, "field 'messages[0].role': unknown role 'robot'"),
 ]
+
+
+def test_columns_named_otherwise_are_read_under_the_names_given(tiny_assets, tmp_path, world_of_one):
+    """--dataset_columns question=prompt answer=completion: OpenRLHF's or verl's column names read as coati's; a
+    column the row lacks, or one that would replace a column it has, is one line naming the row."""
+    from datasets import load_from_disk
+
+    rows = [{"question": f"What is {n}+1?", "answer": str(n + 1), "id": n} for n in range(4)]
+    raw = _write(tmp_path / "raw.jsonl", rows)
+    renamed = _prepare(tiny_assets, "sft", [raw], tmp_path / "out", "--dataset_columns", "question=prompt",
+                       "answer=completion")
+    assert renamed.returncode == 0, renamed.stderr[-2000:]
+    plain = _write(tmp_path / "plain.jsonl", [{"prompt": r["question"], "completion": r["answer"]} for r in rows])
+    assert _prepare(tiny_assets, "sft", [plain], tmp_path / "plain").returncode == 0
+    assert load_from_disk(str(tmp_path / "out"))["input_ids"] == load_from_disk(str(tmp_path / "plain"))["input_ids"]
+    from coati.dataset.cache import cache_key
+    from coati.dataset.prepare import DataPart
+
+    keys = {cache_key([str(raw)], "sft", str(tiny_assets["model"]), 64, DataPart(columns=columns))
+            for columns in ((), (("question", "prompt"),), (("question", "prompt"), ("answer", "completion")))}
+    assert len(keys) == 3   # a run's cache of raw data is keyed by the columns renamed
+    from coati.cli import commands
+
+    train = ["--pretrain", str(tiny_assets["model"]), "--max_steps", "1", "--dataset_columns", "question=prompt"]
+    trained = run_main(commands.sft, [*train, "answer=completion", "--dataset", str(raw)])
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    refused = run_main(commands.sft, [*train, "--dataset", str(tmp_path / "out")])
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1] == (
+        f"error: --dataset_columns renames raw data's columns as it is prepared; --dataset {tmp_path / 'out'} is "
+        "prepared already: prepare its raw data again with them")
+    missing = _prepare(tiny_assets, "sft", [raw], tmp_path / "missing", "--dataset_columns", "query=prompt")
+    assert missing.returncode == 2 and missing.stderr.strip().splitlines()[-1] == (
+        f"error: {raw}:1: field 'query': no such column to read as 'prompt' (--dataset_columns query=prompt); the row "
+        "has 'question', 'answer', 'id'")
+    both = _prepare(tiny_assets, "sft", [plain], tmp_path / "both", "--dataset_columns", "completion=prompt")
+    assert both.returncode == 2 and both.stderr.strip().splitlines()[-1] == (
+        f"error: {plain}:1: field 'prompt': the row has it already beside 'completion', which --dataset_columns "
+        "completion=prompt reads as it: name one of them otherwise")
 
 
 @pytest.mark.parametrize("bad,message", BAD_ROWS)
@@ -246,7 +285,8 @@ def _assistant(text):
      "user turn: a response is assistant turns only; give the conversations every turn but the last reply in common, "
      "or a `prompt` column"),
     ({"prompt": "p", "chosen_response": "x", "rejected": "y"},
-     "field 'chosen': missing (the row's columns: prompt, chosen_response, rejected)"),
+     "field 'chosen': missing (the row's columns: prompt, chosen_response, rejected; --dataset_columns "
+     "COLUMN=chosen reads one of them as chosen)"),
 ], ids=["prompt_named_otherwise", "identical", "differ_before_the_last_reply", "misnamed"])
 def test_a_preference_row_that_cannot_pair_says_why_in_the_data_s_terms(row, message):
     from coati.dataset.validation import DataValidationError, validate_preference
