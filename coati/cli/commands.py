@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from coati.cli.arguments import run_config_from, run_config_parser
 from coati.cli.colossalchat import add_colossalchat_flags
 from coati.cli.preflight import check_paths, image_limits
+from coati.cli.openrlhf_names import OPENRLHF_COMMANDS, add_openrlhf_names
 from coati.cli.trl_names import add_trl_names
 from coati.cli.verl_names import VERL_COMMANDS, add_verl_names
 from coati.config import (COLOSSALCHAT_MARGIN, DEFAULT_BETA, PREPARE_MAX_LENGTH, TINY_VISION_STYLES,
@@ -105,6 +106,8 @@ def _finish(parser: argparse.ArgumentParser, argv: Optional[List[str]]) -> argpa
     add_colossalchat_flags(parser, script)
     if script in VERL_COMMANDS:
         add_verl_names(parser)
+    if script in OPENRLHF_COMMANDS:
+        add_openrlhf_names(parser, script)
     add_trl_names(parser, script)
     args = _parse(parser, argv)
     with errors_named_as_given(args):

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Dict, List, Mapping, NoReturn, Optional, Tuple
 
 from coati.cli.config_file import LAUNCH_KEYS, nearest, read_config, split_config_flag
+from coati.cli.openrlhf_names import openrlhf_launch
 from coati.cli.verl_names import verl_launch
 from coati.utils.errors import USAGE_EXIT_CODE, CoatiUsageError, fail, note_user
 from coati.utils.lifetime import ends_with_parent
@@ -32,7 +33,8 @@ def usage() -> str:
     for name, command in _commands().items():
         lines.append(f"  {name:<10} {(command.__doc__ or '').strip().splitlines()[0]}")
     lines += ["", "`coati <command> --help` lists a command's flags; a config file's keys are the same flags without "
-                  "their dashes.", "Launch: --nproc_per_node N (one node, torchrun), --nnodes --node_rank "
+                  "their dashes (TRL's and ColossalChat's names too; verl's section.key=value overrides and OpenRLHF's "
+                  "--section.name flags for the commands of their scripts).", "Launch: --nproc_per_node N (one node, torchrun), --nnodes --node_rank "
                   "--master_addr --master_port (torchrun's rendezvous), or --hostfile FILE (colossalai run)."]
     return "\n".join(lines)
 
@@ -141,6 +143,7 @@ def launch_options(argv: List[str], command: str = "") -> Tuple[Dict[str, str], 
         if key in LAUNCH_KEYS:
             launch[LAUNCH_KEYS[key]] = str(value)
     launch.update(verl_launch(command, values, argv))
+    launch.update(openrlhf_launch(command, argv))
     rest, i = [], 0
     while i < len(argv):
         flag, sep, value = argv[i].partition("=")

@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, NoReturn, Op
 from coati.cli.config_file import (CONFIG_FLAG, NOT_SAVED, add_switch_offs, check_flags_known, config_tokens,
                                    drop_ignored_flags, expand_output_dir, given_flags, hf_negations, read_config,
                                    resolved_config, split_config_flag, split_overrides, switch_words)
+from coati.cli.openrlhf_names import openrlhf_flags
 from coati.cli.verl_names import overrides_into_file
 from coati.utils.errors import USAGE_EXIT_CODE, CoatiUsageError, fail, note_user, warn_user
 from coati.utils.settings import dest, flag_name
@@ -80,6 +81,10 @@ class CoatiArgumentParser(argparse.ArgumentParser):
             argv = [a for a in argv if a not in blank]
         try:
             path, command_line = split_config_flag(argv, note_user)
+            from_openrlhf, command_line, openrlhf_origins, openrlhf_unused = openrlhf_flags(command, command_line)
+            if openrlhf_unused:
+                note_user("not used: " + "; ".join(f"{flag} ({why})" for flag, why in openrlhf_unused.items()))
+            self.origins.update(openrlhf_origins)
             overrides, command_line = split_overrides(self, hf_negations(self, command_line))
             command_line = drop_ignored_flags(self, command_line)
             check_flags_known(self, command_line)
@@ -91,7 +96,8 @@ class CoatiArgumentParser(argparse.ArgumentParser):
             self.error(str(exc))
         flags_alone = given_flags(self, command_line)
         self.typed = set(flags_alone.values())
-        command_line = overridden + command_line   # verl's section.key=value: after the file, before the flags
+        command_line = overridden + from_openrlhf + command_line   # verl's overrides and OpenRLHF's flags: after the
+        # file, before coati's flags
         from_flags, in_file = given_flags(self, command_line), given_flags(self, from_file)
         self.given, self.on_command_line = {**in_file, **from_flags}, from_flags
         by_override = {dest: flag for dest, flag in from_flags.items() if dest not in flags_alone}
@@ -126,7 +132,8 @@ class CoatiArgumentParser(argparse.ArgumentParser):
                 continue
             trl_dest = f"trl_{getattr(self, 'derived', {}).get(action.dest)}"
             if action.dest in by_override or trl_dest in by_override:
-                sources[action.dest] = f"override {key_of(by_override.get(action.dest) or by_override[trl_dest])}"
+                origin = key_of(by_override.get(action.dest) or by_override[trl_dest])
+                sources[action.dest] = f"flag {origin}" if origin.startswith("--") else f"override {origin}"
             elif trl_dest in from_flags:
                 sources[action.dest] = f"flag {from_flags[trl_dest]}"
             elif trl_dest in in_file:

@@ -11,8 +11,8 @@ may be `async def`, and may also return a dict of named lists (each a component,
 Built-ins: `math_answer`, `answer_format`, `code_tests`, and `judge` (an LLM judge, `coati.rewards.judge`, which the
 training scripts configure with their `--judge_*` flags); a reward server by its `http(s)://` URL (these get text);
 your own as `package.module:function`, `module.function` (TRL's form; the working directory is importable) or
-`path/to/file.py:function` (TRL's arguments, or verl's `compute_score(data_source, solution_str, ground_truth,
-extra_info)`), logged as `rewards/function/...`; each with an optional weight:
+`path/to/file.py:function` (TRL's arguments, verl's `compute_score(data_source, solution_str, ground_truth,
+extra_info)` or OpenRLHF's `reward_func(queries, prompts, labels)`), logged as `rewards/function/...`; each with an optional weight:
 `--reward_fn math_answer answer_format=0.1`.
 """
 import asyncio
@@ -33,7 +33,8 @@ from .code import code_tests
 from .math import answer_format, math_answer
 from .output import RewardOutput
 from .remote import RemoteReward, Sequences, is_url
-from .verl import as_trl_reward
+from .openrlhf import OpenRLHFReward, is_openrlhf_function
+from .verl import VerlScore, is_verl_function
 
 RewardFn = Callable[..., object]
 BUILTIN: Dict[str, RewardFn] = {"math_answer": math_answer, "answer_format": answer_format, "code_tests": code_tests}
@@ -65,13 +66,22 @@ def user_frames(error: BaseException) -> str:
 def resolve(name: str, builtins: Optional[Dict[str, RewardFn]] = None) -> RewardFn:
     """A built-in by name (from `builtins`, default `BUILTIN`), a reward server's `http(s)://` URL (`RemoteReward`;
     `builtins` may hold one configured for it), or `package.module:function` (REWARD_FUNCTIONS; verl's
-    `compute_score(data_source, solution_str, ground_truth, extra_info)` is taken too, `coati.rewards.verl`)."""
+    `compute_score(data_source, solution_str, ground_truth, extra_info)` and OpenRLHF's `reward_func(queries, prompts,
+    labels)` are taken too, `coati.rewards.verl` and `coati.rewards.openrlhf`)."""
     builtins = BUILTIN if builtins is None else builtins
     if name in builtins:
         return builtins[name]
     if is_url(name):
         return RemoteReward(name)
     return as_trl_reward(REWARD_FUNCTIONS.get(name))
+
+
+def as_trl_reward(fn: Callable) -> Callable:
+    """`fn` as a reward function of TRL's arguments: verl's `compute_score` wrapped in `VerlScore`, OpenRLHF's
+    `reward_func` in `OpenRLHFReward`, any other as it is."""
+    if is_verl_function(fn):
+        return VerlScore(fn)
+    return OpenRLHFReward(fn) if is_openrlhf_function(fn) else fn
 
 
 class RewardTimeoutError(RewardFunctionError):
@@ -142,7 +152,7 @@ class WeightedReward:
     """Each part's label -> the name it was given by (`package.module:function`), which error messages use."""
     _warned_unscored: bool = field(default=False, repr=False)
     takes_sequences: bool = field(init=False, repr=False)
-    """Whether a part (a `RemoteReward`) reads the full token sequences: then pass `sequences`."""
+    """Whether a part (a `RemoteReward`, an `OpenRLHFReward`) reads the full token sequences: then pass `sequences`."""
     takes_inputs: bool = field(init=False, repr=False)
     """Whether a part is a function of yours, which reads TRL's arguments: then pass `inputs`."""
 
@@ -174,16 +184,17 @@ class WeightedReward:
                  inputs: Optional[RewardInputs] = None, **fields: Sequence[object]) -> Tuple[List[float], Dict[str, List[Any]]]:
         """(total reward per completion, {component name: values}); diagnostics, `log_extra` columns and `log_metric`
         values are components too, not in the total. `prompts`/`completions` are text; `inputs`, when given, is what
-        your functions get instead (TRL's arguments). `sequences` goes to the parts that take it."""
+        your functions get instead (TRL's arguments). `sequences` goes to the parts that take it (a reward server,
+        OpenRLHF's `reward_func`)."""
         total = [0.0] * len(completions)
         scored = [False] * len(completions)
         components: Dict[str, List[Any]] = {}
         for name, fn, weight in self.parts:
+            extra = {"sequences": sequences} if getattr(fn, "takes_sequences", False) else {}
             if name in self.builtin or inputs is None:
-                extra = {"sequences": sequences} if getattr(fn, "takes_sequences", False) else {}
                 arguments = {"prompts": list(prompts), "completions": list(completions), **fields, **extra}
             else:
-                arguments = {**fields, **self._trl_arguments(inputs, components, len(completions))}
+                arguments = {**fields, **self._trl_arguments(inputs, components, len(completions)), **extra}
             rewards, diagnostics, columns = _checked(name, fn, arguments, len(completions), self.timeout_s,
                                                      self.specs.get(name, name))
             for component, values in rewards.items():

@@ -69,11 +69,6 @@ def _parameters(fn: Callable) -> Optional[Tuple[str, ...]]:
     return tuple(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
-def as_trl_reward(fn: Callable) -> Callable:
-    """`fn` as a reward function of TRL's arguments: a verl function wrapped in `VerlScore`, any other as it is."""
-    return VerlScore(fn) if is_verl_function(fn) else fn
-
-
 def _truth(value: Any) -> Any:
     """The ground truth in a `reward_model` cell (verl's `{"ground_truth": ...}`), or the cell itself."""
     return value.get("ground_truth") if isinstance(value, Mapping) else value

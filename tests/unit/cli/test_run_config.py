@@ -24,8 +24,9 @@ MODEL, DATA = ModelSettings(pretrain="m"), DataSettings(dataset=("d",))
 
 
 def _settings_flags(parser: argparse.ArgumentParser) -> set:
-    """The parser's coati settings: every flag but the help, --config, and ColossalChat's, TRL's and verl's groups."""
-    groups = [g for g in parser._action_groups if not g.title.startswith(("ColossalChat", "TRL", "verl"))]
+    """The parser's coati settings: every flag but the help, --config, and the groups of the other frameworks' names."""
+    groups = [g for g in parser._action_groups
+              if not g.title.startswith(("ColossalChat", "TRL", "verl", "OpenRLHF"))]
     return {a.dest for g in groups for a in g._group_actions if a.option_strings and a.dest not in ("help", "config")}
 
 
