@@ -220,8 +220,8 @@ class OnPolicyRun(RunConfig):
         if not (self.reward.reward_fn or self.reward.rm_pretrain or self.process_reward.prm_pretrain
                 or self.distillation.teacher):
             raise CoatiUsageError(f"{self.command.upper()} needs a reward: --reward_fn (at least one function; TRL's "
-                                  "reward_funcs, verl's custom_reward_function.path), "
-                                  "--rm_pretrain (a trained reward model) and/or --prm_pretrain (a process reward "
+                                  "reward_funcs, verl's custom_reward_function.path, OpenRLHF's --reward.remote_url), "
+                                  "--rm_pretrain (a trained reward model; OpenRLHF's --reward.model_name_or_path) and/or --prm_pretrain (a process reward "
                                   "model), or a distillation teacher (--teacher_model or --teacher_url)")
 
 

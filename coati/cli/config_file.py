@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 from coati.cli.trl_keys import (IGNORED_KEYS, NO_SETTING_KEYS, ONE_VALUE_KEYS, REFUSED_KEYS, TRUTH_WORDS, refusal,
                                 truthy, unused_reason)
+from coati.cli.openrlhf_names import OLDER_FLAGS
 from coati.cli.verl_names import (SHARED_SECTIONS, VERL_COMMANDS, VERL_SECTIONS, is_verl_key, split_verl,
                                    verl_settings, yaml_value)
 from coati.run_config import RUN_CONFIGS, sections
@@ -575,7 +576,8 @@ def switch_words(parser: argparse.ArgumentParser, argv: Sequence[str]) -> List[s
 
 def check_flags_known(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
     """Every `--flag` in `argv` is one of `parser`'s (no abbreviations); one line naming the nearest flags otherwise."""
-    known = [f for f in parser._option_string_actions if f.startswith("--") and not f.startswith(SWITCH_OFF)]
+    known = [f for f in parser._option_string_actions if f.startswith("--") and not f.startswith(SWITCH_OFF)
+             and not f.startswith(("--openrlhf_", "--verl_"))]
     for arg in argv:
         flag = arg.partition("=")[0]
         if arg.startswith("--") and len(arg) > 2 and flag not in parser._option_string_actions:
@@ -583,7 +585,9 @@ def check_flags_known(parser: argparse.ArgumentParser, argv: Sequence[str]) -> N
                 raise CoatiUsageError(f"{flag} {refusal(flag[2:], None)}")
             launch = " (a launcher flag: give it to the `coati` command, or to torchrun)" if flag[2:] in LAUNCH_KEYS \
                 else ""
-            raise CoatiUsageError(f"unknown flag {flag}{launch or nearest(flag, known)}")
+            renamed = f" (OpenRLHF's older flag; its current one is --{OLDER_FLAGS[flag[2:]]})" \
+                if flag[2:] in OLDER_FLAGS else ""
+            raise CoatiUsageError(f"unknown flag {flag}{launch or renamed or nearest(flag, known)}")
 
 
 def resolve_reporting(args: argparse.Namespace) -> None:

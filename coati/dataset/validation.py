@@ -404,10 +404,11 @@ def _renamed(read: Callable[[], Any], columns: Sequence[Tuple[str, str]], where:
     row = read()
     if not isinstance(row, dict):
         return row
+    given = list(row)
     for old, new in columns:
         if old not in row:
             raise DataValidationError(where, old, f"no such column to read as {new!r} (--dataset_columns {old}={new}); "
-                                                  f"the row has {', '.join(map(repr, row)) or 'none'}")
+                                                  f"the row has {', '.join(map(repr, given)) or 'none'}")
         if new in row:
             raise DataValidationError(where, new, f"the row has it already beside {old!r}, which --dataset_columns "
                                                   f"{old}={new} reads as it: name one of them otherwise")

@@ -136,6 +136,12 @@ def test_openrlhfs_reinforce_baseline_script_is_coatis_grpo_on_its_processes(mon
     ("grpo", ["--rollout.batch_size", "6", "--rollout.n_samples_per_prompt", "4", "--train.batch_size", "5"],
      "--train.batch_size 5 does not split the 24 samples of a rollout"),
     ("sft", ["--ds.zero_stage", "2", "--ds.zero_stage", "3"], "--ds.zero_stage is given twice; keep one"),
+    ("sft", ["--data.output_key"], "--data.output_key takes one value, got 0"),
+    ("grpo", ["--algo.dynamic_filtering_range", "0.2", "0.8"], "--algo.dynamic_filtering_range 0.2 0.8: coati's "
+                                                               "dynamic sampling replaces groups whose rewards all tie "
+                                                               "(taken at 0 1 only)"),
+    ("ppo", ["--init_kl_coef", "0.1"], "unknown flag --init_kl_coef (OpenRLHF's older flag; its current one is "
+                                       "--algo.kl.init_coef)"),
 ])
 def test_what_coati_cannot_honour_is_refused_in_one_line(command, extra, message, monkeypatch, capsys):
     base = {"sft": ["--model.model_name_or_path", "m", "--data.dataset", "d"],
@@ -143,6 +149,23 @@ def test_what_coati_cannot_honour_is_refused_in_one_line(command, extra, message
                     "--reward.model_name_or_path", "r"],
             "grpo": ["--actor.model_name_or_path", "m", "--data.prompt_dataset", "d", "--reward.remote_url", "f.py"]}
     assert message in _refused([*base[command], *extra], monkeypatch, capsys, command)
+
+
+def test_ppos_own_flags_the_schedules_floor_and_what_changes_nothing_without_vllm(monkeypatch, capsys):
+    """OpenRLHF's PPO script's clipping, sampling and schedule flags; cosine_with_min_lr ends at OpenRLHF's 0.1 of
+    the peak where the run gives no floor; vLLM's flags without an engine, and the defaults that differ, are noted;
+    the flags that launched the run are not."""
+    args = _parse(["--actor.model_name_or_path", "m", "--data.prompt_dataset", "d", "--reward.model_name_or_path", "r",
+                   "--actor.dual_clip", "3", "--actor.max_norm", "0.5", "--rollout.top_k", "5", "--actor.lr_scheduler",
+                   "cosine_with_min_lr", "--vllm.enforce_eager", "--actor.num_gpus_per_node", "1"], monkeypatch, "ppo")
+    assert (dict(args.policy_loss_option), args.grad_clip, args.top_k) == ({"dual_clip": 3}, 0.5, 5)
+    assert (args.lr_scheduler, dict(args.lr_scheduler_option)) == ("cosine_with_min_lr", {"min_lr_rate": 0.1})
+    assert (args.rollout_backend, args.vllm_enforce_eager) == ("hf", False)
+    err = capsys.readouterr().err
+    assert "note: not used: --vllm.enforce_eager (no vLLM engine (--vllm.num_engines 0)" in err
+    assert "--actor.num_gpus_per_node" not in err
+    assert "--critic.adam.lr (OpenRLHF 9e-06, here --critic_lr unset: --lr); --critic.value_clip (OpenRLHF 0.5, here " \
+           "--value_clip 0.2); --algo.advantage.lambd (OpenRLHF 1.0, here --lam 0.95)" in err
 
 
 def test_an_openrlhf_reward_func_gets_the_sequences_prompts_and_labels():

@@ -64,10 +64,11 @@ def test_columns_named_otherwise_are_read_under_the_names_given(tiny_assets, tmp
     assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1] == (
         f"error: --dataset_columns renames raw data's columns as it is prepared; --dataset {tmp_path / 'out'} is "
         "prepared already: prepare its raw data again with them")
-    missing = _prepare(tiny_assets, "sft", [raw], tmp_path / "missing", "--dataset_columns", "query=prompt")
+    missing = _prepare(tiny_assets, "sft", [raw], tmp_path / "missing", "--dataset_columns", "question=prompt",
+                       "reply=completion")
     assert missing.returncode == 2 and missing.stderr.strip().splitlines()[-1] == (
-        f"error: {raw}:1: field 'query': no such column to read as 'prompt' (--dataset_columns query=prompt); the row "
-        "has 'question', 'answer', 'id'")
+        f"error: {raw}:1: field 'reply': no such column to read as 'completion' (--dataset_columns reply=completion); "
+        "the row has 'question', 'answer', 'id'")   # the columns as the data names them
     both = _prepare(tiny_assets, "sft", [plain], tmp_path / "both", "--dataset_columns", "completion=prompt")
     assert both.returncode == 2 and both.stderr.strip().splitlines()[-1] == (
         f"error: {plain}:1: field 'prompt': the row has it already beside 'completion', which --dataset_columns "
