@@ -330,6 +330,19 @@ def parsed_args(command: str, argv, monkeypatch) -> Any:
     return seen["args"]
 
 
+def launched_args(command: str, argv, monkeypatch, world: int) -> Any:
+    """`parsed_args` as the `coati` command checks the flags for a launch of `world` processes, before it starts
+    them."""
+    from coati.distributed.launch import LAUNCH
+
+    token = LAUNCH.set((world, world))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    try:
+        return parsed_args(command, argv, monkeypatch)
+    finally:
+        LAUNCH.reset(token)
+
+
 def unknown_metrics(records: list) -> list:
     """The logged names in `records` that the metric catalogue (`coati.trainer.metric_names`) does not describe."""
     from coati.trainer.metric_names import describe

@@ -7,11 +7,10 @@ import pytest
 import torch
 
 from coati.cli.openrlhf_names import openrlhf_launch
-from coati.distributed.launch import LAUNCH
 from coati.rewards.openrlhf import OpenRLHFReward
 from coati.rewards.registry import RewardInputs, WeightedReward
 from coati.rewards.remote import Sequences
-from conftest import parsed_args
+from conftest import launched_args
 
 TRAIN_SFT = [   # OpenRLHF's examples/scripts/train_sft.sh, its flags as they are
     "--data.max_len", "2048", "--data.dataset", "Open-Orca/OpenOrca", "--data.input_key", "question",
@@ -51,12 +50,7 @@ TRAIN_REINFORCE_BASELINE = [   # examples/scripts/train_reinforce_baseline_hybri
 
 
 def _parse(argv, monkeypatch, command, world=1):
-    token = LAUNCH.set((world, world))
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-    try:
-        return parsed_args(command, argv, monkeypatch)
-    finally:
-        LAUNCH.reset(token)
+    return launched_args(command, argv, monkeypatch, world)
 
 
 def _refused(argv, monkeypatch, capsys, command) -> str:

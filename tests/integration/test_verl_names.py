@@ -7,10 +7,9 @@ import pytest
 import yaml
 
 from coati.cli.main import launch_options
-from coati.distributed.launch import LAUNCH
 from coati.rewards.registry import WeightedReward
 from coati.rewards.verl import VerlScore
-from conftest import parsed_args
+from conftest import launched_args
 
 VERL_GSM8K = [   # verl's examples/grpo_trainer/run_qwen3-8b.sh, at a tiny size
     "algorithm.adv_estimator=grpo", "data.train_files=train.parquet", "data.val_files=test.parquet",
@@ -37,14 +36,7 @@ GRPO_BASE = ["--pretrain", "m", "--prompt_dataset", "d", "--reward_fn", "math_an
 
 
 def _parse(argv, monkeypatch, world=2, command="grpo"):
-    """The args of `coati <command> argv` checked for a launch of `world` processes (as the `coati` command checks
-    them before it starts the processes)."""
-    token = LAUNCH.set((world, world))
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-    try:
-        return parsed_args(command, argv, monkeypatch)
-    finally:
-        LAUNCH.reset(token)
+    return launched_args(command, argv, monkeypatch, world)
 
 
 def _refused(argv, monkeypatch, capsys, world=1, command="grpo") -> str:
