@@ -221,8 +221,9 @@ class OnPolicyRun(RunConfig):
                 or self.distillation.teacher):
             raise CoatiUsageError(f"{self.command.upper()} needs a reward: --reward_fn (at least one function; TRL's "
                                   "reward_funcs, verl's custom_reward_function.path, OpenRLHF's --reward.remote_url), "
-                                  "--rm_pretrain (a trained reward model; OpenRLHF's --reward.model_name_or_path) and/or --prm_pretrain (a process reward "
-                                  "model), or a distillation teacher (--teacher_model or --teacher_url)")
+                                  "--rm_pretrain (a trained reward model; OpenRLHF's --reward.model_name_or_path) "
+                                  "and/or --prm_pretrain (a process reward model), or a distillation teacher "
+                                  "(--teacher_model or --teacher_url)")
 
 
 @dataclass(frozen=True)

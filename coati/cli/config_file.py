@@ -302,7 +302,8 @@ def _key_problem(key: str, value: Any, where: str, actions: Dict[str, argparse.A
         verl_names = nearest(where, [f"{section}.{name}" for name in SHARED_SECTIONS[section]])
         if verl_names:
             return f"unknown key {where!r}{verl_names}"
-    return f"unknown key {where!r}{nearest(key, [k for k in actions if not k.startswith(('trl_', 'verl_', 'openrlhf_'))])}"
+    hidden = ("trl_", "verl_", "openrlhf_")
+    return f"unknown key {where!r}{nearest(key, [k for k in actions if not k.startswith(hidden)])}"
 
 
 def _actions_by_key(parser: argparse.ArgumentParser) -> Dict[str, argparse.Action]:

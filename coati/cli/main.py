@@ -34,8 +34,9 @@ def usage() -> str:
         lines.append(f"  {name:<10} {(command.__doc__ or '').strip().splitlines()[0]}")
     lines += ["", "`coati <command> --help` lists a command's flags; a config file's keys are the same flags without "
                   "their dashes (TRL's and ColossalChat's names too; verl's section.key=value overrides and OpenRLHF's "
-                  "--section.name flags for the commands of their scripts).", "Launch: --nproc_per_node N (one node, torchrun), --nnodes --node_rank "
-                  "--master_addr --master_port (torchrun's rendezvous), or --hostfile FILE (colossalai run)."]
+                  "--section.name flags for the commands of their scripts).",
+              "Launch: --nproc_per_node N (one node, torchrun), --nnodes --node_rank --master_addr --master_port "
+              "(torchrun's rendezvous), or --hostfile FILE (colossalai run)."]
     return "\n".join(lines)
 
 

@@ -96,8 +96,8 @@ class CoatiArgumentParser(argparse.ArgumentParser):
             self.error(str(exc))
         flags_alone = given_flags(self, command_line)
         self.typed = set(flags_alone.values())
-        command_line = overridden + from_openrlhf + command_line   # verl's overrides and OpenRLHF's flags: after the
-        # file, before coati's flags
+        # verl's section.key=value overrides and OpenRLHF's flags: after the file, before coati's flags
+        command_line = overridden + from_openrlhf + command_line
         from_flags, in_file = given_flags(self, command_line), given_flags(self, from_file)
         self.given, self.on_command_line = {**in_file, **from_flags}, from_flags
         by_override = {dest: flag for dest, flag in from_flags.items() if dest not in flags_alone}

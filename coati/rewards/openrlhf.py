@@ -2,8 +2,9 @@
 
 OpenRLHF (`--reward.remote_url my_reward.py`) calls it with lists: `queries`, each full sequence as text (prompt and
 completion, with the chat template's special tokens), `prompts` (here their text, without the template), and
-`labels`, each row's `--data.label_key` column (coati's `label` column, which `--dataset_columns KEY=label` names). It returns a tensor of rewards, or a dict of
-`rewards`, `scores` (OpenRLHF's filter reads them) and `extra_logs` (numbers logged beside the reward).
+`labels`, each row's `--data.label_key` column (coati's `label` column, which `--dataset_columns KEY=label` names).
+It returns a tensor of rewards, or a dict of `rewards`, `scores` (OpenRLHF's filter reads them) and `extra_logs`
+(numbers logged beside the reward).
 `OpenRLHFReward` makes such a function one that takes TRL's arguments, so `--reward_fn my_reward.py:reward_func`
 takes it as it is.
 """

@@ -12,8 +12,8 @@ Built-ins: `math_answer`, `answer_format`, `code_tests`, and `judge` (an LLM jud
 training scripts configure with their `--judge_*` flags); a reward server by its `http(s)://` URL (these get text);
 your own as `package.module:function`, `module.function` (TRL's form; the working directory is importable) or
 `path/to/file.py:function` (TRL's arguments, verl's `compute_score(data_source, solution_str, ground_truth,
-extra_info)` or OpenRLHF's `reward_func(queries, prompts, labels)`), logged as `rewards/function/...`; each with an optional weight:
-`--reward_fn math_answer answer_format=0.1`.
+extra_info)` or OpenRLHF's `reward_func(queries, prompts, labels)`), logged as `rewards/function/...`; each with an
+optional weight: `--reward_fn math_answer answer_format=0.1`.
 """
 import asyncio
 import inspect

@@ -64,7 +64,8 @@ def test_ctrl_c_is_one_line_and_exit_130_saying_how_the_run_goes_on(capsys, tmp_
                             "start\n"
     errors.remember_save_dir(str(tmp_path))
     (tmp_path / "epoch-0_step-8").mkdir()   # being written when the run stopped: no COMPLETE marker
-    assert interrupted() == f"error: interrupted; no complete checkpoint in {tmp_path} yet: run it again from the start\n"
+    assert interrupted() == f"error: interrupted; no complete checkpoint in {tmp_path} yet: run it again from the " \
+                            "start\n"
     (tmp_path / "epoch-0_step-4").mkdir()
     (tmp_path / "epoch-0_step-4" / "COMPLETE").write_text("{}")
     assert interrupted() == (f"error: interrupted; complete checkpoints in {tmp_path} are kept (resume from "
