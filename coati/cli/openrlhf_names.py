@@ -14,6 +14,7 @@ OpenRLHF's `train.max_epochs` is, for PPO and GRPO, passes over each rollout (co
 """
 import argparse
 import difflib
+import os
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from coati.utils.errors import CoatiUsageError, note_user
@@ -102,6 +103,29 @@ def _refused(why: str) -> Convert:
 def _hidden(name: str, values: List[str], given: Given) -> List[str]:
     """A count converted after parsing (`convert_batches`), as the hidden flag `--openrlhf_<name>`."""
     return [f"--openrlhf_{name.replace('.', '_')}", _one(name, values)]
+
+
+def _wandb_key(name: str, values: List[str], given: Given) -> List[str]:
+    """W&B on, with OpenRLHF's key (True: `wandb login`'s) as WANDB_API_KEY, which the processes it starts inherit
+    and no saved record holds (`redacted`)."""
+    key = _one(name, values)
+    if key.lower() != "true":
+        os.environ["WANDB_API_KEY"] = key
+    return ["--use_wandb"]
+
+
+SECRET_FLAGS = ("--logger.wandb.key",)
+"""OpenRLHF's flags whose value is a secret: a run's record of its command line leaves it out."""
+
+
+def redacted(argv: Sequence[str]) -> List[str]:
+    """`argv` with the values of `SECRET_FLAGS` hidden, for the run's record."""
+    shown: List[str] = []
+    for arg in argv:
+        flag, equals, _ = arg.partition("=")
+        secret = shown and shown[-1] in SECRET_FLAGS and not arg.startswith("--")
+        shown.append(f"{flag}=***" if equals and flag in SECRET_FLAGS else "***" if secret else arg)
+    return shown
 
 
 def _zero_stage(name: str, values: List[str], given: Given) -> List[str]:
@@ -221,7 +245,7 @@ COMMON: Dict[str, Convert] = {
     "ckpt.save_steps": _minus_one_off("--save_interval"),
     "ckpt.load_enable": _switch("--checkpoint_path", "latest"),
     "logger.logging_steps": _to("--log_interval"), "logger.tensorboard_dir": _to("--log_dir"),
-    "logger.wandb.key": lambda name, values, given: ["--use_wandb"],
+    "logger.wandb.key": _wandb_key,
     "logger.wandb.project": _to("--wandb_project"), "logger.wandb.run_name": _to("--run_name"),
     "eval.steps": _minus_one_off("--eval_interval"), "eval.dataset": _comma_list("--eval_dataset"),
     "eval.split": _at("train", "coati reads --eval_dataset's train split (or every JSONL file of its folder)"),

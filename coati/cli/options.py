@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, NoReturn, Op
 from coati.cli.config_file import (CONFIG_FLAG, NOT_SAVED, add_switch_offs, check_flags_known, config_tokens,
                                    drop_ignored_flags, expand_output_dir, given_flags, hf_negations, read_config,
                                    resolved_config, split_config_flag, split_overrides, switch_words)
-from coati.cli.openrlhf_names import openrlhf_flags
+from coati.cli.openrlhf_names import openrlhf_flags, redacted
 from coati.cli.verl_names import overrides_into_file
 from coati.utils.errors import USAGE_EXIT_CODE, CoatiUsageError, fail, note_user, warn_user
 from coati.utils.settings import dest, flag_name
@@ -113,7 +113,8 @@ class CoatiArgumentParser(argparse.ArgumentParser):
         for destination, trl_name in getattr(self, "derived", {}).items():   # a setting a TRL name set goes by it
             parsed._given_as.setdefault(destination, f"--{trl_name}")
         parsed._run_record = RunRecord(resolved_config(self, parsed),
-                                       self._sources(parsed, in_file, from_flags, by_override), argv, command)
+                                       self._sources(parsed, in_file, from_flags, by_override), redacted(argv),
+                                       command)
         return parsed
 
     def _sources(self, parsed: argparse.Namespace, in_file: Dict[str, str], from_flags: Dict[str, str],

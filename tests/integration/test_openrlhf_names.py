@@ -2,6 +2,7 @@
 over every GPU as coati's per-rank ones, its placement flags as the launch, its `reward_func` files as reward
 functions, and every flag coati cannot honour refused by name."""
 import json
+import os
 
 import pytest
 import torch
@@ -221,3 +222,14 @@ def test_the_migration_page_names_every_openrlhf_flag_coati_takes():
     page = (REPO / "docs" / "migration" / "openrlhf.md").read_text()
     flags = {*COMMON, *SUPERVISED, *RM, *DPO, *_on_policy("ppo"), *_on_policy("grpo")}
     assert sorted(flag for flag in flags if f"`--{flag}`" not in page) == []
+
+
+def test_a_wandb_key_flag_is_the_runs_key_and_no_record_keeps_it(monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", "the-login-one")
+    args = _parse(["--model.model_name_or_path", "m", "--data.dataset", "d", "--logger.wandb.key", "s3cret",
+                   "--logger.wandb.project", "p"], monkeypatch, "sft")
+    assert args.use_wandb and args.wandb_project == "p" and args._run_record.argv[5] == "***"
+    assert "s3cret" not in repr(args._run_record) and os.environ["WANDB_API_KEY"] == "s3cret"
+    kept = _parse(["--model.model_name_or_path", "m", "--data.dataset", "d", "--logger.wandb.key=True"], monkeypatch,
+                  "sft")   # OpenRLHF's True: the key `wandb login` keeps
+    assert kept.use_wandb and os.environ["WANDB_API_KEY"] == "s3cret"
