@@ -48,8 +48,8 @@ if __name__ == "__main__":
     try:
         main()
     except SignalException as stop:
-        if stop.sigval != signal.SIGINT:
-            print(interrupted_line(), file=sys.stderr, flush=True)
+        if stop.sigval != signal.SIGINT:   # from the line's start: a stopped process's bar may have left it open
+            print(f"\r{interrupted_line()}", file=sys.stderr, flush=True)
         sys.exit(128 + int(stop.sigval))
     except ChildFailedError as failed:
         line = failure_line(failed)

@@ -23,6 +23,7 @@ def quickstart_script() -> str:
 def test_the_readme_quickstart_runs_sft_then_grpo_from_trl_style_configs(tmp_path):
     env = child_env(HOME=str(tmp_path), PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     env.pop("OMP_NUM_THREADS")   # as a user's shell has it
+    env.pop("COATI_CACHE")   # the user's own cache, in the fresh home
     done = subprocess.run(["bash", "-c", quickstart_script()], capture_output=True, text=True, env=env, cwd=tmp_path,
                           timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
