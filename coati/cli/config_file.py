@@ -25,6 +25,7 @@ from coati.cli.verl_names import (SHARED_SECTIONS, VERL_COMMANDS, VERL_SECTIONS,
                                    verl_settings, yaml_value)
 from coati.run_config import RUN_CONFIGS, sections
 from coati.utils.errors import CoatiUsageError, note_user
+from coati.utils.ranges import is_number
 from coati.utils.settings import dest, flag_name
 
 CONFIG_FLAG = "--config"
@@ -427,7 +428,7 @@ def split_overrides(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Tup
     takes = 0   # how many more arguments the last flag takes (-1: any number)
     switch = ""   # the last argument, where it is a switch, which may take true or false (HF's `--packing true`)
     for arg in argv:
-        if arg.startswith("-") and len(arg) > 1 and not _is_number(arg):
+        if arg.startswith("-") and len(arg) > 1 and not is_number(arg):
             rest.append(arg)
             action = parser._option_string_actions.get(arg)
             takes = 0 if "=" in arg else _arity(action)
@@ -454,15 +455,6 @@ def split_overrides(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Tup
             continue
         raise CoatiUsageError(_unexpected(arg, sections, verl))
     return overrides, rest
-
-
-def _is_number(arg: str) -> bool:
-    """`-1`, `-1e-3`: a value, not a flag."""
-    try:
-        float(arg)
-    except ValueError:
-        return False
-    return True
 
 
 def _arity(action: Optional[argparse.Action]) -> int:

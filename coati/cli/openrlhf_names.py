@@ -18,6 +18,8 @@ import os
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from coati.utils.errors import CoatiUsageError, note_user
+from coati.utils.ranges import is_number
+from coati.utils.settings import take_hidden
 
 OPENRLHF_COMMANDS = ("sft", "rm", "dpo", "ppo", "grpo")
 ON_POLICY = ("ppo", "grpo")
@@ -90,7 +92,7 @@ def _at(default: str, why: str) -> Convert:
 def _same_values(values: Sequence[str], default: Sequence[str]) -> bool:
     """Whether `values` are `default`, numbers compared as numbers (`0.0 1.0` is `0 1`)."""
     return len(values) == len(default) and all(
-        float(a) == float(b) if _is_number(a) and _is_number(b) else a == b for a, b in zip(values, default))
+        float(a) == float(b) if is_number(a) and is_number(b) else a == b for a, b in zip(values, default))
 
 
 def _refused(why: str) -> Convert:
@@ -212,7 +214,7 @@ def _kl_coef(command: str) -> Convert:
     `--algo.kl.use_loss`."""
     def convert(name: str, values: List[str], given: Given) -> List[str]:
         value = _one(name, values)
-        in_reward = command == "grpo" and "algo.kl.use_loss" not in given and _is_number(value) and float(value) > 0
+        in_reward = command == "grpo" and "algo.kl.use_loss" not in given and is_number(value) and float(value) > 0
         return ["--kl_coef", value, *(["--kl_in_reward"] if in_reward else [])]
 
     return convert
@@ -419,20 +421,12 @@ def _given(argv: Sequence[str]) -> Tuple[Dict[str, List[str]], List[str]]:
                     raise CoatiUsageError(f"--{name} is given twice; keep one")
                 current = given[name] = [value] if equals else []
                 continue
-        elif current is not None and not (arg.startswith("-") and not _is_number(arg)):
+        elif current is not None and not (arg.startswith("-") and not is_number(arg)):
             current.append(arg)
             continue
         current = None
         rest.append(arg)
     return given, rest
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
 
 
 def dataset_columns(command: str, given: Given) -> Dict[str, str]:
@@ -576,18 +570,11 @@ def add_openrlhf_names(parser: argparse.ArgumentParser, command: str) -> None:
             convert_rollout_batches(args, world_size, given)
         else:
             convert_batches(args, world_size, given)
-        flags = _take(args, "openrlhf_flags") or []
+        flags = take_hidden(args, "openrlhf_flags") or []
         take_min_lr_ratio(args, flags)
         note_other_defaults(args, flags, given, command)
 
     add_post_parse(parser, after_parse)
-
-
-def _take(args: argparse.Namespace, name: str) -> Optional[int]:
-    value = getattr(args, name, None)
-    if hasattr(args, name):
-        delattr(args, name)
-    return value
 
 
 def _refuse_both(given: Mapping[str, str], flags: Sequence[str], openrlhf: str) -> None:
@@ -600,7 +587,7 @@ def convert_batches(args: argparse.Namespace, world_size: int, given: Mapping[st
     """SFT, RM and DPO: OpenRLHF's `--train.batch_size` (rows an optimizer step over every GPU) -> coati's
     `--accumulation_steps`, micro-batches of `--train.micro_batch_size` rows a process (`--batch_size`); it must
     divide."""
-    overall = _take(args, "openrlhf_train_batch_size")
+    overall = take_hidden(args, "openrlhf_train_batch_size")
     if overall is None:
         return
     _refuse_both(given, ("accumulation_steps",), "--train.batch_size")
@@ -614,7 +601,7 @@ def convert_batches(args: argparse.Namespace, world_size: int, given: Mapping[st
 def convert_lengths(args: argparse.Namespace, given: Mapping[str, str]) -> None:
     """PPO and GRPO: OpenRLHF's `--data.max_len` bounds prompt and completion together -> `--max_length` (the prompt)
     = it less `--max_new_tokens` (OpenRLHF's `--rollout.max_new_tokens`; half of it where not given)."""
-    total = _take(args, "openrlhf_data_max_len")
+    total = take_hidden(args, "openrlhf_data_max_len")
     if total is None:
         return
     if "max_new_tokens" not in given:
@@ -632,7 +619,7 @@ def convert_rollout_batches(args: argparse.Namespace, world_size: int, given: Ma
     """PPO and GRPO: OpenRLHF's `--rollout.batch_size` (prompts a rollout over every GPU) -> `--batch_size` a
     process; its `--train.batch_size` (samples an optimizer step over every GPU) -> `--accumulation_steps` of
     `--train.micro_batch_size` samples a process (`--train_batch_size`); each must divide."""
-    prompts, samples = _take(args, "openrlhf_rollout_batch_size"), _take(args, "openrlhf_train_batch_size")
+    prompts, samples = take_hidden(args, "openrlhf_rollout_batch_size"), take_hidden(args, "openrlhf_train_batch_size")
     if prompts is not None:
         _refuse_both(given, ("batch_size",), "--rollout.batch_size")
         if prompts % world_size:

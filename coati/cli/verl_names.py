@@ -15,6 +15,7 @@ import re
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from coati.utils.errors import CoatiUsageError, note_user
+from coati.utils.settings import take_hidden
 
 VERL_COMMANDS = ("ppo", "grpo")
 """The commands that read verl's names (its PPO trainer, with GRPO among its advantage estimators)."""
@@ -831,7 +832,7 @@ def add_verl_names(parser: argparse.ArgumentParser) -> None:
         convert_batches(args, world_size, given)
         convert_log_prob_batch(args, world_size)
         convert_warmup(args, given)
-        note_other_defaults(args, _take(args, "verl_keys") or [], given)
+        note_other_defaults(args, take_hidden(args, "verl_keys") or [], given)
 
     add_post_parse(parser, after_parse)
 
@@ -867,9 +868,9 @@ def convert_batches(args: argparse.Namespace, world_size: int, given: Mapping[st
     in micro-batches of `ppo_micro_batch_size_per_gpu` completions (or verl's older `ppo_micro_batch_size`, over
     every GPU) (`--train_batch_size`, default the whole mini-batch; `--accumulation_steps` = mini-batch /
     micro-batch); each must divide."""
-    batch, mini = _take(args, "verl_train_batch_size"), _take(args, "verl_ppo_mini_batch_size")
-    micro = _micro_batch(_take(args, "verl_ppo_micro_batch_size_per_gpu"), _take(args, "verl_ppo_micro_batch_size"),
-                         world_size)
+    batch, mini = take_hidden(args, "verl_train_batch_size"), take_hidden(args, "verl_ppo_mini_batch_size")
+    micro = _micro_batch(take_hidden(args, "verl_ppo_micro_batch_size_per_gpu"),
+                         take_hidden(args, "verl_ppo_micro_batch_size"), world_size)
     if batch is None and mini is None and micro is None:
         return
     for flag in ("batch_size", "train_batch_size", "accumulation_steps"):
@@ -903,7 +904,7 @@ def convert_warmup(args: argparse.Namespace, given: Mapping[str, str]) -> None:
     decides) -> coati's `--warmup_steps`, which counts optimizer steps: it times the optimizer steps of an episode."""
     from coati.cli.arguments import optimizer_steps_per_episode
 
-    steps = _take(args, "verl_lr_warmup_steps")
+    steps = take_hidden(args, "verl_lr_warmup_steps")
     if steps is None or steps <= 0:
         return
     if "warmup_steps" in given:
@@ -914,7 +915,7 @@ def convert_warmup(args: argparse.Namespace, given: Mapping[str, str]) -> None:
 def convert_log_prob_batch(args: argparse.Namespace, world_size: int) -> None:
     """verl's older `rollout.log_prob_micro_batch_size`, rows a forward over every GPU -> `--logits_forward_batch_size`
     a process (a memory setting: rounded down, at least 1)."""
-    overall = _take(args, "verl_log_prob_micro_batch_size")
+    overall = take_hidden(args, "verl_log_prob_micro_batch_size")
     if overall is not None:
         args.logits_forward_batch_size = max(1, overall // world_size)
 
@@ -930,10 +931,3 @@ def _micro_batch(per_gpu: Optional[int], overall: Optional[int], world_size: int
         raise CoatiUsageError(f"{A}ppo_micro_batch_size={overall} completions over every process is not a whole "
                               f"number for each of the {world_size}; give ppo_micro_batch_size_per_gpu")
     return overall // world_size
-
-
-def _take(args: argparse.Namespace, name: str) -> Optional[int]:
-    value = getattr(args, name, None)
-    if hasattr(args, name):
-        delattr(args, name)
-    return value

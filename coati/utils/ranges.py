@@ -80,3 +80,12 @@ def renaming(text: str) -> Tuple[str, str]:
     if not sep or not old.strip() or not new.strip():
         raise argparse.ArgumentTypeError(f"{text!r}: expected COLUMN=NAME, e.g. question=prompt")
     return old.strip(), new.strip()
+
+
+def is_number(text: str) -> bool:
+    """`-1`, `-1e-3`: a value, not a flag."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

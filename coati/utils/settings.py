@@ -43,3 +43,11 @@ def flag_name(f: Field) -> Optional[str]:
 def dest(f: Field) -> str:
     """Where the parsed flags keep the field's value: its primary flag without the dashes."""
     return flag_name(f).lstrip("-")
+
+
+def take_hidden(args: Any, name: str) -> Any:
+    """A hidden flag's value (None where it was not given), taken off `args` so that no saved config holds it."""
+    value = getattr(args, name, None)
+    if hasattr(args, name):
+        delattr(args, name)
+    return value
